@@ -1,0 +1,3 @@
+"""jaxembed: instruction-based multi-task text-embedding training in JAX/Flax."""
+
+__version__ = "0.1.0"

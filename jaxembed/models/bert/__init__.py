@@ -1,0 +1,5 @@
+"""BERT family: BERT, MiniLM, RoBERTa, XLM-RoBERTa (absolute positions, post-LN, GELU)."""
+from jaxembed.models.bert.model import BertConfig, BertModel
+from jaxembed.models.bert.params import IGNORE, PREFIXES, adapt, rules
+
+__all__ = ["BertConfig", "BertModel", "rules", "adapt", "PREFIXES", "IGNORE"]

@@ -1,0 +1,199 @@
+"""Building blocks shared by every architecture.
+
+Parameters carry logical axis names (``out_sharding`` metadata, not applied eagerly) so that
+``jaxembed.parallel`` can map them to a mesh: data-parallel replicates them, FSDP shards the ``embed`` axis.
+
+Logical axes used: ``vocab``, ``embed`` (model width), ``mlp`` (feed-forward width), ``qkv`` (heads x head_dim of
+a projection), ``buckets`` (T5 relative-position buckets), ``heads``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def to_dtype(name: str):
+    """Map a dtype name from a config (``float32``, ``bfloat16``, ``float16``) to a jnp dtype."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPES)}") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RuntimeOptions:
+    """Options every architecture config carries on top of its Hugging Face fields.
+
+    dtype: computation dtype; param_dtype: storage dtype of the parameters; remat: rematerialise each layer in
+    the backward pass (activation memory of one layer at a time).
+    """
+
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    remat: bool = False
+
+
+def _init(initializer, axes: tuple[str | None, ...]):
+    return nnx.with_partitioning(initializer, axes, eager_sharding=False)
+
+
+def dense(
+    din: int,
+    dout: int,
+    axes: tuple[str | None, str | None],
+    *,
+    bias: bool,
+    opts: RuntimeOptions,
+    rngs: nnx.Rngs,
+    std: float = 0.02,
+) -> nnx.Linear:
+    """A linear layer; kernel shape [din, dout] (transpose of PyTorch's [dout, din])."""
+    return nnx.Linear(
+        din,
+        dout,
+        use_bias=bias,
+        dtype=to_dtype(opts.dtype),
+        param_dtype=to_dtype(opts.param_dtype),
+        kernel_init=_init(nnx.initializers.normal(std), axes),
+        bias_init=_init(nnx.initializers.zeros_init(), (axes[1],)),
+        rngs=rngs,
+    )
+
+
+def embed(num: int, features: int, axes: tuple[str | None, str | None], *, opts: RuntimeOptions, rngs: nnx.Rngs,
+          std: float = 0.02) -> nnx.Embed:
+    """An embedding table of shape [num, features]."""
+    return nnx.Embed(
+        num,
+        features,
+        dtype=to_dtype(opts.dtype),
+        param_dtype=to_dtype(opts.param_dtype),
+        embedding_init=_init(nnx.initializers.normal(std), axes),
+        rngs=rngs,
+    )
+
+
+def layer_norm(features: int, eps: float, *, opts: RuntimeOptions, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    """LayerNorm with scale and bias, statistics in float32."""
+    return nnx.LayerNorm(
+        features,
+        epsilon=eps,
+        dtype=to_dtype(opts.dtype),
+        param_dtype=to_dtype(opts.param_dtype),
+        scale_init=_init(nnx.initializers.ones_init(), ("embed",)),
+        bias_init=_init(nnx.initializers.zeros_init(), ("embed",)),
+        rngs=rngs,
+    )
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square norm without mean subtraction or bias (T5 LayerNorm, Qwen2 RMSNorm).
+
+    y = x / sqrt(mean(x^2) + eps) * scale, computed in float32 and cast back to the compute dtype,
+    like the PyTorch references (which cast to the weight dtype before multiplying).
+    """
+
+    def __init__(self, features: int, eps: float, *, opts: RuntimeOptions, rngs: nnx.Rngs,
+                 axis_name: str = "embed"):
+        self.eps = eps
+        self.dtype = to_dtype(opts.dtype)
+        self.scale = nnx.Param(
+            _init(nnx.initializers.ones_init(), (axis_name,))(rngs.params(), (features,), to_dtype(opts.param_dtype))
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: [..., features] -> [..., features]."""
+        x32 = x.astype(jnp.float32)
+        var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        y = (x32 * jax.lax.rsqrt(var + self.eps)).astype(self.dtype)
+        return y * self.scale[...].astype(self.dtype)
+
+
+def gelu_new(x):
+    """The tanh approximation of GELU (HF ``gelu_new``, ``gelu_pytorch_tanh``)."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": gelu_new,
+    "gelu_pytorch_tanh": gelu_new,
+    "gelu_fast": gelu_new,
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "tanh": jnp.tanh,
+}
+
+
+def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unsupported activation {name!r}; supported: {', '.join(ACTIVATIONS)}") from None
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    key_mask: jax.Array,
+    *,
+    causal: bool = False,
+    bias: jax.Array | None = None,
+    scale: float | None = None,
+    dropout_rate: float = 0.0,
+    deterministic: bool = True,
+    rngs: nnx.Rngs | None = None,
+) -> jax.Array:
+    """Multi-head (or grouped-query) scaled dot-product attention.
+
+    q: [B, T, N, D]; k, v: [B, S, K, D] with N a multiple of K (grouped-query attention when K < N);
+    key_mask: [B, S] (1 = real token, 0 = padding); bias: additive [1 or B, N, T, S] (T5 position bias);
+    scale defaults to 1/sqrt(D) (T5 uses 1.0). Returns [B, T, N, D].
+
+    Without attention dropout this calls ``jax.nn.dot_product_attention`` (which may use a fused kernel on GPU);
+    with dropout in training it computes the softmax explicitly, in float32.
+    """
+    b, t, n, d = q.shape
+    s, kh = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    mask = key_mask.astype(bool)[:, None, None, :]  # [B, 1, 1, S]
+    if causal:
+        mask = mask & jnp.tril(jnp.ones((t, s), bool))[None, None]
+    use_dropout = dropout_rate > 0.0 and not deterministic
+    if not use_dropout:
+        out = jax.nn.dot_product_attention(
+            q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask, scale=scale
+        )
+        return out
+    if kh != n:
+        k = jnp.repeat(k, n // kh, axis=2)
+        v = jnp.repeat(v, n // kh, axis=2)
+    logits = jnp.einsum("btnd,bsnd->bnts", q, k, preferred_element_type=jnp.float32) * scale
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1)
+    keep = jax.random.bernoulli(rngs.dropout(), 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0).astype(v.dtype)
+    return jnp.einsum("bnts,bsnd->btnd", probs, v)
+
+
+def run_layers(layers, x: jax.Array, remat: bool, *args, **kwargs) -> jax.Array:
+    """Apply ``layers`` in order: x = layer(x, *args, **kwargs); with remat each layer is rematerialised
+    (``nnx.remat``) so only its inputs are kept for the backward pass."""
+    for layer in layers:
+        if remat:
+            x = nnx.remat(lambda m, h, *a: m(h, *a, **kwargs))(layer, x, *args)
+        else:
+            x = layer(x, *args, **kwargs)
+    return x
