@@ -1,0 +1,179 @@
+"""``jaxembed <command>``: the command-line interface.
+
+Commands: ``encode`` (texts -> .npy), ``export`` (any supported folder -> HF / sentence-transformers folder),
+``demo`` (the built-in default job). User errors print one line naming file, line, field and fix (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from jaxembed.errors import UserError
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model folder (HF / sentence-transformers / jaxembed export) "
+                                                  "or Hugging Face hub id")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="computation dtype (default float32)")
+    p.add_argument("--max-length", type=int, default=None, help="truncate texts to N tokens (default: the model's)")
+    p.add_argument("--pooling", default=None, choices=["mean", "cls", "lasttoken", "max", "mean_sqrt_len"],
+                   help="override the folder's pooling")
+    p.add_argument("--bidirectional", action="store_true", help="decoder backbones (Qwen2/3): bidirectional "
+                                                               "attention instead of causal")
+
+
+def _load(args):
+    from jaxembed import hf
+
+    kw = {"dtype": args.dtype, "max_length": args.max_length, "pooling": args.pooling}
+    if getattr(args, "bidirectional", False):
+        kw["causal"] = False
+    return hf.load(args.model, **kw)
+
+
+def cmd_encode(args) -> int:
+    import numpy as np
+
+    from jaxembed.data.jsonl import read_texts
+    from jaxembed.encode import Encoder
+
+    if args.batch_size <= 0:
+        raise UserError(f"--batch-size must be positive, got {args.batch_size}")
+    out = Path(args.out)
+    if out.suffix != ".npy":
+        raise UserError(f"--out {out}: must end in .npy")
+    texts = read_texts(args.input, args.field, args.format)  # validate the whole input before loading the model
+    if not texts:
+        raise UserError(f"{args.input}: no texts to encode")
+    t0 = time.time()
+    enc = Encoder.from_loaded(_load(args))
+    emb = enc.encode(texts, prompt=args.prompt, prompt_name=args.prompt_name, batch_size=args.batch_size,
+                     dim=args.dim, progress=not args.quiet)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.save(out, emb.astype(np.float32))
+    print(f"wrote {out}: {emb.shape[0]} x {emb.shape[1]} float32 in {time.time() - t0:.1f}s")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from jaxembed import export
+
+    loaded = _load(args)
+    path = export.export_loaded(loaded, args.out)
+    print(f"exported to {path} (loads with transformers.AutoModel and sentence_transformers.SentenceTransformer)")
+    return 0
+
+
+DEMO_SENTENCES = [
+    "A man is playing a guitar.",
+    "Someone is playing an instrument.",
+    "A woman is slicing an onion.",
+    "A person is cutting vegetables in the kitchen.",
+    "The stock market fell sharply on Monday.",
+    "Shares dropped at the start of the week.",
+]
+
+
+def cmd_demo(args) -> int:
+    """Encode real sentences with the real all-MiniLM-L6-v2 weights; print similarities and STS-B dev Spearman."""
+    import json
+
+    import numpy as np
+
+    from jaxembed import hf, metrics, paths
+    from jaxembed.encode import Encoder
+
+    model_dir = args.model or str(paths.demo_model_dir())
+    print(f"model: {model_dir}")
+    loaded = hf.load(model_dir)
+    c = loaded.model.config
+    print(f"  {c.model_type}, {c.num_layers} layers, hidden {c.hidden_size}, pooling {loaded.model.head.pooling}, "
+          f"max_length {loaded.tokenizer.max_length}")
+    enc = Encoder.from_loaded(loaded)
+    emb = enc.encode(DEMO_SENTENCES, progress=False)
+    sim = enc.similarity(emb, emb)
+    print("\ncosine similarity")
+    for i, s in enumerate(DEMO_SENTENCES):
+        j = max((k for k in range(len(DEMO_SENTENCES)) if k != i), key=lambda k: sim[i, k])
+        print(f"  {s:<48} nearest: {DEMO_SENTENCES[j]!r} ({sim[i, j]:.3f})")
+    print("\n" + " " * 4 + "".join(f"{j:>7}" for j in range(len(DEMO_SENTENCES))))
+    for i in range(len(DEMO_SENTENCES)):
+        print(f"{i:>4}" + "".join(f"{sim[i, j]:7.3f}" for j in range(len(DEMO_SENTENCES))))
+    dev = paths.shared_data_dir() / "dev" / "stsb_dev.jsonl"
+    if dev.exists():
+        rows = [json.loads(line) for line in open(dev, encoding="utf-8")]
+        t0 = time.time()
+        a = enc.encode([r["sentence1"] for r in rows], batch_size=64, progress=not args.quiet)
+        b = enc.encode([r["sentence2"] for r in rows], batch_size=64, progress=not args.quiet)
+        dt = time.time() - t0
+        cos = np.sum(a * b, axis=1)
+        rho = metrics.spearman(cos, np.array([r["score"] for r in rows]))
+        print(f"\nSTS Benchmark dev ({len(rows)} pairs): Spearman {100 * rho:.2f} "
+              f"({2 * len(rows) / dt:.0f} sentences/s on {_device()})")
+    else:
+        print(f"\n(STS Benchmark dev not found at {dev}; set JAXEMBED_DATA to the shared data folder)")
+    return 0
+
+
+def _device() -> str:
+    import jax
+
+    d = jax.devices()
+    return f"{len(d)} x {d[0].device_kind}" if len(d) > 1 else d[0].device_kind
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jaxembed", description="Train and use text-embedding models in JAX.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("encode", help="encode texts to a .npy matrix")
+    _model_args(p)
+    p.add_argument("--input", required=True, help="JSON Lines (.jsonl) or plain text (one text per line); - = stdin")
+    p.add_argument("--out", required=True, help="output .npy (float32, one row per input text, input order)")
+    p.add_argument("--field", default="text", help="JSON field holding the text (default: text)")
+    p.add_argument("--format", choices=["jsonl", "text"], default=None, help="input format (default: by suffix)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--prompt", default=None, help="instruction prefixed to every text")
+    g.add_argument("--prompt-name", default=None, help="a named prompt of the model (config_sentence_transformers)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--dim", type=int, default=None, help="Matryoshka: keep the first D dimensions (re-normalised)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_encode)
+
+    p = sub.add_parser("export", help="write a Hugging Face / sentence-transformers folder")
+    _model_args(p)
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("demo", help="the built-in default job: encode real sentences with all-MiniLM-L6-v2")
+    p.add_argument("--model", default=None, help="another model folder instead of the bundled all-MiniLM-L6-v2")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from jaxembed.hf import ModelLoadError
+    from jaxembed.models import UnknownArchitecture
+    from jaxembed.models.mapping import MappingError
+
+    try:
+        return args.func(args)
+    except (UserError, ModelLoadError, UnknownArchitecture, MappingError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

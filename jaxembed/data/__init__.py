@@ -1,0 +1,1 @@
+"""Data: input formats and validation, dataset store, batch plans, Grain loader."""

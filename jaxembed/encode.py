@@ -1,0 +1,112 @@
+"""Batched inference: texts -> float32 embeddings in input order.
+
+Texts are sorted by token length and cut into batches padded to a few static length buckets and a fixed number
+of rows, so XLA compiles once per bucket. When several devices are visible, each batch is split over all of
+them (data parallel).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from tqdm.auto import tqdm
+
+from jaxembed.models.embedding import EmbeddingModel
+from jaxembed.tokenizer import Tokenizer, bucket_for, length_buckets
+
+
+class Encoder:
+    """Encodes texts with an :class:`EmbeddingModel` and its tokenizer.
+
+    prompts: named instructions (``config_sentence_transformers.json``); default_prompt_name: used when
+    neither ``prompt`` nor ``prompt_name`` is given."""
+
+    def __init__(self, model: EmbeddingModel, tokenizer: Tokenizer, prompts: dict[str, str] | None = None,
+                 default_prompt_name: str | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prompts = dict(prompts or {})
+        self.default_prompt_name = default_prompt_name
+        self._graphdef, self._state = nnx.split(model)
+        devices = jax.devices()
+        self._mesh = Mesh(np.array(devices), ("data",)) if len(devices) > 1 else None
+        if self._mesh is not None:
+            self._state = jax.device_put(self._state, NamedSharding(self._mesh, P()))
+        self._fn = jax.jit(self._forward, static_argnames=("dim",))
+
+    @classmethod
+    def from_loaded(cls, loaded) -> "Encoder":
+        """From ``jaxembed.hf.load(...)``."""
+        return cls(loaded.model, loaded.tokenizer, loaded.st.prompts, loaded.st.default_prompt_name)
+
+    def _forward(self, state, input_ids, attention_mask, prompt_lengths, dim):
+        model = nnx.merge(self._graphdef, state)
+        return model(input_ids, attention_mask, prompt_lengths, dim=dim)
+
+    def resolve_prompt(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
+        if prompt is not None and prompt_name is not None:
+            raise ValueError("give either prompt or prompt_name, not both")
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                known = ", ".join(sorted(self.prompts)) or "none"
+                raise ValueError(f"unknown prompt_name {prompt_name!r}; this model's prompts: {known}")
+            return self.prompts[prompt_name]
+        if prompt is None and self.default_prompt_name:
+            return self.prompts.get(self.default_prompt_name, "")
+        return prompt or ""
+
+    def encode(self, texts: Sequence[str], *, prompt: str | None = None, prompt_name: str | None = None,
+               batch_size: int = 32, max_length: int | None = None, dim: int | None = None,
+               progress: bool | None = None) -> np.ndarray:
+        """texts: N strings -> [N, D] float32 (D = dim when Matryoshka-truncated), in input order."""
+        if isinstance(texts, str):
+            raise TypeError("encode() takes a list of texts, not a single string")
+        n = len(texts)
+        out_dim = dim or self.model.dim
+        if n == 0:
+            return np.zeros((0, out_dim), np.float32)
+        if dim is not None and not 0 < dim <= self.model.dim:
+            raise ValueError(f"--dim must be between 1 and the model's dimension {self.model.dim}, got {dim}")
+        p = self.resolve_prompt(prompt, prompt_name)
+        max_length = max_length or self.tokenizer.max_length
+        ids = self.tokenizer.tokenize([p + t for t in texts], max_length)
+        plen = self.tokenizer.prompt_length(p)
+        lengths = np.array([len(x) for x in ids])
+        order = np.argsort(-lengths, kind="stable")
+        buckets = length_buckets(max_length)
+        ndev = 1 if self._mesh is None else self._mesh.size
+        rows = -(-batch_size // ndev) * ndev  # a multiple of the device count
+        out = np.zeros((n, out_dim), np.float32)
+        show = sys.stderr.isatty() if progress is None else progress
+        with tqdm(total=n, desc="encode", unit="text", disable=not show) as bar:
+            for start in range(0, n, rows):
+                idx = order[start:start + rows]
+                length = bucket_for(int(lengths[idx].max()), buckets)
+                input_ids, mask = self.tokenizer.pad([ids[i] for i in idx], length, rows)
+                pl = np.full((rows,), plen, np.int32)
+                args = (input_ids, mask, pl)
+                if self._mesh is not None:
+                    args = jax.device_put(args, NamedSharding(self._mesh, P("data")))
+                emb = self._fn(self._state, *args, dim=dim)
+                out[idx] = np.asarray(emb)[: len(idx)]
+                bar.update(len(idx))
+        return out
+
+    def similarity(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Cosine similarity matrix [N, M] between two embedding sets."""
+        a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+        b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+        return a @ b.T
+
+
+def load_encoder(name_or_path: str, **kwargs) -> Encoder:
+    """Load a model folder / hub id (see ``jaxembed.hf.load``) and wrap it in an Encoder."""
+    from jaxembed import hf
+
+    return Encoder.from_loaded(hf.load(name_or_path, **kwargs))

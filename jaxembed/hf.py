@@ -1,0 +1,256 @@
+"""Import from a Hugging Face / sentence-transformers folder or hub id.
+
+Reads ``config.json``, weights (``model.safetensors``, sharded safetensors with an index, or -- only when torch is
+installed -- ``pytorch_model.bin`` through ``torch.load(weights_only=True)``), tokenizer files, and the
+sentence-transformers pipeline (``modules.json``: Transformer, Pooling, Dense, Normalize;
+``sentence_bert_config.json``; ``config_sentence_transformers.json`` with prompts). Never unpickles arbitrary
+objects and never runs remote code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxembed import models
+from jaxembed.models.embedding import DENSE_ACTIVATIONS, DenseSpec, EmbeddingModel, HeadConfig
+from jaxembed.models.layers import to_dtype
+from jaxembed.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+class ModelLoadError(ValueError):
+    """A model folder or id that cannot be loaded; the message names the file and the fix."""
+
+
+def resolve(name_or_path: str | os.PathLike, revision: str | None = None) -> Path:
+    """A local folder, or a hub id downloaded with huggingface_hub (cached; honours HF_HUB_OFFLINE / HF_TOKEN)."""
+    p = Path(os.path.expanduser(str(name_or_path)))
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise ModelLoadError(f"{p}: is a file; pass the model folder (the one holding config.json)")
+    name = str(name_or_path)
+    if not _HUB_ID.match(name) or name.startswith((".", "/")):
+        raise ModelLoadError(f"{name}: no such folder (and not a Hugging Face hub id like 'org/model')")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, revision=revision, allow_patterns=[
+            "*.json", "*.safetensors", "*.txt", "*.model", "*tokenizer*", "*/*.json", "*/*.safetensors"]))
+    except Exception as e:  # network, auth, missing repo
+        raise ModelLoadError(
+            f"{name}: not a local folder, and downloading it from the Hugging Face hub failed "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Pass a local folder, "
+            "or check the network / HF_TOKEN."
+        ) from None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Read a .safetensors file into numpy arrays (memory-mapped, zero-copy; bfloat16 via ml_dtypes)."""
+    import ml_dtypes
+
+    dtypes = dict(_ST_DTYPES, BF16=ml_dtypes.bfloat16)
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    buf = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
+    out = {}
+    for key, info in header.items():
+        if info["dtype"] not in dtypes:
+            raise ModelLoadError(f"{path}: tensor {key} has unsupported dtype {info['dtype']}")
+        start, end = info["data_offsets"]
+        out[key] = buf[start:end].view(dtypes[info["dtype"]]).reshape(info["shape"])
+    return out
+
+
+def _read_torch_bin(path: Path) -> dict[str, np.ndarray]:
+    try:
+        import torch
+    except ImportError:
+        raise ModelLoadError(
+            f"{path}: only PyTorch pickle weights were found and torch is not installed. Install torch "
+            "(pip install torch==2.13.0) to read them safely, or convert the folder to model.safetensors."
+        ) from None
+    log.warning("%s: reading PyTorch weights with torch.load(weights_only=True) (no arbitrary unpickling)", path)
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    return {k: v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy() for k, v in sd.items()}
+
+
+def read_weights(folder: Path) -> tuple[dict[str, np.ndarray], str]:
+    """All tensors of the model in ``folder`` (single or sharded safetensors, else pytorch_model.bin)."""
+    for single, index, reader in (("model.safetensors", "model.safetensors.index.json", read_safetensors),
+                                  ("pytorch_model.bin", "pytorch_model.bin.index.json", _read_torch_bin)):
+        if (folder / single).exists():
+            return reader(folder / single), str(folder / single)
+        if (folder / index).exists():
+            shards = sorted(set(_read_json(folder / index)["weight_map"].values()))
+            tensors = {}
+            for s in shards:
+                if not (folder / s).exists():
+                    raise ModelLoadError(f"{folder / index}: lists shard {s}, which is missing")
+                tensors.update(reader(folder / s))
+            return tensors, str(folder / index)
+    raise ModelLoadError(f"{folder}: no weights found (model.safetensors, model.safetensors.index.json or "
+                         "pytorch_model.bin)")
+
+
+@dataclasses.dataclass
+class STInfo:
+    """What a sentence-transformers folder says about the pipeline around the transformer."""
+
+    transformer_dir: Path
+    head: HeadConfig
+    dense_weights: list[dict[str, np.ndarray]]
+    max_seq_length: int | None = None
+    do_lower_case: bool = False
+    prompts: dict[str, str] = dataclasses.field(default_factory=dict)
+    default_prompt_name: str | None = None
+    similarity_fn_name: str = "cosine"
+    is_sentence_transformers: bool = False
+
+
+_LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                   "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+                   "pooling_mode_lasttoken": "lasttoken", "pooling_mode_weightedmean_tokens": "weightedmean"}
+_POOLING_NAMES = {"mean_sqrt_len_tokens": "mean_sqrt_len"}
+
+
+def _pooling_from_config(path: Path) -> tuple[str, bool]:
+    cfg = _read_json(path)
+    mode = cfg.get("pooling_mode")
+    if mode is None:
+        active = [v for k, v in _LEGACY_POOLING.items() if cfg.get(k)]
+        mode = active[0] if len(active) == 1 else active
+    if isinstance(mode, list):
+        mode = mode[0] if len(mode) == 1 else mode
+    if not isinstance(mode, str):
+        raise ModelLoadError(f"{path}: pooling modes {mode} combine several vectors; only a single mode is supported")
+    mode = _POOLING_NAMES.get(mode, mode)
+    if mode == "weightedmean":
+        raise ModelLoadError(f"{path}: pooling mode 'weightedmean' is not supported (supported: mean, cls, "
+                             "lasttoken, max, mean_sqrt_len)")
+    return mode, bool(cfg.get("include_prompt", True))
+
+
+def read_sentence_transformers(folder: Path, pooling_default: str = "mean") -> STInfo:
+    """Parse modules.json & co. A folder without modules.json is a plain HF model: mean pooling + L2 norm."""
+    modules_file = folder / "modules.json"
+    info = STInfo(transformer_dir=folder, head=HeadConfig(pooling=pooling_default), dense_weights=[])
+    cst = folder / "config_sentence_transformers.json"
+    if cst.exists():
+        c = _read_json(cst)
+        info.prompts = dict(c.get("prompts") or {})
+        info.default_prompt_name = c.get("default_prompt_name")
+        info.similarity_fn_name = c.get("similarity_fn_name") or "cosine"
+    if not modules_file.exists():
+        return info
+    info.is_sentence_transformers = True
+    mode, include_prompt, normalize, dense = pooling_default, True, False, []
+    for m in _read_json(modules_file):
+        kind = m["type"].rsplit(".", 1)[-1]
+        sub = folder / m.get("path", "")
+        if kind in ("Transformer", "INSTRUCTOR_Transformer"):
+            info.transformer_dir = sub
+            sbc = sub / "sentence_bert_config.json"
+            if sbc.exists():
+                c = _read_json(sbc)
+                info.max_seq_length = c.get("max_seq_length")
+                info.do_lower_case = bool(c.get("do_lower_case", False))
+        elif kind in ("Pooling", "INSTRUCTOR_Pooling"):
+            mode, include_prompt = _pooling_from_config(sub / "config.json")
+            if kind == "INSTRUCTOR_Pooling":
+                include_prompt = False  # INSTRUCTOR excludes instruction tokens from mean pooling
+        elif kind == "Dense":
+            c = _read_json(sub / "config.json")
+            act = c.get("activation_function", "torch.nn.modules.linear.Identity")
+            if act not in DENSE_ACTIVATIONS:
+                raise ModelLoadError(f"{sub / 'config.json'}: Dense activation {act} is not supported; supported: "
+                                     + ", ".join(DENSE_ACTIVATIONS))
+            dense.append(DenseSpec(int(c["in_features"]), int(c["out_features"]), bool(c.get("bias", True)),
+                                   DENSE_ACTIVATIONS[act]))
+            w, _ = read_weights(sub)
+            info.dense_weights.append(w)
+        elif kind == "Normalize":
+            normalize = True
+        else:
+            raise ModelLoadError(f"{modules_file}: module type {m['type']} is not supported (supported: "
+                                 "Transformer, Pooling, Dense, Normalize)")
+    info.head = HeadConfig(pooling=mode, include_prompt=include_prompt, dense=tuple(dense), normalize=normalize)
+    return info
+
+
+@dataclasses.dataclass
+class Loaded:
+    model: EmbeddingModel
+    tokenizer: Tokenizer
+    hf_config: dict
+    st: STInfo
+    source: Path
+
+
+def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str = "float32",
+         remat: bool = False, max_length: int | None = None, pooling: str | None = None,
+         normalize: bool | None = None, revision: str | None = None, **arch_overrides) -> Loaded:
+    """Load an embedding model (weights, tokenizer, pooling, prompts) from a folder or a hub id.
+
+    arch_overrides: architecture fields such as ``causal=False`` for a Qwen2 backbone."""
+    folder = resolve(name_or_path, revision)
+    st = read_sentence_transformers(folder)
+    if pooling is not None or normalize is not None:
+        st.head = dataclasses.replace(st.head, **{k: v for k, v in (("pooling", pooling), ("normalize", normalize))
+                                                  if v is not None})
+    tdir = st.transformer_dir
+    if not (tdir / "config.json").exists():
+        raise ModelLoadError(f"{tdir}: no config.json; is this a Hugging Face model folder?")
+    for name, value in (("dtype", dtype), ("param_dtype", param_dtype)):
+        to_dtype(value)
+    hf_config = _read_json(tdir / "config.json")
+    try:
+        config = models.config_from_hf(hf_config, where=str(tdir / "config.json"), dtype=dtype,
+                                       param_dtype=param_dtype, remat=remat, **arch_overrides)
+    except (TypeError, ValueError) as e:
+        raise ModelLoadError(f"{tdir / 'config.json'}: {e}") from None
+    tensors, wsource = read_weights(tdir)
+    backbone, config = models.load_weights(config, tensors, source=wsource)
+    model = EmbeddingModel(backbone, st.head)
+    for layer, w in zip(model.dense, st.dense_weights):
+        pdt = to_dtype(param_dtype)
+        layer.linear.kernel.value = jnp.asarray(np.asarray(w["linear.weight"], np.float32).T, pdt)
+        if layer.linear.bias is not None:
+            layer.linear.bias.value = jnp.asarray(np.asarray(w["linear.bias"], np.float32), pdt)
+    ml = max_length or st.max_seq_length
+    tok = Tokenizer.from_folder(tdir, ml, lowercase=st.do_lower_case)
+    limit = _position_limit(config)
+    if limit is not None and tok.max_length > limit:
+        tok.max_length = limit
+    return Loaded(model, tok, hf_config, st, folder)
+
+
+def _position_limit(config) -> int | None:
+    if hasattr(config, "max_position_embeddings") and config.model_type in ("bert", "roberta", "xlm-roberta",
+                                                                              "camembert"):
+        return config.max_position_embeddings - (config.pad_token_id + 1 if config.offset_positions else 0)
+    return None

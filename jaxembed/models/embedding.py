@@ -1,0 +1,99 @@
+"""The sentence-embedding model: backbone -> pooling -> optional Dense layers -> L2 normalisation.
+
+Mirrors a sentence-transformers pipeline (Transformer, Pooling, Dense*, Normalize) so that a Hugging Face /
+sentence-transformers folder maps onto it one to one, and back on export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxembed import pooling
+from jaxembed.models import init_model
+from jaxembed.models.layers import RuntimeOptions, dense
+
+# sentence-transformers Dense activation names (torch class paths) <-> ours.
+DENSE_ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.modules.activation.GELU": "gelu",
+    "torch.nn.modules.activation.SiLU": "silu",
+}
+_ACT_FNS = {"identity": lambda x: x, "tanh": jnp.tanh, "relu": jax.nn.relu,
+            "gelu": lambda x: jax.nn.gelu(x, approximate=False), "silu": jax.nn.silu}
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseSpec:
+    """A sentence-transformers ``Dense`` module: y = act(x W + b)."""
+
+    in_features: int
+    out_features: int
+    bias: bool = True
+    activation: str = "identity"
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadConfig:
+    """Everything after the backbone. pooling: one of ``pooling.MODES``; include_prompt=False excludes the
+    instruction tokens from pooling (INSTRUCTOR); dense: Dense layers after pooling; normalize: L2 at the end."""
+
+    pooling: str = "mean"
+    include_prompt: bool = True
+    dense: tuple[DenseSpec, ...] = ()
+    normalize: bool = True
+
+    def __post_init__(self):
+        if self.pooling not in pooling.MODES:
+            raise ValueError(f"pooling={self.pooling!r} is not supported; allowed: {', '.join(pooling.MODES)}")
+        for d in self.dense:
+            if d.activation not in _ACT_FNS:
+                raise ValueError(f"Dense activation {d.activation!r} is not supported; allowed: {', '.join(_ACT_FNS)}")
+
+
+class DenseLayer(nnx.Module):
+    def __init__(self, spec: DenseSpec, opts: RuntimeOptions, rngs: nnx.Rngs):
+        self.activation = spec.activation
+        self.linear = dense(spec.in_features, spec.out_features, ("embed", None), bias=spec.bias, opts=opts, rngs=rngs)
+
+    def __call__(self, x):
+        return _ACT_FNS[self.activation](self.linear(x).astype(jnp.float32))
+
+
+class EmbeddingModel(nnx.Module):
+    """backbone: any registered architecture (``jaxembed.models``); head: pooling / dense / normalisation."""
+
+    def __init__(self, backbone: nnx.Module, head: HeadConfig, *, rngs: nnx.Rngs | None = None):
+        self.backbone = backbone
+        self.head = head
+        rngs = rngs or nnx.Rngs(0)
+        self.dense = nnx.List([DenseLayer(d, backbone.config, rngs) for d in head.dense])
+
+    @classmethod
+    def init(cls, config, head: HeadConfig, seed: int = 0) -> "EmbeddingModel":
+        """A randomly initialised embedding model for an architecture config."""
+        return cls(init_model(config, seed), head, rngs=nnx.Rngs(seed + 1))
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    @property
+    def dim(self) -> int:
+        return self.head.dense[-1].out_features if self.head.dense else self.config.hidden_size
+
+    def __call__(self, input_ids, attention_mask, prompt_lengths=None, token_type_ids=None, *, dim: int | None = None,
+                 deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
+        """input_ids, attention_mask: [B, L]; prompt_lengths: [B] instruction tokens to exclude from pooling
+        (used only when head.include_prompt is False); dim: Matryoshka truncation. -> [B, D] float32."""
+        hidden = self.backbone(input_ids, attention_mask, token_type_ids, deterministic=deterministic, rngs=rngs)
+        pl = None if self.head.include_prompt else prompt_lengths
+        x = pooling.pool(self.head.pooling, hidden, attention_mask, pl)
+        for layer in self.dense:
+            x = layer(x)
+        return pooling.matryoshka(x, dim, normalize=self.head.normalize)

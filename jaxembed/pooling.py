@@ -1,0 +1,95 @@
+"""Pooling of token states into one vector per text, L2 normalisation and Matryoshka truncation.
+
+Pure functions on arrays, computed in float32. Modes follow sentence-transformers' ``Pooling`` module:
+``mean``, ``cls``, ``lasttoken``, ``max``, ``mean_sqrt_len``; ``mean`` can exclude the instruction (prompt)
+tokens as INSTRUCTOR does and as sentence-transformers does with ``include_prompt=False``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+MODES = ("mean", "cls", "lasttoken", "max", "mean_sqrt_len")
+
+
+def content_mask(attention_mask: jax.Array, prompt_lengths: jax.Array | None) -> jax.Array:
+    """attention_mask: [B, L] (1 = token, right padded); prompt_lengths: [B] number of leading prompt tokens to
+    exclude, or None. -> [B, L] float32 mask of the tokens to pool over."""
+    m = attention_mask.astype(jnp.float32)
+    if prompt_lengths is not None:
+        pos = jnp.arange(m.shape[1])[None, :]
+        m = m * (pos >= prompt_lengths[:, None]).astype(jnp.float32)
+    return m
+
+
+def mean_pool(hidden: jax.Array, mask: jax.Array) -> jax.Array:
+    """hidden: [B, L, H], mask: [B, L] -> [B, H] mean over masked tokens (clamped count >= 1e-9 like ST)."""
+    m = mask.astype(jnp.float32)[..., None]
+    s = jnp.sum(hidden.astype(jnp.float32) * m, axis=1)
+    return s / jnp.maximum(jnp.sum(m, axis=1), 1e-9)
+
+
+def mean_sqrt_len_pool(hidden: jax.Array, mask: jax.Array) -> jax.Array:
+    """hidden: [B, L, H], mask: [B, L] -> [B, H] sum / sqrt(count)."""
+    m = mask.astype(jnp.float32)[..., None]
+    s = jnp.sum(hidden.astype(jnp.float32) * m, axis=1)
+    return s / jnp.sqrt(jnp.maximum(jnp.sum(m, axis=1), 1e-9))
+
+
+def max_pool(hidden: jax.Array, mask: jax.Array) -> jax.Array:
+    """hidden: [B, L, H], mask: [B, L] -> [B, H] max over masked tokens (padding set to -1e9 like ST)."""
+    h = hidden.astype(jnp.float32)
+    return jnp.max(jnp.where(mask[..., None] > 0, h, -1e9), axis=1)
+
+
+def cls_pool(hidden: jax.Array) -> jax.Array:
+    """hidden: [B, L, H] -> [B, H], the first token (right padding)."""
+    return hidden[:, 0].astype(jnp.float32)
+
+
+def last_token_index(attention_mask: jax.Array) -> jax.Array:
+    """attention_mask: [B, L] -> [B] index of the last real token; correct for right and for left padding."""
+    l = attention_mask.shape[1]
+    rev_first = jnp.argmax(attention_mask[:, ::-1] > 0, axis=1)
+    return l - 1 - rev_first
+
+
+def last_token_pool(hidden: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    """hidden: [B, L, H], attention_mask: [B, L] -> [B, H], the state of the last real token."""
+    idx = last_token_index(attention_mask)
+    return jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+
+
+def pool(mode: str, hidden: jax.Array, attention_mask: jax.Array,
+         prompt_lengths: jax.Array | None = None) -> jax.Array:
+    """Pool token states [B, L, H] into [B, H]. ``prompt_lengths`` ([B]) excludes leading instruction tokens
+    from mean / max / mean_sqrt_len pooling (None = include them)."""
+    if mode == "cls":
+        return cls_pool(hidden)
+    if mode == "lasttoken":
+        return last_token_pool(hidden, attention_mask)
+    m = content_mask(attention_mask, prompt_lengths)
+    if mode == "mean":
+        return mean_pool(hidden, m)
+    if mode == "max":
+        return max_pool(hidden, m)
+    if mode == "mean_sqrt_len":
+        return mean_sqrt_len_pool(hidden, m)
+    raise ValueError(f"unknown pooling mode {mode!r}; allowed: {', '.join(MODES)}")
+
+
+def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
+    """x: [..., D] -> x / max(||x||, eps) (torch.nn.functional.normalize)."""
+    n = jnp.linalg.norm(x, axis=-1, keepdims=True)
+    return x / jnp.maximum(n, eps)
+
+
+def matryoshka(x: jax.Array, dim: int | None, normalize: bool = True) -> jax.Array:
+    """Keep the first ``dim`` dimensions of x [..., D] (Matryoshka truncation), re-normalised when asked."""
+    if dim is None or dim >= x.shape[-1]:
+        return l2_normalize(x) if normalize else x
+    if dim <= 0:
+        raise ValueError(f"Matryoshka dimension must be positive, got {dim}")
+    y = x[..., :dim]
+    return l2_normalize(y) if normalize else y

@@ -1,0 +1,96 @@
+"""Tokenization: a thin wrapper over a Hugging Face fast tokenizer (no torch), padding to static length buckets.
+
+Static shapes keep XLA from recompiling: every batch is padded to one of a few bucket lengths (powers of two up
+to ``max_length``, plus ``max_length`` itself) and to a fixed number of rows.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+
+def length_buckets(max_length: int, smallest: int = 16) -> tuple[int, ...]:
+    """Padded lengths a batch may take: 16, 32, 64, ... below max_length, then max_length."""
+    out, b = [], smallest
+    while b < max_length:
+        out.append(b)
+        b *= 2
+    out.append(max_length)
+    return tuple(out)
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    return buckets[-1]
+
+
+class Tokenizer:
+    """Tokenizes texts (optionally prefixed by an instruction) and builds padded arrays.
+
+    hf: a ``transformers`` fast tokenizer; max_length: truncation length in tokens (special tokens included);
+    padding_side: 'right' or 'left' (pooling handles both); lowercase: lower-case texts first
+    (sentence-transformers' ``do_lower_case``)."""
+
+    def __init__(self, hf, max_length: int, padding_side: str | None = None, lowercase: bool = False):
+        self.hf = hf
+        self.lowercase = lowercase
+        self.max_length = int(max_length)
+        self.padding_side = padding_side or getattr(hf, "padding_side", "right") or "right"
+        pad = hf.pad_token_id
+        if pad is None:  # decoder tokenizers (Qwen) may lack a pad token: pad with EOS, masked anyway
+            pad = hf.eos_token_id if hf.eos_token_id is not None else 0
+        self.pad_id = int(pad)
+        self._special = set(hf.all_special_ids)
+
+    @classmethod
+    def from_folder(cls, folder: str | os.PathLike, max_length: int | None = None,
+                    padding_side: str | None = None, lowercase: bool = False) -> "Tokenizer":
+        from transformers import AutoTokenizer  # tokenizers only; transformers needs no torch for this
+
+        hf = AutoTokenizer.from_pretrained(str(folder))
+        if max_length is None:
+            ml = getattr(hf, "model_max_length", 512)
+            max_length = ml if ml and ml < 1_000_000 else 512
+        return cls(hf, max_length, padding_side, lowercase)
+
+    def tokenize(self, texts: Sequence[str], max_length: int | None = None) -> list[list[int]]:
+        """Token ids of each text with the model's special tokens, truncated to max_length."""
+        texts = [t.lower() for t in texts] if self.lowercase else list(texts)
+        enc = self.hf(texts, truncation=True, max_length=max_length or self.max_length,
+                      add_special_tokens=True, return_attention_mask=False, return_token_type_ids=False)
+        return enc["input_ids"]
+
+    def prompt_length(self, prompt: str | None) -> int:
+        """Number of leading tokens of ``prompt + text`` that belong to the prompt: the prompt's tokens with the
+        model's special tokens minus the trailing special tokens (as sentence-transformers and INSTRUCTOR do)."""
+        if not prompt:
+            return 0
+        ids = self.hf(prompt.lower() if self.lowercase else prompt, add_special_tokens=True)["input_ids"]
+        n = len(ids)
+        while n > 0 and ids[n - 1] in self._special:
+            n -= 1
+        return n
+
+    def pad(self, ids: Sequence[Sequence[int]], length: int, rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """ids: list of token-id lists -> (input_ids [rows, length] int32, attention_mask [rows, length] int32).
+        Extra rows (when rows > len(ids)) are all padding."""
+        rows = len(ids) if rows is None else rows
+        input_ids = np.full((rows, length), self.pad_id, np.int32)
+        mask = np.zeros((rows, length), np.int32)
+        for r, seq in enumerate(ids):
+            seq = seq[:length]
+            if self.padding_side == "left":
+                input_ids[r, length - len(seq):] = seq
+                mask[r, length - len(seq):] = 1
+            else:
+                input_ids[r, : len(seq)] = seq
+                mask[r, : len(seq)] = 1
+        return input_ids, mask
+
+    def save(self, folder: str | os.PathLike) -> None:
+        self.hf.save_pretrained(str(folder))

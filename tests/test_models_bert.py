@@ -1,0 +1,158 @@
+"""BERT / RoBERTa / XLM-R against PyTorch transformers on tiny random configs (float32, <= 1e-4)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from jaxembed import models, pooling  # noqa: E402
+from jaxembed.models.embedding import EmbeddingModel, HeadConfig  # noqa: E402
+
+TINY = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+            max_position_embeddings=64, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+
+
+def _torch_model(kind):
+    torch.manual_seed(0)
+    if kind == "bert":
+        cfg = transformers.BertConfig(**TINY, type_vocab_size=2, hidden_act="gelu")
+        m = transformers.BertModel(cfg)
+    elif kind == "roberta":
+        cfg = transformers.RobertaConfig(**TINY, type_vocab_size=1, pad_token_id=1, hidden_act="gelu_new")
+        m = transformers.RobertaModel(cfg)
+    else:
+        cfg = transformers.XLMRobertaConfig(**TINY, type_vocab_size=1, pad_token_id=1)
+        m = transformers.XLMRobertaModel(cfg)
+    with torch.no_grad():  # randomise norms too, so a swapped scale/bias would show
+        for name, p in m.named_parameters():
+            if "LayerNorm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return m.eval(), cfg
+
+
+def _batch(pad_id, token_types=False):
+    rng = np.random.default_rng(1)
+    ids = rng.integers(5, 128, size=(3, 12)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[0, 7:] = 0
+    mask[1, 3:] = 0
+    ids[mask == 0] = pad_id
+    tt = (np.arange(12)[None, :] >= 6).astype(np.int64).repeat(3, 0) if token_types else np.zeros_like(ids)
+    return ids, mask, tt
+
+
+def _state_dict(m):
+    return {k: v.detach().numpy() for k, v in m.state_dict().items()}
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "xlm-roberta"])
+def test_matches_transformers(kind):
+    tm, tcfg = _torch_model(kind)
+    cfg = models.config_from_hf(tcfg.to_dict())
+    model, cfg = models.load_weights(cfg, _state_dict(tm))
+    ids, mask, tt = _batch(tcfg.pad_token_id, token_types=(kind == "bert"))
+    with torch.no_grad():
+        ref = tm(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                 token_type_ids=torch.tensor(tt)).last_hidden_state.numpy()
+    out = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(tt)))
+    m = mask[..., None].astype(bool)
+    assert np.abs(np.where(m, out - ref, 0)).max() <= 1e-4
+    # pooled, normalised embeddings
+    ref_pool = (ref * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+    ref_pool /= np.linalg.norm(ref_pool, axis=1, keepdims=True)
+    emb = EmbeddingModel(model, HeadConfig("mean"))(jnp.asarray(ids), jnp.asarray(mask), token_type_ids=jnp.asarray(tt))
+    assert np.abs(np.asarray(emb) - ref_pool).max() <= 1e-4
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_export_round_trip_is_exact(kind):
+    tm, tcfg = _torch_model(kind)
+    sd = _state_dict(tm)
+    model, cfg = models.load_weights(models.config_from_hf(tcfg.to_dict()), sd)
+    back = models.export_weights(model)
+    assert set(back) == {k for k in sd if not k.endswith("position_ids")}
+    for k, v in back.items():
+        np.testing.assert_array_equal(v, sd[k])
+    # and transformers builds the same model from our config dict + weights
+    t2 = type(tm)(type(tcfg)(**cfg.to_hf())).eval()
+    t2.load_state_dict({k: torch.tensor(v) for k, v in back.items()}, strict=False)
+    ids, mask, _ = _batch(tcfg.pad_token_id)
+    with torch.no_grad():
+        a = tm(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state
+        b = t2(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state
+    assert torch.equal(a, b)
+
+
+def test_task_head_prefix_and_tf_layernorm_names_are_normalised():
+    tm, tcfg = _torch_model("bert")
+    sd = {"bert." + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+          for k, v in _state_dict(tm).items()}
+    sd["cls.predictions.bias"] = np.zeros(128, np.float32)
+    model, _ = models.load_weights(models.config_from_hf(tcfg.to_dict()), sd)
+    ref, _ = models.load_weights(models.config_from_hf(tcfg.to_dict()), _state_dict(tm))
+    a, b = models.flat_params(model), models.flat_params(ref)
+    assert all(np.array_equal(a[k], b[k]) for k in b)
+
+
+def _loss(model, ids, mask, **kw):
+    return jnp.sum(model(ids, mask, **kw) ** 2)
+
+
+def test_remat_gives_same_outputs_and_gradients():
+    cfg = models.config_from_hf(_torch_model("bert")[1].to_dict())
+    ids, mask, _ = _batch(0)
+    m1 = models.init_model(cfg, seed=3)
+    m2 = models.init_model(dataclasses.replace(cfg, remat=True), seed=3)
+    g1 = nnx.grad(_loss)(m1, ids, mask)
+    g2 = nnx.grad(_loss)(m2, ids, mask)
+    np.testing.assert_allclose(m1(ids, mask), m2(ids, mask), atol=1e-6)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_dropout_uses_explicit_rng():
+    cfg = models.config_from_hf(_torch_model("bert")[1].to_dict())
+    m = models.init_model(cfg, seed=0)
+    ids, mask, _ = _batch(0)
+    det = m(ids, mask)
+    d1 = m(ids, mask, deterministic=False, rngs=nnx.Rngs(dropout=7))
+    d2 = m(ids, mask, deterministic=False, rngs=nnx.Rngs(dropout=7))
+    d3 = m(ids, mask, deterministic=False, rngs=nnx.Rngs(dropout=8))
+    assert not np.allclose(det, d1)
+    np.testing.assert_array_equal(d1, d2)
+    assert not np.allclose(d1, d3)
+
+
+def test_bfloat16_compute_and_params():
+    tm, tcfg = _torch_model("bert")
+    cfg = models.config_from_hf(tcfg.to_dict(), dtype="bfloat16", param_dtype="bfloat16")
+    model, _ = models.load_weights(cfg, _state_dict(tm))
+    assert all(v.dtype == jnp.bfloat16 for v in models.flat_params(model).values())
+    ids, mask, _ = _batch(0)
+    out = model(ids, mask)
+    assert out.dtype == jnp.bfloat16
+    ref, _ = models.load_weights(models.config_from_hf(tcfg.to_dict()), _state_dict(tm))
+    m = mask[..., None].astype(bool)
+    err = np.abs(np.where(m, np.asarray(out, np.float32) - np.asarray(ref(ids, mask)), 0)).max()
+    assert err < 0.1
+
+
+def test_params_carry_logical_sharding_axes():
+    cfg = models.config_from_hf(_torch_model("bert")[1].to_dict())
+    _, state = nnx.split(models.abstract_model(cfg), nnx.Param)
+    for path, var in nnx.to_flat_state(state):
+        axes = var.get_metadata().get("out_sharding")
+        assert axes is not None and len(axes) == len(var.shape), path
+
+
+def test_unsupported_position_embedding_type_is_clear():
+    with pytest.raises(ValueError, match="relative_key"):
+        models.config_from_hf({"model_type": "bert", "position_embedding_type": "relative_key"})
+    with pytest.raises(models.UnknownArchitecture, match="gpt2.*Supported"):
+        models.config_from_hf({"model_type": "gpt2"})
