@@ -164,13 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from jaxembed.hf import ModelLoadError
-    from jaxembed.models import UnknownArchitecture
-    from jaxembed.models.mapping import MappingError
-
     try:
         return args.func(args)
-    except (UserError, ModelLoadError, UnknownArchitecture, MappingError) as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
+from jaxembed.errors import UserError
 from jaxembed.models.embedding import EmbeddingModel
 from jaxembed.tokenizer import Tokenizer, bucket_for, length_buckets
 
@@ -51,11 +52,11 @@ class Encoder:
 
     def resolve_prompt(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
         if prompt is not None and prompt_name is not None:
-            raise ValueError("give either prompt or prompt_name, not both")
+            raise UserError("give either prompt or prompt_name, not both")
         if prompt_name is not None:
             if prompt_name not in self.prompts:
                 known = ", ".join(sorted(self.prompts)) or "none"
-                raise ValueError(f"unknown prompt_name {prompt_name!r}; this model's prompts: {known}")
+                raise UserError(f"unknown prompt_name {prompt_name!r}; this model's prompts: {known}")
             return self.prompts[prompt_name]
         if prompt is None and self.default_prompt_name:
             return self.prompts.get(self.default_prompt_name, "")
@@ -72,7 +73,7 @@ class Encoder:
         if n == 0:
             return np.zeros((0, out_dim), np.float32)
         if dim is not None and not 0 < dim <= self.model.dim:
-            raise ValueError(f"--dim must be between 1 and the model's dimension {self.model.dim}, got {dim}")
+            raise UserError(f"--dim must be between 1 and the model's dimension {self.model.dim}, got {dim}")
         p = self.resolve_prompt(prompt, prompt_name)
         max_length = max_length or self.tokenizer.max_length
         ids = self.tokenizer.tokenize([p + t for t in texts], max_length)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-class UserError(Exception):
+class UserError(ValueError):
     """An error in the user's input or configuration; the CLI prints it without a traceback (exit status 2)."""
 
 

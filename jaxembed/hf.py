@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxembed import models
+from jaxembed.errors import UserError
 from jaxembed.models.embedding import DENSE_ACTIVATIONS, DenseSpec, EmbeddingModel, HeadConfig
 from jaxembed.models.layers import to_dtype
 from jaxembed.tokenizer import Tokenizer
@@ -32,7 +33,7 @@ _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np
               "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UserError):
     """A model folder or id that cannot be loaded; the message names the file and the fix."""
 
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxembed.errors import UserError
 from jaxembed.models import mapping
 from jaxembed.models.layers import to_dtype
 
@@ -56,7 +57,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 }
 
 
-class UnknownArchitecture(ValueError):
+class UnknownArchitecture(UserError):
     pass
 
 

@@ -188,12 +188,13 @@ def attention(
     return jnp.einsum("bnts,bsnd->btnd", probs, v)
 
 
-def run_layers(layers, x: jax.Array, remat: bool, *args, **kwargs) -> jax.Array:
-    """Apply ``layers`` in order: x = layer(x, *args, **kwargs); with remat each layer is rematerialised
-    (``nnx.remat``) so only its inputs are kept for the backward pass."""
+def run_layers(layers, x: jax.Array, remat: bool, *args, rngs: nnx.Rngs | None = None, **kwargs) -> jax.Array:
+    """Apply ``layers`` in order: x = layer(x, *args, rngs=rngs, **kwargs); with remat each layer is
+    rematerialised (``nnx.remat``) so only its inputs are kept for the backward pass. ``rngs`` goes through the
+    transform as an argument (a closure over it would mutate RNG state across trace levels)."""
     for layer in layers:
         if remat:
-            x = nnx.remat(lambda m, h, *a: m(h, *a, **kwargs))(layer, x, *args)
+            x = nnx.remat(lambda m, h, r, *a: m(h, *a, rngs=r, **kwargs))(layer, x, rngs, *args)
         else:
-            x = layer(x, *args, **kwargs)
+            x = layer(x, *args, rngs=rngs, **kwargs)
     return x

@@ -14,6 +14,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from jaxembed.errors import UserError
+
 Path = tuple  # a Flax state path, e.g. ("layers", 0, "attention", "query", "kernel")
 
 
@@ -71,7 +73,7 @@ def _apply(x: np.ndarray, transform: str) -> np.ndarray:
     raise ValueError(f"unknown transform {transform!r}")
 
 
-class MappingError(ValueError):
+class MappingError(UserError):
     pass
 
 

