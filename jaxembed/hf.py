@@ -251,7 +251,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", param_dtype
 
 
 def _position_limit(config) -> int | None:
-    if hasattr(config, "max_position_embeddings") and config.model_type in ("bert", "roberta", "xlm-roberta",
-                                                                              "camembert"):
-        return config.max_position_embeddings - (config.pad_token_id + 1 if config.offset_positions else 0)
-    return None
+    """Longest input the position table allows (None for relative positions, e.g. T5)."""
+    n = getattr(config, "max_position_embeddings", None)
+    if n is None:
+        return None
+    return n - (config.pad_token_id + 1 if getattr(config, "offset_positions", False) else 0)

@@ -13,13 +13,22 @@ import jax.numpy as jnp
 MODES = ("mean", "cls", "lasttoken", "max", "mean_sqrt_len")
 
 
+def first_token_index(attention_mask: jax.Array) -> jax.Array:
+    """attention_mask: [B, L] -> [B] index of the first real token (0 with right padding)."""
+    return jnp.argmax(attention_mask > 0, axis=1)
+
+
 def content_mask(attention_mask: jax.Array, prompt_lengths: jax.Array | None) -> jax.Array:
-    """attention_mask: [B, L] (1 = token, right padded); prompt_lengths: [B] number of leading prompt tokens to
-    exclude, or None. -> [B, L] float32 mask of the tokens to pool over."""
+    """attention_mask: [B, L] (1 = token; right or left padding); prompt_lengths: [B] number of prompt tokens at
+    the start of each text to exclude, or None. -> [B, L] float32 mask of the tokens to pool over.
+
+    The prompt starts at the first real token, so with left padding the padding and then the prompt are skipped
+    (as sentence-transformers' Pooling does)."""
     m = attention_mask.astype(jnp.float32)
     if prompt_lengths is not None:
         pos = jnp.arange(m.shape[1])[None, :]
-        m = m * (pos >= prompt_lengths[:, None]).astype(jnp.float32)
+        start = first_token_index(attention_mask) + prompt_lengths
+        m = m * (pos >= start[:, None]).astype(jnp.float32)
     return m
 
 
@@ -43,9 +52,11 @@ def max_pool(hidden: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.max(jnp.where(mask[..., None] > 0, h, -1e9), axis=1)
 
 
-def cls_pool(hidden: jax.Array) -> jax.Array:
-    """hidden: [B, L, H] -> [B, H], the first token (right padding)."""
-    return hidden[:, 0].astype(jnp.float32)
+def cls_pool(hidden: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    """hidden: [B, L, H], attention_mask: [B, L] -> [B, H], the first real token (position 0 with right padding,
+    after the padding with left padding)."""
+    idx = first_token_index(attention_mask)
+    return jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0].astype(jnp.float32)
 
 
 def last_token_index(attention_mask: jax.Array) -> jax.Array:
@@ -66,7 +77,7 @@ def pool(mode: str, hidden: jax.Array, attention_mask: jax.Array,
     """Pool token states [B, L, H] into [B, H]. ``prompt_lengths`` ([B]) excludes leading instruction tokens
     from mean / max / mean_sqrt_len pooling (None = include them)."""
     if mode == "cls":
-        return cls_pool(hidden)
+        return cls_pool(hidden, attention_mask)
     if mode == "lasttoken":
         return last_token_pool(hidden, attention_mask)
     m = content_mask(attention_mask, prompt_lengths)

@@ -67,14 +67,12 @@ class Tokenizer:
 
     def prompt_length(self, prompt: str | None) -> int:
         """Number of leading tokens of ``prompt + text`` that belong to the prompt: the prompt's tokens with the
-        model's special tokens minus the trailing special tokens (as sentence-transformers and INSTRUCTOR do)."""
+        model's special tokens, minus one trailing special token (EOS / SEP) if there is one -- exactly as
+        sentence-transformers and INSTRUCTOR count it, so that pooling excludes the same tokens."""
         if not prompt:
             return 0
         ids = self.hf(prompt.lower() if self.lowercase else prompt, add_special_tokens=True)["input_ids"]
-        n = len(ids)
-        while n > 0 and ids[n - 1] in self._special:
-            n -= 1
-        return n
+        return len(ids) - (1 if ids and ids[-1] in self._special else 0)
 
     def pad(self, ids: Sequence[Sequence[int]], length: int, rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """ids: list of token-id lists -> (input_ids [rows, length] int32, attention_mask [rows, length] int32).

@@ -21,6 +21,14 @@ def test_mean_pool_excludes_prompt_tokens():
     np.testing.assert_allclose(out, [[4.5, 5.5, 6.5]])  # mean of tokens 1 and 2
 
 
+def test_left_padding_cls_and_prompt_exclusion():
+    h = jnp.arange(5, dtype=jnp.float32).reshape(1, 5, 1)  # token states 0..4
+    left = jnp.array([[0, 0, 1, 1, 1]])
+    np.testing.assert_allclose(pooling.pool("cls", h, left), [[2.0]])  # first real token
+    # prompt of 1 token starts at position 2: pool over positions 3 and 4
+    np.testing.assert_allclose(pooling.pool("mean", h, left, prompt_lengths=jnp.array([1])), [[3.5]])
+
+
 def test_last_token_right_and_left_padding():
     h = jnp.arange(2 * 4 * 1, dtype=jnp.float32).reshape(2, 4, 1)
     right = jnp.array([[1, 1, 0, 0], [1, 1, 1, 1]])

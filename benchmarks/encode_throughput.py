@@ -1,0 +1,112 @@
+"""Inference throughput: jaxembed encode vs sentence-transformers, same model, texts, batch size and precision.
+
+Both run in this process on the same machine, after a warm-up pass (compilation, thread pools), and the median of
+--repeats timed passes is reported. Writes benchmarks/results/encode_throughput_<device>.json and appends a line to
+benchmarks/README.md.
+
+    python benchmarks/encode_throughput.py [--model DIR] [--n 2000] [--batch-size 64] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def _time_interleaved(fns: dict, repeats: int) -> dict:
+    """Warm every function up, then time them in turns (A B A B ...) so that load from other processes on a
+    shared machine falls on all of them alike. Returns name -> list of seconds."""
+    for fn in fns.values():
+        fn()  # warm-up: compilation / allocator / thread pools
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None, help="model folder (default: bundled all-MiniLM-L6-v2)")
+    ap.add_argument("--n", type=int, default=2000, help="number of sentences (STS-B dev, both sides)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-readme", action="store_true", help="do not append to benchmarks/README.md")
+    args = ap.parse_args()
+
+    import jax
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from jaxembed import paths
+    from jaxembed.encode import load_encoder
+
+    model_dir = args.model or str(paths.demo_model_dir())
+    rows = [json.loads(line) for line in open(paths.shared_data_dir() / "dev" / "stsb_dev.jsonl", encoding="utf-8")]
+    texts = ([r["sentence1"] for r in rows] + [r["sentence2"] for r in rows])[: args.n]
+
+    ours = load_encoder(model_dir)
+    st = SentenceTransformer(model_dir, device="cuda" if torch.cuda.is_available() else "cpu")
+    n_tokens = sum(min(len(x), ours.tokenizer.max_length) for x in ours.tokenizer.tokenize(texts))
+
+    with torch.inference_mode():
+        times = _time_interleaved({
+            "jaxembed": lambda: ours.encode(texts, batch_size=args.batch_size, progress=False),
+            "sentence_transformers": lambda: st.encode(texts, batch_size=args.batch_size, convert_to_numpy=True),
+        }, args.repeats)
+    t_ours, t_st = statistics.median(times["jaxembed"]), statistics.median(times["sentence_transformers"])
+    a = ours.encode(texts[:256], batch_size=args.batch_size, progress=False)
+    b = st.encode(texts[:256], batch_size=args.batch_size, convert_to_numpy=True)
+
+    dev = jax.devices()[0]
+    device = f"{dev.platform}:{dev.device_kind}"
+    result = {
+        "benchmark": "encode_throughput",
+        "date": datetime.date.today().isoformat(),
+        "device": device,
+        "host": platform.processor() or platform.machine(),
+        "cpu_count": __import__("os").cpu_count(),
+        "model": Path(model_dir).name if args.model else "all-MiniLM-L6-v2",
+        "n_texts": len(texts),
+        "n_tokens": n_tokens,
+        "batch_size": args.batch_size,
+        "precision": "float32",
+        "jaxembed_texts_per_s": len(texts) / t_ours,
+        "sentence_transformers_texts_per_s": len(texts) / t_st,
+        "jaxembed_tokens_per_s": n_tokens / t_ours,
+        "ratio_jaxembed_over_st": t_st / t_ours,
+        "times_s": times,
+        "max_abs_diff_embeddings": float(np.abs(a - b).max()),
+        "versions": {"jax": jax.__version__, "torch": torch.__version__},
+        "command": "python benchmarks/encode_throughput.py " + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in (("n", args.n), ("batch_size", args.batch_size),
+                                                        ("repeats", args.repeats))),
+    }
+    out = HERE / "results" / f"encode_throughput_{dev.platform}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    line = (f"| {result['date']} | encode_throughput | {device} ({result['cpu_count']} cores) | {result['model']}, "
+            f"{len(texts)} STS-B dev texts, batch {args.batch_size}, fp32 | jaxembed {result['jaxembed_texts_per_s']:.0f}"
+            f" texts/s vs sentence-transformers {result['sentence_transformers_texts_per_s']:.0f} texts/s: "
+            f"**{result['ratio_jaxembed_over_st']:.2f}x** | `{result['command']}` |")
+    print(json.dumps(result, indent=2))
+    print(line)
+    if not args.no_readme:
+        readme = HERE / "README.md"
+        with open(readme, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
