@@ -1,0 +1,129 @@
+"""InfoNCE over the global batch (DESIGN.md 2.1), with PEG's progressive weighting (2.4) and metrics.
+
+For query i with positive column p_i and allowed candidates A_i (see ``core``):
+
+    l_i = logsumexp_{j in A_i}(a_ij * s_ij / tau) - s_{i p_i} / tau          (InfoNCE; PEG Eq. 3 with a_ij)
+    L   = sum_i w_i l_i / max(#{i : w_i > 0}, 1)
+
+w_i multiplies each query's term (Data-CUBE mask alpha, PEG w_q, per-instance weights); a query with w_i = 0 adds
+nothing but its positive and negatives stay candidates for the others. The symmetric variant adds the same loss
+with positives as queries and queries as candidates, and averages the two.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxembed.losses.core import CandidateInfo, LossOptions, QueryInfo, block_logits, normalize, reduce_queries
+
+
+class QueryTerms(NamedTuple):
+    """Per-query results. loss: [B] l_i; correct: [B] the positive outranks every other allowed candidate;
+    hardest_neg_sim: [B] max cosine over allowed negatives (-1 when none); masked: [B] valid candidates masked out."""
+
+    loss: jax.Array
+    correct: jax.Array
+    hardest_neg_sim: jax.Array
+    masked: jax.Array
+
+
+def query_terms(q: jax.Array, c: jax.Array, pos_index: jax.Array, temperature, qi: QueryInfo = QueryInfo(),
+                ci: CandidateInfo = CandidateInfo(), opts: LossOptions = LossOptions(), peg_t=None,
+                col_start=0) -> QueryTerms:
+    """Plain per-query InfoNCE terms. q: [B, D], c: [N, D] normalised; pos_index: [B]. Materialises [B, N]."""
+    logits, sims, allowed, is_pos, _ = block_logits(q, c, pos_index, col_start, qi, ci, temperature, opts, peg_t)
+    lse = jax.nn.logsumexp(logits, axis=1)
+    pos_logit = jnp.sum(jnp.where(is_pos, logits, 0.0), axis=1)
+    neg = allowed & ~is_pos
+    max_other = jnp.max(jnp.where(neg, logits, -jnp.inf), axis=1)
+    hardest = jnp.max(jnp.where(neg, sims, -jnp.inf), axis=1)
+    valid = jnp.ones(c.shape[0], bool) if ci.valid is None else ci.valid
+    masked = jnp.sum(valid[None, :] & ~allowed, axis=1)
+    return QueryTerms(lse - pos_logit, pos_logit > max_other, jnp.where(jnp.isfinite(hardest), hardest, -1.0),
+                      masked)
+
+
+class PegState(NamedTuple):
+    """PEG statistics of one batch (Eq. 4-6). w: [B] query weights; active: [B] sim(q,p) >= sigma;
+    sigma: threshold; t: the momentum after this batch (carried in the train state, t_0 = 0)."""
+
+    w: jax.Array
+    active: jax.Array
+    sigma: jax.Array
+    t: jax.Array
+
+
+def peg_statistics(pos_sim: jax.Array, t_prev, alpha: float = 0.5, beta: float = 0.1,
+                   axis_name: str | tuple | None = None, weights: jax.Array | None = None) -> PegState:
+    """PEG Eq. 4-6 from the positive similarities [B] of the (global) batch.
+
+    sigma = mean(sim(q,p)) - beta; w_q = 1 if sim >= sigma else sim / sigma (clipped to [0, 1], which only acts for
+    a degenerate sigma <= 0); t_s = alpha * mean + (1 - alpha) * t_{s-1}, used for this batch's a_n.
+    axis_name: mean over all shards (shard_map). Queries with weight 0 (padding) are left out of the mean."""
+    pos_sim = jax.lax.stop_gradient(pos_sim)
+    m = jnp.ones_like(pos_sim) if weights is None else (weights > 0).astype(jnp.float32)
+    s, n = jnp.sum(pos_sim * m), jnp.sum(m)
+    if axis_name is not None:
+        s, n = jax.lax.psum(s, axis_name), jax.lax.psum(n, axis_name)
+    mean = s / jnp.maximum(n, 1.0)
+    sigma = mean - beta
+    active = pos_sim >= sigma
+    w = jnp.where(active, 1.0, jnp.clip(pos_sim / sigma, 0.0, 1.0))
+    t = alpha * mean + (1.0 - alpha) * jnp.asarray(t_prev, jnp.float32)
+    return PegState(w, active, sigma, t)
+
+
+def contrastive_loss(q: jax.Array, c: jax.Array, pos_index: jax.Array, *, temperature, weights=None,
+                     qi: QueryInfo = QueryInfo(), ci: CandidateInfo = CandidateInfo(),
+                     opts: LossOptions = LossOptions(), symmetric: bool = False, peg_t_prev=None,
+                     peg_alpha: float = 0.5, peg_beta: float = 0.1, terms_fn=query_terms,
+                     axis_name: str | tuple | None = None):
+    """The full loss on (global or per-shard) arrays. Returns (loss, metrics dict).
+
+    q: [B, D], c: [N, D] raw embeddings (normalised here); pos_index: [B]; weights: [B] or None;
+    terms_fn: ``query_terms`` (plain) or ``tiled.query_terms_tiled``; axis_name: when called inside shard_map
+    with c already gathered over that axis (and pos_index global), sums and means are taken over all shards."""
+    q, c = normalize(q), normalize(c)
+    temperature = jnp.asarray(temperature, jnp.float32)
+    pos_sim = jnp.sum(q * c[pos_index], axis=1)
+    metrics = {}
+    peg_t = None
+    w = weights
+    if opts.peg:
+        st = peg_statistics(pos_sim, 0.0 if peg_t_prev is None else peg_t_prev, peg_alpha, peg_beta, axis_name,
+                            weights)
+        qi = qi._replace(pos_sim=jax.lax.stop_gradient(pos_sim), peg_active=st.active)
+        peg_t = st.t
+        w = st.w if w is None else w * st.w
+        metrics.update(peg_t=st.t, peg_sigma=st.sigma, peg_mean_weight=jnp.mean(st.w))
+    terms = terms_fn(q, c, pos_index, temperature, qi, ci, opts, peg_t)
+    total, count = reduce_queries(terms.loss, w)
+    if symmetric:
+        # positives -> queries: each query's positive against every query of the batch (label: its own query)
+        p = c[pos_index]
+        sym_qi = QueryInfo(task=ci.task[pos_index] if (opts.same_task and ci.task is not None) else None)
+        sym_ci = CandidateInfo(task=qi.task if opts.same_task else None)
+        own = jnp.arange(q.shape[0], dtype=jnp.int32)
+        qs = q
+        if axis_name is not None:  # candidates = the queries of every shard
+            qs = jax.lax.all_gather(q, axis_name, tiled=True)
+            own = own + jax.lax.axis_index(axis_name) * q.shape[0]
+            if sym_ci.task is not None:
+                sym_ci = CandidateInfo(task=jax.lax.all_gather(qi.task, axis_name, tiled=True))
+        sym = terms_fn(p, qs, own, temperature, sym_qi, sym_ci, LossOptions(same_task=opts.same_task), None)
+        sym_total, _ = reduce_queries(sym.loss, w)
+        total = (total + sym_total) / 2
+    n_queries = jnp.asarray(q.shape[0], jnp.float32)
+    correct, hardest, masked = (jnp.sum(terms.correct.astype(jnp.float32)), jnp.sum(terms.hardest_neg_sim),
+                                jnp.sum(terms.masked.astype(jnp.float32)))
+    possum = jnp.sum(pos_sim)
+    if axis_name is not None:
+        total, count, n_queries, correct, hardest, masked, possum = jax.lax.psum(
+            (total, count, n_queries, correct, hardest, masked, possum), axis_name)
+    loss = total / jnp.maximum(count, 1.0)
+    metrics.update(loss=loss, accuracy=correct / n_queries, pos_sim=possum / n_queries,
+                   hardest_neg_sim=hardest / n_queries, masked_candidates=masked, active_queries=count)
+    return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
