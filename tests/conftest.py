@@ -9,6 +9,10 @@ import pytest
 
 from jaxembed import paths
 
+# tests/multidevice needs 8 simulated devices, set before jax starts: tests/test_multidevice.py runs it in a
+# subprocess with XLA_FLAGS; a plain `pytest tests` does not collect it directly.
+collect_ignore = [] if os.environ.get("JAXEMBED_MULTIDEVICE") == "1" else ["multidevice"]
+
 
 @pytest.fixture(scope="session")
 def shared_data():

@@ -1,0 +1,76 @@
+"""An in-memory store with the API of jaxembed.data.store.Store, for plan and loader tests."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeInfo:
+    name: str
+    task: str
+    task_type: str = "retrieval"
+    size: int = 0
+    query_instruction: str = ""
+    doc_instruction: str = ""
+    temperature: float | None = None
+    batching: str = "random"
+    num_negatives: int = 0
+    weight: float = 1.0
+    epochs: float = 1.0
+    max_query_length: int = 32
+    max_doc_length: int = 48
+    source: str = "fake"
+
+
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+         "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+
+
+def _text(kind: str, d: int, i: int, j: int = 0) -> str:
+    n = 2 + (i * 7 + j * 3 + d) % 9  # varied lengths
+    words = [WORDS[(i + d * 5 + j * 11 + k) % len(WORDS)] for k in range(n)]
+    return f"{kind} {d} {i} {j} " + " ".join(words)
+
+
+class FakeStore:
+    """Deterministic synthetic examples: example i of dataset d has 1 + i % 3 positives and (i % (n+2))
+    negatives where n is the dataset's num_negatives (so some examples have fewer than num_negatives)."""
+
+    def __init__(self, infos):
+        self.datasets = list(infos)
+        self.calls = 0
+
+    def _index(self, name_or_index) -> int:
+        if isinstance(name_or_index, str):
+            for k, i in enumerate(self.datasets):
+                if i.name == name_or_index:
+                    return k
+            raise KeyError(name_or_index)
+        return int(name_or_index)
+
+    def dataset(self, name_or_index):
+        return self.datasets[self._index(name_or_index)]
+
+    def size(self, name_or_index) -> int:
+        return self.dataset(name_or_index).size
+
+    def example(self, dataset, index: int) -> dict:
+        d = self._index(dataset)
+        info = self.datasets[d]
+        i = int(index)
+        if not 0 <= i < info.size:
+            raise IndexError(i)
+        self.calls += 1
+        nneg = i % (info.num_negatives + 2)
+        return {"id": f"{info.name}-{i}", "query": _text("q", d, i),
+                "pos": [_text("p", d, i, j) for j in range(1 + i % 3)],
+                "neg": [_text("n", d, i, j) for j in range(nneg)]}
+
+    def examples(self, dataset, indices) -> list[dict]:
+        return [self.example(dataset, i) for i in indices]
+
+
+def make_store(spec) -> FakeStore:
+    """spec: list of (name, task, size, dict of other fields)."""
+    return FakeStore([FakeInfo(name=n, task=t, size=s, **kw) for n, t, s, kw in spec])
