@@ -1,6 +1,7 @@
 """``jaxembed <command>``: the command-line interface.
 
 Commands: ``encode`` (texts -> .npy), ``export`` (any supported folder -> HF / sentence-transformers folder),
+``data validate`` / ``data prepare`` (dataset store), ``plan build`` / ``plan show`` (batch plans),
 ``demo`` (the built-in default job). User errors print one line naming file, line, field and fix (exit 2).
 """
 
@@ -151,6 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=cmd_export)
+
+    from jaxembed.data.cli import add_parsers as add_data_parsers
+
+    add_data_parsers(sub)
+    try:  # batch plans (jaxembed/data/plan_cli.py)
+        from jaxembed.data.plan_cli import add_parsers as add_plan_parsers
+    except ImportError:
+        add_plan_parsers = None
+    if add_plan_parsers is not None:
+        add_plan_parsers(sub)
 
     p = sub.add_parser("demo", help="the built-in default job: encode real sentences with all-MiniLM-L6-v2")
     p.add_argument("--model", default=None, help="another model folder instead of the bundled all-MiniLM-L6-v2")

@@ -1,0 +1,211 @@
+"""``jaxembed data validate`` and ``jaxembed data prepare``.
+
+``add_parsers(subparsers)`` adds the ``data`` command to the main parser; each sub-command sets ``func`` (returns
+the exit status; a UserError is printed on one line by the main CLI, exit status 2).
+
+- ``data validate FILE... [--format NAME] [--text-field F] [--label-field F] [--score-threshold X]``: checks every
+  record, prints every problem (one per line: ``file:line: field 'x': what (fix: how)``) and a summary per file.
+  Exit status 0 when every record is valid, 1 when some are not, 2 for a usage error (missing file, bad option).
+- ``data prepare --config PATH[:VARIANT] --out DIR [--on-error stop|skip]``: writes the dataset store
+  (``jaxembed.data.store.write_store``). ``--config`` is a Python file whose ``get_config()`` (or
+  ``get_config(VARIANT)``) returns a ConfigDict with a ``data`` field (or a data config itself), or ``shared``: every
+  file of the shared training data (``jaxembed.data.config.shared_train_config``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+from jaxembed.errors import InputError, UserError
+
+VALIDATE_FORMATS = ("auto", "triplets", "scored_pairs", "labelled_pairs", "classification")
+
+
+def add_parsers(subparsers) -> None:
+    """Add ``data validate`` and ``data prepare`` to an argparse sub-parsers object."""
+    p = subparsers.add_parser("data", help="validate training files; prepare the dataset store",
+                              description="Validate training files and prepare the random-access dataset store.")
+    sub = p.add_subparsers(dest="data_command", required=True, metavar="{validate,prepare}")
+
+    v = sub.add_parser("validate", help="check every record of JSON Lines files (exit 0 only if all are valid)",
+                       description="Check every record: valid UTF-8 and JSON, required fields, types, empty texts. "
+                                   "Prints every problem with file, line, field and fix.")
+    v.add_argument("files", nargs="+", metavar="FILE", help="JSON Lines files")
+    v.add_argument("--format", default="auto", choices=VALIDATE_FORMATS,
+                   help="record format (default: from the first record's keys)")
+    v.add_argument("--text-field", default=None, help="classification: field holding the text (default: text)")
+    v.add_argument("--label-field", default=None, help="classification / labelled pairs: the label field "
+                                                       "(default: label)")
+    v.add_argument("--score-threshold", type=float, default=None,
+                   help="scored pairs: count the pairs below this score as left out")
+    v.add_argument("-q", "--quiet", action="store_true", help="print the summary only, not each problem")
+    v.set_defaults(func=cmd_validate)
+
+    pp = sub.add_parser("prepare", help="validate every record of a data config and write the dataset store",
+                        description="Read every dataset of a data config, check every record, apply the on_error "
+                                    "policy and write the random-access store (ArrayRecord) with a report.")
+    pp.add_argument("--config", required=True, metavar="PATH[:VARIANT]|shared",
+                    help="a Python file whose get_config([VARIANT]) returns a ConfigDict with a 'data' field, or "
+                         "'shared' for all the shared training data")
+    pp.add_argument("--out", required=True, metavar="DIR", help="store folder (an existing store is replaced)")
+    pp.add_argument("--on-error", default=None, choices=["stop", "skip"],
+                    help="override the config: stop at the first bad record, or skip and count bad records")
+    pp.add_argument("-q", "--quiet", action="store_true", help="print only the totals")
+    pp.set_defaults(func=cmd_prepare)
+
+
+# ----------------------------------------------------------------------------------------------------- validate
+
+def validate_file(path: str, fmt: str = "auto", text_field: str | None = None, label_field: str | None = None,
+                  score_threshold: float | None = None):
+    """(Tally, ReadInfo, whole-file error or None) of one file, every record read with the 'skip' policy."""
+    from jaxembed.data.formats import DEFAULT_FIELDS, ReadInfo, ReadOptions, Tally, apply_policy, read_jsonl
+
+    fields = dict(DEFAULT_FIELDS)
+    if text_field:
+        fields["text"] = text_field
+    if label_field:
+        fields["label"] = label_field
+    opts = ReadOptions(name=Path(path).stem, format=fmt, fields=fields, score_threshold=score_threshold)
+    tally, info = Tally(Path(path).stem), ReadInfo()
+    try:
+        for _ in apply_policy(read_jsonl(path, opts, info), "skip", tally):
+            pass
+    except InputError as e:  # the file as a whole (its format cannot be told)
+        return tally, info, e
+    return tally, info, None
+
+
+def cmd_validate(args) -> int:
+    for f in args.files:  # usage errors first: every file must exist
+        if not Path(f).is_file():
+            raise UserError(f"{f}: " + ("is a folder, not a file" if Path(f).is_dir() else "no such file")
+                            + " (fix: check the path)")
+    bad_records = bad_files = total = 0
+    out = sys.stdout
+    for f in args.files:
+        tally, info, err = validate_file(f, args.format, args.text_field, args.label_field, args.score_threshold)
+        if not args.quiet:
+            for s in tally.skipped:
+                if s.invalid:
+                    print(s, file=out)
+            if err is not None:
+                print(err, file=out)
+        total += tally.read
+        bad_records += tally.invalid
+        bad_files += err is not None or tally.invalid > 0
+        what = f"{info.format}" + (f", task type {info.task_type}" if info.task_type else "")
+        line = f"{f}: {tally.read} records ({what}): {tally.read - tally.invalid} valid, {tally.invalid} invalid"
+        if tally.filtered:
+            line += f" ({tally.filtered} valid but left out: " + "; ".join(
+                f"{r}: {n}" for r, n in _reasons(tally, invalid=False).items()) + ")"
+        if err is not None:
+            line += " -- cannot read the file: " + str(err)
+        elif tally.invalid:
+            line += " [" + "; ".join(f"{r}: {n}" for r, n in _reasons(tally, invalid=True).items()) + "]"
+        print(line, file=out)
+    if bad_files:
+        print(f"{bad_records} invalid records in {bad_files} of {len(args.files)} files ({total} records read)",
+              file=out)
+        return 1
+    print(f"all {total} records valid in {len(args.files)} files", file=out)
+    return 0
+
+
+def _reasons(tally, invalid: bool) -> dict[str, int]:
+    from collections import Counter
+
+    c = Counter((f"field '{s.field}': " if s.field and invalid else "") + s.reason.split(" (")[0]
+                for s in tally.skipped if s.invalid == invalid)
+    return dict(c.most_common())
+
+
+# ------------------------------------------------------------------------------------------------------ prepare
+
+def load_config_file(spec: str):
+    """``get_config()`` / ``get_config(variant)`` of a Python config file given as ``PATH[:VARIANT]``."""
+    path, variant = spec, None
+    if not Path(spec).exists() and ":" in spec:
+        path, variant = spec.rsplit(":", 1)
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--config {spec}: no such file {path} (fix: give a Python config file, PATH:VARIANT, "
+                        "or 'shared')")
+    try:
+        mod_spec = importlib.util.spec_from_file_location(f"_jaxembed_config_{p.stem}", p)
+        mod = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(mod)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- a broken config file is the user's to fix
+        raise UserError(f"{path}: cannot load the config file ({type(e).__name__}: {e})") from None
+    if not hasattr(mod, "get_config"):
+        raise UserError(f"{path}: no get_config() function (fix: define get_config(arg=None) returning a "
+                        "ConfigDict)")
+    try:
+        return mod.get_config(variant) if variant is not None else mod.get_config()
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"{path}: get_config({variant!r}) failed ({type(e).__name__}: {e})") from None
+
+
+def load_data_config(spec: str):
+    """(data config, where) for ``--config``: 'shared', or a config file's ``data`` field (or the data config
+    itself when the file returns one)."""
+    from jaxembed.data.config import shared_train_config
+
+    if spec == "shared":
+        from jaxembed import paths
+
+        d = paths.shared_data_dir()
+        if not (d / "train").is_dir():
+            raise UserError(f"--config shared: {d / 'train'} does not exist (fix: set JAXEMBED_DATA to the shared "
+                            "data folder)")
+        return shared_train_config(d), "shared: data"
+    cfg = load_config_file(spec)
+    keys = set(cfg.keys()) if hasattr(cfg, "keys") else set()
+    if "data" in keys:
+        return cfg["data"], f"{spec}: data"
+    if "datasets" in keys:
+        return cfg, f"{spec}: data"
+    raise UserError(f"{spec}: get_config() returned no 'data' field (fix: add config.data = a data config, see "
+                    "jaxembed.data.config.default_data_config)")
+
+
+def cmd_prepare(args) -> int:
+    from jaxembed.data.config import validate_data_config
+    from jaxembed.data.store import write_store
+
+    t0 = time.time()
+    cfg, where = load_data_config(args.config)
+    if args.on_error:
+        cfg.on_error = args.on_error
+    validate_data_config(cfg, where=where)
+    report = write_store(cfg, args.out)
+    if not args.quiet:
+        print(report.summary())
+    print(f"wrote {args.out}: {len(report.datasets)} datasets, {report.written} examples of {report.read} records "
+          f"({report.invalid} invalid skipped, {report.filtered} left out by a rule) in {time.time() - t0:.1f}s; "
+          f"every skipped record is listed in {Path(args.out) / 'report.txt'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m jaxembed.data.cli data ...``: the data commands alone (the main CLI wires the same parsers)."""
+    parser = argparse.ArgumentParser(prog="jaxembed")
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,458 @@
+"""The data config: which datasets to train on, how to read them and how to batch and sample them.
+
+A data config is an ``ml_collections.ConfigDict`` (the ``data`` field of a run config)::
+
+    data = default_data_config()
+    data.datasets = [
+        dataset_config(name="snli", path="train/snli_triplets.jsonl", task_type="nli", num_negatives=1),
+        dataset_config(name="trec", path="train/trec_cls.jsonl", format="classification",
+                       task_type="classification",
+                       query_instruction="Instruct: Classify the type of the question \\n Query: "),
+    ]
+    validate_data_config(data, where="data")   # every bad value is a UserError naming its key path
+
+Per-dataset fields (``dataset_config``), ``None`` meaning "the default" throughout:
+
+=================== ==================================================================================
+name                identifier, also the store's file name: letters, digits, ``_ . -``; unique
+path                a file (str) or several (list of str); ``hf``: a ``save_to_disk`` folder or a hub
+                    dataset name; ``tfds``: a TFDS dataset name (``glue/sst2``)
+format              auto | triplets | scored_pairs | labelled_pairs | classification | hf | tfds
+record_format       for hf / tfds: the shape of a row (auto | triplets | scored_pairs | ...)
+split               for hf / tfds: the split to read (default ``train``)
+task                task name (default: ``name``); datasets with the same task form one task
+task_type           retrieval | reranking | sts | pair_classification | classification | clustering | nli;
+                    ``None`` only for triplets in the BGE format, whose ``type`` field then decides
+query_instruction   prefix of every query (``None``: the BGE ``prompt`` in KaLM style if the records
+                    have one, else the task type's default below; ``""``: no instruction)
+doc_instruction     prefix of every positive and negative (``None`` = ``""``)
+temperature         InfoNCE temperature of this dataset's batches (``None``: the run's default)
+batching            random | homogeneous | heterogeneous | semi_homogeneous (``None``: homogeneous for
+                    retrieval, reranking, sts, pair_classification and nli; heterogeneous for
+                    classification and clustering, as MoTE's task-aware batching)
+num_negatives       hard negatives per query used in a batch (int >= 0)
+weight, epochs      sampling weight, or passes over the dataset (at most one of the two)
+max_query_length,   token limits (``None``: the run's default)
+max_doc_length
+score_threshold     scored pairs: a pair with score >= threshold is a positive, the others are skipped
+                    (counted, reason "score below threshold")
+text_field,         classification: the fields holding the text and the label (default text / label)
+label_field
+columns             mapping our field name -> the source's field name (e.g. {"query": "question"})
+label_descriptions  classification: mapping label -> description text (a mapping, or a list of
+                    [label, description] pairs for labels that contain dots); default: the label itself
+=================== ==================================================================================
+
+Top level: ``datasets`` (list), ``on_error`` (``stop`` at the first bad record, or ``skip`` and count),
+``sampling`` (``size``: proportional to dataset size, ``weights``: to ``weight`` (``None`` = 1.0),
+``temperature``: to size ** (1 / sampling_temperature)), ``sampling_temperature`` (> 0), ``seed``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+import ml_collections
+
+from jaxembed.errors import UserError
+
+TASK_TYPES = ("retrieval", "reranking", "sts", "pair_classification", "classification", "clustering", "nli")
+SYMMETRIC_TASK_TYPES = ("sts", "pair_classification", "nli")  # KaLM Table 1: no instruction (NLI counts as STS)
+RECORD_FORMATS = ("triplets", "scored_pairs", "labelled_pairs", "classification")
+SOURCE_FORMATS = ("hf", "tfds")
+FORMATS = ("auto",) + RECORD_FORMATS + SOURCE_FORMATS
+BATCHING = ("random", "homogeneous", "heterogeneous", "semi_homogeneous")
+ON_ERROR = ("stop", "skip")
+SAMPLING = ("size", "weights", "temperature")
+
+#: KaLM's instruction template (Table 1): ``Instruct: {task description} \n Query: {query}``.
+KALM_TEMPLATE = "Instruct: {} \n Query: "
+
+#: query instruction of a dataset whose ``query_instruction`` is None (and whose records carry no BGE prompt).
+DEFAULT_QUERY_INSTRUCTIONS = {
+    "retrieval": KALM_TEMPLATE.format("Given a query, retrieve documents that answer the query."),
+    "reranking": KALM_TEMPLATE.format("Given a query, retrieve documents that answer the query."),
+    "classification": KALM_TEMPLATE.format("Classify the given text into its category."),
+    "clustering": KALM_TEMPLATE.format("Identify the topic or theme of the given text."),
+    "sts": "",
+    "pair_classification": "",
+    "nli": "",
+}
+
+#: batching of a dataset whose ``batching`` is None (MoTE TA-CL: retrieval homogeneous, cls/clustering heterogeneous).
+DEFAULT_BATCHING = {
+    "retrieval": "homogeneous", "reranking": "homogeneous", "sts": "homogeneous",
+    "pair_classification": "homogeneous", "nli": "homogeneous",
+    "classification": "heterogeneous", "clustering": "heterogeneous",
+}
+
+_DATASET_DEFAULTS: dict[str, Any] = dict(
+    name="",
+    path="",
+    format="auto",
+    record_format="auto",
+    split="train",
+    task=None,
+    task_type=None,
+    query_instruction=None,
+    doc_instruction=None,
+    temperature=None,
+    batching=None,
+    num_negatives=1,
+    weight=None,
+    epochs=None,
+    max_query_length=None,
+    max_doc_length=None,
+    score_threshold=None,
+    text_field=None,
+    label_field=None,
+    columns=None,
+    label_descriptions=None,
+)
+DATASET_KEYS = tuple(_DATASET_DEFAULTS)
+TOP_KEYS = ("datasets", "on_error", "sampling", "sampling_temperature", "seed")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_RESERVED_NAMES = ("manifest", "report")
+
+
+def dataset_config(**kw) -> ml_collections.ConfigDict:
+    """One dataset's config: the defaults above updated with ``kw`` (unknown keys are a UserError)."""
+    unknown = sorted(set(kw) - set(_DATASET_DEFAULTS))
+    if unknown:
+        raise UserError(f"dataset_config: unknown key(s) {', '.join(unknown)} (known: {', '.join(DATASET_KEYS)})")
+    d = dict(_DATASET_DEFAULTS)
+    d.update(kw)
+    if isinstance(d["path"], tuple):
+        d["path"] = list(d["path"])
+    return ml_collections.ConfigDict(d)
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+    """The top-level data config with no datasets: on_error 'stop', sampling by size, seed 0."""
+    return ml_collections.ConfigDict(dict(datasets=[], on_error="stop", sampling="size",
+                                          sampling_temperature=1.0, seed=0))
+
+
+# ----------------------------------------------------------------------------------------------- validation
+
+def _get(c, key, default=None):
+    try:
+        return c[key]
+    except (KeyError, AttributeError):
+        return default
+
+
+def _keys(c) -> list[str]:
+    return list(c.keys())
+
+
+def _is_mapping(v) -> bool:
+    return isinstance(v, (dict, ml_collections.ConfigDict))
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _one_of(where: str, v, choices: Iterable[str]) -> None:
+    choices = tuple(choices)
+    if v not in choices:
+        raise UserError(f"{where}: {v!r} is not one of {', '.join(choices)}")
+
+
+def pairs_of(v, where: str) -> list[tuple[str, str]]:
+    """A mapping or a list of [key, value] pairs (both strings) as a list of pairs; UserError otherwise."""
+    if _is_mapping(v):
+        items = list(v.items())
+    elif isinstance(v, (list, tuple)):
+        items = []
+        for i, p in enumerate(v):
+            if not (isinstance(p, (list, tuple)) and len(p) == 2):
+                raise UserError(f"{where}[{i}]: expected a [key, value] pair, got {p!r}")
+            items.append((p[0], p[1]))
+    else:
+        raise UserError(f"{where}: expected a mapping (or a list of [key, value] pairs), got {type(v).__name__}")
+    seen = set()
+    for k, val in items:
+        if not isinstance(k, str) or not k.strip():
+            raise UserError(f"{where}: key {k!r} must be a non-empty string")
+        if not isinstance(val, str) or not val.strip():
+            raise UserError(f"{where}[{k!r}]: value {val!r} must be a non-empty string")
+        if k in seen:
+            raise UserError(f"{where}: key {k!r} appears twice")
+        seen.add(k)
+    return items
+
+
+def dataset_paths(ds) -> list[str]:
+    """``path`` as a list of strings (a single string becomes a one-element list)."""
+    p = _get(ds, "path")
+    return [p] if isinstance(p, str) else list(p)
+
+
+def effective_record_format(ds) -> str:
+    """The record format of a dataset: ``format``, or ``record_format`` for hf / tfds sources."""
+    fmt = _get(ds, "format", "auto")
+    return _get(ds, "record_format", "auto") if fmt in SOURCE_FORMATS else fmt
+
+
+def _validate_dataset(ds, w: str, names: set[str]) -> None:
+    if not _is_mapping(ds):
+        raise UserError(f"{w}: expected a dataset config (dataset_config(...)), got {type(ds).__name__}")
+    unknown = [k for k in _keys(ds) if k not in _DATASET_DEFAULTS]
+    if unknown:
+        raise UserError(f"{w}.{unknown[0]}: unknown key (known: {', '.join(DATASET_KEYS)})")
+    name = _get(ds, "name")
+    if not isinstance(name, str) or not name:
+        raise UserError(f"{w}.name: required, a non-empty string")
+    if not _NAME_RE.match(name) or name in _RESERVED_NAMES:
+        raise UserError(f"{w}.name: {name!r} is not a valid name (letters, digits, '_', '.', '-'; "
+                        f"not {' or '.join(_RESERVED_NAMES)})")
+    if name in names:
+        raise UserError(f"{w}.name: {name!r} is used by another dataset (names must be unique)")
+    names.add(name)
+    fmt = _get(ds, "format", "auto")
+    _one_of(f"{w}.format", fmt, FORMATS)
+    rfmt = _get(ds, "record_format", "auto")
+    _one_of(f"{w}.record_format", rfmt, ("auto",) + RECORD_FORMATS)
+    if rfmt != "auto" and fmt not in SOURCE_FORMATS:
+        raise UserError(f"{w}.record_format: only used with format hf or tfds (format is {fmt!r}); "
+                        "set format to the record format instead")
+    split = _get(ds, "split", "train")
+    if not isinstance(split, str) or not split:
+        raise UserError(f"{w}.split: expected a non-empty string, got {split!r}")
+    # paths
+    p = _get(ds, "path")
+    if isinstance(p, str):
+        paths = [p]
+    elif isinstance(p, (list, tuple)) and p and all(isinstance(x, str) for x in p):
+        paths = list(p)
+    else:
+        raise UserError(f"{w}.path: expected a path or a non-empty list of paths, got {p!r}")
+    for i, x in enumerate(paths):
+        wp = f"{w}.path" + (f"[{i}]" if not isinstance(p, str) else "")
+        if not x:
+            raise UserError(f"{wp}: empty path")
+        if fmt == "tfds":
+            continue
+        if fmt == "hf":
+            if Path(x).exists() and not Path(x).is_dir():
+                raise UserError(f"{wp}: {x} is a file; format hf reads a save_to_disk folder or a hub dataset name")
+            continue
+        if not Path(x).exists():
+            raise UserError(f"{wp}: {x} does not exist")
+        if Path(x).is_dir():
+            raise UserError(f"{wp}: {x} is a folder, not a JSON Lines file")
+    if fmt in SOURCE_FORMATS and len(paths) != 1:
+        raise UserError(f"{w}.path: format {fmt} reads one dataset, got {len(paths)} paths")
+    # task
+    task = _get(ds, "task")
+    if task is not None and (not isinstance(task, str) or not task.strip()):
+        raise UserError(f"{w}.task: expected a non-empty string (or None = the dataset name), got {task!r}")
+    tt = _get(ds, "task_type")
+    rec = effective_record_format(ds)
+    if tt is None:
+        if rec not in ("auto", "triplets"):
+            raise UserError(f"{w}.task_type: required (one of {', '.join(TASK_TYPES)})")
+    else:
+        _one_of(f"{w}.task_type", tt, TASK_TYPES)
+    for k in ("query_instruction", "doc_instruction"):
+        v = _get(ds, k)
+        if v is not None and not isinstance(v, str):
+            raise UserError(f"{w}.{k}: expected a string (or None for the default), got {type(v).__name__}")
+    t = _get(ds, "temperature")
+    if t is not None and (not _is_num(t) or t <= 0):
+        raise UserError(f"{w}.temperature: {t!r} must be a number > 0 (or None for the run's default)")
+    b = _get(ds, "batching")
+    if b is not None:
+        _one_of(f"{w}.batching", b, BATCHING)
+    n = _get(ds, "num_negatives", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise UserError(f"{w}.num_negatives: {n!r} must be an integer >= 0")
+    for k in ("weight", "epochs"):
+        v = _get(ds, k)
+        if v is not None and (not _is_num(v) or v <= 0):
+            raise UserError(f"{w}.{k}: {v!r} must be a number > 0 (or None)")
+    if _get(ds, "weight") is not None and _get(ds, "epochs") is not None:
+        raise UserError(f"{w}: set weight or epochs, not both")
+    for k in ("max_query_length", "max_doc_length"):
+        v = _get(ds, k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            raise UserError(f"{w}.{k}: {v!r} must be a positive integer (or None for the run's default)")
+    thr = _get(ds, "score_threshold")
+    if thr is not None:
+        if not _is_num(thr):
+            raise UserError(f"{w}.score_threshold: {thr!r} must be a number")
+        if rec not in ("auto", "scored_pairs"):
+            raise UserError(f"{w}.score_threshold: only used by scored_pairs (this dataset is {rec})")
+    elif rec == "scored_pairs":
+        raise UserError(f"{w}.score_threshold: required for scored_pairs (pairs with score >= threshold "
+                        "become positives)")
+    for k in ("text_field", "label_field"):
+        v = _get(ds, k)
+        if v is not None and (not isinstance(v, str) or not v):
+            raise UserError(f"{w}.{k}: expected a non-empty string (or None), got {v!r}")
+        if v is not None and rec not in ("auto", "classification"):
+            raise UserError(f"{w}.{k}: only used by classification (this dataset is {rec}); use columns")
+    cols = _get(ds, "columns")
+    if cols is not None:
+        for k, _ in pairs_of(cols, f"{w}.columns"):
+            if k not in _FIELD_NAMES:
+                raise UserError(f"{w}.columns: {k!r} is not a field name (one of {', '.join(_FIELD_NAMES)})")
+    ld = _get(ds, "label_descriptions")
+    if ld is not None:
+        if rec not in ("auto", "classification"):
+            raise UserError(f"{w}.label_descriptions: only used by classification (this dataset is {rec})")
+        if len(pairs_of(ld, f"{w}.label_descriptions")) < 2:
+            raise UserError(f"{w}.label_descriptions: needs at least 2 labels (the others are the negatives)")
+
+
+_FIELD_NAMES = ("id", "query", "pos", "neg", "prompt", "type", "sentence1", "sentence2", "score", "text", "label")
+
+
+def validate_data_config(cfg, where: str = "config") -> None:
+    """Check every value of a data config before any work starts; the first problem is a UserError naming its key
+    path, e.g. ``data.datasets[2].task_type: 'retreival' is not one of retrieval, reranking, ...``.
+
+    Checks: known keys, enums, positive numbers, paths that exist (files for JSON Lines formats), unique names,
+    the fields each format needs (score_threshold for scored pairs, ...)."""
+    if not _is_mapping(cfg):
+        raise UserError(f"{where}: expected a data config (ConfigDict), got {type(cfg).__name__}")
+    unknown = [k for k in _keys(cfg) if k not in TOP_KEYS]
+    if unknown:
+        raise UserError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(TOP_KEYS)})")
+    dss = _get(cfg, "datasets")
+    if not isinstance(dss, (list, tuple)) or not dss:
+        raise UserError(f"{where}.datasets: expected a non-empty list of dataset configs")
+    names: set[str] = set()
+    for i, ds in enumerate(dss):
+        _validate_dataset(ds, f"{where}.datasets[{i}]", names)
+    _one_of(f"{where}.on_error", _get(cfg, "on_error", "stop"), ON_ERROR)
+    _one_of(f"{where}.sampling", _get(cfg, "sampling", "size"), SAMPLING)
+    st = _get(cfg, "sampling_temperature", 1.0)
+    if not _is_num(st) or st <= 0:
+        raise UserError(f"{where}.sampling_temperature: {st!r} must be a number > 0")
+    seed = _get(cfg, "seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise UserError(f"{where}.seed: {seed!r} must be an integer")
+
+
+def to_plain(v):
+    """A ConfigDict (also inside lists) as plain JSON-able Python values."""
+    if _is_mapping(v):
+        return {k: to_plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [to_plain(x) for x in v]
+    return v
+
+
+# ------------------------------------------------------------------------------------- the shared train data
+
+def _kalm(task: str) -> str:
+    return KALM_TEMPLATE.format(task)
+
+
+SENTIMENT_2 = [("negative", "A text expressing a negative sentiment."),
+               ("positive", "A text expressing a positive sentiment.")]
+
+
+def shared_train_config(data_dir) -> ml_collections.ConfigDict:
+    """The data config of every file in ``<data_dir>/train`` (the shared public data, see its README).
+
+    ========================= ===================== ======================================================
+    dataset                   task type             reading
+    ========================= ===================== ======================================================
+    snli, sick_nli            nli                   triplets (entailment = pos, contradiction = neg)
+    sick_sts                  sts                   scored pairs, positive when relatedness >= 4.0 (of 1-5)
+    stsb                      sts                   scored pairs, positive when similarity >= 4.0 (of 0-5)
+    mrpc                      pair_classification   labelled pairs, label 1 (paraphrase) = positive
+    wikiqa                    retrieval             triplets (answer sentences; natural hard negatives)
+    trecqa                    reranking             triplets
+    trec, sst2, sst5, mr,     classification        (text, label) -> (text, label description), the other
+    cr, mpqa, subj                                  labels' descriptions as hard negatives (KaLM)
+    ========================= ===================== ======================================================
+
+    Thresholds: 4.0 of 5 is "mostly equivalent" on the STS-B scale (4 = "mostly equivalent, some unimportant
+    details differ"); on SICK relatedness 4.0 keeps the clearly related pairs. Below it a pair is counted and
+    skipped ("score below threshold"), never silently dropped.
+
+    Instructions: KaLM style (``Instruct: ... \\n Query: ``) on the query of asymmetric tasks (retrieval,
+    reranking, classification); none for symmetric ones (STS, pair classification, NLI).
+    """
+    d = Path(data_dir) / "train"
+
+    def f(name):
+        return str(d / name)
+
+    sentiment = _kalm("Classify the sentiment expressed in the given movie review text.")
+    datasets = [
+        dataset_config(name="snli", path=f("snli_triplets.jsonl"), format="triplets", task="nli",
+                       task_type="nli", query_instruction="", num_negatives=1),
+        dataset_config(name="sick_nli", path=f("sick_triplets.jsonl"), format="triplets", task="nli",
+                       task_type="nli", query_instruction="", num_negatives=1),
+        dataset_config(name="sick_sts", path=f("sick_pairs.jsonl"), format="scored_pairs", task="sts",
+                       task_type="sts", query_instruction="", num_negatives=0, score_threshold=4.0),
+        dataset_config(name="stsb", path=f("stsb_pairs.jsonl"), format="scored_pairs", task="sts",
+                       task_type="sts", query_instruction="", num_negatives=0, score_threshold=4.0),
+        dataset_config(name="mrpc", path=f("mrpc_pairs.jsonl"), format="labelled_pairs", task="paraphrase",
+                       task_type="pair_classification", query_instruction="", num_negatives=0),
+        dataset_config(name="wikiqa", path=f("wikiqa.jsonl"), format="triplets", task="answer_retrieval",
+                       task_type="retrieval", num_negatives=7,
+                       query_instruction=_kalm("Given a question, retrieve Wikipedia sentences that answer it.")),
+        dataset_config(name="trecqa", path=f("trecqa.jsonl"), format="triplets", task="answer_reranking",
+                       task_type="reranking", num_negatives=7,
+                       query_instruction=_kalm("Given a question, rerank news sentences by how well they "
+                                               "answer it.")),
+        dataset_config(name="trec", path=f("trec_cls.jsonl"), format="classification", task="question_type",
+                       task_type="classification", num_negatives=5,
+                       query_instruction=_kalm("Classify the given question by the type of its answer."),
+                       label_descriptions=[
+                           ("abbreviation", "A question asking for an abbreviation or its expansion."),
+                           ("description", "A question asking for a description, definition or reason."),
+                           ("entity", "A question asking for an entity: a thing, an object, an animal."),
+                           ("human", "A question asking for a person or a group of people."),
+                           ("location", "A question asking for a place or location."),
+                           ("numeric value", "A question asking for a number, date, amount or quantity."),
+                       ]),
+        dataset_config(name="sst2", path=f("sst2_cls.jsonl"), format="classification", task="sentiment",
+                       task_type="classification", num_negatives=1, query_instruction=sentiment,
+                       label_descriptions=SENTIMENT_2),
+        dataset_config(name="sst5", path=f("sst5_cls.jsonl"), format="classification", task="sentiment_5",
+                       task_type="classification", num_negatives=4,
+                       query_instruction=_kalm("Classify the sentiment of the given movie review on a five-point "
+                                               "scale."),
+                       label_descriptions=[
+                           ("very negative", "A very negative movie review."),
+                           ("negative", "A negative movie review."),
+                           ("neutral", "A neutral movie review."),
+                           ("positive", "A positive movie review."),
+                           ("very positive", "A very positive movie review."),
+                       ]),
+        dataset_config(name="mr", path=f("mr_cls.jsonl"), format="classification", task="sentiment",
+                       task_type="classification", num_negatives=1, query_instruction=sentiment,
+                       label_descriptions=SENTIMENT_2),
+        dataset_config(name="cr", path=f("cr_cls.jsonl"), format="classification", task="product_sentiment",
+                       task_type="classification", num_negatives=1,
+                       query_instruction=_kalm("Classify the sentiment expressed in the given customer product "
+                                               "review."),
+                       label_descriptions=SENTIMENT_2),
+        dataset_config(name="mpqa", path=f("mpqa_cls.jsonl"), format="classification", task="opinion_polarity",
+                       task_type="classification", num_negatives=1,
+                       query_instruction=_kalm("Classify the polarity of the given opinion phrase."),
+                       label_descriptions=SENTIMENT_2),
+        dataset_config(name="subj", path=f("subj_cls.jsonl"), format="classification", task="subjectivity",
+                       task_type="classification", num_negatives=1,
+                       query_instruction=_kalm("Classify the given movie text as a subjective opinion or an "
+                                               "objective plot description."),
+                       label_descriptions=[("objective", "An objective description of facts or plot."),
+                                           ("subjective", "A subjective opinion or judgement.")]),
+    ]
+    cfg = default_data_config()
+    cfg.datasets = datasets
+    cfg.on_error = "stop"
+    cfg.sampling = "temperature"
+    cfg.sampling_temperature = 2.0  # flattens the size imbalance (SST-2 is 67k of the 124k examples)
+    return cfg

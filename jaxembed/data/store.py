@@ -1,0 +1,421 @@
+"""The dataset store: every dataset of a data config, validated and normalised, in random-access files.
+
+``write_store(data_config, out_dir)`` (``jaxembed data prepare``) reads every record of every dataset, applies the
+``on_error`` policy and writes::
+
+    out_dir/manifest.json          format name and version, creation time, the data config, one entry per dataset
+                                   (its DatasetInfo, file names and counts); written last
+    out_dir/<name>.array_record    one record per example: the Example as UTF-8 JSON, in input order; written
+                                   with group_size 1, so ``grain.sources.ArrayRecordDataSource`` reads it at random
+    out_dir/<name>.labels.json     classification / clustering: {"names": [...], "index": [label index per example]}
+    out_dir/report.json, report.txt  records read / written / skipped per dataset, every skipped record with its
+                                   file:line, field and reason
+
+The store is written to a temporary folder beside ``out_dir`` and renamed into place, so a crash never leaves a
+folder that opens as a store. ``Store.open(out_dir)`` reads it back: ``example(dataset, i)`` is the normalised
+Example ``{"id", "query", "pos", "neg", "label"?}`` of record i.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import threading
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Sequence
+
+from jaxembed.data import config as dc
+from jaxembed.data.formats import ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset
+from jaxembed.errors import UserError
+
+STORE_FORMAT = "jaxembed-store"
+STORE_VERSION = 1
+_WRITER_OPTIONS = "group_size:1"  # one record per chunk: random access without decoding neighbours
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """One dataset of a store, its config values resolved (instructions and batching are never None).
+
+    size: examples written; temperature / weight / epochs / max lengths: None = the run's default;
+    source: the input paths (or hf / tfds name)."""
+
+    name: str
+    task: str
+    task_type: str
+    size: int
+    query_instruction: str
+    doc_instruction: str
+    temperature: float | None
+    batching: str
+    num_negatives: int
+    weight: float | None
+    epochs: float | None
+    max_query_length: int | None
+    max_doc_length: int | None
+    source: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["source"] = list(self.source)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DatasetInfo":
+        kw = {f.name: d[f.name] for f in fields(cls)}
+        kw["source"] = tuple(kw["source"])
+        return cls(**kw)
+
+
+# ------------------------------------------------------------------------------------------------------ report
+
+@dataclass
+class PrepareReport:
+    """What ``write_store`` read, wrote and skipped, per dataset (``Tally``: read, written, invalid, filtered,
+    skipped records), plus per-dataset notes (e.g. examples with fewer negatives than num_negatives)."""
+
+    out_dir: str
+    on_error: str
+    datasets: list[Tally] = field(default_factory=list)
+    notes: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def read(self) -> int:
+        return sum(t.read for t in self.datasets)
+
+    @property
+    def written(self) -> int:
+        return sum(t.written for t in self.datasets)
+
+    @property
+    def invalid(self) -> int:
+        return sum(t.invalid for t in self.datasets)
+
+    @property
+    def filtered(self) -> int:
+        return sum(t.filtered for t in self.datasets)
+
+    def tally(self, name: str) -> Tally:
+        for t in self.datasets:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def to_dict(self) -> dict:
+        return {"out_dir": self.out_dir, "on_error": self.on_error, "read": self.read, "written": self.written,
+                "invalid": self.invalid, "filtered": self.filtered,
+                "datasets": [dict(t.to_dict(), notes=self.notes.get(t.name, [])) for t in self.datasets]}
+
+    def summary(self) -> str:
+        """A table of counts per dataset with the skip reasons (no per-record lines)."""
+        w = max([len(t.name) for t in self.datasets] + [7])
+        lines = [f"{'dataset':<{w}}  {'read':>8}  {'written':>8}  {'invalid':>8}  {'filtered':>8}  reasons"]
+        for t in self.datasets:
+            reasons = "; ".join(f"{r}: {n}" for r, n in t.reasons().items())
+            lines.append(f"{t.name:<{w}}  {t.read:>8}  {t.written:>8}  {t.invalid:>8}  {t.filtered:>8}  {reasons}")
+        lines.append(f"{'total':<{w}}  {self.read:>8}  {self.written:>8}  {self.invalid:>8}  {self.filtered:>8}")
+        for name, notes in self.notes.items():
+            for n in notes:
+                lines.append(f"note: {name}: {n}")
+        return "\n".join(lines)
+
+    def to_text(self) -> str:
+        """The summary, then every skipped record, one per line."""
+        head = (f"jaxembed data prepare -> {self.out_dir} (on_error={self.on_error}): {self.read} records read, "
+                f"{self.written} written, {self.invalid} invalid and skipped, {self.filtered} left out by a rule")
+        out = [head, "", self.summary()]
+        for t in self.datasets:
+            if t.skipped:
+                out += ["", f"skipped records of {t.name} ({len(t.skipped)}):"]
+                out += [f"  {s}" for s in t.skipped]
+        return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------------ writing
+
+def _resolve_info(ds, info: ReadInfo, size: int, where: str) -> DatasetInfo:
+    tt = ds.get("task_type") or info.task_type
+    if tt is None:
+        raise UserError(f"{where}.task_type: not set, and the records have no BGE 'type' field to take it from "
+                        f"(fix: set task_type to one of {', '.join(dc.TASK_TYPES)})")
+    qi = ds.get("query_instruction")
+    di = ds.get("doc_instruction")
+    if qi is None:
+        if info.prompt is not None:
+            qi = kalm_instruction(info.prompt)
+            if di is None and tt in dc.SYMMETRIC_TASK_TYPES:
+                di = qi  # a symmetric task instructed by its data: the same instruction on both sides
+        else:
+            qi = dc.DEFAULT_QUERY_INSTRUCTIONS[tt]
+    paths = dc.dataset_paths(ds)
+    if ds.get("format") not in dc.SOURCE_FORMATS:
+        paths = [str(Path(p).resolve()) for p in paths]
+    return DatasetInfo(
+        name=ds["name"], task=ds.get("task") or ds["name"], task_type=tt, size=size, query_instruction=qi,
+        doc_instruction=di if di is not None else "", temperature=_float(ds.get("temperature")),
+        batching=ds.get("batching") or dc.DEFAULT_BATCHING[tt], num_negatives=int(ds.get("num_negatives", 1)),
+        weight=_float(ds.get("weight")), epochs=_float(ds.get("epochs")), max_query_length=ds.get("max_query_length"),
+        max_doc_length=ds.get("max_doc_length"), source=tuple(paths))
+
+
+def _float(v):
+    return None if v is None else float(v)
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists():
+        if not out.is_dir():
+            raise UserError(f"--out {out}: is a file; give a folder for the store")
+        if any(out.iterdir()) and not (out / "manifest.json").exists():
+            raise UserError(f"--out {out}: the folder exists and is not a dataset store; choose a new or empty folder "
+                            "(an existing store is replaced)")
+
+
+def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str) -> tuple[DatasetInfo, dict, list[str]]:
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    name = ds["name"]
+    info = ReadInfo()
+    labels: list[str | None] = []
+    nneg_min, nneg_max, npos_max, few_neg = None, 0, 0, 0
+    want_neg = int(ds.get("num_negatives", 1))
+    task_type_cfg = ds.get("task_type")
+    writer = ArrayRecordWriter(str(tmp / f"{name}.array_record"), _WRITER_OPTIONS)
+    try:
+        for ex in apply_policy(read_dataset(ds, info), on_error, tally):
+            tt = task_type_cfg or info.task_type
+            if "label" not in ex and tt in ("classification", "clustering") and len(ex["pos"]) == 1:
+                ex["label"] = ex["pos"][0]  # BGE classification: the positive is the label's description
+            labels.append(ex.get("label"))
+            n = len(ex["neg"])
+            nneg_min = n if nneg_min is None else min(nneg_min, n)
+            nneg_max, npos_max = max(nneg_max, n), max(npos_max, len(ex["pos"]))
+            few_neg += n < want_neg
+            writer.write(json.dumps(ex, ensure_ascii=False).encode("utf-8"))
+    finally:
+        writer.close()
+    if tally.written == 0:
+        reasons = "; ".join(f"{r}: {k}" for r, k in tally.reasons().items()) or "no records"
+        raise UserError(f"{where} ({name}): no examples left of {tally.read} records read ({reasons}); "
+                        "check the files, format and score_threshold")
+    dinfo = _resolve_info(ds, info, tally.written, where)
+    entry = {"file": f"{name}.array_record", "format": ds.get("format", "auto"), "record_format": info.format,
+             "labels_file": None, "label_names": info.labels,
+             "counts": {"read": tally.read, "written": tally.written, "invalid": tally.invalid,
+                        "filtered": tally.filtered, "neg_min": nneg_min, "neg_max": nneg_max, "pos_max": npos_max}}
+    if labels and all(x is not None for x in labels):
+        names = info.labels or sorted(set(labels))
+        names = names + sorted(set(labels) - set(names))
+        pos = {x: i for i, x in enumerate(names)}
+        (tmp / f"{name}.labels.json").write_text(json.dumps({"names": names, "index": [pos[x] for x in labels]}),
+                                                  encoding="utf-8")
+        entry["labels_file"] = f"{name}.labels.json"
+    notes = []
+    if few_neg and want_neg > 0:
+        notes.append(f"{few_neg} of {tally.written} examples have fewer than num_negatives={want_neg} negatives "
+                     f"(min {nneg_min})")
+    return dinfo, entry, notes
+
+
+def write_store(data_config, out_dir) -> PrepareReport:
+    """Validate the data config, read and check every record of every dataset, apply ``on_error`` and write the
+    store to ``out_dir`` (replacing a store there). Raises UserError / InputError (on_error 'stop': the first bad
+    record, naming file, line, field and fix); nothing is written then."""
+    dc.validate_data_config(data_config, where="data")
+    out = Path(out_dir)
+    _check_out_dir(out)
+    on_error = data_config.get("on_error", "stop")
+    report = PrepareReport(out_dir=str(out), on_error=on_error)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        infos, entries = [], []
+        for i, ds in enumerate(data_config["datasets"]):
+            tally = Tally(ds["name"])
+            report.datasets.append(tally)
+            dinfo, entry, notes = _write_dataset(ds, tmp, on_error, tally, f"data.datasets[{i}]")
+            infos.append(dinfo)
+            entries.append(dict(dinfo.to_dict(), **entry))
+            if notes:
+                report.notes[ds["name"]] = notes
+        (tmp / "report.json").write_text(json.dumps(report.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
+        (tmp / "report.txt").write_text(report.to_text(), encoding="utf-8")
+        from jaxembed import __version__
+
+        manifest = {"format": STORE_FORMAT, "version": STORE_VERSION, "jaxembed_version": __version__,
+                    "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "on_error": on_error, "sampling": data_config.get("sampling", "size"),
+                    "sampling_temperature": data_config.get("sampling_temperature", 1.0),
+                    "seed": data_config.get("seed", 0), "datasets": entries,
+                    "config": dc.to_plain(data_config)}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=1), encoding="utf-8")
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    report.out_dir = str(out)
+    return report
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    old = None
+    if out.exists():
+        if any(out.iterdir()):
+            old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            os.rename(out, old)
+        else:
+            out.rmdir()
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------------ reading
+
+class Store:
+    """A dataset store written by ``write_store``; random access to every dataset's examples.
+
+    Picklable (open readers are not carried over), so Grain worker processes can hold one."""
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path = Path(path)
+        self.manifest = manifest
+        self.datasets: list[DatasetInfo] = [DatasetInfo.from_dict(d) for d in manifest["datasets"]]
+        self._by_name = {d.name: i for i, d in enumerate(self.datasets)}
+        self._readers: dict[int, object] = {}
+        self._labels: dict[int, list[str] | None] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path) -> "Store":
+        """Open a store folder; a UserError says what is wrong when it is not a (complete, current) store."""
+        p = Path(path)
+        if not p.is_dir():
+            raise UserError(f"{p}: no such dataset store (fix: run jaxembed data prepare --config ... --out {p})")
+        mf = p / "manifest.json"
+        if not mf.exists():
+            raise UserError(f"{p}: not a dataset store (no manifest.json) (fix: run jaxembed data prepare "
+                            f"--config ... --out {p})")
+        try:
+            manifest = json.loads(mf.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{mf}: unreadable manifest ({e}) (fix: prepare the store again)") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != STORE_FORMAT:
+            raise UserError(f"{mf}: not a jaxembed dataset store manifest (fix: prepare the store again)")
+        if manifest.get("version") != STORE_VERSION:
+            raise UserError(f"{p}: store version {manifest.get('version')}, this jaxembed reads version "
+                            f"{STORE_VERSION} (fix: run jaxembed data prepare again)")
+        try:
+            store = cls(p, manifest)
+        except (KeyError, TypeError) as e:
+            raise UserError(f"{mf}: incomplete manifest ({e}) (fix: prepare the store again)") from None
+        for d in manifest["datasets"]:
+            f = p / d["file"]
+            if not f.exists():
+                raise UserError(f"{p}: dataset {d['name']!r}: {d['file']} is missing (fix: prepare the store again)")
+        return store
+
+    def __getstate__(self):
+        return {"path": str(self.path), "manifest": self.manifest}
+
+    def __setstate__(self, state):
+        self.__init__(Path(state["path"]), state["manifest"])
+
+    def __repr__(self) -> str:
+        n = sum(d.size for d in self.datasets)
+        return f"Store({str(self.path)!r}, {len(self.datasets)} datasets, {n} examples)"
+
+    def index(self, name_or_index: int | str) -> int:
+        """The position of a dataset given by name or position."""
+        if isinstance(name_or_index, str):
+            if name_or_index not in self._by_name:
+                raise UserError(f"{self.path}: no dataset {name_or_index!r} (datasets: {', '.join(self._by_name)})")
+            return self._by_name[name_or_index]
+        i = int(name_or_index)
+        if not 0 <= i < len(self.datasets):
+            raise IndexError(f"dataset index {i} out of range (store has {len(self.datasets)} datasets)")
+        return i
+
+    def dataset(self, name_or_index: int | str) -> DatasetInfo:
+        return self.datasets[self.index(name_or_index)]
+
+    def size(self, name_or_index: int | str) -> int:
+        return self.datasets[self.index(name_or_index)].size
+
+    def record_path(self, dataset: int | str) -> Path:
+        """The dataset's ArrayRecord file (for ``grain.sources.ArrayRecordDataSource``; decode with ``decode``)."""
+        return self.path / self.manifest["datasets"][self.index(dataset)]["file"]
+
+    @staticmethod
+    def decode(record: bytes) -> dict:
+        """One stored record (bytes) as its Example dict."""
+        return json.loads(record.decode("utf-8"))
+
+    def _reader(self, i: int):
+        r = self._readers.get(i)
+        if r is None:
+            from array_record.python.array_record_module import ArrayRecordReader
+
+            r = ArrayRecordReader(str(self.record_path(i)), "readahead_buffer_size:0")
+            if r.num_records() != self.datasets[i].size:
+                raise UserError(f"{self.record_path(i)}: {r.num_records()} records, the manifest says "
+                                f"{self.datasets[i].size} (fix: prepare the store again)")
+            self._readers[i] = r
+        return r
+
+    def _check(self, i: int, indices: Sequence[int]) -> list[int]:
+        n = self.datasets[i].size
+        out = []
+        for k in indices:
+            k = int(k)
+            if not 0 <= k < n:
+                raise IndexError(f"example index {k} out of range for dataset {self.datasets[i].name!r} (size {n})")
+            out.append(k)
+        return out
+
+    def example(self, dataset: int | str, index: int) -> dict:
+        """The Example at ``index`` (0 <= index < size) of a dataset."""
+        return self.examples(dataset, [index])[0]
+
+    def examples(self, dataset: int | str, indices: Sequence[int]) -> list[dict]:
+        """The Examples at ``indices`` (in that order; repeats allowed)."""
+        i = self.index(dataset)
+        idx = self._check(i, indices)
+        if not idx:
+            return []
+        with self._lock:
+            recs = self._reader(i).read(idx)
+        return [self.decode(r) for r in recs]
+
+    def labels(self, dataset: int | str) -> list[str] | None:
+        """Per-example labels (``labels(d)[i] == example(d, i)["label"]``) of a dataset whose examples all have
+        one (classification, clustering), else None."""
+        i = self.index(dataset)
+        if i not in self._labels:
+            f = self.manifest["datasets"][i].get("labels_file")
+            if not f:
+                self._labels[i] = None
+            else:
+                d = json.loads((self.path / f).read_text(encoding="utf-8"))
+                names = d["names"]
+                self._labels[i] = [names[k] for k in d["index"]]
+        return self._labels[i]
+
+    def label_names(self, dataset: int | str) -> list[str] | None:
+        """The distinct labels of a dataset (classification: in the order of its negatives), or None."""
+        i = self.index(dataset)
+        f = self.manifest["datasets"][i].get("labels_file")
+        if not f:
+            return None
+        return json.loads((self.path / f).read_text(encoding="utf-8"))["names"]
+
+    def close(self) -> None:
+        with self._lock:
+            for r in self._readers.values():
+                r.close()
+            self._readers.clear()
