@@ -74,16 +74,19 @@ def _backward(q, c, aux, lse, g, bq, bc, opts):
     def q_block(dc, xs):
         qb, posb, qib, lseb, gb = xs
 
-        def c_block(dq, ys):
+        def c_block(carry, ys):
+            dq, dc = carry
             cbk, cibk, j = ys
             logits, _, _, _, scale = block_logits(qb, cbk, posb, j * bc, qib, cibk, temperature, opts, peg_t)
             p = jnp.exp(logits - lseb[:, None])  # 0 where masked (-inf)
             ds = gb[:, None] * p * scale / temperature
             dq = dq + ds @ cbk.astype(jnp.float32)
-            return dq, ds.T @ qb.astype(jnp.float32)
+            dc = dc.at[j].add(ds.T @ qb.astype(jnp.float32))  # in place: one [N, D] accumulator, no stacked copy
+            return (dq, dc), None
 
-        dq, dcb = jax.lax.scan(c_block, jnp.zeros(qb.shape, jnp.float32), (cb, cib, jnp.arange(nc, dtype=jnp.int32)))
-        return dc + dcb, dq
+        (dq, dc), _ = jax.lax.scan(c_block, (jnp.zeros(qb.shape, jnp.float32), dc),
+                                   (cb, cib, jnp.arange(nc, dtype=jnp.int32)))
+        return dc, dq
 
     xs = (_blocks(q, bq), _blocks(pos_index, bq), jax.tree.map(lambda x: _blocks(x, bq), qi), _blocks(lse, bq),
           _blocks(g, bq))
