@@ -16,8 +16,8 @@ class FakeInfo:
     temperature: float | None = None
     batching: str = "random"
     num_negatives: int = 0
-    weight: float = 1.0
-    epochs: float = 1.0
+    weight: float | None = None  # None: 1.0 (as the real DatasetInfo)
+    epochs: float | None = None  # None: one pass, or a share of the budget under weights / temperature sampling
     max_query_length: int = 32
     max_doc_length: int = 48
     source: str = "fake"
@@ -74,3 +74,30 @@ class FakeStore:
 def make_store(spec) -> FakeStore:
     """spec: list of (name, task, size, dict of other fields)."""
     return FakeStore([FakeInfo(name=n, task=t, size=s, **kw) for n, t, s, kw in spec])
+
+
+_REAL: dict = {}
+
+
+def real_store_dir(tmp_path_factory):
+    """The shared training data prepared once per test session with the real store writer
+    (``write_store(shared_train_config(data_dir), out)``); skips when the shared data is missing."""
+    import os
+
+    import pytest
+
+    from jaxembed import paths
+
+    if "dir" not in _REAL:
+        d = paths.shared_data_dir()
+        if not (d / "train").is_dir():
+            if os.environ.get("JAXEMBED_REQUIRE_SHARED_DATA") == "1":
+                pytest.fail(f"shared data folder {d} is missing")
+            pytest.skip(f"shared data folder {d} is missing (set JAXEMBED_DATA)")
+        from jaxembed.data.config import shared_train_config
+        from jaxembed.data.store import write_store
+
+        out = tmp_path_factory.mktemp("real_store") / "store"
+        write_store(shared_train_config(d), out)
+        _REAL["dir"] = out
+    return _REAL["dir"]

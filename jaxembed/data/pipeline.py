@@ -1,0 +1,479 @@
+"""The Grain loader: a ``grain.MapDataset`` over plan steps that yields host-local batches with static shapes.
+
+Step i -> fetch the examples of step i (this host's rows only), prefix the instructions, tokenize (fast tokenizer),
+pad to a length bucket, and return numpy arrays ready for ``jax.make_array_from_process_local_data``. A batch is a
+pure function of (store, plan, tokenizer, step): after a restart the loader continues at step s with the identical
+batch, and worker processes change nothing but speed.
+
+Host-local batch (b = global_batch_size / process_count, K = 1 + max num_negatives of the plan's datasets)::
+
+    query_input_ids      int32  [b, Lq]      query_attention_mask int32 [b, Lq]   query_prompt_length int32 [b]
+    doc_input_ids        int32  [b*K, Ld]    doc_attention_mask   int32 [b*K, Ld] doc_prompt_length   int32 [b*K]
+    doc_valid            bool   [b*K]        False for empty negative slots
+    doc_hash             uint32 [b*K, 2]     64-bit blake2b of the document text without instruction (0 if empty)
+    query_hash           uint32 [b, 2]
+    task_id int32 [b], dataset_id int32 [b], weight float32 [b], example_index int64 [b]
+    temperature          float32 []          the batch's task temperature, NaN = run default
+    step                 int64 []
+
+Host h holds rows [h*b, (h+1)*b) of the global batch; the candidates of query r are doc rows [r*K, (r+1)*K), the
+positive first. The positive is drawn from ``pos`` and (with ``negatives='sample'``) the negatives from ``neg`` by
+a key derived from (seed, step, global row), so every host and every worker count agree.
+
+Length buckets: Lq / Ld must be equal on all hosts. At loader setup the loader computes, once, the longest
+tokenized query and document of every step over the *whole* global batch (each distinct text tokenized once,
+in chunks of steps, optionally cached in a file) and maps them to ``length_buckets(max length)``. Every host computes
+the same table from the same plan, so no host ever waits for another and no step tokenizes the global batch.
+Empty negative slots hold the tokenizer's encoding of the empty text (special tokens only, attention mask 1) so
+that the model sees a well-formed sequence; ``doc_valid`` marks them for the loss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from jaxembed.data.plan import Plan
+from jaxembed.errors import UserError
+from jaxembed.tokenizer import Tokenizer, bucket_for, length_buckets
+
+log = logging.getLogger(__name__)
+
+_M64 = (1 << 64) - 1
+_SEED_SALT = 0x6A61_7865_6D62  # "jaxemb": the loader's stream differs from the plan's
+_MIN_SHM_BYTES = 16 << 20  # arrays below this go from the workers by copy, larger ones through shared memory
+
+
+def _splitmix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def row_key(seed: int, step: int, row: int) -> int:
+    """A 64-bit key from (seed, step, global row): drives the choice of positive and sampled negatives."""
+    return _splitmix(_splitmix(_splitmix(int(seed) ^ _SEED_SALT) ^ int(step)) ^ int(row))
+
+
+def text_hash(text: str) -> tuple[int, int]:
+    """64-bit blake2b digest of a text as two uint32 (low word first)."""
+    lo, hi = np.frombuffer(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "<u4")
+    return int(lo), int(hi)
+
+
+def choose_docs(example: dict, num_negatives: int, key: int, negatives: str = "first") -> tuple[str, list[str]]:
+    """(positive, negatives) of one row: the positive is pos[key % len(pos)]; the negatives are the first
+    ``num_negatives`` of ``neg`` ('first') or a sample of them seeded by key ('sample'), fewer if ``neg`` is short."""
+    pos = example.get("pos") or []
+    if not pos:
+        raise UserError(f"example '{example.get('id')}' has no positive (fix: every example needs pos: [text, ...])")
+    p = pos[key % len(pos)]
+    neg = list(example.get("neg") or [])
+    n = min(int(num_negatives), len(neg))
+    if n <= 0:
+        return p, []
+    if negatives == "first" or n == len(neg):
+        return p, neg[:n]
+    idx = np.random.default_rng(key).choice(len(neg), n, replace=False)
+    return p, [neg[i] for i in idx]
+
+
+class _Tables:
+    """Per-dataset constants (instructions, prompt lengths, max lengths, negatives) the batcher needs."""
+
+    def __init__(self, infos, tokenizer: Tokenizer, dataset_ids: Sequence[int], num_candidates: int | None = None):
+        n = len(infos)
+        self.q_instr = [getattr(i, "query_instruction", None) or "" for i in infos]
+        self.d_instr = [getattr(i, "doc_instruction", None) or "" for i in infos]
+        cap = int(tokenizer.max_length)
+        self.max_q = [min(int(getattr(i, "max_query_length", 0) or cap), cap) for i in infos]
+        self.max_d = [min(int(getattr(i, "max_doc_length", 0) or cap), cap) for i in infos]
+        self.num_neg = [int(getattr(i, "num_negatives", 0) or 0) for i in infos]
+        for i, k in zip(infos, self.num_neg):
+            if k < 0:
+                raise UserError(f"dataset '{i.name}': num_negatives must be >= 0, got {k}")
+        cache: dict[str, int] = {}
+
+        def plen(s: str) -> int:
+            if s not in cache:
+                cache[s] = tokenizer.prompt_length(s)
+            return cache[s]
+
+        self.q_plen = [plen(s) if d in dataset_ids else 0 for d, s in enumerate(self.q_instr)]
+        self.d_plen = [plen(s) if d in dataset_ids else 0 for d, s in enumerate(self.d_instr)]
+        used = sorted(set(int(d) for d in dataset_ids)) or list(range(n))
+        self.Lq_max = max(self.max_q[d] for d in used)
+        self.Ld_max = max(self.max_d[d] for d in used)
+        self.q_buckets = length_buckets(self.Lq_max)
+        self.d_buckets = length_buckets(self.Ld_max)
+        self.K = 1 + max(self.num_neg[d] for d in used)
+        if num_candidates is not None:
+            if num_candidates < self.K:
+                raise UserError(f"num_candidates {num_candidates} is below 1 + the largest num_negatives of the "
+                                f"plan's datasets ({self.K}) (fix: num_candidates >= {self.K}, or None)")
+            self.K = int(num_candidates)
+
+
+def _fetch(store, ds: np.ndarray, ex: np.ndarray) -> list[dict]:
+    """Examples of rows (ds[r], ex[r]), in row order; one store call per dataset."""
+    out: list[dict | None] = [None] * len(ds)
+    for d in np.unique(ds):
+        idx = np.flatnonzero(ds == d)
+        got = store.examples(int(d), [int(x) for x in ex[idx]])
+        for r, e in zip(idx, got):
+            out[r] = e
+    return out  # type: ignore[return-value]
+
+
+def _tokenize_unique(tokenizer: Tokenizer, items: Sequence[tuple[str, int]]) -> list[list[int]]:
+    """items: (text, max_length) -> token ids of each, each distinct pair tokenized once."""
+    uniq: dict[tuple[str, int], int] = {}
+    for it in items:
+        uniq.setdefault(it, len(uniq))
+    keys = list(uniq)
+    ids: list[list[int] | None] = [None] * len(keys)
+    by_len: dict[int, list[int]] = {}
+    for k, (_, L) in enumerate(keys):
+        by_len.setdefault(L, []).append(k)
+    for L, ks in by_len.items():
+        toks = tokenizer.tokenize([keys[k][0] for k in ks], max_length=L)
+        for k, t in zip(ks, toks):
+            ids[k] = t
+    return [ids[uniq[it]] for it in items]  # type: ignore[misc]
+
+
+def _row_items(tables: _Tables, examples: list[dict], ds: np.ndarray, rows: np.ndarray, step: int, seed: int,
+               negatives: str):
+    """Query items [(text, max_len)], doc items [(text, max_len) or None for an empty slot] of length len*K,
+    plus the raw query / doc texts (for the hashes)."""
+    K = tables.K
+    q_items, d_items, q_raw, d_raw = [], [], [], []
+    for e, d, r in zip(examples, ds, rows):
+        d = int(d)
+        q_items.append((tables.q_instr[d] + e["query"], tables.max_q[d]))
+        q_raw.append(e["query"])
+        pos, negs = choose_docs(e, tables.num_neg[d], row_key(seed, step, int(r)), negatives)
+        docs = [pos] + negs
+        for j in range(K):
+            if j < len(docs):
+                d_items.append((tables.d_instr[d] + docs[j], tables.max_d[d]))
+                d_raw.append(docs[j])
+            else:
+                d_items.append(None)
+                d_raw.append(None)
+    return q_items, d_items, q_raw, d_raw
+
+
+def step_lengths(store, plan: Plan, tokenizer: Tokenizer, *, seed: int | None = None, negatives: str | None = None,
+                 start_step: int = 0, end_step: int | None = None, chunk_steps: int = 256,
+                 tables: _Tables | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Longest tokenized query and document of every step over the whole global batch:
+    -> (query_len int32 [S], doc_len int32 [S]) (0 outside [start_step, end_step))."""
+    seed = plan.seed if seed is None else seed
+    negatives = negatives or plan.config.get("negatives", "first")
+    tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist())
+    end_step = plan.steps if end_step is None else end_step
+    G = plan.global_batch_size
+    qlen = np.zeros(plan.steps, np.int32)
+    dlen = np.zeros(plan.steps, np.int32)
+    for s0 in range(start_step, end_step, chunk_steps):
+        s1 = min(end_step, s0 + chunk_steps)
+        ds = plan.dataset_ids[s0:s1].reshape(-1)
+        ex = plan.example_ids[s0:s1].reshape(-1)
+        key = ds.astype(np.int64) * (1 << 40) + ex
+        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        uniq_ex = _fetch(store, ds[first], ex[first])
+        examples = [uniq_ex[k] for k in inv]
+        q_all, d_all = [], []
+        for i, s in enumerate(range(s0, s1)):
+            sl = slice(i * G, (i + 1) * G)
+            q, d, _, _ = _row_items(tables, examples[sl], ds[sl], np.arange(G), s, seed, negatives)
+            q_all.append(q)
+            d_all.append([x for x in d if x is not None])
+        q_ids = _tokenize_unique(tokenizer, [x for q in q_all for x in q])
+        d_ids = _tokenize_unique(tokenizer, [x for d in d_all for x in d])
+        qo = do = 0
+        for i, s in enumerate(range(s0, s1)):
+            nq, nd = len(q_all[i]), len(d_all[i])
+            qlen[s] = max((len(t) for t in q_ids[qo:qo + nq]), default=1)
+            dlen[s] = max((len(t) for t in d_ids[do:do + nd]), default=1)
+            qo, do = qo + nq, do + nd
+    return qlen, dlen
+
+
+def _tokenizer_id(tokenizer: Tokenizer) -> str:
+    h = hashlib.sha256()
+    try:
+        h.update(tokenizer.hf.backend_tokenizer.to_str().encode())
+    except Exception:  # slow tokenizers: fall back on the vocabulary
+        h.update(json.dumps(sorted(tokenizer.hf.get_vocab().items())).encode())
+    h.update(f"{tokenizer.max_length}|{tokenizer.lowercase}|{tokenizer.padding_side}".encode())
+    return h.hexdigest()[:16]
+
+
+class StepBatcher:
+    """step -> host-local batch dict (see the module docstring). Pickled into each worker process (the store
+    must be picklable; ``jaxembed.data.store.Store`` re-opens its files there)."""
+
+    def __init__(self, store, plan: Plan, tokenizer: Tokenizer, *, process_index: int, process_count: int,
+                 seed: int, negatives: str, tables: _Tables, qlen: np.ndarray, dlen: np.ndarray,
+                 first_step: int, end_step: int):
+        G = plan.global_batch_size
+        b = G // process_count
+        self.store, self.tokenizer, self.tables = store, tokenizer, tables
+        self.seed, self.negatives, self.b, self.K = int(seed), negatives, b, tables.K
+        self.row0 = process_index * b
+        self.first_step, self.end_step = first_step, end_step
+        sl = slice(first_step, end_step)
+        cols = slice(self.row0, self.row0 + b)
+        self.ds = np.ascontiguousarray(plan.dataset_ids[sl, cols])
+        self.ex = np.ascontiguousarray(plan.example_ids[sl, cols])
+        self.w = np.ascontiguousarray(plan.weights[sl, cols])
+        self.temps = plan.temperatures[sl].copy()
+        self.dataset_tasks = plan.dataset_tasks.copy()
+        self.Lq = np.array([bucket_for(max(int(x), 1), tables.q_buckets) for x in qlen[sl]], np.int32)
+        self.Ld = np.array([bucket_for(max(int(x), 1), tables.d_buckets) for x in dlen[sl]], np.int32)
+        self.empty_doc = tokenizer.tokenize([""], max_length=tables.Ld_max)[0]
+
+    def __call__(self, step: int) -> dict[str, np.ndarray]:
+        step = int(step)
+        if not self.first_step <= step < self.end_step:
+            raise UserError(f"step {step} is outside the loader's range [{self.first_step}, {self.end_step})")
+        i = step - self.first_step
+        b, K, tok, t = self.b, self.K, self.tokenizer, self.tables
+        ds, ex = self.ds[i], self.ex[i]
+        examples = _fetch(self.store, ds, ex)
+        rows = self.row0 + np.arange(b)
+        q_items, d_items, q_raw, d_raw = _row_items(t, examples, ds, rows, step, self.seed, self.negatives)
+        Lq, Ld = int(self.Lq[i]), int(self.Ld[i])
+        q_ids = _tokenize_unique(tok, q_items)
+        valid = np.array([x is not None for x in d_items], bool)
+        d_tok = _tokenize_unique(tok, [x for x in d_items if x is not None])
+        it = iter(d_tok)
+        d_ids = [next(it) if v else self.empty_doc for v in valid]
+        longest_q, longest_d = max(len(x) for x in q_ids), max(len(x) for x in d_ids)
+        if longest_q > Lq or longest_d > Ld:
+            raise UserError(f"step {step}: a text is longer than the step's length bucket ({longest_q} > {Lq} or "
+                            f"{longest_d} > {Ld}): the length table is stale (fix: delete the lengths cache file)")
+        qi, qm = tok.pad(q_ids, Lq)
+        di, dm = tok.pad(d_ids, Ld)
+        row_ds = np.repeat(ds, K)
+        q_pl = np.array([min(t.q_plen[int(d)], len(x)) for d, x in zip(ds, q_ids)], np.int32)
+        d_pl = np.array([min(t.d_plen[int(d)], len(x)) if v else 0 for d, x, v in zip(row_ds, d_ids, valid)],
+                        np.int32)
+        q_hash = np.array([text_hash(s) for s in q_raw], np.uint32).reshape(b, 2)
+        d_hash = np.array([text_hash(s) if s is not None else (0, 0) for s in d_raw], np.uint32).reshape(b * K, 2)
+        return {
+            "query_input_ids": qi, "query_attention_mask": qm, "query_prompt_length": q_pl,
+            "doc_input_ids": di, "doc_attention_mask": dm, "doc_prompt_length": d_pl,
+            "doc_valid": valid, "doc_hash": d_hash, "query_hash": q_hash,
+            "task_id": self.dataset_tasks[ds].astype(np.int32), "dataset_id": ds.astype(np.int32),
+            "weight": self.w[i].astype(np.float32), "example_index": ex.astype(np.int64),
+            "temperature": np.array(self.temps[i], np.float32), "step": np.array(step, np.int64),
+        }
+
+
+def _worker_init(worker_index: int, worker_count: int, tokenizer_parallelism: bool = False) -> None:
+    """Runs in each Grain worker before it unpickles the pipeline: one tokenizer thread per worker by default
+    (the workers are the parallelism; a Rust thread pool per worker oversubscribes the cores)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if tokenizer_parallelism else "false"
+
+
+def _mark_absl_flags_parsed() -> None:
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+class Loader:
+    """Iterator of host-local batches for steps [start_step, end_step). ``batch(step)`` computes any step directly
+    (no prefetch); ``close()`` stops the worker processes. ``next_step`` is the step the next batch will have."""
+
+    def __init__(self, batcher: StepBatcher, start_step: int, end_step: int, workers: int, threads: int,
+                 buffer: int, worker_tokenizer_parallelism: bool = False):
+        import functools
+
+        import grain
+
+        self.batcher, self.start_step, self.end_step = batcher, start_step, end_step
+        self.next_step = start_step
+        self.workers = workers
+        ds = grain.MapDataset.range(start_step, end_step).map(batcher)
+        it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer))
+        if workers > 0:
+            _mark_absl_flags_parsed()
+            # batches are small (< a few MiB): pickled copies are cheap and leave no shared-memory segments behind
+            it_ds = grain.experimental.WithOptionsIterDataset(
+                it_ds, grain.experimental.DatasetOptions(min_shm_size=_MIN_SHM_BYTES))
+            it_ds = it_ds.mp_prefetch(
+                grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=buffer),
+                worker_init_fn=functools.partial(_worker_init, tokenizer_parallelism=worker_tokenizer_parallelism))
+        self._ds = it_ds
+        self._it = None
+
+    @property
+    def shapes(self) -> dict:
+        b, K = self.batcher.b, self.batcher.K
+        return {"rows": b, "candidates": K, "query_buckets": self.batcher.tables.q_buckets,
+                "doc_buckets": self.batcher.tables.d_buckets}
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        return self.batcher(step)
+
+    def __iter__(self) -> "Loader":
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self.next_step >= self.end_step:
+            raise StopIteration
+        if self._it is None:
+            self._it = iter(self._ds)
+        batch = next(self._it)
+        if int(batch["step"]) != self.next_step:  # cannot happen: grain keeps order
+            raise RuntimeError(f"loader out of order: got step {int(batch['step'])}, expected {self.next_step}")
+        self.next_step += 1
+        return batch
+
+    def close(self) -> None:
+        it, self._it = self._it, None
+        if it is not None and hasattr(it, "close"):
+            it.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def make_loader(store, plan: Plan, tokenizer: Tokenizer, *, process_index: int = 0, process_count: int = 1,
+                start_step: int = 0, end_step: int | None = None, workers: int = 0, threads: int = 1,
+                buffer: int = 4, seed: int | None = None, lengths: tuple[np.ndarray, np.ndarray] | None = None,
+                lengths_cache: str | os.PathLike | None = None, worker_tokenizer_parallelism: bool = False,
+                num_candidates: int | None = None) -> Loader:
+    """An iterator over host-local batches of steps [start_step, end_step) (end: the plan's last step).
+
+    store: the dataset store the plan was built on (checked by name and size); tokenizer: a jaxembed Tokenizer;
+    process_index / process_count: this host and the host count (global batch % count == 0);
+    workers: Grain worker processes (0 = in-process; each worker tokenizes on one thread unless
+    worker_tokenizer_parallelism); threads / buffer: Grain read threads and prefetch depth;
+    seed: the positive / negative sampling seed (default: the plan's);
+    lengths: precomputed ``step_lengths`` (query_len, doc_len); lengths_cache: a .npz file where the length table
+    is read from or written to (keyed by plan fingerprint, tokenizer and settings);
+    num_candidates: K, the candidate rows per query (default 1 + the largest num_negatives of the plan's datasets;
+    set it to keep K fixed across plans / stages of one run)."""
+    plan.check_datasets(store)
+    G = plan.global_batch_size
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise UserError(f"process_index {process_index} / process_count {process_count}: need "
+                        "0 <= process_index < process_count")
+    if G % process_count:
+        raise UserError(f"global_batch_size {G} is not divisible by process_count {process_count} "
+                        "(fix: a global batch size that is a multiple of the host count)")
+    end_step = plan.steps if end_step is None else int(end_step)
+    if not 0 <= start_step <= end_step <= plan.steps:
+        raise UserError(f"steps [{start_step}, {end_step}) are outside the plan's {plan.steps} steps "
+                        "(fix: resume from a step inside the plan, or build a longer plan)")
+    if workers < 0:
+        raise UserError(f"workers must be >= 0, got {workers}")
+    seed = plan.seed if seed is None else int(seed)
+    negatives = plan.config.get("negatives", "first")
+    tables = _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
+    if lengths is None:
+        if lengths_cache is None:
+            lengths = step_lengths(store, plan, tokenizer, seed=seed, negatives=negatives, start_step=start_step,
+                                   end_step=end_step, tables=tables)
+        else:
+            lengths = cached_step_lengths(store, plan, tokenizer, lengths_cache, seed=seed, tables=tables)
+    qlen, dlen = (np.asarray(x) for x in lengths)
+    if qlen.shape != (plan.steps,) or dlen.shape != (plan.steps,):
+        raise UserError(f"lengths must be two arrays of shape [{plan.steps}] (one entry per plan step)")
+    batcher = StepBatcher(store, plan, tokenizer, process_index=process_index, process_count=process_count,
+                          seed=seed, negatives=negatives, tables=tables, qlen=qlen, dlen=dlen,
+                          first_step=start_step, end_step=end_step)
+    return Loader(batcher, start_step, end_step, workers, threads, buffer, worker_tokenizer_parallelism)
+
+
+def cached_step_lengths(store, plan: Plan, tokenizer: Tokenizer, cache: str | os.PathLike, *,
+                        seed: int | None = None, tables: _Tables | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``step_lengths`` of the whole plan, read from ``cache`` (.npz) when it was written for the same plan,
+    tokenizer and settings, else computed and written there (atomically). Every host may share one file."""
+    seed = plan.seed if seed is None else int(seed)
+    negatives = plan.config.get("negatives", "first")
+    tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist())
+    key = hashlib.sha256(json.dumps([plan.fingerprint(), _tokenizer_id(tokenizer), seed, negatives, tables.K,
+                                     tables.max_q, tables.max_d, tables.q_instr, tables.d_instr]).encode()
+                         ).hexdigest()[:16]
+    cache = Path(cache)
+    if cache.is_file():
+        try:
+            with np.load(cache, allow_pickle=False) as z:
+                if str(z["key"]) == key:
+                    return z["query_len"], z["doc_len"]
+                log.info("%s: lengths cache is for another plan/tokenizer; recomputing", cache)
+        except (ValueError, OSError, KeyError):
+            log.warning("%s: unreadable lengths cache; recomputing", cache)
+    t0 = time.time()
+    qlen, dlen = step_lengths(store, plan, tokenizer, seed=seed, negatives=negatives, tables=tables)
+    log.info("length table for %d steps in %.1fs", plan.steps, time.time() - t0)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp.npz")
+    np.savez(tmp, key=np.array(key), query_len=qlen, doc_len=dlen)
+    os.replace(tmp, cache)
+    return qlen, dlen
+
+
+# --------------------------------------------------------------------------------------------------- device
+
+def to_global(batch: dict, sharding, *, keys: Sequence[str] | None = None) -> dict:
+    """Host-local batch -> global ``jax.Array``s via ``jax.make_array_from_process_local_data``.
+
+    sharding: a ``jax.sharding.Mesh`` (rows split over its data-parallel axes: ``jaxembed.parallel.BATCH_AXES``
+    when the mesh has them, else over all its axes) or a ``NamedSharding`` whose spec splits dim 0 (used for every
+    row array; trailing dims replicated). 0-d entries (temperature, step) are replicated. int64 entries become
+    int32 when jax_enable_x64 is off (an error if a value does not fit). keys: the entries to convert (all)."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    if isinstance(sharding, Mesh):
+        mesh = sharding
+        axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names) or tuple(mesh.axis_names)
+        row_spec = axes
+    else:
+        mesh = sharding.mesh
+        row_spec = sharding.spec[0] if len(sharding.spec) else None
+    rep = NamedSharding(mesh, P())
+    x64 = bool(jax.config.jax_enable_x64)
+    out = {}
+    for k in keys or list(batch):
+        v = np.asarray(batch[k])
+        if v.dtype == np.int64 and not x64:
+            if v.size and (v.max() > np.iinfo(np.int32).max or v.min() < np.iinfo(np.int32).min):
+                raise UserError(f"batch '{k}' holds values beyond int32 (fix: enable jax_enable_x64)")
+            v = v.astype(np.int32)
+        if v.ndim == 0:
+            out[k] = jax.make_array_from_process_local_data(rep, v, v.shape)
+        else:
+            sh = NamedSharding(mesh, P(row_spec, *([None] * (v.ndim - 1))))
+            out[k] = jax.make_array_from_process_local_data(sh, v)
+    return out
+
+
+def batch_stats(batch: dict) -> dict:
+    """Examples, real tokens and padded tokens of a host-local batch (for throughput figures)."""
+    return {"examples": int(batch["query_input_ids"].shape[0]),
+            "tokens": int(batch["query_attention_mask"].sum() + batch["doc_attention_mask"][batch["doc_valid"]].sum()),
+            "padded_tokens": int(batch["query_input_ids"].size + batch["doc_input_ids"].size)}
+
+
+__all__ = ["make_loader", "to_global", "step_lengths", "cached_step_lengths", "choose_docs", "row_key",
+           "text_hash", "Loader", "StepBatcher", "batch_stats"]
