@@ -65,10 +65,28 @@ def cmd_encode(args) -> int:
 def cmd_export(args) -> int:
     from jaxembed import export
 
-    loaded = _load(args)
-    path = export.export_loaded(loaded, args.out)
+    if (args.model is None) == (args.workdir is None):
+        raise UserError("export: give exactly one of --model (a model folder / hub id) or --workdir (a run)")
+    if args.workdir:
+        from jaxembed.train import export_from_workdir
+
+        path = export_from_workdir(args.workdir, args.out, args.step)
+    else:
+        path = export.export_loaded(_load(args), args.out)
     print(f"exported to {path} (loads with transformers.AutoModel and sentence_transformers.SentenceTransformer)")
     return 0
+
+
+def cmd_train(args) -> int:
+    from jaxembed import config as cfglib
+    from jaxembed.train import train
+
+    cfg = cfglib.load_config_file(args.config)
+    cfg = cfglib.apply_overrides(cfg, [o[len("--config."):] for o in args.overrides])
+    summary = train(cfg, args.workdir)
+    print(f"{summary['status']} at step {summary['step']} ({summary['skipped']} skipped updates); run directory "
+          f"{summary['workdir']}" + (f"; export {summary['export']}" if summary.get("export") else ""))
+    return 0 if summary["status"] == "completed" else 143
 
 
 DEMO_SENTENCES = [
@@ -149,9 +167,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_encode)
 
     p = sub.add_parser("export", help="write a Hugging Face / sentence-transformers folder")
-    _model_args(p)
+    p.add_argument("--model", default=None, help="model folder or hub id to convert")
+    p.add_argument("--workdir", default=None, help="a training run: export its latest (or --step) checkpoint")
+    p.add_argument("--step", type=int, default=None, help="with --workdir: the checkpoint step")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--max-length", type=int, default=None)
+    p.add_argument("--pooling", default=None, choices=["mean", "cls", "lasttoken", "max", "mean_sqrt_len"])
+    p.add_argument("--bidirectional", action="store_true")
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("train", help="train (or resume) a run: --config FILE[:VARIANT] --workdir DIR "
+                                     "[--config.KEY=VALUE ...]")
+    p.add_argument("--config", required=True, help="config file with get_config(arg), e.g. configs/demo.py:tiny")
+    p.add_argument("--workdir", required=True, help="run directory (created; an existing run is resumed)")
+    p.set_defaults(func=cmd_train)
 
     from jaxembed.data.cli import add_parsers as add_data_parsers
 
@@ -171,7 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    overrides = [u for u in unknown if u.startswith("--config.")]
+    rest = [u for u in unknown if not u.startswith("--config.")]
+    if rest or (overrides and args.command != "train"):
+        parser.error(f"unrecognized arguments: {' '.join(rest or overrides)}")
+    args.overrides = overrides
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

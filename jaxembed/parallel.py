@@ -151,8 +151,11 @@ def host_local_to_global(batch: Any, mesh: Mesh) -> Any:
 def jit_loss(mesh: Mesh, **loss_kwargs) -> Callable:
     """The global loss under jit with named shardings: f(q, c, pos_index, weights, qi, ci, peg_t_prev)."""
 
-    def f(q, c, pos_index, weights, qi, ci, peg_t_prev):
-        return contrastive_loss(q, c, pos_index, weights=weights, qi=qi, ci=ci, peg_t_prev=peg_t_prev, **loss_kwargs)
+    def f(q, c, pos_index, weights, qi, ci, peg_t_prev, temperature=None):
+        kw = dict(loss_kwargs)
+        if temperature is not None:
+            kw["temperature"] = temperature
+        return contrastive_loss(q, c, pos_index, weights=weights, qi=qi, ci=ci, peg_t_prev=peg_t_prev, **kw)
 
     return jax.jit(f)
 
@@ -161,24 +164,31 @@ def shard_map_loss(mesh: Mesh, terms_fn: Callable = query_terms, **loss_kwargs) 
     """The global loss with explicit collectives: f(q, c, pos_index, weights, qi, ci, peg_t_prev) -> (loss, metrics).
 
     Inputs are global arrays sharded over the batch axes (pos_index holds *global* candidate columns, as
-    ``layout_pos_index`` on the global batch gives). Each device gathers all candidates and their attributes."""
+    ``layout_pos_index`` on the global batch gives). Each device gathers all candidates and their attributes.
+    ``temperature`` (a scalar, e.g. the batch's task temperature) overrides the one in ``loss_kwargs``."""
     axis = BATCH_AXES
+    kwargs = dict(loss_kwargs)
+    default_temperature = kwargs.pop("temperature", None)
 
-    def local(q, c, pos_index, weights, qi, ci, peg_t_prev):
+    def local(q, c, pos_index, weights, qi, ci, peg_t_prev, temperature):
         gather = lambda x: None if x is None else jax.lax.all_gather(x, axis, tiled=True)
         c_all = gather(c)
         ci_all = CandidateInfo(*(gather(x) for x in ci))
         return contrastive_loss(q, c_all, pos_index, weights=weights, qi=qi, ci=ci_all, peg_t_prev=peg_t_prev,
-                                terms_fn=terms_fn, axis_name=axis, **loss_kwargs)
+                                temperature=temperature, terms_fn=terms_fn, axis_name=axis, **kwargs)
 
     spec = P(axis)
 
-    def f(q, c, pos_index, weights, qi: QueryInfo, ci: CandidateInfo, peg_t_prev):
+    def f(q, c, pos_index, weights, qi: QueryInfo, ci: CandidateInfo, peg_t_prev, temperature=None):
         in_specs = (spec, spec, spec, None if weights is None else spec,
                     QueryInfo(*(None if x is None else spec for x in qi)),
-                    CandidateInfo(*(None if x is None else spec for x in ci)), P())
+                    CandidateInfo(*(None if x is None else spec for x in ci)), P(), P())
         peg_t_prev = jnp.asarray(0.0 if peg_t_prev is None else peg_t_prev, jnp.float32)
+        temperature = default_temperature if temperature is None else temperature
+        if temperature is None:
+            raise ValueError("shard_map_loss: no temperature (pass it to shard_map_loss or to the call)")
+        temperature = jnp.asarray(temperature, jnp.float32)
         return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=P(), check_vma=False)(
-            q, c, pos_index, weights, qi, ci, peg_t_prev)
+            q, c, pos_index, weights, qi, ci, peg_t_prev, temperature)
 
     return jax.jit(f)

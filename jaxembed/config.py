@@ -1,0 +1,302 @@
+"""The run config: typed defaults for every section, and ``validate(config)``, which checks every value before any
+work starts. A bad value raises a UserError naming the key, the value and the allowed values.
+
+A config file is a Python file with ``get_config(arg=None) -> ConfigDict`` (big_vision style: ``file.py:tiny``
+passes ``"tiny"``). It starts from ``default_config()`` and changes what its recipe needs. Command-line overrides
+``--config.a.b=VALUE`` are applied on top. The resolved config is written to the run directory.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import ml_collections as mc
+from ml_collections import config_dict
+
+from jaxembed.errors import UserError
+
+LOSSES = ("infonce", "peg")
+LOSS_IMPLS = ("jit", "shard_map")
+PARAM_SHARDINGS = ("replicate", "fsdp", "fsdp_tp")
+DTYPES = ("float32", "bfloat16")
+
+
+def default_config() -> mc.ConfigDict:
+    """Every field of a run, with its default. Sections: model, data, plan, loss, optim, train, eval, export."""
+    from jaxembed.data.config import default_data_config
+    from jaxembed.data.plan import default_plan_config
+
+    c = mc.ConfigDict()
+    c.model = mc.ConfigDict(dict(
+        name="",                # model folder or Hugging Face hub id (HF / sentence-transformers / jaxembed export)
+        dtype="float32",        # computation dtype; 'bfloat16' = mixed precision (params stay param_dtype)
+        param_dtype="float32",  # master parameters
+        remat=False,            # rematerialise every layer in the backward pass
+        pooling="",             # '' keeps the folder's pooling
+        causal=config_dict.placeholder(bool),  # decoder backbones: False = bidirectional attention
+        max_length=0,           # 0 keeps the model's max_seq_length
+    ))
+    c.data = default_data_config()
+    c.data.store = ""           # an existing store (jaxembed data prepare); '' = prepare into <workdir>/store
+    c.plan = default_plan_config()
+    c.loss = mc.ConfigDict(dict(
+        type="infonce",         # 'infonce' | 'peg' (PEG progressive loss, DESIGN.md 2.4)
+        temperature=0.05,       # default tau; a dataset's `temperature` overrides it for its batches
+        symmetric=False,        # add the positive -> query term
+        same_task_mask=False,   # in mixed batches, a candidate of another task is not a negative
+        peg_alpha=0.5, peg_beta=0.1,
+        matryoshka_dims=(), matryoshka_weights=(),  # e.g. (384, 256, 128, 64) and (1, .3, .2, .1)
+        tiled=False, block_q=1024, block_c=8192,    # memory-bounded loss (never builds the [B, N] logits)
+        impl="jit",             # 'jit' (global arrays, XLA collectives) | 'shard_map' (explicit all_gather)
+    ))
+    c.optim = mc.ConfigDict(dict(
+        lr=2e-5, schedule="linear", warmup_steps=-1, warmup_ratio=0.1, end_factor=0.0,
+        weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0,
+        freeze=(),              # regexes of parameter paths that are not trained, e.g. ('backbone.embeddings',)
+    ))
+    c.train = mc.ConfigDict(dict(
+        seed=0,
+        gradcache_chunk=0,      # > 0: encode in sub-batches of this many rows (gradient cache); 0 = off
+        dropout=True,           # use the model's dropout while training
+        log_every=10,
+        checkpoint_every=100,   # steps; 0 = only at the end
+        checkpoint_minutes=0.0,  # also save every N minutes (0 = off)
+        keep_checkpoints=2,
+        async_checkpoints=True,
+        max_nonfinite=5,        # stop after this many non-finite steps in a row
+        mesh_data=-1, mesh_fsdp=1,
+        param_sharding="replicate",
+        loader_workers=0,
+        progress=config_dict.placeholder(bool),  # progress bar (default: on a terminal)
+        inject_nonfinite_steps=(),  # testing aid: steps whose loss is replaced by NaN
+    ))
+    c.eval = mc.ConfigDict(dict(
+        every=0,                # steps between dev evaluations (0 = at the end only, when tasks are given)
+        tasks=(),               # dev task names (jaxembed.evaluate), e.g. ('STSBenchmark-dev',)
+        max_examples=0,         # subsample each dev set for a fast signal (0 = all)
+        best_metric="",         # e.g. 'STSBenchmark-dev/main_score': keep the best checkpoint by it
+        best_mode="max",
+        before=False,           # also evaluate before training (step 0)
+    ))
+    c.export = mc.ConfigDict(dict(at_end=True, dir=""))  # '' = <workdir>/export
+    return c
+
+
+def data_section(c: mc.ConfigDict) -> mc.ConfigDict:
+    """The data config proper (``config.data`` without the run-level ``store`` key)."""
+    d = c.data.copy_and_resolve_references()
+    if "store" in d:
+        with d.unlocked():
+            del d["store"]
+    return d
+
+
+def _err(key: str, value: Any, allowed: str) -> UserError:
+    return UserError(f"config.{key} = {value!r} is not valid: {allowed}")
+
+
+def _choice(c, key, allowed):
+    v = _get(c, key)
+    if v not in allowed:
+        raise _err(key, v, f"allowed: {', '.join(map(str, allowed))}")
+
+
+def _get(c, key):
+    cur = c
+    for part in key.split("."):
+        cur = cur[part]
+    return cur
+
+
+def _positive(c, key, allow_zero=False, integer=False):
+    v = _get(c, key)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
+        v >= 0 if allow_zero else v > 0)
+    if integer:
+        ok = ok and float(v).is_integer()
+    if not ok:
+        raise _err(key, v, f"a {'non-negative' if allow_zero else 'positive'} {'integer' if integer else 'number'}")
+
+
+def validate(c: mc.ConfigDict) -> None:
+    """Check every value of a run config; raise UserError at the first problem (naming key and allowed values)."""
+    from jaxembed.data.config import validate_data_config
+    from jaxembed.data.plan import validate_plan_config
+
+    for section in ("model", "data", "plan", "loss", "optim", "train", "eval", "export"):
+        if section not in c:
+            raise UserError(f"config.{section} is missing (fix: start from jaxembed.config.default_config())")
+    if not c.model.name:
+        raise _err("model.name", c.model.name, "a model folder or Hugging Face hub id")
+    _choice(c, "model.dtype", DTYPES)
+    _choice(c, "model.param_dtype", DTYPES)
+    if c.model.pooling:
+        _choice(c, "model.pooling", ("mean", "cls", "lasttoken", "max", "mean_sqrt_len"))
+    _positive(c, "model.max_length", allow_zero=True, integer=True)
+    if not c.data.store:
+        validate_data_config(data_section(c), where="config.data")
+    elif not (Path(c.data.store) / "manifest.json").exists():
+        raise _err("data.store", c.data.store, "a folder written by `jaxembed data prepare` (manifest.json missing)")
+    validate_plan_config(c.plan)
+    _choice(c, "loss.type", LOSSES)
+    _choice(c, "loss.impl", LOSS_IMPLS)
+    _positive(c, "loss.temperature")
+    _positive(c, "loss.block_q", integer=True)
+    _positive(c, "loss.block_c", integer=True)
+    if not 0 <= c.loss.peg_alpha <= 1:
+        raise _err("loss.peg_alpha", c.loss.peg_alpha, "a momentum in [0, 1]")
+    dims, ws = tuple(c.loss.matryoshka_dims), tuple(c.loss.matryoshka_weights)
+    if any((not isinstance(d, int)) or d <= 0 for d in dims) or list(dims) != sorted(dims, reverse=True):
+        raise _err("loss.matryoshka_dims", dims, "positive integers in decreasing order, e.g. (384, 256, 128, 64)")
+    if len(dims) != len(ws):
+        raise _err("loss.matryoshka_weights", ws, f"one weight per dimension of loss.matryoshka_dims {dims}")
+    if dims and c.loss.impl == "shard_map":
+        raise _err("loss.impl", c.loss.impl, "'jit' when loss.matryoshka_dims is set (Matryoshka runs on global arrays)")
+    _positive(c, "optim.lr")
+    _choice(c, "optim.schedule", ("linear", "cosine", "constant"))
+    if not 0 <= c.optim.warmup_ratio <= 1:
+        raise _err("optim.warmup_ratio", c.optim.warmup_ratio, "a fraction in [0, 1]")
+    _positive(c, "optim.weight_decay", allow_zero=True)
+    _positive(c, "optim.grad_clip", allow_zero=True)
+    for i, pat in enumerate(c.optim.freeze):
+        try:
+            import re
+
+            re.compile(pat)
+        except (re.error, TypeError) as e:
+            raise _err(f"optim.freeze[{i}]", pat, f"a regular expression ({e})") from None
+    for key in ("train.log_every",):
+        _positive(c, key, integer=True)
+    for key in ("train.gradcache_chunk", "train.checkpoint_every", "train.loader_workers", "train.max_nonfinite",
+                "eval.every", "eval.max_examples"):
+        _positive(c, key, allow_zero=True, integer=True)
+    _positive(c, "train.keep_checkpoints", integer=True)
+    _positive(c, "train.checkpoint_minutes", allow_zero=True)
+    _choice(c, "train.param_sharding", PARAM_SHARDINGS)
+    gcc = c.train.gradcache_chunk
+    if gcc and c.plan.global_batch_size % gcc:
+        raise _err("train.gradcache_chunk", gcc, f"a divisor of plan.global_batch_size ({c.plan.global_batch_size})")
+    _choice(c, "eval.best_mode", ("max", "min"))
+    if c.eval.best_metric and "/" not in c.eval.best_metric:
+        raise _err("eval.best_metric", c.eval.best_metric, "'TaskName/metric', e.g. 'STSBenchmark-dev/main_score'")
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def load_config_file(spec: str) -> mc.ConfigDict:
+    """``path/to/file.py[:arg]`` -> get_config(arg)."""
+    path, _, arg = spec.partition(":")
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"--config {path}: no such file (fix: e.g. --config configs/demo.py:tiny)")
+    spec_ = importlib.util.spec_from_file_location(f"jaxembed_config_{p.stem}", p)
+    module = importlib.util.module_from_spec(spec_)
+    try:
+        spec_.loader.exec_module(module)
+    except Exception as e:
+        raise UserError(f"--config {path}: the file failed to run ({type(e).__name__}: {e})") from None
+    if not hasattr(module, "get_config"):
+        raise UserError(f"--config {path}: defines no get_config(arg=None)")
+    try:
+        cfg = module.get_config(arg or None)
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"--config {spec}: get_config({arg!r}) failed ({type(e).__name__}: {e})") from None
+    return cfg
+
+
+def _parse_value(text: str, old: Any) -> Any:
+    if isinstance(old, bool) or old is None:
+        low = text.lower()
+        if low in ("true", "false"):
+            return low == "true"
+    if isinstance(old, str):
+        return text
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def apply_overrides(c: mc.ConfigDict, overrides: list[str]) -> mc.ConfigDict:
+    """Apply ``a.b=VALUE`` overrides (values parsed as Python literals; strings may be bare)."""
+    for item in overrides:
+        key, eq, text = item.partition("=")
+        if not eq:
+            raise UserError(f"--config.{item}: expected --config.KEY=VALUE")
+        parts = key.split(".")
+        cur = c
+        for i, part in enumerate(parts[:-1]):
+            if part not in cur:
+                raise UserError(f"--config.{key}: unknown key {'.'.join(parts[:i + 1])!r}")
+            cur = cur[part]
+        last = parts[-1]
+        if last not in cur:
+            known = ", ".join(sorted(cur.keys()))
+            raise UserError(f"--config.{key}: unknown key (keys here: {known})")
+        old = cur[last]
+        value = _parse_value(text, old)
+        try:
+            if isinstance(old, tuple) and isinstance(value, list):
+                value = tuple(value)
+            if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            cur[last] = value
+        except (TypeError, ValueError) as e:
+            raise UserError(f"--config.{key}={text}: {e}") from None
+    return c
+
+
+def from_json(text: str) -> mc.ConfigDict:
+    """Rebuild a run config from the config.json of a run directory (defaults for any key it lacks)."""
+    from jaxembed.data.config import dataset_config
+
+    d = json.loads(text)
+    c = default_config()
+    datasets = d.get("data", {}).pop("datasets", [])
+
+    def merge(node: mc.ConfigDict, values: dict, prefix: str):
+        for k, v in values.items():
+            if k not in node:
+                continue  # a key this version no longer has
+            if isinstance(node[k], mc.ConfigDict) and isinstance(v, dict):
+                merge(node[k], v, f"{prefix}{k}.")
+            elif isinstance(node[k], mc.ConfigDict):
+                continue
+            else:
+                if isinstance(node[k], tuple) and isinstance(v, list):
+                    v = tuple(v)
+                with node.ignore_type():
+                    node[k] = v
+
+    merge(c, d, "")
+    c.data.datasets = [dataset_config(**x) for x in datasets]
+    return c
+
+
+def to_plain(x: Any) -> Any:
+    """ConfigDicts (also inside lists) -> plain dicts / lists, for JSON."""
+    if isinstance(x, (mc.ConfigDict, dict)):
+        return {k: to_plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [to_plain(v) for v in x]
+    return x
+
+
+def to_json(c: mc.ConfigDict) -> str:
+    return json.dumps(to_plain(c), indent=2, sort_keys=True, default=str)
+
+
+def write_resolved(c: mc.ConfigDict, workdir: str | os.PathLike) -> None:
+    """config.json (machine-readable) and config.txt (ml-collections' readable form) in the run directory."""
+    wd = Path(workdir)
+    (wd / "config.json").write_text(to_json(c) + "\n", encoding="utf-8")
+    (wd / "config.txt").write_text(str(c), encoding="utf-8")

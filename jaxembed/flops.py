@@ -1,0 +1,65 @@
+"""Analytic FLOP counts for MFU (model FLOPs utilisation) estimates.
+
+Per token, a transformer layer's forward pass costs 2 FLOPs per matrix parameter (one multiply-add) plus the
+attention products (QK^T and AV: 2 x 2 x seq x heads x head_dim). A training step costs 3x forward (forward +
+backward), and the gradient cache adds one more forward pass (the recomputation).
+"""
+
+from __future__ import annotations
+
+import jax
+
+# Dense bf16 peak FLOP/s per device (datasheets); None where unknown (CPU): MFU is then not reported.
+PEAK_FLOPS = {
+    "H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "V100": 125e12,
+    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12,
+}
+
+
+def layer_matrix_params(config) -> int:
+    """Weights of the matrices of all layers (embeddings excluded: a lookup costs no FLOPs)."""
+    h = config.hidden_size
+    L = config.num_layers
+    t = config.model_type
+    if t in ("bert", "roberta", "xlm-roberta", "camembert"):
+        return L * (4 * h * h + 2 * h * config.intermediate_size)
+    if t in ("qwen2", "qwen3"):
+        q = config.num_attention_heads * config.head_dim
+        kv = config.num_key_value_heads * config.head_dim
+        return L * (h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size)
+    if t in ("t5", "mt5"):
+        inner = config.num_heads * config.d_kv
+        ff = (3 if config.is_gated_act else 2) * h * config.d_ff
+        return L * (4 * h * inner + ff)
+    raise ValueError(f"no FLOP formula for {t}")
+
+
+def attention_width(config) -> int:
+    if config.model_type in ("qwen2", "qwen3"):
+        return config.num_attention_heads * config.head_dim
+    if config.model_type in ("t5", "mt5"):
+        return config.num_heads * config.d_kv
+    return config.hidden_size
+
+
+def forward_flops(config, rows: int, seq_len: int) -> float:
+    """Forward FLOPs of ``rows`` sequences padded to ``seq_len`` tokens."""
+    tokens = rows * seq_len
+    return 2.0 * layer_matrix_params(config) * tokens + 4.0 * config.num_layers * tokens * seq_len * \
+        attention_width(config)
+
+
+def train_step_flops(config, q_rows: int, q_len: int, d_rows: int, d_len: int, emb_dim: int,
+                     gradcache: bool) -> float:
+    """FLOPs of one training step on the global batch: encoder forward x (3, or 4 with the gradient cache) +
+    the similarity matrix (forward and two gradient products)."""
+    enc = forward_flops(config, q_rows, q_len) + forward_flops(config, d_rows, d_len)
+    return enc * (4.0 if gradcache else 3.0) + 3 * 2.0 * q_rows * d_rows * emb_dim
+
+
+def peak_flops_per_device() -> float | None:
+    kind = jax.devices()[0].device_kind
+    for name, v in PEAK_FLOPS.items():
+        if name.lower() in kind.lower():
+            return v
+    return None

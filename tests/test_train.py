@@ -1,0 +1,247 @@
+"""The trainer: bad configs, a run directory with everything in it, non-finite steps, and exact resume after
+kill -9 and after SIGTERM (bitwise-identical parameters on CPU)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxembed import config as cfglib
+from jaxembed.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, minilm_dir):
+    """A 2-layer, 32-wide random BERT with MiniLM's tokenizer, as a sentence-transformers folder."""
+    from jaxembed import export, models
+    from jaxembed.models.embedding import EmbeddingModel, HeadConfig
+    from jaxembed.tokenizer import Tokenizer
+
+    cfg = models.config_from_hf(dict(model_type="bert", vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
+                                     hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    out = tmp_path_factory.mktemp("tiny_model")
+    export.export(EmbeddingModel.init(cfg, HeadConfig("mean"), seed=0), Tokenizer.from_folder(minilm_dir, 64), out)
+    return out
+
+
+CONFIG_TEMPLATE = '''
+from jaxembed.config import default_config
+from jaxembed.data.config import dataset_config
+
+def get_config(arg=None):
+    c = default_config()
+    c.model.name = {model!r}
+    c.model.max_length = 64
+    c.data.datasets = [
+        dataset_config(name="stsb", path={stsb!r}, format="scored_pairs", task_type="sts", score_threshold=3.0,
+                       num_negatives=0, max_query_length=16, max_doc_length=16),
+        dataset_config(name="wikiqa", path={wikiqa!r}, task_type="retrieval", num_negatives=1,
+                       query_instruction="Instruct: Given a question, retrieve answers \\n Query: ",
+                       max_query_length=16, max_doc_length=16),
+    ]
+    c.plan.global_batch_size = 8
+    c.plan.steps = 8
+    c.optim.lr = 1e-3
+    c.train.log_every = 2
+    c.train.checkpoint_every = 3
+    c.train.async_checkpoints = True
+    c.export.at_end = True
+    return c
+'''
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory, tiny_model_dir, shared_data):
+    p = tmp_path_factory.mktemp("cfg") / "tiny_train.py"
+    p.write_text(CONFIG_TEMPLATE.format(model=str(tiny_model_dir), stsb=str(shared_data / "train/stsb_pairs.jsonl"),
+                                        wikiqa=str(shared_data / "train/wikiqa.jsonl")))
+    return p
+
+
+def _params_at(workdir: Path, step: int):
+    import orbax.checkpoint as ocp
+
+    with ocp.CheckpointManager(workdir.absolute() / "checkpoints") as mgr:
+        restored = mgr.restore(step, args=ocp.args.StandardRestore())
+    return restored["params"], restored
+
+
+def _assert_bitwise_equal(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope="module")
+def straight_run(config_file, tmp_path_factory):
+    from jaxembed.train import train
+
+    wd = tmp_path_factory.mktemp("straight")
+    summary = train(cfglib.load_config_file(str(config_file)), wd)
+    return wd, summary
+
+
+def test_run_directory_holds_everything(straight_run):
+    wd, summary = straight_run
+    assert summary["status"] == "completed" and summary["step"] == 8 and summary["skipped"] == 0
+    for name in ("config.json", "config.txt", "plan.npz", "metrics.jsonl", "summary.json", "store/manifest.json",
+                 "export/model.safetensors", "export/modules.json"):
+        assert (wd / name).exists(), name
+    assert list((wd / "tensorboard").glob("events.out.tfevents.*"))
+    assert sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) == [6, 8]
+    lines = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [x for x in lines if x["split"] == "train"]
+    assert [x["step"] for x in train_lines] == [2, 4, 6, 8]
+    for key in ("loss", "accuracy", "pos_sim", "hardest_neg_sim", "lr", "grad_norm", "examples_per_s",
+                "tokens_per_s", "step_time_s"):
+        assert all(np.isfinite(x[key]) for x in train_lines), key
+    cfg = json.loads((wd / "config.json").read_text())
+    assert cfg["plan"]["steps"] == 8
+    # the export loads in sentence-transformers, with the task prompts
+    st = pytest.importorskip("sentence_transformers")
+    m = st.SentenceTransformer(str(wd / "export"), device="cpu")
+    assert m.prompts["wikiqa-query"].startswith("Instruct: Given a question")  # the task's instruction, mteb keys
+    assert m.prompts["wikiqa"] == m.prompts["wikiqa-query"]
+    from jaxembed.encode import load_encoder
+
+    ours = load_encoder(str(wd / "export")).encode(["a test sentence", "another one"])
+    np.testing.assert_allclose(ours, m.encode(["a test sentence", "another one"]), atol=1e-5)
+
+
+def _start(config_file, wd, *extra):
+    # texts are cut to 16 tokens (one length bucket) and compiled programs are shared through JAX's persistent
+    # cache, so each process compiles little
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(Path(config_file).parent / "jaxcache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    return subprocess.Popen([str(Path(sys.executable).parent / "jaxembed"), "train", "--config", str(config_file),
+                             "--workdir", str(wd), *extra], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for_checkpoint(wd: Path, proc, timeout=300):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        ck = wd / "checkpoints"
+        done = [p for p in ck.glob("*") if p.name.isdigit() and (p / "_CHECKPOINT_METADATA").exists()] \
+            if ck.exists() else []
+        if done:
+            return done
+        if proc.poll() is not None:
+            raise AssertionError("the run ended before its first checkpoint:\n" + proc.stdout.read()[-3000:])
+        time.sleep(0.02)
+    raise AssertionError("no checkpoint appeared")
+
+
+def test_kill_9_then_resume_is_bitwise_identical(straight_run, config_file, tmp_path):
+    wd_straight, _ = straight_run
+    wd = tmp_path / "killed"
+    proc = _start(config_file, wd)
+    _wait_for_checkpoint(wd, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    steps = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps and steps[-1] < 8, steps  # killed mid-run
+    proc = _start(config_file, wd)
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, out[-3000:]
+    assert f"resuming at step {steps[-1]}" in out
+    a, _ = _params_at(wd, 8)
+    b, _ = _params_at(wd_straight, 8)
+    _assert_bitwise_equal(a, b)
+
+
+def test_sigterm_saves_then_resume_is_bitwise_identical(straight_run, config_file, tmp_path):
+    wd_straight, _ = straight_run
+    wd = tmp_path / "term"
+    proc = _start(config_file, wd)
+    _wait_for_checkpoint(wd, proc)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=300)[0]
+    steps = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
+    if proc.returncode == 0:  # finished before the signal arrived: nothing to test
+        pytest.skip("the run completed before SIGTERM arrived")
+    assert proc.returncode == 143, out[-3000:]
+    assert "checkpoint saved at step" in out
+    proc = _start(config_file, wd)
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, out[-3000:]
+    a, _ = _params_at(wd, 8)
+    b, _ = _params_at(wd_straight, 8)
+    _assert_bitwise_equal(a, b)
+
+
+def test_nonfinite_steps_are_skipped_then_stop(config_file, tmp_path):
+    from jaxembed.train import TrainingStopped, train
+
+    cfg = cfglib.load_config_file(str(config_file))
+    cfg.plan.steps = 4
+    cfg.train.inject_nonfinite_steps = (1,)
+    cfg.train.checkpoint_every = 0
+    cfg.export.at_end = False
+    s = train(cfg, tmp_path / "skip")
+    assert s["status"] == "completed" and s["skipped"] == 1
+    p_skip, st = _params_at(tmp_path / "skip", 4)
+    assert int(st["skipped"]) == 1
+    cfg.train.inject_nonfinite_steps = (1, 2, 3)
+    cfg.train.max_nonfinite = 3
+    with pytest.raises(TrainingStopped, match=r"step 3: 3 non-finite losses or gradients in a row \(from step 1; "
+                                              r"task '(stsb|wikiqa|sts|retrieval)'\)"):
+        train(cfg, tmp_path / "stop")
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("loss.type", "focal", r"config.loss.type = 'focal' is not valid: allowed: infonce, peg"),
+    ("optim.lr", -1.0, r"config.optim.lr = -1.0 is not valid: a positive number"),
+    ("loss.temperature", 0.0, r"config.loss.temperature = 0.0 is not valid"),
+    ("train.param_sharding", "zero3", r"allowed: replicate, fsdp, fsdp_tp"),
+    ("model.dtype", "float8", r"config.model.dtype"),
+    ("loss.matryoshka_dims", (64, 128), r"decreasing"),
+    ("train.gradcache_chunk", 3, r"a divisor of plan.global_batch_size \(8\)"),
+])
+def test_bad_config_values_are_named(config_file, key, value, match):
+    cfg = cfglib.load_config_file(str(config_file))
+    section, name = key.split(".")
+    cfg[section][name] = value
+    with pytest.raises(UserError, match=match):
+        cfglib.validate(cfg)
+
+
+def test_bad_overrides_and_config_files(config_file, tmp_path, capsys):
+    from jaxembed.cli import main
+
+    cfg = cfglib.load_config_file(str(config_file))
+    with pytest.raises(UserError, match=r"unknown key \(keys here: .*lr"):
+        cfglib.apply_overrides(cfg, ["optim.learning_rate=1e-4"])
+    cfglib.apply_overrides(cfg, ["optim.lr=1e-4", "loss.symmetric=true", "loss.matryoshka_dims=(32,16)"])
+    assert cfg.optim.lr == 1e-4 and cfg.loss.symmetric is True and cfg.loss.matryoshka_dims == (32, 16)
+    assert main(["train", "--config", str(tmp_path / "none.py"), "--workdir", str(tmp_path / "w")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["train", "--config", str(config_file), "--workdir", str(tmp_path / "w"),
+                 "--config.loss.type=focal"]) == 2
+    err = capsys.readouterr().err
+    assert "config.loss.type = 'focal' is not valid" in err
+    assert not (tmp_path / "w" / "checkpoints").exists()  # nothing started
+
+
+def test_export_command_from_workdir(straight_run, tmp_path):
+    from jaxembed.cli import main
+    from jaxembed.encode import load_encoder
+
+    wd, _ = straight_run
+    assert main(["export", "--workdir", str(wd), "--out", str(tmp_path / "e6"), "--step", "6"]) == 0
+    assert main(["export", "--workdir", str(wd), "--out", str(tmp_path / "e8")]) == 0
+    a = load_encoder(str(tmp_path / "e8")).encode(["hello there"])
+    b = load_encoder(str(wd / "export")).encode(["hello there"])
+    np.testing.assert_array_equal(a, b)
+    c = load_encoder(str(tmp_path / "e6")).encode(["hello there"])
+    assert not np.array_equal(a, c)
