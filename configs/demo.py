@@ -24,8 +24,8 @@ def get_config(arg=None):
     c.data.store = ""
     for d in c.data.datasets:
         d.num_negatives = 1                  # one hard negative per query (the files' first)
-        d.max_query_length = 64
-        d.max_doc_length = 96
+        d.max_query_length = 32
+        d.max_doc_length = 64
     c.data.sampling = "temperature"          # p(dataset) ~ size^(1/2): the small sets are seen too
     c.data.sampling_temperature = 2.0
     c.plan.global_batch_size = 16

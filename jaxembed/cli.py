@@ -2,12 +2,13 @@
 
 Commands: ``encode`` (texts -> .npy), ``export`` (any supported folder -> HF / sentence-transformers folder),
 ``data validate`` / ``data prepare`` (dataset store), ``plan build`` / ``plan show`` (batch plans),
-``demo`` (the built-in default job). User errors print one line naming file, line, field and fix (exit 2).
+``train`` (run or resume training), ``eval`` (local evaluators, MTEB), ``demo`` (the built-in default job). User errors print one line naming file, line, field and fix (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -99,44 +100,66 @@ DEMO_SENTENCES = [
 ]
 
 
-def cmd_demo(args) -> int:
-    """Encode real sentences with the real all-MiniLM-L6-v2 weights; print similarities and STS-B dev Spearman."""
-    import json
+DEMO_TASKS = ("STSBenchmark", "SICK-R", "MRPC", "WikiQA", "TREC")
 
+
+def cmd_demo(args) -> int:
+    """The main job on the built-in default: fine-tune all-MiniLM-L6-v2 on the shared multi-task data
+    (configs/demo.py), evaluate before and after, export, load the export with sentence-transformers."""
     import numpy as np
 
-    from jaxembed import hf, metrics, paths
+    from jaxembed import config as cfglib
+    from jaxembed import evaluate as evallib
+    from jaxembed import hf, paths
     from jaxembed.encode import Encoder
+    from jaxembed.train import train
 
-    model_dir = args.model or str(paths.demo_model_dir())
-    print(f"model: {model_dir}")
-    loaded = hf.load(model_dir)
-    c = loaded.model.config
-    print(f"  {c.model_type}, {c.num_layers} layers, hidden {c.hidden_size}, pooling {loaded.model.head.pooling}, "
-          f"max_length {loaded.tokenizer.max_length}")
-    enc = Encoder.from_loaded(loaded)
+    spec = str(paths.REPO_ROOT / "configs" / "demo.py") + (":tiny" if args.tiny else "")
+    cfg = cfglib.apply_overrides(cfglib.load_config_file(spec), [o[len("--config."):] for o in args.overrides])
+    tasks = tuple(args.tasks.split(",")) if args.tasks else DEMO_TASKS
+    workdir = Path(args.workdir)
+    print(f"model: {cfg.model.name}")
+    base = hf.load(cfg.model.name)
+    enc = Encoder.from_loaded(base)
     emb = enc.encode(DEMO_SENTENCES, progress=False)
     sim = enc.similarity(emb, emb)
-    print("\ncosine similarity")
+    print("\nbefore training, nearest neighbours by cosine similarity:")
     for i, s in enumerate(DEMO_SENTENCES):
         j = max((k for k in range(len(DEMO_SENTENCES)) if k != i), key=lambda k: sim[i, k])
-        print(f"  {s:<48} nearest: {DEMO_SENTENCES[j]!r} ({sim[i, j]:.3f})")
-    print("\n" + " " * 4 + "".join(f"{j:>7}" for j in range(len(DEMO_SENTENCES))))
-    for i in range(len(DEMO_SENTENCES)):
-        print(f"{i:>4}" + "".join(f"{sim[i, j]:7.3f}" for j in range(len(DEMO_SENTENCES))))
-    dev = paths.shared_data_dir() / "dev" / "stsb_dev.jsonl"
-    if dev.exists():
-        rows = [json.loads(line) for line in open(dev, encoding="utf-8")]
-        t0 = time.time()
-        a = enc.encode([r["sentence1"] for r in rows], batch_size=64, progress=not args.quiet)
-        b = enc.encode([r["sentence2"] for r in rows], batch_size=64, progress=not args.quiet)
-        dt = time.time() - t0
-        cos = np.sum(a * b, axis=1)
-        rho = metrics.spearman(cos, np.array([r["score"] for r in rows]))
-        print(f"\nSTS Benchmark dev ({len(rows)} pairs): Spearman {100 * rho:.2f} "
-              f"({2 * len(rows) / dt:.0f} sentences/s on {_device()})")
-    else:
-        print(f"\n(STS Benchmark dev not found at {dev}; set JAXEMBED_DATA to the shared data folder)")
+        print(f"  {s:<48} -> {DEMO_SENTENCES[j]!r} ({sim[i, j]:.3f})")
+    kw = dict(max_examples=args.max_examples or None, progress=not args.quiet)
+    sample = f", a fixed sample of <= {args.max_examples} examples each" if args.max_examples else ""
+    print(f"\n[1/3] evaluating the base model on {', '.join(tasks)} (../shared/data/eval{sample}; reporting only)")
+    before = evallib.evaluate(enc, tasks, **kw)
+    print(f"\n[2/3] training {spec} -> {workdir} ({cfg.plan.steps} steps of {cfg.plan.global_batch_size} queries; "
+          "rerun to resume)")
+    t0 = time.time()
+    summary = train(cfg, workdir)
+    print(f"  {summary['status']} in {time.time() - t0:.0f}s; export: {summary.get('export')}")
+    if summary["status"] != "completed":
+        return 143
+    export_dir = summary["export"]
+    print(f"\n[3/3] evaluating the export ({export_dir})")
+    after_enc = Encoder.from_loaded(hf.load(export_dir))
+    after = evallib.evaluate(after_enc, tasks, **kw)
+    try:
+        from sentence_transformers import SentenceTransformer
+
+        st = SentenceTransformer(export_dir, device="cpu")
+        diff = float(np.abs(st.encode(DEMO_SENTENCES) - after_enc.encode(DEMO_SENTENCES, progress=False)).max())
+        print(f"  sentence-transformers loads the export: max |difference| to jaxembed's embeddings {diff:.1e}")
+    except ImportError:
+        print("  (sentence-transformers is not installed: pip install -e '.[eval]' to check the export with it)")
+    print(f"\n{'task':<16}{'metric':<22}{'before':>8}{'after':>8}{'change':>9}")
+    for t in tasks:
+        b_, a_ = before[t]["main_score"], after[t]["main_score"]
+        metric = before[t].get("main_metric", "main_score")
+        print(f"{t:<16}{metric:<22}{b_:8.2f}{a_:8.2f}{a_ - b_:+9.2f}")
+    mb = float(np.mean([before[t]["main_score"] for t in tasks]))
+    ma = float(np.mean([after[t]["main_score"] for t in tasks]))
+    print(f"{'average':<38}{mb:8.2f}{ma:8.2f}{ma - mb:+9.2f}")
+    (workdir / "demo_results.json").write_text(json.dumps({"before": before, "after": after}, indent=2))
+    print(f"\nresults: {workdir / 'demo_results.json'}")
     return 0
 
 
@@ -184,17 +207,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     from jaxembed.data.cli import add_parsers as add_data_parsers
+    from jaxembed.data.plan_cli import add_parsers as add_plan_parsers
+    from jaxembed.eval_cli import add_parsers as add_eval_parsers
 
     add_data_parsers(sub)
-    try:  # batch plans (jaxembed/data/plan_cli.py)
-        from jaxembed.data.plan_cli import add_parsers as add_plan_parsers
-    except ImportError:
-        add_plan_parsers = None
-    if add_plan_parsers is not None:
-        add_plan_parsers(sub)
+    add_plan_parsers(sub)
+    add_eval_parsers(sub)
 
-    p = sub.add_parser("demo", help="the built-in default job: encode real sentences with all-MiniLM-L6-v2")
-    p.add_argument("--model", default=None, help="another model folder instead of the bundled all-MiniLM-L6-v2")
+    p = sub.add_parser("demo", help="the main job on the built-in default: fine-tune all-MiniLM-L6-v2 on the "
+                                    "shared multi-task data, evaluate before / after, export")
+    p.add_argument("--workdir", default="runs/demo", help="run directory (default runs/demo; rerun to resume)")
+    p.add_argument("--tiny", action="store_true", help="the 4-step :tiny variant (CI)")
+    p.add_argument("--tasks", default="", help=f"comma-separated evaluation tasks (default {','.join(DEMO_TASKS)})")
+    p.add_argument("--max-examples", type=int, default=1000,
+                   help="a fixed sample of at most N examples per evaluation set, the same before and after "
+                        "(default 1000; 0 = the whole sets)")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_demo)
     return parser
@@ -205,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     overrides = [u for u in unknown if u.startswith("--config.")]
     rest = [u for u in unknown if not u.startswith("--config.")]
-    if rest or (overrides and args.command != "train"):
+    if rest or (overrides and args.command not in ("train", "demo")):
         parser.error(f"unrecognized arguments: {' '.join(rest or overrides)}")
     args.overrides = overrides
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,

@@ -73,6 +73,7 @@ def default_config() -> mc.ConfigDict:
         mesh_data=-1, mesh_fsdp=1,
         param_sharding="replicate",
         loader_workers=0,
+        length_buckets="pow2",  # 'pow2': pad to 16/32/64/...; 'fine': x1.5 steps (less padding, more compiles)
         progress=config_dict.placeholder(bool),  # progress bar (default: on a terminal)
         inject_nonfinite_steps=(),  # testing aid: steps whose loss is replaced by NaN
     ))
@@ -179,6 +180,7 @@ def validate(c: mc.ConfigDict) -> None:
     _positive(c, "train.keep_checkpoints", integer=True)
     _positive(c, "train.checkpoint_minutes", allow_zero=True)
     _choice(c, "train.param_sharding", PARAM_SHARDINGS)
+    _choice(c, "train.length_buckets", ("pow2", "fine"))
     gcc = c.train.gradcache_chunk
     if gcc and c.plan.global_batch_size % gcc:
         raise _err("train.gradcache_chunk", gcc, f"a divisor of plan.global_batch_size ({c.plan.global_batch_size})")

@@ -135,15 +135,30 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
              jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
-def host_local_to_global(batch: Any, mesh: Mesh) -> Any:
-    """Host-local numpy arrays (this process's rows) -> global jax Arrays sharded over the batch axes.
-    Scalars (step, temperature) become replicated arrays."""
+def host_local_to_global(batch: Any, sharding: Mesh | NamedSharding) -> Any:
+    """Host-local numpy arrays (this process's rows) -> global jax Arrays via
+    ``jax.make_array_from_process_local_data``.
+
+    sharding: a Mesh (rows split over the batch axes) or a NamedSharding whose spec splits dim 0 (used for every
+    row array; other dims replicated). 0-d entries (step, temperature) become replicated arrays. int64 entries
+    become int32 when jax_enable_x64 is off (an error if a value does not fit)."""
+    if isinstance(sharding, Mesh):  # jaxembed meshes: rows over (data, fsdp); any other mesh: over all its axes
+        axes = BATCH_AXES if set(BATCH_AXES) <= set(sharding.axis_names) else tuple(sharding.axis_names)
+        mesh, rows_spec = sharding, P(axes)
+    else:
+        mesh, rows_spec = sharding.mesh, sharding.spec
+    x64 = bool(jax.config.jax_enable_x64)
 
     def one(x):
         x = np.asarray(x)
+        if x.dtype == np.int64 and not x64:
+            if x.size and (x.max() > np.iinfo(np.int32).max or x.min() < np.iinfo(np.int32).min):
+                raise UserError("a batch array holds values beyond int32 (fix: enable jax_enable_x64)")
+            x = x.astype(np.int32)
         if x.ndim == 0:
-            return jax.device_put(x, replicated(mesh))
-        return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim), x)
+            return jax.make_array_from_process_local_data(replicated(mesh), x, x.shape)
+        spec = P(rows_spec[0], *([None] * (x.ndim - 1)))
+        return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), x)
 
     return jax.tree.map(one, batch)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import signal
 import time
 from pathlib import Path
@@ -300,8 +299,11 @@ def export_params(run: Run, params, out_dir: Path) -> Path:
                             similarity_fn_name=run.loaded.st.similarity_fn_name)
 
 
-def _host_metrics(pending: list, run: Run, elapsed: float, flops_per_step: list) -> tuple[dict, list]:
+def _host_metrics(pending: list, run: Run, t_start: float, flops_per_step: list) -> tuple[dict, list]:
+    """Fetch the metrics of the pending steps (waits for them: the only host sync of the loop) and average them;
+    throughput is measured up to the moment the last step's results arrived."""
     fetched = jax.device_get([m for _, m, _ in pending])
+    elapsed = max(time.time() - t_start, 1e-9)
     rows = []
     agg: dict[str, float] = {}
     for (step, _, host), m in zip(pending, fetched):
@@ -340,11 +342,14 @@ def train(config, workdir: str | Path) -> dict:
     if start:
         monitor.message(f"resuming at step {start} of {total} from {workdir / 'checkpoints'}")
     step_fn = make_train_step(run)
-    from jaxembed.data.pipeline import batch_stats, make_loader, to_global
+    from jaxembed.data.pipeline import batch_stats, cached_step_lengths, make_loader, to_global
 
+    lengths = cached_step_lengths(run.store, run.plan, run.loaded.tokenizer, workdir / "plan_lengths.npz")
+    if c.train.length_buckets == "pow2":  # fewer shapes, fewer compilations, a little more padding
+        lengths = tuple(pow2_lengths(x) for x in lengths)
     loader = make_loader(run.store, run.plan, run.loaded.tokenizer, process_index=jax.process_index(),
                          process_count=jax.process_count(), start_step=start, workers=c.train.loader_workers,
-                         lengths_cache=workdir / "plan_lengths.npz")
+                         lengths=lengths)
     rows_sharding = parallel.batch_sharding(run.mesh)
     evaluator = make_evaluator(run)
     if evaluator and c.eval.before and start == 0:
@@ -373,7 +378,7 @@ def train(config, workdir: str | Path) -> dict:
                 done = step + 1
                 last = done == total
                 if done % c.train.log_every == 0 or last or sig.received is not None:
-                    metrics, rows = _host_metrics(pending, run, time.time() - t_interval, flops_per_step)
+                    metrics, rows = _host_metrics(pending, run, t_interval, flops_per_step)
                     monitor.log(done, metrics)
                     for s, ok, h in rows:
                         if ok:
@@ -415,6 +420,13 @@ def train(config, workdir: str | Path) -> dict:
         summary["best_step"] = best
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n") if is_main else None
     return summary
+
+
+def pow2_lengths(lengths: np.ndarray, smallest: int = 16) -> np.ndarray:
+    """Round each step's longest text up to a power of two (>= smallest): the loader then pads to one of
+    16 / 32 / 64 / ... (or the maximum length), so a run compiles its step for a handful of shapes."""
+    x = np.maximum(np.asarray(lengths), smallest)
+    return (2 ** np.ceil(np.log2(x))).astype(np.int32)
 
 
 def _nonfinite_message(run: Run, step: int, first: int, count: int, task: int) -> str:

@@ -11,7 +11,7 @@ from flax import nnx
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from jaxembed import models, pooling  # noqa: E402
+from jaxembed import models  # noqa: E402
 from jaxembed.models.embedding import EmbeddingModel, HeadConfig  # noqa: E402
 
 TINY = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,

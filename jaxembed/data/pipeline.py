@@ -435,37 +435,13 @@ def cached_step_lengths(store, plan: Plan, tokenizer: Tokenizer, cache: str | os
 # --------------------------------------------------------------------------------------------------- device
 
 def to_global(batch: dict, sharding, *, keys: Sequence[str] | None = None) -> dict:
-    """Host-local batch -> global ``jax.Array``s via ``jax.make_array_from_process_local_data``.
+    """Host-local batch -> global ``jax.Array``s (``jaxembed.parallel.host_local_to_global``).
 
-    sharding: a ``jax.sharding.Mesh`` (rows split over its data-parallel axes: ``jaxembed.parallel.BATCH_AXES``
-    when the mesh has them, else over all its axes) or a ``NamedSharding`` whose spec splits dim 0 (used for every
-    row array; trailing dims replicated). 0-d entries (temperature, step) are replicated. int64 entries become
-    int32 when jax_enable_x64 is off (an error if a value does not fit). keys: the entries to convert (all)."""
-    import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    sharding: a ``jax.sharding.Mesh`` (rows split over its batch axes) or a ``NamedSharding`` whose spec splits
+    dim 0. keys: only these entries (default: all)."""
+    from jaxembed.parallel import host_local_to_global
 
-    if isinstance(sharding, Mesh):
-        mesh = sharding
-        axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names) or tuple(mesh.axis_names)
-        row_spec = axes
-    else:
-        mesh = sharding.mesh
-        row_spec = sharding.spec[0] if len(sharding.spec) else None
-    rep = NamedSharding(mesh, P())
-    x64 = bool(jax.config.jax_enable_x64)
-    out = {}
-    for k in keys or list(batch):
-        v = np.asarray(batch[k])
-        if v.dtype == np.int64 and not x64:
-            if v.size and (v.max() > np.iinfo(np.int32).max or v.min() < np.iinfo(np.int32).min):
-                raise UserError(f"batch '{k}' holds values beyond int32 (fix: enable jax_enable_x64)")
-            v = v.astype(np.int32)
-        if v.ndim == 0:
-            out[k] = jax.make_array_from_process_local_data(rep, v, v.shape)
-        else:
-            sh = NamedSharding(mesh, P(row_spec, *([None] * (v.ndim - 1))))
-            out[k] = jax.make_array_from_process_local_data(sh, v)
-    return out
+    return host_local_to_global({k: batch[k] for k in (keys or list(batch))}, sharding)
 
 
 def batch_stats(batch: dict) -> dict:

@@ -1060,7 +1060,6 @@ def summarize(plan: Plan) -> dict:
     """Batches per task / dataset, epochs seen, repeats beyond the configured count, dropped and filled rows,
     masked rows, measured semi-homogeneous mixing."""
     S, G = plan.dataset_ids.shape
-    D = len(plan.dataset_names)
     meta = plan.meta
     cfg_epochs = {d["name"]: d["epochs"] for d in meta.get("datasets", [])}
     tasks = {}

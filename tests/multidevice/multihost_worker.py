@@ -14,7 +14,6 @@ pid, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 parallel.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid, cpu_collectives="gloo")
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 from jaxembed.losses import CandidateInfo, LossOptions, QueryInfo  # noqa: E402

@@ -1,6 +1,5 @@
 """On 8 simulated CPU devices: the sharded losses equal the single-device reference (loss and gradients)."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
