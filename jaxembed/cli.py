@@ -153,7 +153,7 @@ def cmd_demo(args) -> int:
     print(f"\n{'task':<16}{'metric':<22}{'before':>8}{'after':>8}{'change':>9}")
     for t in tasks:
         b_, a_ = before[t]["main_score"], after[t]["main_score"]
-        metric = before[t].get("main_metric", "main_score")
+        metric = evallib.get_task(t).main_score
         print(f"{t:<16}{metric:<22}{b_:8.2f}{a_:8.2f}{a_ - b_:+9.2f}")
     mb = float(np.mean([before[t]["main_score"] for t in tasks]))
     ma = float(np.mean([after[t]["main_score"] for t in tasks]))

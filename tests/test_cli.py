@@ -101,7 +101,7 @@ def test_export_command_and_console_script(minilm_dir, tmp_path):
 def test_demo_trains_evaluates_and_exports(shared_data, tmp_path, capsys):
     """`make demo`'s job, on the :tiny variant with subsampled evaluation sets."""
     assert main(["demo", "--tiny", "--workdir", str(tmp_path / "demo"), "--tasks", "STSBenchmark,WikiQA",
-                 "--max-examples", "60", "-q"]) == 0
+                 "--max-examples", "60", "-q", "--config.plan.steps=2", "--config.model.max_length=32"]) == 0
     out = capsys.readouterr().out
     assert "nearest neighbours by cosine similarity" in out
     assert "sentence-transformers loads the export: max |difference|" in out

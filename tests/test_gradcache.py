@@ -47,7 +47,7 @@ def _loss_fn(graphdef, q, qm, d, dm, chunk, key):
 def test_cached_gradients_equal_uncached(chunk):
     graphdef, state = nnx.split(_model(0.0))
     q, qm, d, dm = _batch()
-    l0, g0 = jax.value_and_grad(_loss_fn(graphdef, q, qm, d, dm, None, None))(state)
+    l0, g0 = jax.jit(jax.value_and_grad(_loss_fn(graphdef, q, qm, d, dm, None, None)))(state)
     l1, g1 = jax.jit(jax.value_and_grad(_loss_fn(graphdef, q, qm, d, dm, chunk, None)))(state)
     assert float(l1) == pytest.approx(float(l0), abs=1e-6)
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
@@ -74,13 +74,13 @@ def test_dropout_recomputation_matches_forward():
 
         return contrastive_loss(enc(q, qm, kq), enc(d, dm, kd), layout_pos_index(8, 2), temperature=0.05)[0]
 
-    l0, g0 = jax.value_and_grad(manual)(state)
-    l1, g1 = jax.value_and_grad(_loss_fn(graphdef, q, qm, d, dm, 4, key))(state)
+    l0, g0 = jax.jit(jax.value_and_grad(manual))(state)
+    l1, g1 = jax.jit(jax.value_and_grad(_loss_fn(graphdef, q, qm, d, dm, 4, key)))(state)
     assert float(l1) == pytest.approx(float(l0), abs=1e-6)
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5)
     # and dropout is really on: a different key changes the loss
-    l2 = _loss_fn(graphdef, q, qm, d, dm, 4, jax.random.key(8))(state)
+    l2 = jax.jit(_loss_fn(graphdef, q, qm, d, dm, 4, jax.random.key(8)))(state)
     assert abs(float(l2) - float(l1)) > 1e-6
 
 

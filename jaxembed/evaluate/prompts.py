@@ -1,0 +1,191 @@
+"""Prompts and MoTE routing for evaluation, resolved the same way for the local evaluators and for mteb.
+
+Prompt lookup (mteb's order, ``mteb.models.abs_encoder.get_prompt_name``) in a prompts dict keyed by task name,
+task type and prompt type (``query`` / ``document``; None for symmetric tasks):
+``{task}-{prompt_type}``, ``{task}``, ``{type}-{prompt_type}``, ``{type}``, ``{prompt_type}``. No match: the
+encoder's own default (``default_prompt_name``), else no prompt.
+
+The prompts dict is, from lowest to highest priority: the model's prompts (``config_sentence_transformers.json``),
+the task's instructions when ``task_instructions=True`` (formatted with ``instruction_template``; keyed by task
+name so they win over the model's type-level prompts), then the caller's ``prompts``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from jaxembed.errors import UserError
+
+DEFAULT_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery: "
+ASYMMETRIC_MARKERS = ("Retrieval", "Reranking")
+
+
+def is_asymmetric(task_type: str) -> bool:
+    """Queries and documents are encoded differently (mteb passes prompt_type query / document)."""
+    return any(m in (task_type or "") for m in ASYMMETRIC_MARKERS)
+
+
+def lookup_prompt(prompts: Mapping[str, str] | None, task_name: str | None, task_type: str | None,
+                  prompt_type: str | None) -> str | None:
+    """The key of the prompt to use, in mteb's priority order (see the module docstring); None if none."""
+    if not prompts:
+        return None
+    if task_name and prompt_type and f"{task_name}-{prompt_type}" in prompts:
+        return f"{task_name}-{prompt_type}"
+    if task_name and task_name in prompts:
+        return task_name
+    if task_type and prompt_type and f"{task_type}-{prompt_type}" in prompts:
+        return f"{task_type}-{prompt_type}"
+    if task_type and task_type in prompts:
+        return task_type
+    if prompt_type and prompt_type in prompts:
+        return prompt_type
+    return None
+
+
+def instruction_prompts(task_name: str, task_type: str, instruction, document_instruction: str = "",
+                        template: str = DEFAULT_INSTRUCTION_TEMPLATE) -> dict[str, str]:
+    """A task's instruction(s) as prompts keyed by task name. ``instruction``: a string (symmetric tasks: every
+    text; retrieval / reranking: the queries) or a dict ``{"query": ..., "document": ...}`` (mteb's
+    ``TaskMetadata.prompt``)."""
+    if "{instruction}" not in template:
+        raise UserError(f"instruction template must contain '{{instruction}}', got {template!r}")
+    if isinstance(instruction, Mapping):
+        query, document = instruction.get("query") or "", instruction.get("document") or ""
+    else:
+        query, document = instruction or "", document_instruction or ""
+
+    def fmt(s: str) -> str:
+        return template.format(instruction=s)
+
+    if not is_asymmetric(task_type):
+        return {task_name: fmt(query)} if query else {}
+    out = {}
+    if query:
+        out[f"{task_name}-query"] = fmt(query)
+    if document:
+        out[f"{task_name}-document"] = fmt(document)
+    return out
+
+
+Router = Mapping[str, int] | Callable[[str], "int | None"]
+
+
+def make_router(experts: Router | None) -> Callable[[str], int | None]:
+    """MoTE routing hook: task type -> expert index. A mapping (``"default"`` for unlisted types) or a callable;
+    None routes nothing."""
+    if experts is None:
+        return lambda task_type: None
+    if callable(experts) and not isinstance(experts, Mapping):
+        return experts
+    table = dict(experts)
+
+    def route(task_type: str) -> int | None:
+        if task_type in table:
+            return int(table[task_type])
+        if "default" in table:
+            return int(table["default"])
+        raise UserError(f"no expert for task type {task_type!r} in the routing table (types: "
+                        f"{', '.join(sorted(table))}); add it or a 'default' entry")
+
+    return route
+
+
+def _accepts(fn, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def as_encoder(model_or_encoder, **load_kwargs):
+    """An encoder from: a jaxembed Encoder (or any object with ``encode(texts, prompt=..., batch_size=...)``),
+    a ``jaxembed.hf.Loaded``, or a model folder / workdir / hub id (loaded with ``jaxembed.hf.load``)."""
+    from jaxembed.encode import Encoder
+
+    if hasattr(model_or_encoder, "encode") and callable(model_or_encoder.encode):
+        return model_or_encoder
+    if hasattr(model_or_encoder, "model") and hasattr(model_or_encoder, "tokenizer"):
+        return Encoder.from_loaded(model_or_encoder)
+    if isinstance(model_or_encoder, (str, bytes)) or hasattr(model_or_encoder, "__fspath__"):
+        from jaxembed import hf
+        from jaxembed.evaluate.runner import resolve_model_path
+
+        return Encoder.from_loaded(hf.load(resolve_model_path(model_or_encoder), **load_kwargs))
+    raise UserError(f"cannot evaluate a {type(model_or_encoder).__name__}: pass an Encoder, a loaded model "
+                    "(jaxembed.hf.load) or a model folder")
+
+
+class EvalEncoder:
+    """Wraps an encoder for evaluation: texts -> float32 embeddings with the task's prompt and expert.
+
+    Duplicate texts are encoded once. Used by the local evaluators and by the mteb encoder, so that both feed
+    the model the same strings."""
+
+    def __init__(self, encoder, *, prompts: Mapping[str, str] | None = None, task_instructions: bool = False,
+                 instruction_template: str = DEFAULT_INSTRUCTION_TEMPLATE, experts: Router | None = None,
+                 batch_size: int = 64, progress: bool = False):
+        if batch_size <= 0:
+            raise UserError(f"batch size must be positive, got {batch_size}")
+        self.encoder = encoder
+        self.model_prompts = dict(getattr(encoder, "prompts", None) or {})
+        self.user_prompts = dict(prompts or {})
+        self.task_instructions = task_instructions
+        self.instruction_template = instruction_template
+        self.route = make_router(experts)
+        self.batch_size = batch_size
+        self.progress = progress
+        if experts is not None and not _accepts(encoder.encode, "expert"):
+            raise UserError(f"MoTE routing needs an encoder whose encode() takes expert=; "
+                            f"{type(encoder).__name__}.encode does not")
+
+    @property
+    def renormalize(self) -> bool:
+        """Whether a Matryoshka truncation is re-normalised (the model's head normalises)."""
+        head = getattr(getattr(self.encoder, "model", None), "head", None)
+        return bool(getattr(head, "normalize", True))
+
+    @property
+    def dim(self) -> int | None:
+        return getattr(getattr(self.encoder, "model", None), "dim", None)
+
+    def prompts_for(self, task_name: str, task_type: str, task_instruction=None,
+                    document_instruction: str = "") -> dict[str, str]:
+        merged = dict(self.model_prompts)
+        if self.task_instructions and task_instruction:
+            merged.update(instruction_prompts(task_name, task_type, task_instruction, document_instruction,
+                                              self.instruction_template))
+        merged.update(self.user_prompts)
+        return merged
+
+    def prompt(self, task_name: str, task_type: str, prompt_type: str | None, task_instruction=None,
+               document_instruction: str = "") -> str | None:
+        """The prompt text for one side of a task; None = the encoder's default."""
+        prompts = self.prompts_for(task_name, task_type, task_instruction, document_instruction)
+        key = lookup_prompt(prompts, task_name, task_type, prompt_type)
+        return prompts[key] if key is not None else None
+
+    def encode(self, texts: Sequence[str], *, prompt: str | None, task_type: str,
+               dim: int | None = None) -> np.ndarray:
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim or 0), np.float32)
+        uniq: dict[str, int] = {}
+        for t in texts:
+            uniq.setdefault(t, len(uniq))
+        kw = {"prompt": prompt, "batch_size": self.batch_size}
+        if _accepts(self.encoder.encode, "progress"):
+            kw["progress"] = self.progress
+        if dim is not None:
+            kw["dim"] = dim
+        expert = self.route(task_type)
+        if expert is not None:
+            kw["expert"] = expert
+        emb = np.asarray(self.encoder.encode(list(uniq), **kw), np.float32)
+        if len(uniq) == len(texts):
+            return emb
+        return emb[[uniq[t] for t in texts]]
