@@ -40,6 +40,14 @@ class Encoder:
             self._state = jax.device_put(self._state, NamedSharding(self._mesh, P()))
         self._fn = jax.jit(self._forward, static_argnames=("dim",))
 
+    def set_model(self, model: EmbeddingModel) -> None:
+        """Swap in new weights of the same architecture (e.g. during training) without recompiling."""
+        graphdef, state = nnx.split(model)
+        if graphdef != self._graphdef:
+            raise ValueError("set_model: the new model's structure differs from the encoder's")
+        self.model = model
+        self._state = state if self._mesh is None else jax.device_put(state, NamedSharding(self._mesh, P()))
+
     @classmethod
     def from_loaded(cls, loaded) -> "Encoder":
         """From ``jaxembed.hf.load(...)``."""

@@ -445,9 +445,10 @@ def make_evaluator(run: Run):
     from jaxembed import evaluate as evallib
     from jaxembed.encode import Encoder
 
+    enc = Encoder(run.loaded.model, run.loaded.tokenizer, run.loaded.st.prompts)  # compiled once, weights swapped
+
     def evaluator(params):
-        model = nnx.merge(run.graphdef, params, run.rest)
-        enc = Encoder(model, run.loaded.tokenizer, run.loaded.st.prompts)
+        enc.set_model(nnx.merge(run.graphdef, params, run.rest))
         res = evallib.evaluate(enc, list(c.eval.tasks), max_examples=c.eval.max_examples or None, progress=False)
         return {f"{task}/{k}": float(v) for task, scores in res.items() for k, v in scores.items()
                 if isinstance(v, (int, float))}

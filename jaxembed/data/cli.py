@@ -14,7 +14,6 @@ the exit status; a UserError is printed on one line by the main CLI, exit status
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 import time
@@ -193,19 +192,3 @@ def cmd_prepare(args) -> int:
           f"({report.invalid} invalid skipped, {report.filtered} left out by a rule) in {time.time() - t0:.1f}s; "
           f"every skipped record is listed in {Path(args.out) / 'report.txt'}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m jaxembed.data.cli data ...``: the data commands alone (the main CLI wires the same parsers)."""
-    parser = argparse.ArgumentParser(prog="jaxembed")
-    add_parsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

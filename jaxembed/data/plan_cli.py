@@ -145,22 +145,3 @@ def cmd_show(args) -> int:
         path = render_png(plan, args.png)
         print(f"wrote {path}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m jaxembed.data.plan_cli plan ...``: the plan commands alone (the main CLI wires the same parsers)."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(prog="jaxembed")
-    add_parsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
