@@ -34,9 +34,6 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return list(self.manager.all_steps())
 
-    def best_step(self) -> int | None:
-        return self.manager.best_step() if self.best_metric else None
-
     def save(self, step: int, state: Any, metrics: dict | None = None) -> None:
         """Start saving ``state`` as ``step`` (returns at once with async saves; ``wait()`` blocks)."""
         if metrics is not None and self.best_metric:

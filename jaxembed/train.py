@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import signal
 import time
 from pathlib import Path
@@ -359,6 +360,7 @@ def train(config, workdir: str | Path) -> dict:
     last_save_time = time.time()
     t_interval = time.time()
     status = "completed"
+    best, best_value = None, None  # best dev step of this invocation (Orbax keeps its checkpoint)
     step = start
     try:
         with _Signals() as sig, loader:
@@ -394,6 +396,14 @@ def train(config, workdir: str | Path) -> dict:
                 if evaluator and c.eval.every and (done % c.eval.every == 0 or last):
                     eval_metrics = evaluator(state["params"])
                     monitor.log(done, eval_metrics, prefix="eval")
+                    value = eval_metrics.get(c.eval.best_metric) if c.eval.best_metric else None
+                    if value is None and c.eval.best_metric:
+                        raise UserError(f"config.eval.best_metric = {c.eval.best_metric!r} is not among the dev "
+                                        f"metrics: {', '.join(sorted(eval_metrics))}")
+                    if value is not None and math.isfinite(value) and (
+                            best_value is None or (value > best_value if c.eval.best_mode == "max"
+                                                   else value < best_value)):
+                        best, best_value = done, value
                     t_interval = time.time()
                 due = (c.train.checkpoint_every and done % c.train.checkpoint_every == 0) or last or (
                     c.train.checkpoint_minutes and time.time() - last_save_time >= 60 * c.train.checkpoint_minutes)
@@ -411,13 +421,10 @@ def train(config, workdir: str | Path) -> dict:
         ckpt.close()
         monitor.close()
     summary = {"status": status, "step": int(jax.device_get(state["step"])),
-               "skipped": int(jax.device_get(state["skipped"])), "workdir": str(workdir)}
+               "skipped": int(jax.device_get(state["skipped"])), "workdir": str(workdir), "best_step": best}
     if status == "completed" and c.export.at_end and is_main:
-        params = state["params"]
-        best = ckpt.best_step() if c.eval.best_metric else None
         out_dir = Path(c.export.dir) if c.export.dir else workdir / "export"
-        summary["export"] = str(export_params(run, params, out_dir))
-        summary["best_step"] = best
+        summary["export"] = str(export_params(run, state["params"], out_dir))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n") if is_main else None
     return summary
 

@@ -243,3 +243,29 @@ def test_export_command_from_workdir(straight_run, tmp_path):
     np.testing.assert_array_equal(a, b)
     c = load_encoder(str(tmp_path / "e6")).encode(["hello there"])
     assert not np.array_equal(a, c)
+
+
+def test_dev_evaluation_hook_and_best_checkpoint(config_file, tmp_path):
+    from jaxembed.train import train
+
+    cfg = cfglib.load_config_file(str(config_file))
+    cfg.plan.steps = 4
+    cfg.train.checkpoint_every = 1
+    cfg.train.keep_checkpoints = 1
+    cfg.eval.tasks = ("STSBenchmark-dev",)
+    cfg.eval.every = 2
+    cfg.eval.max_examples = 40
+    cfg.eval.best_metric = "STSBenchmark-dev/main_score"
+    cfg.eval.best_mode = "max"
+    cfg.export.at_end = False
+    wd = tmp_path / "eval"
+    summary = train(cfg, wd)
+    lines = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    evals = [x for x in lines if x["split"] == "eval"]
+    assert [x["step"] for x in evals] == [2, 4]
+    scores = {x["step"]: x["STSBenchmark-dev/main_score"] for x in evals}
+    assert all(0 < v <= 100 for v in scores.values())
+    best = max(scores, key=scores.get)
+    assert summary["best_step"] == best
+    kept = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
+    assert best in kept and 4 in kept  # the best by the dev metric, and the latest
