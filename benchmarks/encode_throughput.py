@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+from _record import record_line, save_result  # noqa: E402  (benchmarks/ is on sys.path)
+
 
 
 def _time_interleaved(fns: dict, repeats: int) -> dict:
@@ -93,19 +94,13 @@ def main():
             f"--{k.replace('_', '-')} {v}" for k, v in (("n", args.n), ("batch_size", args.batch_size),
                                                         ("repeats", args.repeats))),
     }
-    out = HERE / "results" / f"encode_throughput_{dev.platform}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    save_result(f"encode_throughput_{dev.platform}", result)
     line = (f"| {result['date']} | encode_throughput | {device} ({result['cpu_count']} cores) | {result['model']}, "
             f"{len(texts)} STS-B dev texts, batch {args.batch_size}, fp32 | jaxembed {result['jaxembed_texts_per_s']:.0f}"
             f" texts/s vs sentence-transformers {result['sentence_transformers_texts_per_s']:.0f} texts/s: "
             f"**{result['ratio_jaxembed_over_st']:.2f}x** | `{result['command']}` |")
     print(json.dumps(result, indent=2))
-    print(line)
-    if not args.no_readme:
-        readme = HERE / "README.md"
-        with open(readme, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+    record_line(line, append=not args.no_readme)
 
 
 if __name__ == "__main__":

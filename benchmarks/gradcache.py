@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from _record import record_line, save_result  # noqa: E402  (benchmarks/ is on sys.path)
+
 
 
 def main():
@@ -92,19 +91,14 @@ def main():
            "times_s": timing, "overhead_cache_over_no_cache": overhead,
            "command": f"python benchmarks/gradcache.py --batches {args.batches} --chunk {args.chunk} "
                       f"--time-batch {args.time_batch}"}
-    path = HERE / "results" / f"gradcache_{dev.platform}.json"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    save_result(f"gradcache_{dev.platform}", out)
     first, last = rows[0], rows[-1]
     line = (f"| {out['date']} | gradcache | {out['device']} ({out['cpu_count']} cores) | train step, BERT 6x384, "
             f"q {lq} / d {ld} tokens, 1 pos + 1 neg, sub-batch {args.chunk} | peak memory B={first['queries']} -> "
             f"B={last['queries']}: no cache {first['no_cache_bytes'] / 2**20:.0f} -> {last['no_cache_bytes'] / 2**20:.0f}"
             f" MiB, cache {first['cache_bytes'] / 2**20:.0f} -> {last['cache_bytes'] / 2**20:.0f} MiB; step time "
             f"overhead at B={args.time_batch}: **{overhead:.2f}x** | `{out['command']}` |")
-    print(line)
-    if not args.no_readme:
-        with open(HERE / "README.md", "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+    record_line(line, append=not args.no_readme)
 
 
 if __name__ == "__main__":

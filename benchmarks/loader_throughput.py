@@ -7,7 +7,7 @@ tokenizer. The per-step length table is computed once beforehand (timed separate
 run. Steady-state throughput skips the first --warmup batches (worker start-up, first tokenizer calls); the
 start-up time is reported too. Figures: examples/s (queries), tokens/s (real tokens: queries + valid documents)
 and padded tokens/s; each worker count runs --repeats times, interleaved, and the median is reported. Writes
-benchmarks/results/loader_throughput_cpu.json and prints a markdown line for benchmarks/README.md.
+benchmarks/results/loader_throughput_cpu.json and appends a line to benchmarks/README.md.
 
 Worker processes tokenize on one thread each; the in-process loader (0 workers) lets the Rust tokenizer use every
 core (TOKENIZERS_PARALLELISM), so on few cores 0 workers can be as fast as 2.
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+from _record import record_line, save_result  # noqa: E402  (benchmarks/ is on sys.path)
+
 
 
 def run(store, plan, tok, lengths, workers: int, steps: int, warmup: int) -> dict:
@@ -65,6 +66,7 @@ def main():
     ap.add_argument("--batch-size", type=int, default=64, help="global batch size (one host)")
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per worker count, interleaved (median)")
+    ap.add_argument("--no-readme", action="store_true", help="do not append to benchmarks/README.md")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
@@ -127,9 +129,7 @@ def main():
         "command": f"python benchmarks/loader_throughput.py --steps {args.steps} --batch-size {args.batch_size} "
                    f"--workers {' '.join(map(str, args.workers))} --repeats {args.repeats}",
     }
-    out = HERE / "results" / "loader_throughput_cpu.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    save_result("loader_throughput_cpu", result)
     figs = "; ".join(f"{r['workers']} workers {r['examples_per_s']:.0f} ex/s, {r['tokens_per_s'] / 1000:.1f}k tok/s"
                      for r in runs)
     line = (f"| {result['date']} | loader_throughput | cpu ({result['cpu_count']} cores) | shared train store, "
@@ -137,7 +137,7 @@ def main():
             f"candidates, 1 host, {steps} steps, median of {args.repeats} | {figs} (length table {lengths_s:.1f}s) "
             f"| `{result['command']}` |")
     print(json.dumps(result, indent=2))
-    print(line)
+    record_line(line, append=not args.no_readme)
     if tmp is not None:
         tmp.cleanup()
 

@@ -18,9 +18,9 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from _record import record_line, save_result  # noqa: E402  (benchmarks/ is on sys.path)
+
 
 
 def run_one(kind: str, b: int, k: int, d: int, repeats: int, block_q: int, block_c: int) -> dict:
@@ -98,9 +98,7 @@ def main():
            "device": f"{dev.platform}:{dev.device_kind}", "cpu_count": os.cpu_count(), "k": args.k,
            "dim": args.dim, "block_q": args.block_q, "block_c": args.block_c, "results": results,
            "command": f"python benchmarks/tiled_loss.py --sizes {args.sizes} --big {args.big} --repeats {args.repeats}"}
-    path = HERE / "results" / f"tiled_loss_{dev.platform}.json"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    save_result(f"tiled_loss_{dev.platform}", out)
     ok = [r for r in results if "error" not in r]
     both = [b for b in {r["queries"] for r in ok if r["kind"] == "plain"}
             if any(r["kind"] == "tiled" and r["queries"] == b for r in ok)]
@@ -117,10 +115,7 @@ def main():
                      f"(plain logits alone {r['plain_logits_bytes'] / 2**30:.0f} GiB), {r['time_s']:.0f} s")
     line = (f"| {out['date']} | tiled_loss | {out['device']} ({out['cpu_count']} cores) | loss+grad, K={args.k}, "
             f"d={args.dim}, fp32 | " + "; ".join(parts) + f" | `{out['command']}` |")
-    print(line)
-    if not args.no_readme:
-        with open(HERE / "README.md", "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+    record_line(line, append=not args.no_readme)
 
 
 if __name__ == "__main__":
