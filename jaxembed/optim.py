@@ -7,9 +7,7 @@ import re
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
-from flax import nnx
 
 SCHEDULES = ("linear", "cosine", "constant")
 
@@ -68,21 +66,3 @@ def make_optimizer(params: Any, *, lr: float, total_steps: int, warmup_steps: in
         labels = jax.tree.map(lambda f: "frozen" if f else "train", frozen_mask(params, tuple(freeze)))
         tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
     return tx, sched
-
-
-def global_norm(tree: Any) -> jax.Array:
-    return optax.global_norm(tree)
-
-
-def param_count(params: Any) -> int:
-    return int(sum(x.size for x in jax.tree.leaves(params)))
-
-
-def as_pure(state: nnx.State) -> Any:
-    """An nnx.State as a plain nested dict of arrays (what optax and orbax see)."""
-    return nnx.to_pure_dict(state)
-
-
-def all_finite(tree: Any) -> jax.Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)

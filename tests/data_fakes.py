@@ -101,3 +101,20 @@ def real_store_dir(tmp_path_factory):
         write_store(shared_train_config(d), out)
         _REAL["dir"] = out
     return _REAL["dir"]
+
+
+def run_data_cli(argv) -> int:
+    """`jaxembed data ...` in-process; a user error is printed to stdout as the CLI's one line, status 2."""
+    import argparse
+
+    from jaxembed.data.cli import add_parsers
+    from jaxembed.errors import UserError
+
+    parser = argparse.ArgumentParser(prog="jaxembed")
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"error: {e}")
+        return 2

@@ -3,7 +3,6 @@ and fix; the skip policy counts and lists; every format (incl. the BGE fixtures 
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jaxembed.data import config as dc
-from jaxembed.data.cli import add_parsers
+from data_fakes import run_data_cli as _cli
 from jaxembed.data.formats import (DEFAULT_FIELDS, ReadInfo, ReadOptions, Skip, Tally, apply_policy, read_dataset,
                                    read_hf, read_jsonl, read_tfds)
 from jaxembed.errors import InputError, UserError
@@ -355,15 +354,6 @@ def test_shared_train_config(shared_data):
 
 # ------------------------------------------------------------------------------------------------ data validate
 
-def _cli(argv) -> int:
-    parser = argparse.ArgumentParser(prog="jaxembed")
-    add_parsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except UserError as e:
-        print(f"error: {e}")
-        return 2
 
 
 def test_cli_validate_exit_status_and_messages(tmp_path, capsys):

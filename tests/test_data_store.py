@@ -3,7 +3,6 @@ writes, clear errors for folders that are not stores, the BGE fixtures and the w
 
 from __future__ import annotations
 
-import argparse
 import json
 import pickle
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jaxembed.data import config as dc
-from jaxembed.data.cli import add_parsers
+from data_fakes import run_data_cli as _cli
 from jaxembed.data.store import STORE_VERSION, DatasetInfo, PrepareReport, Store, write_store
 from jaxembed.errors import InputError, UserError
 
@@ -211,15 +210,6 @@ def test_hf_dataset_store(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- data prepare
 
-def _cli(argv) -> int:
-    parser = argparse.ArgumentParser(prog="jaxembed")
-    add_parsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except UserError as e:
-        print(f"error: {e}")
-        return 2
 
 
 CONFIG_PY = '''
