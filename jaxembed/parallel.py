@@ -105,34 +105,191 @@ def shard_model(model: nnx.Module, mesh: Mesh, strategy: str = "replicate") -> n
 
 
 _initialized = False
+_cluster: dict | None = None
+
+_OFF = ("off", "0", "false", "no")
+_ON = ("on", "1", "true", "yes")
+_SLURM_NEEDS = ("SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")  # what JAX's detector reads
+
+
+def _env_int(env, name: str, example: str) -> int | None:
+    text = env.get(name)
+    if text is None or text.strip() == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"{name}={text!r}: not an integer (fix: e.g. {name}={example})") from None
+
+
+def _slurm_tasks_on_node(env) -> int | None:
+    """Tasks of this step on this node, from SLURM_STEP_TASKS_PER_NODE (e.g. '8(x2),4') and SLURM_NODEID."""
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if not spec:
+        return None
+    counts: list[int] = []
+    try:
+        for part in spec.split(","):
+            n, _, rep = part.partition("(x")
+            counts += [int(n)] * (int(rep.rstrip(")")) if rep else 1)
+        node = int(env.get("SLURM_NODEID", "0"))
+    except ValueError:
+        return None
+    return counts[node] if 0 <= node < len(counts) else None
+
+
+def _visible_gpus(env) -> int | None:
+    """GPUs this process may use, without starting JAX: CUDA_VISIBLE_DEVICES, else SLURM_GPUS_ON_NODE."""
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        ids = [x for x in cvd.split(",") if x.strip() and x.strip() != "NoDevFiles"]
+        return len(ids)
+    n = env.get("SLURM_GPUS_ON_NODE")
+    return int(n) if n and n.isdigit() else None
+
+
+def cluster_plan(env=None, coordinator_address: str | None = None, num_processes: int | None = None,
+                 process_id: int | None = None, local_device_ids=None) -> dict:
+    """Decide how this process joins a multi-host run, from arguments and the environment (no JAX call).
+
+    Returns ``{"mode", "detail", "kwargs"}``: mode is ``single`` (one process, all local devices, nothing to start),
+    ``explicit`` (coordinator / count / id given), ``slurm``, ``tpu``, ``ompi`` or ``auto`` (JAX's own detection);
+    kwargs go to ``jax.distributed.initialize``. An environment that is half set raises a UserError naming the
+    missing variables and the fix. Precedence:
+
+    1. ``JAXEMBED_DISTRIBUTED=off``: single process, whatever the environment says (``launch/local.sh`` sets it).
+    2. Explicit: the arguments, or JAXEMBED_COORDINATOR (host:port), JAXEMBED_NUM_PROCESSES, JAXEMBED_PROCESS_ID;
+       all three or none (tests/test_multihost.py runs this form).
+    3. SLURM (SLURM_JOB_ID): a step of one task is a single process. With more tasks, JAX reads the srun task
+       variables SLURM_STEP_NODELIST / SLURM_NTASKS / SLURM_PROCID / SLURM_LOCALID (coordinator: the step's first
+       node, port from the job id or JAX_COORDINATOR_PORT). Local devices: one task per node gets every visible GPU;
+       a task that sees one GPU gets it; otherwise JAX's default, the GPU numbered SLURM_LOCALID.
+       ``JAX_LOCAL_DEVICE_IDS`` (JAX's own variable) overrides this.
+    4. TPU: ``JAXEMBED_DISTRIBUTED=on`` (``launch/tpu_pod.sh`` sets it; JAX reads the worker list from the TPU VM
+       metadata server), or TPU_WORKER_HOSTNAMES / TPU_PROCESS_ADDRESSES (GKE) / MEGASCALE_COORDINATOR_ADDRESS.
+    5. Open MPI (OMPI_COMM_WORLD_SIZE > 1).
+    Otherwise: a single process."""
+    env = os.environ if env is None else env
+    switch = env.get("JAXEMBED_DISTRIBUTED", "auto").strip().lower() or "auto"
+    if switch not in _OFF + _ON + ("auto",):
+        raise UserError(f"JAXEMBED_DISTRIBUTED={switch!r}: allowed: auto (default), on, off")
+    if switch in _OFF:
+        return {"mode": "single", "detail": "JAXEMBED_DISTRIBUTED=off", "kwargs": {}}
+
+    coord = coordinator_address or env.get("JAXEMBED_COORDINATOR") or None
+    n = num_processes if num_processes is not None else _env_int(env, "JAXEMBED_NUM_PROCESSES", "2")
+    pid = process_id if process_id is not None else _env_int(env, "JAXEMBED_PROCESS_ID", "0")
+    given = {"JAXEMBED_COORDINATOR": coord, "JAXEMBED_NUM_PROCESSES": n, "JAXEMBED_PROCESS_ID": pid}
+    if any(v is not None for v in given.values()):
+        missing = [k for k, v in given.items() if v is None]
+        if missing:
+            have = ", ".join(f"{k}={v}" for k, v in given.items() if v is not None)
+            raise UserError(f"multi-host: {have} is set but {', '.join(missing)} "
+                            f"{'is' if len(missing) == 1 else 'are'} not (fix: set all three of "
+                            "JAXEMBED_COORDINATOR=host:port, JAXEMBED_NUM_PROCESSES, JAXEMBED_PROCESS_ID on every "
+                            "process, or none of them)")
+        host, _, port = coord.rpartition(":")
+        if not host or not port.isdigit():
+            raise UserError(f"JAXEMBED_COORDINATOR={coord!r}: expected host:port (fix: e.g. node001:12355, the "
+                            "address of process 0)")
+        if not 0 <= pid < n:
+            raise UserError(f"JAXEMBED_PROCESS_ID={pid} with JAXEMBED_NUM_PROCESSES={n}: the id must be in "
+                            f"[0, {n - 1}] (fix: number the processes 0 .. {n - 1})")
+        return {"mode": "explicit", "detail": f"coordinator {coord}",
+                "kwargs": {"coordinator_address": coord, "num_processes": n, "process_id": pid,
+                           "local_device_ids": local_device_ids}}
+
+    if "SLURM_JOB_ID" in env:
+        job = env["SLURM_JOB_ID"]
+        ntasks = _env_int(env, "SLURM_STEP_NUM_TASKS", "8") or _env_int(env, "SLURM_NTASKS", "8")
+        if ntasks is None or ntasks <= 1:
+            return {"mode": "single", "detail": f"SLURM job {job} with one task", "kwargs": {}}
+        missing = [k for k in _SLURM_NEEDS if k not in env]
+        if missing:
+            raise UserError(f"SLURM job {job} has {ntasks} tasks but {', '.join(missing)} "
+                            f"{'is' if len(missing) == 1 else 'are'} not set: this process is not one of its srun "
+                            "tasks (fix: start `jaxembed train` with srun on every task, as launch/slurm_gpu.sh "
+                            "does, or set JAXEMBED_DISTRIBUTED=off to train in this one process)")
+        tasks_here, gpus = _slurm_tasks_on_node(env), _visible_gpus(env)
+        ids, how = local_device_ids, "given"
+        if ids is None and not env.get("JAX_LOCAL_DEVICE_IDS"):
+            if tasks_here == 1 and gpus:
+                ids, how = list(range(gpus)), f"one task on this node: all {gpus} GPUs"
+            elif gpus == 1:
+                ids, how = [0], "the one GPU visible to this task"
+            elif gpus and tasks_here and tasks_here != gpus:
+                raise UserError(f"SLURM job {job}: {tasks_here} tasks on this node but {gpus} GPUs visible: use "
+                                f"one task per node or one per GPU (fix: --ntasks-per-node=1 or {gpus}, or set "
+                                "JAX_LOCAL_DEVICE_IDS for each task)")
+            else:
+                how = "GPU number SLURM_LOCALID" if gpus else "no GPU"
+        elif ids is None:
+            how = f"JAX_LOCAL_DEVICE_IDS={env['JAX_LOCAL_DEVICE_IDS']}"
+        import socket
+
+        node = env.get("SLURMD_NODENAME") or socket.gethostname()
+        return {"mode": "slurm", "detail": f"job {job}, task {env['SLURM_PROCID']} of {ntasks} on {node}, "
+                                           f"devices: {how}",
+                "kwargs": {"local_device_ids": ids}}
+
+    tpu_vars = [k for k in ("TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES", "MEGASCALE_COORDINATOR_ADDRESS")
+                if env.get(k)]
+    if tpu_vars:
+        gke = env.get("TPU_WORKER_HOSTNAMES") or env.get("TPU_PROCESS_ADDRESSES")
+        if gke and "TPU_WORKER_ID" not in env:
+            raise UserError(f"TPU: {tpu_vars[0]} is set but TPU_WORKER_ID is not (fix: set TPU_WORKER_ID to "
+                            "this worker's index on every worker, as GKE does)")
+        return {"mode": "tpu", "detail": f"from {', '.join(tpu_vars)}", "kwargs": {}}
+    if switch in _ON:
+        return {"mode": "auto", "detail": "JAXEMBED_DISTRIBUTED=on (JAX detects the TPU VM pod)", "kwargs": {}}
+    size = _env_int(env, "OMPI_COMM_WORLD_SIZE", "2")
+    if size is not None and size > 1:
+        return {"mode": "ompi", "detail": f"Open MPI, {size} ranks", "kwargs": {}}
+    return {"mode": "single", "detail": "no cluster environment", "kwargs": {}}
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, local_device_ids=None, cpu_collectives: str | None = None) -> None:
-    """Start multi-host JAX once (``jax.distributed.initialize``).
+               process_id: int | None = None, local_device_ids=None, cpu_collectives: str | None = None) -> dict:
+    """Start multi-host JAX once (``jax.distributed.initialize``), before any other JAX call; returns the plan.
 
-    With no arguments, JAX detects the cluster (TPU pods, SLURM, Open MPI); the environment variables
-    JAXEMBED_COORDINATOR, JAXEMBED_NUM_PROCESSES, JAXEMBED_PROCESS_ID fill the explicit form. A single process
-    with nothing configured is a no-op. ``cpu_collectives='gloo'`` enables cross-process collectives on CPU."""
-    global _initialized
+    How the process joins is decided by ``cluster_plan`` (see there: explicit arguments / JAXEMBED_* variables,
+    SLURM, TPU pods, Open MPI; a single process with nothing configured is a no-op). ``jaxembed train`` calls this
+    with no arguments; the launch scripts only set the environment. ``cpu_collectives='gloo'`` enables
+    cross-process collectives on CPU. Every process of a multi-host run prints one line to stderr: its index, the
+    process count, its local / global devices and how it was configured."""
+    global _initialized, _cluster
     if _initialized:
-        return
-    coordinator_address = coordinator_address or os.environ.get("JAXEMBED_COORDINATOR")
-    if num_processes is None and os.environ.get("JAXEMBED_NUM_PROCESSES"):
-        num_processes = int(os.environ["JAXEMBED_NUM_PROCESSES"])
-    if process_id is None and os.environ.get("JAXEMBED_PROCESS_ID"):
-        process_id = int(os.environ["JAXEMBED_PROCESS_ID"])
+        return _cluster
+    plan = cluster_plan(None, coordinator_address, num_processes, process_id, local_device_ids)
     if cpu_collectives:
         jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
-    cluster = any(k in os.environ for k in ("SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES", "OMPI_COMM_WORLD_SIZE"))
-    if coordinator_address is None and not cluster:
-        _initialized = True
-        return
-    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id, local_device_ids=local_device_ids)
-    _initialized = True
-    log.info("jax.distributed: process %d of %d, %d local / %d global devices", jax.process_index(),
-             jax.process_count(), jax.local_device_count(), jax.device_count())
+    if plan["mode"] == "single":
+        log.info("single process (%s)", plan["detail"])
+        _initialized, _cluster = True, plan
+        return plan
+    kwargs = {k: v for k, v in plan["kwargs"].items() if v is not None}
+    try:
+        jax.distributed.initialize(**kwargs)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise UserError(f"multi-host start failed ({plan['mode']}: {plan['detail']}): {e} (fix: every process must "
+                        "start with the same settings and reach process 0's coordinator; to run one process, set "
+                        "JAXEMBED_DISTRIBUTED=off)") from None
+    _initialized, _cluster = True, plan
+    import sys
+
+    local, devices = jax.local_devices(), jax.devices()
+    plan["process_index"], plan["process_count"] = jax.process_index(), jax.process_count()
+    plan["local_devices"], plan["global_devices"] = len(local), len(devices)
+    try:  # for the log line only: JAX keeps the address it settled on (also when it detected it)
+        from jax._src import distributed as _distributed
+
+        coord = _distributed.global_state.coordinator_address
+    except (ImportError, AttributeError):
+        coord = plan["kwargs"].get("coordinator_address")
+    print(f"jaxembed: process {jax.process_index()} of {jax.process_count()} ({plan['mode']}: {plan['detail']}); "
+          f"{len(local)} local / {len(devices)} global devices ({local[0].platform}: "
+          f"{', '.join(str(d.id) for d in local)}); coordinator {coord}", file=sys.stderr, flush=True)
+    return plan
 
 
 def host_local_to_global(batch: Any, sharding: Mesh | NamedSharding) -> Any:
