@@ -1,0 +1,496 @@
+"""RetroMAE pre-training job: ``jaxembed pretrain retromae --config configs/retromae.py[:tiny] --workdir DIR``.
+
+Flow: config -> validate -> texts (JSON Lines / text files or a store; deduplicated, tokenized once) -> the
+RetroMAE model (any BERT-family checkpoint jaxembed imports, or a random config with that checkpoint's
+tokenizer) -> length-bucketed batches -> jitted step (both corruptions drawn inside the step from the run's
+key and the step number) -> AdamW with warm-up -> Orbax checkpoints -> export of the ENCODER as a Hugging Face /
+sentence-transformers folder, which ``jaxembed train`` starts from (``model.name`` = that folder).
+
+The run directory holds config.json / config.txt (resolved config), data_report.json, metrics.jsonl,
+tensorboard/, checkpoints/, export/ and summary.json. Rerunning the same command resumes from the latest
+checkpoint: the batch of a step is a pure function of the data, the seed and the step, and so are the masks,
+so a resumed run reproduces an uninterrupted one. SIGTERM / SIGINT save a checkpoint and stop (exit 143).
+
+Train state (one pytree): params (encoder, encoder_head, decoder, decoder_head), opt_state, step, rng (raw key
+data), nonfinite (consecutive skipped updates), skipped (total).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mc
+import numpy as np
+import optax
+from flax import nnx
+from ml_collections import config_dict
+
+from jaxembed import config as cfglib
+from jaxembed import hf, models, optim, parallel
+from jaxembed.checkpointing import Checkpointer
+from jaxembed.errors import UserError
+from jaxembed.monitor import Monitor
+from jaxembed.pretrain import data as datalib
+from jaxembed.pretrain.model import (BERT_FAMILY, RetroMAE, build_retromae, copy_head, load_mlm_head,
+                                     retromae_loss)
+from jaxembed.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FIELDS = ("text", "query", "pos", "neg", "sentence1", "sentence2")
+
+
+def default_config() -> mc.ConfigDict:
+    """Every field of a RetroMAE run with its default. Sections: model, data, retromae, optim, train, export."""
+    c = mc.ConfigDict()
+    c.model = mc.ConfigDict(dict(
+        name="",                # BERT-family folder / hub id: the weights (init='pretrained') and the tokenizer
+        init="pretrained",      # 'pretrained': start from name's weights; 'random': a fresh encoder
+        overrides=mc.ConfigDict(),  # init='random': config.json fields to change, e.g. num_hidden_layers=2
+        dtype="float32", param_dtype="float32", remat=False,
+        max_length=128,         # tokens per text (special tokens included)
+    ))
+    c.data = mc.ConfigDict(dict(
+        paths=(),               # .jsonl (fields below) and .txt (one text per line) files
+        fields=DEFAULT_FIELDS,  # JSON fields holding text; a list field gives one text per item
+        store="",               # or / and a store from `jaxembed data prepare` (queries, positives, negatives)
+        max_texts=0,            # keep the first N distinct texts (0 = all)
+        dedup=True,             # drop exact duplicate texts (counted)
+        min_tokens=4,           # texts with fewer non-special tokens are left out (counted)
+        length_buckets="pow2",  # padded lengths: 'pow2' (16/32/64/...), 'fine' (x1.5 steps), 'max' (one shape)
+        bucket_window=64,       # texts sorted by length within windows of this many batches
+    ))
+    c.retromae = mc.ConfigDict(dict(
+        encoder_mask_ratio=0.3,   # RetroMAE: 0.15-0.3 for the encoder
+        decoder_mask_ratio=0.5,   # RetroMAE: 0.5-0.7 for the decoder
+        decoder_layers=1,
+        encoder_loss_weight=1.0, decoder_loss_weight=1.0,
+        mask_prob=0.8, random_prob=0.1,  # BERT's 80 / 10 / 10 of the picked tokens
+    ))
+    c.optim = mc.ConfigDict(dict(
+        lr=1e-4, schedule="linear", warmup_steps=-1, warmup_ratio=0.1, end_factor=0.0,
+        weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0,
+    ))
+    c.train = mc.ConfigDict(dict(
+        seed=0, batch_size=32,  # texts per step, over all local devices
+        steps=1000,
+        dropout=True,           # the model's dropout while training
+        log_every=10, checkpoint_every=200, checkpoint_minutes=0.0, keep_checkpoints=2, async_checkpoints=True,
+        max_nonfinite=5,        # stop after this many non-finite steps in a row
+        progress=config_dict.placeholder(bool),
+    ))
+    c.export = mc.ConfigDict(dict(
+        at_end=True, dir="",    # '' = <workdir>/export
+        pooling="cls",          # RetroMAE's sentence embedding is [CLS]
+        normalize=True,
+    ))
+    return c
+
+
+def _err(key: str, value: Any, allowed: str) -> UserError:
+    return UserError(f"config.{key} = {value!r} is not valid: {allowed}")
+
+
+def _num(c, key, *, low=None, high=None, integer=False, allow_low=True) -> None:
+    v = c
+    for p in key.split("."):
+        v = v[p]
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    ok = ok and (not integer or float(v).is_integer())
+    ok = ok and (low is None or (v >= low if allow_low else v > low)) and (high is None or v <= high)
+    if not ok:
+        rng = f"{'>=' if allow_low else '>'} {low}" if low is not None else ""
+        rng += (" and " if rng and high is not None else "") + (f"<= {high}" if high is not None else "")
+        raise _err(key, v, f"{'an integer' if integer else 'a number'} {rng}".strip())
+
+
+def validate(c: mc.ConfigDict) -> None:
+    """Check every value before any work starts; the first problem is a UserError naming the key."""
+    for s in ("model", "data", "retromae", "optim", "train", "export"):
+        if s not in c:
+            raise UserError(f"config.{s} is missing (fix: start from jaxembed.pretrain.retromae.default_config())")
+    if not c.model.name:
+        raise _err("model.name", c.model.name, "a BERT-family model folder or hub id (its tokenizer is used "
+                                               "even with model.init='random')")
+    if c.model.init not in ("pretrained", "random"):
+        raise _err("model.init", c.model.init, "allowed: pretrained, random")
+    if c.model.overrides and c.model.init != "random":
+        raise _err("model.overrides", dict(c.model.overrides), "only used with model.init='random'")
+    for k in ("dtype", "param_dtype"):
+        if c.model[k] not in cfglib.DTYPES:
+            raise _err(f"model.{k}", c.model[k], f"allowed: {', '.join(cfglib.DTYPES)}")
+    _num(c, "model.max_length", low=8, integer=True)
+    if not c.data.paths and not c.data.store:
+        raise _err("data.paths", c.data.paths, "at least one .jsonl / .txt file, or set data.store")
+    for i, p in enumerate(c.data.paths):
+        if not isinstance(p, str) or not Path(p).is_file():
+            raise _err(f"data.paths[{i}]", p, "an existing .jsonl or .txt file")
+    if c.data.store and not (Path(c.data.store) / "manifest.json").exists():
+        raise _err("data.store", c.data.store, "a folder written by `jaxembed data prepare`")
+    if not c.data.fields or not all(isinstance(f, str) and f for f in c.data.fields):
+        raise _err("data.fields", c.data.fields, "a non-empty tuple of JSON field names")
+    _num(c, "data.max_texts", low=0, integer=True)
+    _num(c, "data.min_tokens", low=0, integer=True)
+    _num(c, "data.bucket_window", low=1, integer=True)
+    if c.data.length_buckets not in ("pow2", "fine", "max"):
+        raise _err("data.length_buckets", c.data.length_buckets, "allowed: pow2, fine, max")
+    for k in ("encoder_mask_ratio", "decoder_mask_ratio"):
+        _num(c, f"retromae.{k}", low=0.0, high=1.0, allow_low=False)
+    _num(c, "retromae.decoder_layers", low=1, integer=True)
+    for k in ("encoder_loss_weight", "decoder_loss_weight", "mask_prob", "random_prob"):
+        _num(c, f"retromae.{k}", low=0.0)
+    if c.retromae.mask_prob + c.retromae.random_prob > 1:
+        raise _err("retromae.random_prob", c.retromae.random_prob, "mask_prob + random_prob <= 1")
+    _num(c, "optim.lr", low=0.0, allow_low=False)
+    if c.optim.schedule not in optim.SCHEDULES:
+        raise _err("optim.schedule", c.optim.schedule, f"allowed: {', '.join(optim.SCHEDULES)}")
+    _num(c, "optim.warmup_ratio", low=0.0, high=1.0)
+    for k in ("weight_decay", "grad_clip", "end_factor"):
+        _num(c, f"optim.{k}", low=0.0)
+    for k in ("batch_size", "steps", "log_every", "keep_checkpoints"):
+        _num(c, f"train.{k}", low=1, integer=True)
+    for k in ("checkpoint_every", "max_nonfinite", "seed"):
+        _num(c, f"train.{k}", low=0, integer=True)
+    _num(c, "train.checkpoint_minutes", low=0.0)
+    if c.export.pooling not in ("cls", "mean", "max", "mean_sqrt_len"):
+        raise _err("export.pooling", c.export.pooling, "allowed: cls, mean, max, mean_sqrt_len")
+
+
+# ------------------------------------------------------------------------------------------------ set-up
+
+@dataclasses.dataclass
+class Run:
+    config: Any
+    workdir: Path
+    mesh: Any
+    model: RetroMAE
+    tokenizer: Tokenizer
+    hf_config: dict
+    corpus: datalib.Corpus
+    schedule: datalib.BatchSchedule
+    buckets: tuple
+    graphdef: Any
+    rest: Any
+    tx: Any
+    lr_schedule: Callable
+    special_ids: tuple
+    mask_id: int
+    notes: list
+
+
+_RESUME_KEYS = ("model", "data", "retromae", "optim")
+
+
+def _check_workdir(config, workdir: Path) -> None:
+    prev = workdir / "config.json"
+    if not prev.exists():
+        return
+    old, new = json.loads(prev.read_text()), json.loads(cfglib.to_json(config))
+    diffs = [k for k in _RESUME_KEYS if old.get(k) != new.get(k)]
+    diffs += [f"train.{k}" for k in ("seed", "batch_size", "steps", "dropout")
+              if old.get("train", {}).get(k) != new["train"].get(k)]
+    if diffs:
+        raise UserError(f"{workdir} holds a run with a different config ({', '.join(diffs)} differ). Resuming needs "
+                        "the same config (fix: use a new --workdir, or the run's own settings)")
+
+
+def _encoder(c, notes: list) -> tuple[Any, Tokenizer, dict, dict | None]:
+    """(pretrained BertModel, or the BertConfig of a random one; tokenizer; hf config for the export; checkpoint
+    tensors or None)."""
+    kw = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat)
+    if c.model.init == "pretrained":
+        loaded = hf.load(c.model.name, max_length=c.model.max_length, **kw)
+        backbone = loaded.model.backbone
+        if backbone.config.model_type not in BERT_FAMILY:
+            raise UserError(f"model.name {c.model.name}: model_type {backbone.config.model_type!r} is not in the "
+                            f"BERT family ({', '.join(BERT_FAMILY)}); RetroMAE here needs a BERT-style encoder")
+        tensors, _ = hf.read_weights(loaded.st.transformer_dir)
+        notes.append(f"encoder: {c.model.name} ({backbone.config.model_type}, {backbone.config.num_layers} layers, "
+                     f"hidden {backbone.config.hidden_size})")
+        return backbone, loaded.tokenizer, loaded.hf_config, tensors
+    folder = hf.resolve(c.model.name)
+    st = hf.read_sentence_transformers(folder)
+    cfg_file = st.transformer_dir / "config.json"
+    try:
+        base = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"model.name {c.model.name}: cannot read {cfg_file} ({e})") from None
+    if base.get("model_type") not in BERT_FAMILY:
+        raise UserError(f"model.name {c.model.name}: model_type {base.get('model_type')!r} is not in the BERT family "
+                        f"({', '.join(BERT_FAMILY)})")
+    hf_cfg = {**base, **dict(c.model.overrides)}
+    try:
+        config = models.config_from_hf(hf_cfg, where=f"{c.model.name} + model.overrides", **kw)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"model.overrides: {e}") from None
+    limit = config.max_position_embeddings - (config.pad_token_id + 1 if config.offset_positions else 0)
+    if c.model.max_length > limit:
+        raise _err("model.max_length", c.model.max_length, f"<= {limit} (max_position_embeddings of the model)")
+    tok = Tokenizer.from_folder(st.transformer_dir, c.model.max_length, lowercase=st.do_lower_case)
+    notes.append(f"encoder: random {config.model_type}, {config.num_layers} layers, hidden {config.hidden_size} "
+                 f"(tokenizer of {c.model.name})")
+    return config, tok, hf_cfg, None
+
+
+def setup(config, workdir: str | Path, *, progress: bool | None = None) -> Run:
+    """Validate, create the run directory, read and tokenize the texts, build the model and the optimizer."""
+    validate(config)
+    if jax.process_count() > 1:
+        raise UserError("pretrain retromae runs on one host (all its local devices); multi-host is not supported")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    _check_workdir(config, workdir)
+    cfglib.write_resolved(config, workdir)
+    c = config
+    notes: list[str] = []
+    encoder, tok, hf_cfg, tensors = _encoder(c, notes)
+    enc_cfg = encoder.config if tensors is not None else encoder
+    if tok.hf.mask_token_id is None:
+        raise UserError(f"model.name {c.model.name}: the tokenizer has no mask token (RetroMAE needs [MASK])")
+    if len(tok.hf) > enc_cfg.vocab_size:
+        raise UserError(f"model.name {c.model.name}: the tokenizer has {len(tok.hf)} tokens, the model's vocab_size "
+                        f"is {enc_cfg.vocab_size}")
+    model = build_retromae(enc_cfg, c.retromae.decoder_layers, c.train.seed,
+                           encoder if tensors is not None else None)
+    where = load_mlm_head(model.encoder_head, tensors, c.model.name) if tensors is not None else None
+    if where:
+        notes.append(f"MLM head: loaded from the checkpoint ({where}.*); the decoder head starts as a copy of it")
+    else:
+        notes.append("MLM head: the checkpoint has none, so it was initialised (normal(0.02), zero bias); the "
+                     "decoder head starts as a copy of it")
+    copy_head(model.encoder_head, model.decoder_head)
+    notes.append(f"decoder: {c.retromae.decoder_layers} BERT layer(s), randomly initialised")
+
+    texts, rep = datalib.read_texts(tuple(c.data.paths), tuple(c.data.fields), c.data.store, c.data.max_texts,
+                                    c.data.dedup)
+    corpus, trep = datalib.tokenize(texts, tok, c.model.max_length, c.data.min_tokens, progress=progress)
+    schedule = datalib.BatchSchedule(corpus.lengths, c.train.batch_size, c.train.seed, c.data.bucket_window)
+    ndev = jax.local_device_count()
+    if c.train.batch_size % ndev:
+        raise _err("train.batch_size", c.train.batch_size, f"a multiple of the {ndev} local devices")
+    report = {"read": rep, "tokenized": trep, "batches_per_epoch": schedule.per_epoch,
+              "texts_left_per_epoch": len(corpus) - schedule.per_epoch * c.train.batch_size,
+              "epochs": round(c.train.steps / schedule.per_epoch, 3)}
+    (workdir / "data_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    notes.append(f"data: {len(corpus)} texts ({rep['records']} records read, {rep['duplicates']} duplicates, "
+                 f"{sum(rep['skipped'].values())} skipped, {trep['too_short']} shorter than {c.data.min_tokens} "
+                 f"tokens), {trep['tokens']} tokens; {schedule.per_epoch} batches per epoch, "
+                 f"{report['epochs']} epochs; report: {workdir / 'data_report.json'}")
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    pure = nnx.to_pure_dict(params)
+    warmup = c.optim.warmup_steps if c.optim.warmup_steps >= 0 else int(c.optim.warmup_ratio * c.train.steps)
+    freeze = ("^encoder\\.pooler\\.",) if getattr(enc_cfg, "add_pooler", False) else ()
+    tx, sched = optim.make_optimizer(
+        pure, lr=c.optim.lr, total_steps=c.train.steps, warmup_steps=warmup, schedule_kind=c.optim.schedule,
+        weight_decay=c.optim.weight_decay, b1=c.optim.b1, b2=c.optim.b2, eps=c.optim.eps,
+        grad_clip=c.optim.grad_clip, freeze=freeze, end_factor=c.optim.end_factor)
+    special = tuple(sorted(set(tok.hf.all_special_ids)))
+    return Run(c, workdir, parallel.make_mesh(), model, tok, hf_cfg, corpus, schedule,
+               datalib.buckets_for(c.data.length_buckets, c.model.max_length), graphdef, rest, tx, sched, special,
+               int(tok.hf.mask_token_id), notes)
+
+
+def init_state(run: Run) -> dict:
+    _, params, _ = nnx.split(run.model, nnx.Param, ...)
+    pure = nnx.to_pure_dict(params)
+    state = {"params": pure, "opt_state": jax.jit(run.tx.init)(pure), "step": jnp.asarray(0, jnp.int32),
+             "rng": jax.random.key_data(jax.random.key(run.config.train.seed)),
+             "nonfinite": jnp.asarray(0, jnp.int32), "skipped": jnp.asarray(0, jnp.int32)}
+    return jax.device_put(state, parallel.replicated(run.mesh))
+
+
+# --------------------------------------------------------------------------------------------------- step
+
+_STEP_CACHE: dict = {}
+
+
+def make_train_step(run: Run) -> Callable:
+    """jit(state, batch) -> (state, metrics); the state is donated. The jitted function is reused by later runs
+    in the same process with the same model structure and settings (a resumed run does not compile again)."""
+    key = None
+    if not jax.tree.leaves(run.rest):
+        c = run.config
+        key = (run.model.config, int(c.retromae.decoder_layers), cfglib.to_json(c.retromae), cfglib.to_json(c.optim),
+               int(c.train.steps), bool(c.train.dropout), run.special_ids, run.mask_id,
+               jax.tree.structure(nnx.to_pure_dict(nnx.split(run.model, nnx.Param, ...)[1])))
+        if key in _STEP_CACHE:
+            return _STEP_CACHE[key]
+    fn = _make_train_step(run)
+    if key is not None:
+        if len(_STEP_CACHE) >= 4:
+            _STEP_CACHE.pop(next(iter(_STEP_CACHE)))
+        _STEP_CACHE[key] = fn
+    return fn
+
+
+def _make_train_step(run: Run) -> Callable:
+    r = run.config.retromae
+    kw = dict(special_ids=run.special_ids, mask_id=run.mask_id, encoder_ratio=float(r.encoder_mask_ratio),
+              decoder_ratio=float(r.decoder_mask_ratio), encoder_weight=float(r.encoder_loss_weight),
+              decoder_weight=float(r.decoder_loss_weight), p_mask=float(r.mask_prob), p_random=float(r.random_prob),
+              dropout=bool(run.config.train.dropout))
+    graphdef, rest, tx, sched = run.graphdef, run.rest, run.tx, run.lr_schedule
+
+    def loss_fn(params, batch, key):
+        model = nnx.merge(graphdef, params, rest)
+        return retromae_loss(model, batch["input_ids"], batch["attention_mask"], key, **kw)
+
+    def step(state, batch):
+        key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch, key)
+        gnorm = optax.global_norm(grads)
+        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+        updates, new_opt = tx.update(grads, state["opt_state"], state["params"])
+        new_params = optax.apply_updates(state["params"], updates)
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+        new_state = {"params": keep(new_params, state["params"]), "opt_state": keep(new_opt, state["opt_state"]),
+                     "step": state["step"] + 1, "rng": state["rng"],
+                     "nonfinite": jnp.where(ok, 0, state["nonfinite"] + 1),
+                     "skipped": state["skipped"] + (~ok).astype(jnp.int32)}
+        return new_state, {**metrics, "loss": loss, "grad_norm": gnorm, "lr": sched(state["step"]), "ok": ok}
+
+    return jax.jit(step, donate_argnums=(0,))
+
+
+def batch_at(run: Run, step: int) -> dict:
+    """The host batch of a step (numpy)."""
+    return datalib.make_batch(run.corpus, run.schedule.indices(step), run.tokenizer, run.buckets)
+
+
+def to_device(run: Run, batch: dict) -> dict:
+    """A host batch as arrays split over the local devices (rows over the data axes)."""
+    return jax.device_put(batch, parallel.batch_sharding(run.mesh, 2))
+
+
+# --------------------------------------------------------------------------------------------------- loop
+
+class _Signals:
+    """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and stops at the next step boundary."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        for s in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[s] = signal.signal(s, self._handle)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def encoder_model(run: Run, params) -> Any:
+    """The trained encoder as an EmbeddingModel (export pooling and normalisation) from train-state params."""
+    from jaxembed.models.embedding import EmbeddingModel, HeadConfig
+
+    model = nnx.merge(run.graphdef, jax.device_get(params), run.rest)
+    return EmbeddingModel(model.encoder, HeadConfig(pooling=run.config.export.pooling,
+                                                    normalize=run.config.export.normalize))
+
+
+def export_encoder(run: Run, params, out_dir: Path) -> Path:
+    from jaxembed import export as exportlib
+
+    card = ("---\nlibrary_name: sentence-transformers\ntags:\n- sentence-transformers\n- jaxembed\n- retromae\n---\n\n"
+            "# RetroMAE-pre-trained encoder (jaxembed)\n\nThe encoder of a RetroMAE run (masked auto-encoding: "
+            f"encoder mask ratio {run.config.retromae.encoder_mask_ratio}, decoder mask ratio "
+            f"{run.config.retromae.decoder_mask_ratio}); sentence embedding: `{run.config.export.pooling}` pooling. "
+            "Fine-tune it contrastively: `jaxembed train` with `model.name` set to this folder.\n")
+    return exportlib.export(encoder_model(run, params), run.tokenizer, out_dir, hf_config=run.hf_config,
+                            model_card=card)
+
+
+def pretrain(config, workdir: str | Path, *, max_steps: int | None = None) -> dict:
+    """Run (or resume) RetroMAE pre-training; returns the summary. ``max_steps``: stop after this many steps in
+    this call (a checkpoint is saved; status 'paused'; rerun to continue)."""
+    c = config
+    run = setup(config, workdir, progress=c.train.progress)
+    workdir = run.workdir
+    for n in run.notes:
+        print(n)
+    ckpt = Checkpointer(workdir / "checkpoints", keep_last=c.train.keep_checkpoints,
+                        async_save=c.train.async_checkpoints)
+    state = init_state(run)
+    start = ckpt.latest_step() or 0
+    total = int(c.train.steps)
+    if start:
+        state = ckpt.restore(start, state)
+    monitor = Monitor(workdir, total, start, progress=c.train.progress)
+    if start:
+        monitor.message(f"resuming at step {start} of {total} from {workdir / 'checkpoints'}")
+    step_fn = make_train_step(run)
+    status = "completed"
+    pending: list = []
+    ex = tok = 0
+    consecutive = 0
+    t_interval = last_save = time.time()
+    stop_at = total if max_steps is None else min(total, start + int(max_steps))
+    try:
+        with _Signals() as sig:
+            for step in range(start, stop_at):
+                host = batch_at(run, step)
+                batch = to_device(run, host)
+                state, m = step_fn(state, batch)
+                pending.append(m)
+                ex += host["input_ids"].shape[0]
+                tok += int(host["attention_mask"].sum())
+                monitor.advance()
+                done = step + 1
+                end = done == stop_at
+                if done % c.train.log_every == 0 or end or sig.received is not None:
+                    fetched = jax.device_get(pending)
+                    dt = max(time.time() - t_interval, 1e-9)
+                    agg = {k: float(np.mean([float(f[k]) for f in fetched])) for k in fetched[0] if k != "ok"}
+                    agg.update(skipped=sum(1 for f in fetched if not bool(f["ok"])), examples_per_s=ex / dt,
+                               tokens_per_s=tok / dt, step_time_s=dt / len(fetched))
+                    monitor.log(done, agg, prefix="pretrain")
+                    for f in fetched:
+                        consecutive = 0 if bool(f["ok"]) else consecutive + 1
+                        if c.train.max_nonfinite and consecutive >= c.train.max_nonfinite:
+                            raise UserError(f"step {done}: {consecutive} non-finite losses or gradients in a row; "
+                                            "the updates were skipped (fix: lower optim.lr, use float32)")
+                    pending, ex, tok, t_interval = [], 0, 0, time.time()
+                due = (c.train.checkpoint_every and done % c.train.checkpoint_every == 0) or end or (
+                    c.train.checkpoint_minutes and time.time() - last_save >= 60 * c.train.checkpoint_minutes)
+                if due or sig.received is not None:
+                    ckpt.save(done, state)
+                    last_save = time.time()
+                if sig.received is not None:
+                    status = "preempted"
+                    monitor.message(f"signal {sig.received}: checkpoint saved at step {done}; run the same command "
+                                    "to resume")
+                    break
+            ckpt.wait()
+    finally:
+        ckpt.close()
+        monitor.close()
+    step_now = int(jax.device_get(state["step"]))
+    if status == "completed" and step_now < total:
+        status = "paused"
+    summary = {"status": status, "step": step_now, "skipped": int(jax.device_get(state["skipped"])),
+               "workdir": str(workdir), "notes": run.notes}
+    if status == "completed" and c.export.at_end:
+        out_dir = Path(c.export.dir) if c.export.dir else workdir / "export"
+        summary["export"] = str(export_encoder(run, state["params"], out_dir))
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
