@@ -1,0 +1,503 @@
+"""The recipes (configs/datacube.py, mote.py, peg.py, kalm.py) and the tiny models they run on.
+
+- Every config and every variant (also combined with ``tiny``) loads and passes ``jaxembed.config.validate``, with
+  the settings its paper asks for; an unknown variant is an error that lists the variants.
+- Offline files a run needs (Data-CUBE's curriculum, KaLM's stage-1 model and mined data, PEG's RetroMAE export and
+  judged negatives) are looked up when the config is validated, not when it is loaded, and a missing one is an
+  error that prints the commands that make it; ``--config.<dir>`` overrides (and sweeps) move them.
+- The tiny variants train 2 steps each on the real shared data, in process, with their method switched on:
+  Data-CUBE (``jaxembed score`` + ``jaxembed curriculum`` on the tiny store with the tiny T5, then the curriculum
+  plan with the Eq. 9 mask), PEG (progressive loss, gradient cache, tiled loss), KaLM (stage 1 with
+  semi-homogeneous batches, ``jaxembed mine`` with ranking-consistency filtering, stage 2 from stage 1's export
+  with Matryoshka) and MoTE (routed experts; unrouted ones untouched).
+- ``jaxembed.models.tiny``: deterministic cached folders, safe under concurrent creation.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxembed import config as cfglib
+from jaxembed.errors import UserError
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+VARIANTS = {
+    "datacube": ["", "mqmin", "mqrand", "no_task_curriculum", "no_instance_curriculum", "d2e", "random", "mask",
+                 "mqmin,d2e,mask", "random,mask", "tiny", "tiny,mqmin", "tiny,mqrand", "tiny,no_task_curriculum",
+                 "tiny,no_instance_curriculum", "tiny,d2e", "tiny,random", "tiny,mask"],
+    "peg": ["", "infonce", "retromae", "mined", "infonce,retromae,mined", "tiny", "tiny,infonce", "tiny,mined"],
+    "kalm": ["", "stage1", "stage2", "stage1,semi50", "stage2,semi25,no_mrl,no_instructions", "no_instructions",
+             "tiny", "tiny,stage1", "tiny,stage2", "tiny,stage1,semi0", "tiny,stage2,semi100", "tiny,stage2,no_mrl",
+             "tiny,stage1,no_instructions"],
+    "mote": ["", "tiny", "cpu", "ic", "static", "eob", "tiny,static", "tiny,ic", "tiny,eob", "cpu,ic,eob"],
+}
+DIR_KEYS = ("curriculum_dir", "stage1_dir", "mined_dir", "retromae_dir")
+
+
+def _spec(recipe: str, variant: str = "") -> str:
+    return f"{CONFIGS / recipe}.py" + (f":{variant}" if variant else "")
+
+
+@pytest.fixture(scope="module")
+def tiny_cache(tmp_path_factory):
+    """A fresh cache for the tiny models (JAXEMBED_CACHE) for this module."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAXEMBED_CACHE", str(tmp_path_factory.mktemp("jaxembed_cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory, shared_data):
+    """Stand-ins for the offline outputs (validation only checks that they exist)."""
+    root = tmp_path_factory.mktemp("offline")
+    cur = root / "curriculum"
+    for sub in ("", "min", "random"):
+        (cur / sub).mkdir(parents=True, exist_ok=True)
+        (cur / sub / "task_order.json").write_text('{"order": []}')
+    np.savez(cur / "scores.npz", x=np.zeros(1))
+    (root / "stage1" / "export").mkdir(parents=True)
+    (root / "stage1" / "export" / "config.json").write_text("{}")
+    (root / "retromae").mkdir()
+    (root / "retromae" / "config.json").write_text("{}")
+    (root / "mined").mkdir()
+    for name in ("snli", "sick_nli", "sick_sts", "stsb", "mrpc", "wikiqa", "trecqa"):
+        (root / "mined" / f"{name}.jsonl").write_text("")
+    return {"curriculum_dir": str(cur), "stage1_dir": str(root / "stage1"), "mined_dir": str(root / "mined"),
+            "retromae_dir": str(root / "retromae")}
+
+
+def _load(recipe, variant, dirs=None):
+    c = cfglib.load_config_file(_spec(recipe, variant))
+    for k, v in (dirs or {}).items():
+        if k in c:
+            c[k] = v
+    return c
+
+
+# ------------------------------------------------------------------------------------------ configs and variants
+
+
+def _check_recipe(recipe, variants, c, dirs):
+    """The paper's settings and what each variant switches."""
+    tiny = "tiny" in variants
+    if tiny:  # CPU-sized (MoTE's tiny takes 4 steps; the test below runs 2 of them)
+        assert (c.plan.global_batch_size, c.plan.steps, tuple(c.eval.tasks)) in ((8, 2, ()), (8, 4, ()))
+        assert Path(c.model.name, "config.json").is_file()
+    if recipe == "datacube":
+        cur = c.plan.curriculum
+        assert (c.loss.temperature, c.optim.warmup_ratio) == (0.01, 0.1) and (tiny or c.optim.lr == 2e-5)
+        assert c.plan.global_batch_size == (8 if tiny else 64)
+        assert c.model.name.endswith("hkunlp/instructor-large") or tiny
+        assert cur.enabled == ("random" not in variants)
+        objective = "min" if "mqmin" in variants else "random" if {"mqrand", "no_task_curriculum"} & variants else ""
+        assert cur.task_order == str(Path(dirs["curriculum_dir"], objective, "task_order.json"))
+        order = "d2e" if "d2e" in variants else "random" if "no_instance_curriculum" in variants else "e2d"
+        assert cur.instance_order == order
+        needs_phi = "mask" in variants or (cur.enabled and order != "random")
+        assert c.plan.scores == (str(Path(dirs["curriculum_dir"], "scores.npz")) if needs_phi else "")
+        assert c.plan.mask.delta == (0.0 if "mask" in variants else None)
+        assert all(d.query_instruction.startswith("Represent the ") and d.doc_instruction.startswith("Represent the ")
+                   for d in c.data.datasets)  # INSTRUCTOR-style, both sides
+    elif recipe == "peg":
+        assert c.loss.type == ("infonce" if "infonce" in variants else "peg")
+        assert (c.loss.peg_alpha, c.loss.peg_beta, c.loss.temperature) == (0.5, 0.1, 0.01)
+        assert tiny or c.optim.lr == 1e-5
+        assert c.loss.tiled
+        if not tiny:  # 13,824 queries x (1 + 5) texts; the gradient cache's sub-batch divides the batch
+            assert c.plan.global_batch_size == 13824 and 1 + max(d.num_negatives for d in c.data.datasets) == 6
+            assert c.train.gradcache_chunk > 0 and c.plan.global_batch_size % c.train.gradcache_chunk == 0
+            assert {(d.max_query_length, d.max_doc_length) for d in c.data.datasets} == {(64, 256)}
+        assert c.model.name == (dirs["retromae_dir"] if "retromae" in variants else c.model.name)
+        mined = {d.name: d.path for d in c.data.datasets if d.path.startswith(dirs["mined_dir"])}
+        assert set(mined) == ({"wikiqa", "trecqa"} & {d.name for d in c.data.datasets} if "mined" in variants
+                              else set())
+    elif recipe == "kalm":
+        stage2 = "stage2" in variants
+        assert (c.loss.temperature, c.model.pooling) == (0.01, "mean") and (tiny or c.optim.lr == 1e-4)
+        assert c.model.causal is True and c.plan.strategy == "semi_homogeneous"
+        semi = [int(v[4:]) / 100 for v in variants if v.startswith("semi")]
+        assert c.plan.semi_homogeneous_proportion == (semi[0] if semi else 0.0)
+        if not tiny:
+            assert c.plan.global_batch_size == (48 if stage2 else 512)
+            assert c.model.max_length == 512 and c.model.dtype == "bfloat16"
+        negs = {d.num_negatives for d in c.data.datasets}
+        assert negs == {0} if not stage2 else max(negs) == (5 if tiny else 7)
+        mrl = stage2 and "no_mrl" not in variants
+        assert bool(c.loss.matryoshka_dims) == mrl
+        if mrl and not tiny:
+            assert c.loss.matryoshka_dims == (896, 512, 256, 128, 64)
+            assert c.loss.matryoshka_weights == (1.0, 0.3, 0.2, 0.1, 0.1)
+        if stage2:
+            assert c.model.name == str(Path(dirs["stage1_dir"], "export"))
+            assert any(d.path.startswith(dirs["mined_dir"]) for d in c.data.datasets)
+        instructed = [d for d in c.data.datasets if d.query_instruction]
+        if "no_instructions" in variants:
+            assert not instructed
+        else:  # KaLM Table 1: asymmetric tasks instructed, symmetric ones not
+            assert all(d.task_type not in ("sts", "pair_classification", "nli") for d in instructed)
+            assert all(d.query_instruction.startswith("Instruct: ") for d in instructed)
+    elif recipe == "mote":
+        assert c.model.mote.enabled == ("ic" not in variants)
+
+
+@pytest.mark.parametrize("recipe,variant", [(r, v) for r, vs in VARIANTS.items() for v in vs])
+def test_every_config_and_variant_validates(recipe, variant, tiny_cache, offline):
+    c = _load(recipe, variant, offline)
+    cfglib.validate(c)
+    _check_recipe(recipe, {v for v in variant.split(",") if v}, c, offline)
+    json.loads(cfglib.to_json(c))  # the resolved config (config.json of a run) is plain JSON
+
+
+@pytest.mark.parametrize("recipe,bad", [("datacube", "tiny,mqmni"), ("peg", "infonse"), ("kalm", "semi150"),
+                                        ("kalm", "stage1,stage2"), ("datacube", "random,d2e"),
+                                        ("datacube", "mqmin,mqrand")])
+def test_bad_variants_are_clear_errors(recipe, bad):
+    with pytest.raises(UserError) as e:
+        cfglib.load_config_file(_spec(recipe, bad))
+    msg = str(e.value)
+    assert msg.startswith(f"configs/{recipe}.py: ") and "\n" not in msg
+    if "unknown" in msg:
+        assert "variants: tiny" in msg and "combine with commas" in msg
+
+
+def test_missing_offline_files_name_the_commands(tmp_path, offline, shared_data):
+    """Loading never needs the offline files (jaxembed score loads the Data-CUBE config to make them); validation
+    does, and names the commands."""
+    nowhere = str(tmp_path / "nowhere")
+    c = _load("datacube", "mqmin", {"curriculum_dir": nowhere})
+    with pytest.raises(UserError) as e:
+        cfglib.validate(c)
+    assert (f"{nowhere}/min/task_order.json, {nowhere}/scores.npz are missing" in str(e.value)
+            and f"`jaxembed score --config configs/datacube.py --out {nowhere}` then `jaxembed curriculum --scores-dir "
+                f"{nowhere} --out {nowhere}/min --objective min`" in str(e.value))
+    c.curriculum_dir = offline["curriculum_dir"]   # an override moves every derived path
+    cfglib.validate(c)
+    c.task_order_objective = "max"
+    assert c.plan.curriculum.task_order == f"{offline['curriculum_dir']}/task_order.json"
+    c.task_order_objective = "best"
+    with pytest.raises(UserError, match="task_order_objective = 'best' is not valid: allowed: max, min, random"):
+        cfglib.validate(c)
+    # the curriculum switched off by an override needs no file
+    c = _load("datacube", "", {"curriculum_dir": nowhere})
+    cfglib.apply_overrides(c, ["plan.curriculum.enabled=false", "plan.strategy=heterogeneous"])
+    cfglib.validate(c)
+    assert c.plan.scores == ""
+
+    c = _load("kalm", "stage2", {"stage1_dir": nowhere, "mined_dir": offline["mined_dir"]})
+    with pytest.raises(UserError, match=rf"no stage-1 model in {nowhere}/export \(fix: run `jaxembed train --config "
+                                        rf"configs/kalm.py:stage1 --workdir {nowhere}` first"):
+        cfglib.validate(c)
+    c = _load("kalm", "stage2", {"stage1_dir": offline["stage1_dir"], "mined_dir": nowhere})
+    with pytest.raises(UserError) as e:
+        cfglib.validate(c)
+    assert (f"the mined data {nowhere}/snli.jsonl, {nowhere}/sick_nli.jsonl" in str(e.value) and
+            f"for NAME in snli sick_nli sick_sts stsb mrpc wikiqa trecqa: `jaxembed mine --model "
+            f"{offline['stage1_dir']}/export --store {offline['stage1_dir']}/store --dataset NAME --out "
+            f"{nowhere}/NAME.jsonl`" in str(e.value))
+    for variant, key, expect in (("retromae", "retromae_dir", "jaxembed pretrain retromae"),
+                                 ("mined", "mined_dir", "jaxembed judge --input")):
+        c = _load("peg", variant, {key: nowhere})
+        with pytest.raises(UserError, match=expect):
+            cfglib.validate(c)
+
+
+def test_get_hyper_sweeps_expand_and_validate(tmp_path, tiny_cache, offline):
+    """Each recipe's ablation sweep (get_hyper) expands into valid runs; a sweep deep-copies the config, and the
+    derived paths follow the copy's own overrides."""
+    from jaxembed import sweep
+
+    names = {}
+    for recipe in ("datacube", "peg", "kalm"):
+        fixed = [f"{k}={v}" for k, v in offline.items() if k in _load(recipe, "tiny")]
+        s = sweep.plan_sweep(_spec(recipe, "tiny"), tmp_path / recipe, fixed=fixed)
+        names[recipe] = [r.name for r in s.runs]
+        if recipe == "datacube":
+            orders = [r.config.plan.curriculum.task_order for r in s.runs]
+            assert orders[1] == f"{offline['curriculum_dir']}/min/task_order.json"
+            assert not s.runs[-1].config.plan.curriculum.enabled and s.runs[-1].config.plan.scores == ""
+    assert len(names["datacube"]) == 6 and len(names["peg"]) == 4 and len(names["kalm"]) == 4
+    assert names["kalm"][0] == "semi_homogeneous_proportion=0.0"
+    c = _load("datacube", "", offline)
+    d = copy.deepcopy(c)
+    d.curriculum_dir = str(shutil.copytree(offline["curriculum_dir"], tmp_path / "elsewhere"))
+    assert c.plan.scores == f"{offline['curriculum_dir']}/scores.npz"
+    assert d.plan.curriculum.task_order == f"{tmp_path}/elsewhere/task_order.json"
+
+
+# ------------------------------------------------------------------------------------------------- tiny models
+
+
+def test_tiny_models_cached_deterministic_and_safe_under_concurrency(tmp_path):
+    from jaxembed import hf
+    from jaxembed.models.tiny import MARKER, spec_hash, tiny_model_dir, tiny_spec
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:  # four creators race for one folder
+        dirs = list(ex.map(lambda _: tiny_model_dir("t5", include_prompt=False, cache_dir=a), range(4)))
+    assert len(set(dirs)) == 1 and dirs[0].parent == a and dirs[0].name.startswith("t5-")
+    assert sorted(p.name for p in a.iterdir()) == [dirs[0].name]  # the losers' temporary folders are gone
+    assert (dirs[0] / MARKER).is_file()
+    again = tiny_model_dir("t5", include_prompt=False, cache_dir=b)  # same settings elsewhere: the same bytes
+    digest = lambda d: hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
+    assert again.name == dirs[0].name and digest(again) == digest(dirs[0])
+    mtime = (again / "model.safetensors").stat().st_mtime_ns
+    assert tiny_model_dir("t5", include_prompt=False, cache_dir=b) == again  # cached: not written again
+    assert (again / "model.safetensors").stat().st_mtime_ns == mtime
+    assert tiny_model_dir("t5", include_prompt=False, seed=1, cache_dir=b) != again
+    loaded = hf.load(again)
+    assert loaded.model.config.model_type == "t5" and not loaded.model.head.include_prompt
+    assert loaded.tokenizer.hf.vocab_size == 30522
+    with pytest.raises(UserError, match="arch='gpt2' is not one of bert, qwen2, t5"):
+        tiny_model_dir("gpt2", cache_dir=b)
+    half = b / f"t5-{spec_hash(tiny_spec('t5', seed=2))}"  # a folder in the way that is not a finished model
+    half.mkdir()
+    with pytest.raises(UserError, match="not a finished tiny model"):
+        tiny_model_dir("t5", seed=2, cache_dir=b)
+
+
+# ------------------------------------------------------------------------------------------- the tiny runs
+#
+# The tiny runs (all in process) go to two worker processes side by side: this file run as a script,
+# `python tests/test_recipes.py CHAIN OUT`. Compiling is nearly all the cost of a tiny run, and a fresh process
+# can take XLA flags that about halve it, which this one, its XLA backend already started, cannot; the two
+# workers also use both cores.
+
+FAST_XLA = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+CHAINS = {"a": ("datacube", "mote"), "b": ("kalm", "peg")}  # about equal halves
+
+
+def _train(cfg, workdir):
+    from jaxembed.train import train
+
+    cfg.train.progress = False
+    s = train(cfg, workdir)
+    assert s["status"] == "completed" and s["step"] == 2 and s["skipped"] == 0, s
+
+
+def _run_datacube(d: Path):
+    """The Data-CUBE chain on the tiny store: jaxembed score, jaxembed curriculum, then 2 curriculum steps with the
+    Eq. 9 mask (tiny,mask)."""
+    from jaxembed.cli import main
+
+    cur = d / "curriculum"
+    assert main(["score", "--config", _spec("datacube", "tiny"), "--out", str(cur), "--n-task-queries", "32",
+                 "-q"]) == 0
+    assert main(["curriculum", "--scores-dir", str(cur), "--out", str(cur), "--solver", "exact"]) == 0
+    cfg = _load("datacube", "tiny,mask", {"curriculum_dir": str(cur)})
+    cfg.data.store = str(cur / "store")              # the store jaxembed score prepared
+    # Eq. 9 with delta = the median phi of the first batch (E2D: its task's 8 easiest), so that half of it is masked
+    from jaxembed.data.store import Store
+
+    first = json.loads((cur / "task_order.json").read_text())["order"][0]
+    with np.load(cur / "scores.npz") as z:
+        phi = np.concatenate([z[i.name] for i in Store.open(cur / "store").datasets if i.task == first])
+    cfg.plan.mask.delta = float(np.median(np.sort(phi)[-8:]))
+    _train(cfg, d / "run")
+
+
+def _run_peg(d: Path):
+    _train(_load("peg", "tiny"), d)
+
+
+def _run_kalm(d: Path):
+    """Stage 1 (semi-homogeneous, in-batch negatives); jaxembed mine on sick_nli with the stage-1 model and store;
+    stage 2 from stage 1's export with the mined negatives and Matryoshka."""
+    from jaxembed.cli import main
+
+    dirs = {"stage1_dir": str(d / "stage1"), "mined_dir": str(d / "mined")}
+    _train(_load("kalm", "tiny,stage1,semi50", dirs), d / "stage1")
+    assert main(["mine", "--model", str(d / "stage1" / "export"), "--store", str(d / "stage1" / "store"),
+                 "--dataset", "sick_nli", "--top-k", "100", "--window", "10:40",
+                 "--out", str(d / "mined" / "sick_nli.jsonl"), "-q"]) == 0
+    _train(_load("kalm", "tiny,stage2", dirs), d / "stage2")
+
+
+def _run_mote(d: Path):
+    """configs/mote.py:tiny for 2 steps, on a 1-layer random BERT instead of all-MiniLM-L6-v2 (a third of the compile
+    time; tests/test_mote.py up-cycles the real model)."""
+    from jaxembed.models.tiny import tiny_model_dir
+
+    cfg = _load("mote", "tiny")
+    cfg.model.name = str(tiny_model_dir("bert", num_layers=1))
+    cfg.plan.steps = 2
+    cfg.train.dropout = False
+    cfg.train.log_every = 1
+    _train(cfg, d)
+
+
+def _worker(chain: str, out: str) -> None:
+    import time
+
+    for recipe in CHAINS[chain]:
+        t = time.time()
+        globals()[f"_run_{recipe}"](Path(out) / recipe)
+        print(f"worker {chain}: {recipe} took {time.time() - t:.1f}s", flush=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _workers(request, tiny_cache, tmp_path_factory):
+    """Starts the two workers before the first test of this module (when a selected test needs their runs and the
+    shared data is there), so that they train while the configs are validated."""
+    from jaxembed import paths
+
+    wanted = any("runs" in item.fixturenames for item in request.session.items if item.module is request.module)
+    if not wanted or not paths.shared_data_dir().is_dir():
+        yield None
+        return
+    for recipe in ("datacube", "peg", "kalm"):  # their tiny models, made once here rather than raced for below
+        _load(recipe, "tiny")
+    out = tmp_path_factory.mktemp("runs")
+    env = dict(os.environ, XLA_FLAGS=FAST_XLA, JAX_PLATFORMS="cpu")
+    procs = {}
+    for chain in CHAINS:
+        log = open(out / f"worker_{chain}.log", "w")
+        procs[chain] = (subprocess.Popen([sys.executable, __file__, chain, str(out)], env=env, stdout=log,
+                                         stderr=subprocess.STDOUT), log)
+    yield out, procs
+    for p, log in procs.values():  # a test run stopped early (-x, Ctrl-C): end the workers this module started
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def runs(_workers, shared_data):
+    """Both workers' run folders (out/<recipe>/...); a failed worker fails the tests with its output."""
+    out, procs = _workers
+    failed = []
+    for chain, (p, log) in procs.items():
+        try:
+            rc = p.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = "timeout (900 s)"
+        log.flush()
+        if rc != 0:
+            failed.append(f"worker {chain} ({', '.join(CHAINS[chain])}) exited {rc}:\n"
+                          + (out / f"worker_{chain}.log").read_text()[-4000:])
+    if failed:
+        pytest.fail("\n".join(failed))
+    return out
+
+
+def _metrics(workdir):
+    """The train rows of metrics.jsonl, checked: 2 steps, finite losses, a completed run."""
+    s = json.loads((Path(workdir) / "summary.json").read_text())
+    assert s["status"] == "completed" and s["step"] == 2 and s["skipped"] == 0, s
+    rows = [json.loads(x) for x in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r.get("split") == "train"]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows), rows
+    return s, rows
+
+
+def test_datacube_tiny_curriculum_run(runs):
+    from jaxembed.data.plan import Plan
+
+    cur, run = runs / "datacube" / "curriculum", runs / "datacube" / "run"
+    _, rows = _metrics(run)
+    order = json.loads((cur / "task_order.json").read_text())["order"]
+    plan = Plan.load(run / "plan.npz")
+    assert plan.meta["mode"] == "curriculum" and plan.meta["curriculum"]["order"] == order, plan.meta
+    assert set(plan.meta["strategies"].values()) == {"curriculum"}
+    delta = json.loads((run / "config.json").read_text())["plan"]["mask"]["delta"]
+    # Algorithm 1: the walk follows the task order, one task per batch
+    assert [plan.task_names[t] for t in plan.task_ids] == order[:2]
+    assert all(len({plan.dataset_tasks[d] for d in row}) == 1 for row in plan.dataset_ids)
+    # E2D: the first batch of a task holds its easiest examples (largest phi, Eq. 8)
+    with np.load(cur / "scores.npz") as z:
+        phi = {k: z[k] for k in z.files}
+    for s in range(plan.steps):
+        members = [d for d, t in enumerate(plan.dataset_tasks) if t == plan.task_ids[s]]
+        task_phi = np.concatenate([phi[plan.dataset_names[d]] for d in members])
+        batch_phi = [phi[plan.dataset_names[d]][e] for d, e in zip(plan.dataset_ids[s], plan.example_ids[s])]
+        assert min(batch_phi) >= np.sort(task_phi)[-len(batch_phi)]
+        # Eq. 9 (the text's reading): weight 0 exactly where phi < delta; masked rows leave the loss
+        np.testing.assert_array_equal(plan.weights[s], (np.array(batch_phi) >= delta).astype(np.float32))
+        assert rows[s]["active_queries"] == plan.weights[s].sum()
+    assert int((plan.weights[0] == 0).sum()) == 4 and plan.meta["masked_rows"] == int((plan.weights == 0).sum())
+
+
+def test_peg_tiny_run(runs):
+    d = runs / "peg"
+    _, rows = _metrics(d)
+    c = json.loads((d / "config.json").read_text())
+    assert c["loss"]["type"] == "peg" and c["loss"]["tiled"] and c["loss"]["block_c"] == 16
+    for r in rows:
+        assert {"peg_t", "peg_sigma", "peg_mean_weight"} <= set(r) and 0 < r["peg_mean_weight"] <= 1
+    # Eq. 5-6: sigma = mean sim(q, p) - beta; t_s = alpha * mean + (1 - alpha) * t_(s-1), t_0 = 0, alpha = 0.5
+    assert rows[0]["peg_t"] == pytest.approx(0.5 * rows[0]["pos_sim"], abs=1e-5)
+    assert rows[0]["peg_sigma"] == pytest.approx(rows[0]["pos_sim"] - 0.1, abs=1e-5)
+    assert rows[1]["peg_t"] == pytest.approx(0.5 * rows[1]["pos_sim"] + 0.5 * rows[0]["peg_t"], abs=1e-5)
+
+
+def test_kalm_tiny_two_stages(runs, tmp_path):
+    from jaxembed.data.plan import Plan
+    from jaxembed.data.store import Store
+
+    d = runs / "kalm"
+    _, rows1 = _metrics(d / "stage1")
+    _, rows2 = _metrics(d / "stage2")
+    plan1 = Plan.load(d / "stage1" / "plan.npz")
+    assert plan1.meta["semi_homogeneous"]["proportion"] == 0.5
+    assert plan1.meta["semi_homogeneous"]["rows_per_batch"] == 4
+    c1 = json.loads((d / "stage1" / "config.json").read_text())
+    assert {x["num_negatives"] for x in c1["data"]["datasets"]} == {0}  # in-batch negatives only
+    c2 = json.loads((d / "stage2" / "config.json").read_text())
+    assert c2["model"]["name"] == str(d / "stage1" / "export")  # stage 2 starts from stage 1
+    report = json.loads((d / "mined" / "sick_nli.report.json").read_text())
+    assert 8 <= report["kept"] < report["examples"]  # the ranking-consistency filter dropped some
+    store = Store.open(d / "stage2" / "store")
+    assert store.dataset("sick_nli").size == report["kept"]
+    assert len(store.example("sick_nli", 0)["neg"]) == 7  # mined: 7 negatives from ranks 10-40
+    for r in rows2:
+        assert r["loss"] == pytest.approx(r["loss_dim32"] + .3 * r["loss_dim16"] + .2 * r["loss_dim8"]
+                                          + .1 * r["loss_dim4"] + .1 * r["loss_dim2"], rel=1e-5)
+    assert all("loss_dim32" not in r for r in rows1)  # Matryoshka only in fine-tuning (KaLM 3.1)
+    # before mining, stage 2 stops at validation with the command
+    stage2 = _load("kalm", "tiny,stage2", {"stage1_dir": str(d / "stage1"), "mined_dir": str(tmp_path)})
+    with pytest.raises(UserError, match=rf"`jaxembed mine --model {d}/stage1/export --store {d}/stage1/store "
+                                        rf"--dataset NAME --top-k 100 --window 10:40 --out {tmp_path}/NAME.jsonl`"):
+        cfglib.validate(stage2)
+
+
+def test_mote_tiny_run_routes_experts(runs):
+    """The trained experts are those the plan's tasks route to; an expert no task routes to (clustering: the shared
+    data has none) still equals the dense model's feed-forward weights it was up-cycled from."""
+    from safetensors.numpy import load_file
+
+    from jaxembed.data.plan import Plan
+    from jaxembed.data.store import Store
+
+    d = runs / "mote"
+    summary, _ = _metrics(d)
+    spec = json.loads((Path(summary["export"]) / "mote_config.json").read_text())
+    experts = load_file(str(Path(summary["export"]) / "mote_experts.safetensors"))
+    dense = load_file(str(Path(json.loads((d / "config.json").read_text())["model"]["name"]) / "model.safetensors"))
+    plan, store = Plan.load(d / "plan.npz"), Store.open(d / "store")
+    types = {i.task: i.task_type for i in store.datasets}
+    routing = {t: tuple(qd) for t, *qd in spec["routing"]} if isinstance(spec["routing"], list) else spec["routing"]
+    used = {e for t in plan.task_ids for e in routing[types[plan.task_names[t]]]}
+    changed = {}
+    for key, w in experts.items():
+        _, name, hf_key = key.split(".", 2)
+        changed[name] = changed.get(name, False) or not np.array_equal(w, dense[hf_key])
+    assert used and {e for e, c in changed.items() if c} == used, (used, changed)
+    assert not changed["clustering"]
+
+
+if __name__ == "__main__":  # a worker of the `runs` fixture
+    _worker(sys.argv[1], sys.argv[2])
