@@ -242,6 +242,22 @@ def test_cli_prepare_config_file(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().out
 
 
+def test_cli_prepare_takes_a_run_config(tmp_path, capsys):
+    """A training run's config (data section + the run-level data.store key) prepares its data section."""
+    t = _write(tmp_path / "t.jsonl", TRIPLETS)
+    cfg = tmp_path / "run.py"
+    cfg.write_text(
+        CONFIG_PY.format(path=str(t)).replace("def get_config(", "def _data_config(")
+        + "\n\ndef get_config(arg=None):\n"
+          "    from jaxembed.config import default_config\n"
+          "    c = default_config()\n"
+          "    c.data = _data_config(arg)['data']\n"
+          "    c.data.store = ''\n"
+          "    return c\n")
+    assert _cli(["data", "prepare", "--config", str(cfg), "--out", str(tmp_path / "s")]) == 0, capsys.readouterr()
+    assert Store.open(tmp_path / "s").size("tri") == 7
+
+
 # the shared train data: records read / written / left out per dataset with the shared config
 SHARED_COUNTS = {
     "snli": (2954, 2954, 0), "sick_nli": (81, 81, 0), "sick_sts": (3563, 1330, 2233), "stsb": (754, 199, 555),

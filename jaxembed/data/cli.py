@@ -169,7 +169,9 @@ def load_data_config(spec: str):
     cfg = load_config_file(spec)
     keys = set(cfg.keys()) if hasattr(cfg, "keys") else set()
     if "data" in keys:
-        return cfg["data"], f"{spec}: data"
+        from jaxembed.config import data_section
+
+        return data_section(cfg), f"{spec}: data"  # a run config: its data section without the run's 'store' key
     if "datasets" in keys:
         return cfg, f"{spec}: data"
     raise UserError(f"{spec}: get_config() returned no 'data' field (fix: add config.data = a data config, see "
