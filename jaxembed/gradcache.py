@@ -6,7 +6,8 @@ recomputes one sub-batch at a time and accumulates the parameter gradients. This
 expressed with JAX transforms, at the same cost: one extra forward pass.
 
 The loss is never split into micro-batches, because that would shrink the pool of negatives. Dropout in
-sub-batch k uses ``fold_in(key, k)``, so the recomputation draws the same masks as the forward pass.
+sub-batch k uses ``fold_in(key, k)``, so the recomputation draws the same masks as the forward pass. Sub-batch k is
+the strided row set {k, k + n, k + 2n, ...} (n sub-batches), so that a data-sharded batch stays sharded.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ def encode_chunked(encode_fn: Callable[[Any, dict, jax.Array | None], jax.Array]
     if m % chunk_size:
         raise ValueError(f"gradient cache: {m} rows are not a multiple of the sub-batch size {chunk_size}")
     n = m // chunk_size
-    xs = jax.tree.map(lambda x: x.reshape((n, chunk_size) + x.shape[1:]), inputs)
+    # Strided sub-batches: sub-batch k holds rows k, k + n, k + 2n, ... A batch sharded contiguously over D
+    # devices (each holding M / D consecutive rows) then keeps chunk_size / D rows of every sub-batch on every
+    # device: no collective, each device encodes only its own rows. (Contiguous sub-batches would put a whole
+    # sub-batch on one or two devices and make XLA all-gather the batch: every device encoding every sub-batch.)
+    xs = jax.tree.map(lambda x: x.reshape((chunk_size, n) + x.shape[1:]).swapaxes(0, 1), inputs)
 
     def body(p, x, k):
         sub = None if key is None else jax.random.fold_in(key, k)
@@ -42,4 +47,4 @@ def encode_chunked(encode_fn: Callable[[Any, dict, jax.Array | None], jax.Array]
         return None, body(params, x, k)
 
     _, out = jax.lax.scan(step, None, (xs, jnp.arange(n, dtype=jnp.int32)))
-    return out.reshape((m,) + out.shape[2:])
+    return out.swapaxes(0, 1).reshape((m,) + out.shape[2:])  # back to the input row order
