@@ -2,7 +2,9 @@
 
 Commands: ``encode`` (texts -> .npy), ``export`` (any supported folder -> HF / sentence-transformers folder),
 ``data validate`` / ``data prepare`` (dataset store), ``plan build`` / ``plan show`` (batch plans),
-``train`` (run or resume training), ``eval`` (local evaluators, MTEB), ``demo`` (the built-in default job). User errors print one line naming file, line, field and fix (exit 2).
+``train`` (run or resume training), ``eval`` (local evaluators, MTEB), ``synth personas`` / ``judge`` (LLM data
+tools), ``pretrain retromae`` (RetroMAE), ``score`` / ``curriculum`` / ``mine`` (reference-model
+scores, Data-CUBE task order, hard-negative mining), ``sweep`` / ``sweep report`` (hyperparameter sweeps: local, SLURM array, TPU command list), ``demo`` (the built-in default job). User errors print one line naming file, line, field and fix (exit 2).
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                                                                "attention instead of causal")
 
 
-def _load(args):
+def _load(args, task: str | None = None):
     from jaxembed import hf
 
     kw = {"dtype": args.dtype, "max_length": args.max_length, "pooling": args.pooling}
     if getattr(args, "bidirectional", False):
         kw["causal"] = False
+    if task is not None:
+        kw["task"] = task
     return hf.load(args.model, **kw)
 
 
@@ -54,9 +58,9 @@ def cmd_encode(args) -> int:
     if not texts:
         raise UserError(f"{args.input}: no texts to encode")
     t0 = time.time()
-    enc = Encoder.from_loaded(_load(args))
+    enc = Encoder.from_loaded(_load(args, task=args.task))  # MoTE: only the task's expert is loaded
     emb = enc.encode(texts, prompt=args.prompt, prompt_name=args.prompt_name, batch_size=args.batch_size,
-                     dim=args.dim, progress=not args.quiet)
+                     dim=args.dim, progress=not args.quiet, task=args.task)
     out.parent.mkdir(parents=True, exist_ok=True)
     np.save(out, emb.astype(np.float32))
     print(f"wrote {out}: {emb.shape[0]} x {emb.shape[1]} float32 in {time.time() - t0:.1f}s")
@@ -68,14 +72,33 @@ def cmd_export(args) -> int:
 
     if (args.model is None) == (args.workdir is None):
         raise UserError("export: give exactly one of --model (a model folder / hub id) or --workdir (a run)")
+    if args.task is not None and args.average_experts:
+        raise UserError("export: give --task or --average-experts, not both")
     if args.workdir:
         from jaxembed.train import export_from_workdir
 
-        path = export_from_workdir(args.workdir, args.out, args.step)
+        path = export_from_workdir(args.workdir, args.out, args.step, task=args.task,
+                                   average_experts=args.average_experts)
+    elif args.task is not None:  # only the task's expert is read from the MoTE folder
+        loaded = _load(args, task=args.task)
+        path = export.export_expert(loaded.model, loaded.tokenizer, args.out, args.task, **_export_kw(loaded))
+    elif args.average_experts:
+        loaded = _load(args)
+        path = export.export_averaged(loaded.model, loaded.tokenizer, args.out, **_export_kw(loaded))
     else:
         path = export.export_loaded(_load(args), args.out)
-    print(f"exported to {path} (loads with transformers.AutoModel and sentence_transformers.SentenceTransformer)")
+    if (Path(path) / "mote_config.json").exists():
+        print(f"exported to {path}: a MoTE folder with every task expert (sentence_transformers.SentenceTransformer"
+              "(..., trust_remote_code=True), then model.encode(texts, task=...); transformers.AutoModel loads the "
+              "default expert)")
+    else:
+        print(f"exported to {path} (loads with transformers.AutoModel and sentence_transformers.SentenceTransformer)")
     return 0
+
+
+def _export_kw(loaded) -> dict:
+    return dict(hf_config=loaded.hf_config, prompts=loaded.st.prompts,
+                default_prompt_name=loaded.st.default_prompt_name, similarity_fn_name=loaded.st.similarity_fn_name)
 
 
 def cmd_train(args) -> int:
@@ -186,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-name", default=None, help="a named prompt of the model (config_sentence_transformers)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--dim", type=int, default=None, help="Matryoshka: keep the first D dimensions (re-normalised)")
+    p.add_argument("--task", default=None, help="MoTE models: the task expert to encode with: an expert name "
+                                                "(search_query, classification, ...), a task type (clustering, "
+                                                "sts, ...) or query / document; only its expert is loaded")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_encode)
 
@@ -197,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=None)
     p.add_argument("--pooling", default=None, choices=["mean", "cls", "lasttoken", "max", "mean_sqrt_len"])
     p.add_argument("--bidirectional", action="store_true")
+    p.add_argument("--task", default=None, help="MoTE: a plain dense folder whose feed-forward is this task's expert "
+                                                "(an expert name, or a task type with one expert)")
+    p.add_argument("--average-experts", action="store_true", help="MoTE: the dense folder of the expert average "
+                                                                  "(MoTE App. B)")
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=cmd_export)
 
@@ -213,6 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_parsers(sub)
     add_plan_parsers(sub)
     add_eval_parsers(sub)
+    from jaxembed.sweep import add_parsers as add_sweep_parsers
+
+    add_sweep_parsers(sub)
+    from jaxembed.curriculum.cli import add_parsers as add_curriculum_parsers
+    add_curriculum_parsers(sub)
+    from jaxembed.pretrain.cli import add_parsers as add_pretrain_parsers
+    from jaxembed.synth.cli import add_parsers as add_synth_parsers
+
+    add_synth_parsers(sub)
+    add_pretrain_parsers(sub)
 
     p = sub.add_parser("demo", help="the main job on the built-in default: fine-tune all-MiniLM-L6-v2 on the "
                                     "shared multi-task data, evaluate before / after, export")
@@ -232,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     overrides = [u for u in unknown if u.startswith("--config.")]
     rest = [u for u in unknown if not u.startswith("--config.")]
-    if rest or (overrides and args.command not in ("train", "demo")):
+    if rest or (overrides and args.command not in ("train", "demo", "sweep", "pretrain")):
         parser.error(f"unrecognized arguments: {' '.join(rest or overrides)}")
     args.overrides = overrides
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,

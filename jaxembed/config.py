@@ -42,6 +42,15 @@ def default_config() -> mc.ConfigDict:
         causal=config_dict.placeholder(bool),  # decoder backbones: False = bidirectional attention
         max_length=0,           # 0 keeps the model's max_seq_length
     ))
+    from jaxembed import mote
+
+    c.model.mote = mc.ConfigDict(dict(   # MoTE task experts (DESIGN.md 2.3, jaxembed/mote.py)
+        enabled=False,          # up-cycle the dense model's feed-forward blocks into task experts
+        experts=mote.DEFAULT_EXPERTS,     # expert names (MoTE App. D.1: four instruction types)
+        placement="every",      # 'every' block (EB) | 'every_other' block (EOB: blocks 1, 3, 5, ...)
+        routing=mc.ConfigDict(dict(mote.DEFAULT_ROUTING)),  # task type -> (query expert, document expert)
+        default=mote.DEFAULT_EXPERT,      # the expert for inputs with no task
+    ))
     c.data = default_data_config()
     c.data.store = ""           # an existing store (jaxembed data prepare); '' = prepare into <workdir>/store
     c.plan = default_plan_config()
@@ -140,6 +149,11 @@ def validate(c: mc.ConfigDict) -> None:
     if c.model.pooling:
         _choice(c, "model.pooling", ("mean", "cls", "lasttoken", "max", "mean_sqrt_len"))
     _positive(c, "model.max_length", allow_zero=True, integer=True)
+    if "mote" in c.model and c.model.mote.enabled:
+        from jaxembed import mote
+
+        types = [] if c.data.store else [(d.name, d.task_type) for d in c.data.datasets]
+        mote.validate_config(c.model.mote, types)
     if not c.data.store:
         validate_data_config(data_section(c), where="config.data")
     elif not (Path(c.data.store) / "manifest.json").exists():
@@ -279,7 +293,10 @@ def from_json(text: str) -> mc.ConfigDict:
                 with node.ignore_type():
                     node[k] = v
 
+    routing = d.get("model", {}).get("mote", {}).pop("routing", None)
     merge(c, d, "")
+    if routing is not None:  # a table: its keys are the run's own, not a fixed set
+        c.model.mote.routing = mc.ConfigDict({k: tuple(v) for k, v in routing.items()})
     c.data.datasets = [dataset_config(**x) for x in datasets]
     return c
 

@@ -53,9 +53,37 @@ class Encoder:
         """From ``jaxembed.hf.load(...)``."""
         return cls(loaded.model, loaded.tokenizer, loaded.st.prompts, loaded.st.default_prompt_name)
 
-    def _forward(self, state, input_ids, attention_mask, prompt_lengths, dim):
+    def _forward(self, state, input_ids, attention_mask, prompt_lengths, experts, dim):
         model = nnx.merge(self._graphdef, state)
-        return model(input_ids, attention_mask, prompt_lengths, dim=dim)
+        return model(input_ids, attention_mask, prompt_lengths, dim=dim, experts=experts)
+
+    @property
+    def mote(self):
+        """The model's ``jaxembed.mote.MoTESpec`` (its task experts), or None for a dense model."""
+        return getattr(self.model.config, "mote", None)
+
+    def expert_index(self, task: str | None = None, expert: int | str | None = None,
+                     side: str | None = None) -> int | None:
+        """The MoTE expert to encode with: ``expert`` (an index or a name), else the expert of ``task`` (an
+        expert name, a task type such as ``retrieval`` / ``STS``, or ``query`` / ``document``) on ``side``
+        (``query`` / ``document``), else the default expert. None for a dense model."""
+        spec = self.mote
+        if spec is None:
+            if task is not None or expert is not None:
+                what = f"task {task!r}" if task is not None else f"expert {expert!r}"
+                raise UserError(f"{what}: this is a dense model without task experts (fix: leave out the task, or "
+                                "use a MoTE model)")
+            return None
+        if expert is not None and task is not None:
+            raise UserError("give either a task or an expert, not both")
+        if expert is None:
+            return spec.expert_for(task, side)
+        if isinstance(expert, str):
+            return spec.index(expert)
+        if not 0 <= int(expert) < spec.num_experts:
+            raise UserError(f"expert index {expert} is out of range: this model has {spec.num_experts} experts "
+                            f"({', '.join(spec.experts)})")
+        return int(expert)
 
     def resolve_prompt(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
         if prompt is not None and prompt_name is not None:
@@ -71,10 +99,15 @@ class Encoder:
 
     def encode(self, texts: Sequence[str], *, prompt: str | None = None, prompt_name: str | None = None,
                batch_size: int = 32, max_length: int | None = None, dim: int | None = None,
-               progress: bool | None = None) -> np.ndarray:
-        """texts: N strings -> [N, D] float32 (D = dim when Matryoshka-truncated), in input order."""
+               progress: bool | None = None, task: str | None = None, expert: int | str | None = None,
+               side: str | None = None) -> np.ndarray:
+        """texts: N strings -> [N, D] float32 (D = dim when Matryoshka-truncated), in input order.
+
+        MoTE models: every text goes through the expert of ``task`` (on ``side``) or ``expert``, see
+        ``expert_index``; without either, the default expert. Dense models take neither."""
         if isinstance(texts, str):
             raise TypeError("encode() takes a list of texts, not a single string")
+        eidx = self.expert_index(task, expert, side)
         n = len(texts)
         out_dim = dim or self.model.dim
         if n == 0:
@@ -101,7 +134,8 @@ class Encoder:
                 args = (input_ids, mask, pl)
                 if self._mesh is not None:
                     args = jax.device_put(args, NamedSharding(self._mesh, P("data")))
-                emb = self._fn(self._state, *args, dim=dim)
+                ex = None if eidx is None else np.int32(eidx)  # one expert for the call (MoTE's fast path)
+                emb = self._fn(self._state, *args, ex, dim=dim)
                 out[idx] = np.asarray(emb)[: len(idx)]
                 bar.update(len(idx))
         return out

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from jaxembed import __version__, models
+from jaxembed.errors import UserError
 from jaxembed.models.embedding import DENSE_ACTIVATIONS, EmbeddingModel
 from jaxembed.tokenizer import Tokenizer
 
@@ -65,7 +66,10 @@ def export(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLi
     """Write ``model`` + ``tokenizer`` as a Hugging Face / sentence-transformers folder and return its path.
 
     hf_config: the original config.json (kept for fields we do not model, e.g. ``_name_or_path``), overlaid
-    with our architecture fields."""
+    with our architecture fields. A MoTE model is written as the full MoTE export (see ``export_mote``)."""
+    if getattr(model.config, "mote", None) is not None:
+        return export_mote(model, tokenizer, out_dir, hf_config=hf_config, prompts=prompts,
+                           default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = model.config
@@ -150,3 +154,197 @@ def _card(config, head, prompts) -> str:
     if prompts:
         lines += ["Prompts (instructions):", ""] + [f"- `{k}`: `{v}`" for k, v in sorted(prompts.items())] + [""]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------ MoTE
+
+
+def export_mote(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLike, **kw) -> Path:
+    """The full MoTE export: one sentence-transformers folder holding every expert.
+
+    - ``config.json`` / ``model.safetensors``: the dense model of the default expert. ``transformers.AutoModel``
+      loads it as that expert's model. The shared weights are stored once.
+    - ``mote_experts.safetensors``: the feed-forward weights of every expert in the MoTE layers, keyed
+      ``experts.<expert>.<Hugging Face key>``; ``mote_config.json``: experts, layers, routing, default.
+    - ``jaxembed_mote.py``: the sentence-transformers module ``MoTETransformer``, a Transformer that swaps the
+      task's expert weights into the model before each forward pass.
+      ``SentenceTransformer(DIR, trust_remote_code=True)`` loads it from the folder, with no network access, and
+      ``model.encode(texts, task="classification")`` selects an expert. ``task`` takes an expert name, a task
+      type (``retrieval`` needs ``encode_query`` / ``encode_document``) or ``query`` / ``document``. Without a
+      task, the default expert is used.
+
+    ``jaxembed.hf.load`` reads the folder back as a MoTE model (optionally for one task's experts only)."""
+    from jaxembed import mote
+
+    spec = model.config.mote
+    out = Path(out_dir)
+    kw.pop("model_card", None)
+    export(mote.extract_expert(model, spec.default), tokenizer, out, model_card=_mote_card(model.config, spec),
+           **kw)
+    modules = json.loads((out / "modules.json").read_text(encoding="utf-8"))
+    modules[0].update(type=f"{_MOTE_MODULE}.MoTETransformer", kwargs=["task"])
+    _dump(out / "modules.json", modules)
+    _dump(out / mote.CONFIG_FILE, spec.to_json())
+    write_safetensors(out / mote.WEIGHTS_FILE, mote.hf_expert_tensors(model))
+    (out / f"{_MOTE_MODULE}.py").write_text(MOTE_ST_MODULE, encoding="utf-8")
+    return out
+
+
+def export_expert(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLike, task: str,
+                  **kw) -> Path:
+    """A per-task export: the plain dense folder (standard Hugging Face / sentence-transformers, no custom code)
+    whose feed-forward blocks are the expert of ``task``. A task whose queries and documents use two experts
+    (retrieval) needs one export per expert: ``task='search_query'`` and ``task='search_document'``."""
+    from jaxembed import mote
+
+    spec = mote.get_spec(model)
+    if spec is None:
+        raise UserError(f"--task {task}: the model is dense (no task experts); export it without --task")
+    name = spec.expert_name(task)
+    dense = mote.extract_expert(model, name)
+    kw.setdefault("model_card", _card(dense.config, dense.head, kw.get("prompts"))
+                  + f"\nMoTE expert `{name}` (per-task export of a jaxembed MoTE model: a plain dense model).\n")
+    return export(dense, tokenizer, out_dir, **kw)
+
+
+def export_averaged(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLike, **kw) -> Path:
+    """MoTE App. B, expert averaging: the dense folder whose feed-forward blocks are the mean of the experts."""
+    from jaxembed import mote
+
+    if mote.get_spec(model) is None:
+        raise UserError("--average-experts: the model is dense (no task experts); export it without the flag")
+    dense = mote.average_experts(model)
+    kw.setdefault("model_card", _card(dense.config, dense.head, kw.get("prompts"))
+                  + "\nExpert-averaged (MoTE Appendix B) dense model of a jaxembed MoTE model.\n")
+    return export(dense, tokenizer, out_dir, **kw)
+
+
+def _mote_card(config, spec) -> str:
+    routes = "\n".join(f"- `{t}`: queries `{q}`, documents `{d}`" for t, q, d in spec.routing)
+    return "\n".join([
+        "---", "library_name: sentence-transformers", "tags:", "- sentence-transformers", "- feature-extraction",
+        "- jaxembed", "- mote", "---", "", "# MoTE text-embedding model trained with jaxembed", "",
+        f"Architecture: `{config.model_type}`, {config.num_layers} layers, hidden size {config.hidden_size}; "
+        f"task experts {', '.join(f'`{e}`' for e in spec.experts)} in layers {list(spec.layers)}; default "
+        f"`{spec.default}`.", "",
+        "```python", "from sentence_transformers import SentenceTransformer",
+        "model = SentenceTransformer('PATH', trust_remote_code=True)   # loads jaxembed_mote.py from the folder",
+        "emb = model.encode(['a sentence'], task='classification')",
+        "q = model.encode_query(['a question'])        # the search_query expert",
+        "d = model.encode_document(['a passage'])      # the search_document expert", "```", "",
+        "Routing (task type -> experts):", "", routes, "",
+        "`transformers.AutoModel` on this folder gives the default expert's dense model.", ""])
+
+
+_MOTE_MODULE = "jaxembed_mote"
+MOTE_ST_MODULE = '''"""MoTE (mixture of task experts) for sentence-transformers, written by jaxembed.
+
+    model = SentenceTransformer(PATH, trust_remote_code=True)
+    model.encode(texts, task="classification")      # an expert, a task type, or "query" / "document"
+    model.encode_query(queries); model.encode_document(passages)
+
+model.safetensors holds the dense model with the default expert's feed-forward weights; mote_experts.safetensors
+holds every expert's feed-forward weights (keys "experts.<expert>.<parameter name>"); mote_config.json lists the
+experts, the MoTE layers and the routing (task type -> query expert, document expert). Before a forward pass the
+task's expert weights are copied into the model (the inactive experts stay in CPU memory, MoTE 3.1).
+"""
+
+import json
+import os
+import re
+
+import torch
+from safetensors.torch import load_file, save_file
+
+try:
+    from sentence_transformers.base.modules import Transformer as _Transformer  # sentence-transformers >= 6
+except ImportError:  # sentence-transformers 5
+    from sentence_transformers.models import Transformer as _Transformer
+
+_ALIASES = {"multilabelclassification": "classification", "instructionretrieval": "retrieval",
+            "instructionreranking": "reranking", "bitextmining": "sts"}
+
+
+def _norm(name):
+    return re.sub(r"[^a-z0-9]", "", str(name).lower())
+
+
+def _local_dir(model_name_or_path, subfolder, kwargs):
+    path = os.path.join(model_name_or_path, subfolder or "")
+    if os.path.isdir(path):
+        return path
+    from sentence_transformers.util import load_dir_path
+
+    return load_dir_path(model_name_or_path=model_name_or_path, subfolder=subfolder or "",
+                         token=kwargs.get("token"), cache_folder=kwargs.get("cache_folder"),
+                         revision=kwargs.get("revision"), local_files_only=kwargs.get("local_files_only", False))
+
+
+class MoTETransformer(_Transformer):
+    forward_kwargs = set(getattr(_Transformer, "forward_kwargs", set())) | {"task"}
+
+    @classmethod
+    def load(cls, model_name_or_path, subfolder="", **kwargs):
+        module = super().load(model_name_or_path, subfolder=subfolder, **kwargs)
+        module._mote_setup(_local_dir(model_name_or_path, subfolder, kwargs))
+        return module
+
+    def _mote_setup(self, folder):
+        with open(os.path.join(folder, "mote_config.json"), encoding="utf-8") as f:
+            self.mote_config = json.load(f)
+        tensors = load_file(os.path.join(folder, self.mote_config["weights"]))
+        self._mote_experts = {}
+        for name in self.mote_config["experts"]:
+            prefix = "experts." + name + "."
+            self._mote_experts[name] = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        model = self.auto_model
+        self._mote_params = {k: model.get_parameter(k) for k in self._mote_experts[self.mote_config["default"]]}
+        self._mote_current = self.mote_config["default"]  # model.safetensors holds the default expert
+
+    def expert_for(self, task):
+        """The expert name of a task: an expert, "query" / "document", or a task type (retrieval needs a side)."""
+        cfg = self.mote_config
+        if task is None:
+            return cfg["default"]
+        if task in cfg["experts"]:
+            return task
+        routes = {_norm(t): v for t, v in cfg["routing"].items()}
+        key = _norm(task)
+        if key in ("query", "document"):
+            return routes["retrieval"][0 if key == "query" else 1]
+        pair = routes.get(key) or routes.get(_norm(_ALIASES.get(key, "")))
+        if pair is None:
+            raise ValueError(f"task {task!r}: not an expert ({', '.join(cfg['experts'])}), a routed task type "
+                             f"({', '.join(cfg['routing'])}) or query / document")
+        if pair[0] != pair[1]:
+            raise ValueError(f"task {task!r} encodes queries with {pair[0]!r} and documents with {pair[1]!r}: use "
+                             "encode_query / encode_document, or task='query' / 'document'")
+        return pair[0]
+
+    def set_expert(self, name):
+        if name == self._mote_current:
+            return
+        with torch.no_grad():
+            for k, v in self._mote_experts[name].items():
+                self._mote_params[k].copy_(v)
+        self._mote_current = name
+
+    def forward(self, features, task=None, **kwargs):
+        self.set_expert(self.expert_for(task))
+        return super().forward(features, **kwargs)
+
+    def save(self, output_path, *args, **kwargs):
+        current = self._mote_current
+        self.set_expert(self.mote_config["default"])
+        try:
+            super().save(output_path, *args, **kwargs)
+        finally:
+            self.set_expert(current)
+        with open(os.path.join(output_path, "mote_config.json"), "w", encoding="utf-8") as f:
+            json.dump(self.mote_config, f, indent=2)
+        flat = {"experts." + n + "." + k: v.contiguous() for n, w in self._mote_experts.items() for k, v in w.items()}
+        save_file(flat, os.path.join(output_path, self.mote_config["weights"]))
+        with open(__file__, encoding="utf-8") as src, open(os.path.join(output_path, os.path.basename(__file__)),
+                                                            "w", encoding="utf-8") as dst:
+            dst.write(src.read())
+'''

@@ -173,7 +173,8 @@ def read_sentence_transformers(folder: Path, pooling_default: str = "mean") -> S
     for m in _read_json(modules_file):
         kind = m["type"].rsplit(".", 1)[-1]
         sub = folder / m.get("path", "")
-        if kind in ("Transformer", "INSTRUCTOR_Transformer"):
+        if kind in ("Transformer", "INSTRUCTOR_Transformer", "MoTETransformer"):  # MoTETransformer: jaxembed's
+            # own MoTE module (jaxembed.export); read as data here, never imported
             info.transformer_dir = sub
             sbc = sub / "sentence_bert_config.json"
             if sbc.exists():
@@ -214,10 +215,16 @@ class Loaded:
 
 def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str = "float32",
          remat: bool = False, max_length: int | None = None, pooling: str | None = None,
-         normalize: bool | None = None, revision: str | None = None, **arch_overrides) -> Loaded:
+         normalize: bool | None = None, revision: str | None = None, mote=None, task: str | None = None,
+         **arch_overrides) -> Loaded:
     """Load an embedding model (weights, tokenizer, pooling, prompts) from a folder or a hub id.
 
-    arch_overrides: architecture fields such as ``causal=False`` for a Qwen2 backbone."""
+    arch_overrides: architecture fields such as ``causal=False`` for a Qwen2 backbone.
+
+    MoTE (``jaxembed.mote``): a folder with ``mote_config.json`` (a jaxembed MoTE export) loads as a MoTE model
+    with all its experts, or, with ``task``, only the experts that task uses (an expert name, a task type such as
+    ``retrieval`` / ``Classification``, or ``query`` / ``document``): the others are never read from disk.
+    ``mote``: a ``MoTESpec`` to up-cycle a dense folder into (MoTE 3.1.1)."""
     folder = resolve(name_or_path, revision)
     st = read_sentence_transformers(folder)
     if pooling is not None or normalize is not None:
@@ -236,6 +243,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", param_dtype
         raise ModelLoadError(f"{tdir / 'config.json'}: {e}") from None
     tensors, wsource = read_weights(tdir)
     backbone, config = models.load_weights(config, tensors, source=wsource)
+    del tensors
+    backbone = _load_mote(backbone, tdir, mote, task)
     model = EmbeddingModel(backbone, st.head)
     for layer, w in zip(model.dense, st.dense_weights):
         pdt = to_dtype(param_dtype)
@@ -248,6 +257,30 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", param_dtype
     if limit is not None and tok.max_length > limit:
         tok.max_length = limit
     return Loaded(model, tok, hf_config, st, folder)
+
+
+def _load_mote(backbone, tdir: Path, spec, task: str | None):
+    """The backbone with its MoTE experts: read from a MoTE export (all, or those of ``task``), or up-cycled from
+    the dense backbone with ``spec``."""
+    from jaxembed import mote as motelib
+
+    saved = motelib.read_spec(tdir)
+    if saved is None:
+        if task is not None:
+            raise ModelLoadError(f"{tdir}: a dense model without task experts, so task={task!r} does not apply "
+                                 "(fix: leave out the task, or load a jaxembed MoTE export)")
+        return backbone if spec is None else motelib.upcycle(backbone, spec)
+    if spec is not None and (tuple(spec.experts), tuple(spec.layers)) != (saved.experts, saved.layers):
+        raise ModelLoadError(f"{tdir / motelib.CONFIG_FILE}: the folder's experts {saved.experts} in layers "
+                             f"{saved.layers} differ from the requested {spec.experts} in layers {spec.layers} "
+                             "(fix: make model.mote match the folder, or start from a dense model)")
+    if spec is not None:
+        saved = dataclasses.replace(saved, routing=spec.routing, default=spec.default)
+    keep = saved.experts if task is None else saved.experts_for(task)
+    wfile = tdir / motelib.WEIGHTS_FILE
+    if not wfile.exists():
+        raise ModelLoadError(f"{wfile}: missing; {tdir / motelib.CONFIG_FILE} needs it (fix: re-export the model)")
+    return motelib.from_hf_experts(backbone, saved.subset(keep), read_safetensors(wfile), str(wfile))
 
 
 def _position_limit(config) -> int | None:

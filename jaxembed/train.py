@@ -12,6 +12,7 @@ same batch for a step after any restart, so a resumed run reproduces an uninterr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ class Run:
     tx: Any
     schedule: Callable
     K: int
+    routes: tuple[np.ndarray, np.ndarray] | None = None  # MoTE: expert of each plan task's queries / documents [T]
 
     @property
     def task_names(self) -> list[str]:
@@ -123,10 +125,19 @@ def setup(config, workdir: str | Path) -> Run:
         kw["pooling"] = config.model.pooling
     if config.model.causal is not None:
         kw["causal"] = config.model.causal
-    loaded = hf.load(config.model.name, **kw)
+    loaded = load_model(config, **kw)
     store = prepare_store(config, workdir)
     plan = prepare_plan(config, store, workdir)
     K = 1 + max(int(d.num_negatives) for d in store.datasets)
+    spec = getattr(loaded.model.config, "mote", None)
+    routes = None
+    if spec is not None:
+        from jaxembed import mote
+
+        task_types = {}
+        for d in store.datasets:
+            task_types.setdefault(d.task, d.task_type)
+        routes = mote.routing_tables(spec, list(plan.task_names), task_types)
     graphdef, params, rest = nnx.split(loaded.model, nnx.Param, ...)
     pure = nnx.to_pure_dict(params)
     total = plan.steps
@@ -134,8 +145,32 @@ def setup(config, workdir: str | Path) -> Run:
     tx, sched = optim.make_optimizer(
         pure, lr=config.optim.lr, total_steps=total, warmup_steps=warmup, schedule_kind=config.optim.schedule,
         weight_decay=config.optim.weight_decay, b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps,
-        grad_clip=config.optim.grad_clip, freeze=tuple(config.optim.freeze), end_factor=config.optim.end_factor)
-    return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K)
+        grad_clip=config.optim.grad_clip, freeze=tuple(config.optim.freeze), end_factor=config.optim.end_factor,
+        routed=spec is not None)
+    return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes)
+
+
+def load_model(config, **kw) -> hf.Loaded:
+    """The run's model: ``config.model.name`` loaded with ``kw``; with ``model.mote.enabled``, up-cycled into
+    task experts (MoTE 3.1.1), or a MoTE export whose experts match the config."""
+    m = config.model.mote if "mote" in config.model else None
+    if m is None or not m.enabled:
+        loaded = hf.load(config.model.name, **kw)
+        if getattr(loaded.model.config, "mote", None) is not None:
+            raise UserError(f"config.model.name = {config.model.name!r} is a MoTE model (task experts) but "
+                            "config.model.mote.enabled is False (fix: set model.mote.enabled=True, or start from a "
+                            "dense model, e.g. `jaxembed export --model ... --average-experts`)")
+        return loaded
+    from jaxembed import mote
+    from jaxembed.models import config_from_hf
+
+    folder = hf.resolve(config.model.name)
+    st = hf.read_sentence_transformers(folder)
+    try:
+        num_layers = config_from_hf(json.loads((st.transformer_dir / "config.json").read_text())).num_layers
+    except (OSError, ValueError, TypeError) as e:
+        raise UserError(f"{st.transformer_dir / 'config.json'}: cannot read the model config ({e})") from None
+    return hf.load(folder, mote=mote.spec_from_config(m, num_layers), **kw)
 
 
 def _param_shardings(run: Run, params_state) -> Any:
@@ -177,6 +212,8 @@ def make_train_step(run: Run) -> Callable:
     chunk = c.train.gradcache_chunk or None
     default_temp = float(c.loss.temperature)
     graphdef, rest = run.graphdef, run.rest
+    routes = None if run.routes is None else tuple(np.asarray(r, np.int32) for r in run.routes)
+    num_experts = run.loaded.model.config.mote.num_experts if routes is not None else 0
     inject = tuple(int(s) for s in c.train.inject_nonfinite_steps)
     dims, dim_ws = tuple(c.loss.matryoshka_dims), tuple(c.loss.matryoshka_weights)
     mesh = run.mesh
@@ -184,22 +221,32 @@ def make_train_step(run: Run) -> Callable:
                                            peg_alpha=c.loss.peg_alpha, peg_beta=c.loss.peg_beta
                                            ) if c.loss.impl == "shard_map" else None
 
-    def encode(params, x, key):
+    def encode(params, x, key, one_expert=False):
         model = nnx.merge(graphdef, params, rest)
         rngs = None if key is None else nnx.Rngs(dropout=key)
-        return model(x["ids"], x["mask"], x["prompt"], deterministic=key is None, rngs=rngs)
+        experts = x.get("experts")
+        if experts is not None and one_expert:  # every row has the same expert: MoTE's fast path (jaxembed.mote)
+            experts = experts[0]
+        return model(x["ids"], x["mask"], x["prompt"], deterministic=key is None, rngs=rngs, experts=experts)
 
-    def loss_fn(params, batch, key, peg_t):
+    def expert_ids(batch):
+        """MoTE: the expert of each query [B] and each candidate [B * K], by the row's task (MoTE 3.1)."""
+        t = batch["task_id"]
+        return jnp.asarray(routes[0])[t], jnp.repeat(jnp.asarray(routes[1])[t], K)
+
+    def loss_fn(params, batch, key, peg_t, single_task=False):
         kq = kd = None
         if c.train.dropout:
             kq, kd = jax.random.split(key)
-        eq = gradcache.encode_chunked(encode, params, {"ids": batch["query_input_ids"],
-                                                       "mask": batch["query_attention_mask"],
-                                                       "prompt": batch["query_prompt_length"]}, chunk, kq)
-        ed = gradcache.encode_chunked(encode, params, {"ids": batch["doc_input_ids"],
-                                                       "mask": batch["doc_attention_mask"],
-                                                       "prompt": batch["doc_prompt_length"]},
-                                      None if chunk is None else chunk * K, kd)
+        q_in = {"ids": batch["query_input_ids"], "mask": batch["query_attention_mask"],
+                "prompt": batch["query_prompt_length"]}
+        d_in = {"ids": batch["doc_input_ids"], "mask": batch["doc_attention_mask"],
+                "prompt": batch["doc_prompt_length"]}
+        if routes is not None:
+            q_in["experts"], d_in["experts"] = expert_ids(batch)
+        enc = functools.partial(encode, one_expert=single_task)
+        eq = gradcache.encode_chunked(enc, params, q_in, chunk, kq)
+        ed = gradcache.encode_chunked(enc, params, d_in, None if chunk is None else chunk * K, kd)
         b = eq.shape[0]
         pos = layout_pos_index(b, K)
         t = batch["temperature"]
@@ -221,13 +268,19 @@ def make_train_step(run: Run) -> Callable:
             loss = jnp.where(bad, jnp.nan, loss)
         return loss, metrics
 
-    def step(state, batch):
+    def step(state, batch, single_task=False):
+        """single_task (static): every row of the batch has one task (MoTE: one expert per encode call)."""
         key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch, key,
-                                                                           state["peg_t"])
+                                                                           state["peg_t"], single_task)
         gnorm = optax.global_norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-        updates, new_opt = run.tx.update(grads, state["opt_state"], state["params"])
+        extra = {}
+        if routes is not None:  # only the routed experts are updated (jaxembed.optim.routed_adamw)
+            from jaxembed import mote
+
+            extra["active"] = mote.active_experts(num_experts, *expert_ids(batch))
+        updates, new_opt = run.tx.update(grads, state["opt_state"], state["params"], **extra)
         new_params = optax.apply_updates(state["params"], updates)
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
         peg_t = metrics.get("peg_t", state["peg_t"])
@@ -248,7 +301,7 @@ def make_train_step(run: Run) -> Callable:
         t = batch["temperature"]
         return jnp.where(jnp.isnan(t), default_temp, t)
 
-    return jax.jit(step, donate_argnums=(0,))
+    return jax.jit(step, donate_argnums=(0,), static_argnames=("single_task",))
 
 
 # --------------------------------------------------------------------------------------------------- loop
@@ -367,7 +420,10 @@ def train(config, workdir: str | Path) -> dict:
             for step in range(start, total):
                 host_batch = next(loader)
                 batch = to_global(host_batch, rows_sharding)
-                state, m = step_fn(state, batch)
+                if run.routes is not None:  # MoTE: a one-task batch takes the one-expert-per-call path
+                    state, m = step_fn(state, batch, single_task=bool(run.plan.task_ids[step] >= 0))
+                else:
+                    state, m = step_fn(state, batch)
                 hs = batch_stats(host_batch)
                 hs["task"] = int(run.plan.task_ids[step]) if hasattr(run.plan, "task_ids") else -1
                 pending.append((step, m, hs))
@@ -463,8 +519,14 @@ def make_evaluator(run: Run):
     return evaluator
 
 
-def export_from_workdir(workdir: str | Path, out: str | Path, step: int | None = None) -> Path:
-    """Export a checkpoint of a run (the latest, or ``step``) as a HF / sentence-transformers folder."""
+def export_from_workdir(workdir: str | Path, out: str | Path, step: int | None = None, *, task: str | None = None,
+                        average_experts: bool = False) -> Path:
+    """Export a checkpoint of a run (the latest, or ``step``) as a HF / sentence-transformers folder.
+
+    MoTE runs: the full export (every expert), or with ``task`` the plain dense folder of that task's expert, or
+    with ``average_experts`` the expert-averaged dense folder (MoTE App. B)."""
+    if task is not None and average_experts:
+        raise UserError("export: give --task or --average-experts, not both")
     workdir = Path(workdir)
     cfg_file = workdir / "config.json"
     if not cfg_file.exists():
@@ -480,4 +542,13 @@ def export_from_workdir(workdir: str | Path, out: str | Path, step: int | None =
         raise UserError(f"--step {step}: no such checkpoint (have: {', '.join(map(str, steps))})")
     state = ckpt.restore(step, init_state(run))
     ckpt.close()
-    return export_params(run, state["params"], Path(out))
+    if task is None and not average_experts:
+        return export_params(run, state["params"], Path(out))
+    from jaxembed import export as exportlib
+
+    model = nnx.merge(run.graphdef, jax.device_get(state["params"]), run.rest)
+    kw = dict(hf_config=run.loaded.hf_config, prompts={**run.loaded.st.prompts, **task_prompts(run.store)},
+              similarity_fn_name=run.loaded.st.similarity_fn_name)
+    if task is not None:
+        return exportlib.export_expert(model, run.loaded.tokenizer, Path(out), task, **kw)
+    return exportlib.export_averaged(model, run.loaded.tokenizer, Path(out), **kw)

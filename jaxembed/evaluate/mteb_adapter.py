@@ -77,7 +77,8 @@ class MTEBEncoder(AbsEncoder):
     object with ``encode(texts, prompt=, batch_size=)``). Prompts are resolved per task name / task type /
     query-document in mteb's order from the model's prompts, the task's instruction (``task_instructions=True``:
     ``TaskMetadata.prompt``; the local custom tasks carry the registry's instructions there) and ``prompts``.
-    experts: MoTE routing, task type -> expert index (mapping or callable), passed as ``encode(..., expert=i)``.
+    experts: MoTE routing, task type -> expert (mapping or callable, see ``make_router``), passed as
+    ``encode(..., expert=i)``; a MoTE model without it routes by its own config (queries / documents apart).
     dim: Matryoshka dimension of the returned embeddings (a truncation, re-normalised when the model normalises).
     """
 
@@ -123,7 +124,7 @@ class MTEBEncoder(AbsEncoder):
         prompt = self.eval_encoder.prompt(task_metadata.name, task_metadata.type, side, task_metadata.prompt)
         if "batch_size" in kwargs and kwargs["batch_size"]:
             self.eval_encoder.batch_size = int(kwargs["batch_size"])
-        emb = self.eval_encoder.encode(texts, prompt=prompt, task_type=task_metadata.type)
+        emb = self.eval_encoder.encode(texts, prompt=prompt, task_type=task_metadata.type, prompt_type=side)
         return scoring.truncate(emb, self.dim, self.eval_encoder.renormalize)
 
     def similarity(self, embeddings1, embeddings2):

@@ -1,5 +1,8 @@
 """Prompts and MoTE routing for evaluation, resolved the same way for the local evaluators and for mteb.
 
+MoTE routing: a model with task experts (``Encoder.mote``) routes each task by its own config (task type ->
+expert; retrieval / reranking queries and documents apart), unless an explicit ``experts`` table is given.
+
 Prompt lookup (mteb's order, ``mteb.models.abs_encoder.get_prompt_name``) in a prompts dict keyed by task name,
 task type and prompt type (``query`` / ``document``; None for symmetric tasks):
 ``{task}-{prompt_type}``, ``{task}``, ``{type}-{prompt_type}``, ``{type}``, ``{prompt_type}``. No match: the
@@ -71,27 +74,57 @@ def instruction_prompts(task_name: str, task_type: str, instruction, document_in
     return out
 
 
-Router = Mapping[str, int] | Callable[[str], "int | None"]
+Router = Mapping[str, "int | str | Sequence | Mapping"] | Callable[..., "int | str | None"]
 
 
-def make_router(experts: Router | None) -> Callable[[str], int | None]:
-    """MoTE routing hook: task type -> expert index. A mapping (``"default"`` for unlisted types) or a callable;
-    None routes nothing."""
+def make_router(experts: Router | None) -> Callable[[str, str | None], int | str | None]:
+    """MoTE routing hook: (task type, prompt type) -> expert (index or name); prompt type is ``query`` /
+    ``document`` for retrieval and reranking, None for symmetric tasks.
+
+    A mapping: task type -> an expert for both sides, a pair (query expert, document expert), or
+    ``{"query": ..., "document": ...}``; ``"default"`` covers unlisted types. A callable: ``f(task_type)`` or
+    ``f(task_type, prompt_type)``. None routes nothing."""
     if experts is None:
-        return lambda task_type: None
+        return lambda task_type, prompt_type=None: None
     if callable(experts) and not isinstance(experts, Mapping):
-        return experts
+        try:
+            n = len([p for p in inspect.signature(experts).parameters.values()
+                     if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
+        except (TypeError, ValueError):
+            n = 1
+        if n >= 2:
+            return experts
+        return lambda task_type, prompt_type=None: experts(task_type)
     table = dict(experts)
 
-    def route(task_type: str) -> int | None:
+    def pick(value, prompt_type):
+        if isinstance(value, Mapping):
+            return value.get(prompt_type or "query", value.get("query"))
+        if isinstance(value, (list, tuple)):
+            return value[1] if prompt_type == "document" else value[0]
+        return value
+
+    def route(task_type: str, prompt_type: str | None = None):
         if task_type in table:
-            return int(table[task_type])
-        if "default" in table:
-            return int(table["default"])
-        raise UserError(f"no expert for task type {task_type!r} in the routing table (types: "
-                        f"{', '.join(sorted(table))}); add it or a 'default' entry")
+            value = table[task_type]
+        elif "default" in table:
+            value = table["default"]
+        else:
+            raise UserError(f"no expert for task type {task_type!r} in the routing table (types: "
+                            f"{', '.join(sorted(table))}); add it or a 'default' entry")
+        value = pick(value, prompt_type)
+        return value if isinstance(value, str) else int(value)
 
     return route
+
+
+def model_router(encoder) -> Callable[[str, str | None], str] | None:
+    """The routing of a MoTE model's own config (``jaxembed.mote.MoTESpec``: task type -> expert name, queries
+    and documents apart), or None when the encoder's model has no task experts."""
+    spec = getattr(encoder, "mote", None)
+    if spec is None:
+        return None
+    return lambda task_type, prompt_type=None: spec.expert_name(task_type, prompt_type)
 
 
 def _accepts(fn, name: str) -> bool:
@@ -136,7 +169,8 @@ class EvalEncoder:
         self.user_prompts = dict(prompts or {})
         self.task_instructions = task_instructions
         self.instruction_template = instruction_template
-        self.route = make_router(experts)
+        # MoTE: an explicit table wins; otherwise a MoTE model routes by its own config (task type -> expert)
+        self.route = make_router(experts) if experts is not None else (model_router(encoder) or make_router(None))
         self.batch_size = batch_size
         self.progress = progress
         if experts is not None and not _accepts(encoder.encode, "expert"):
@@ -169,8 +203,9 @@ class EvalEncoder:
         key = lookup_prompt(prompts, task_name, task_type, prompt_type)
         return prompts[key] if key is not None else None
 
-    def encode(self, texts: Sequence[str], *, prompt: str | None, task_type: str,
+    def encode(self, texts: Sequence[str], *, prompt: str | None, task_type: str, prompt_type: str | None = None,
                dim: int | None = None) -> np.ndarray:
+        """Embeddings of ``texts`` with ``prompt``; a MoTE encoder gets the expert of (task_type, prompt_type)."""
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dim or 0), np.float32)
@@ -182,7 +217,7 @@ class EvalEncoder:
             kw["progress"] = self.progress
         if dim is not None:
             kw["dim"] = dim
-        expert = self.route(task_type)
+        expert = self.route(task_type, prompt_type)
         if expert is not None:
             kw["expert"] = expert
         emb = np.asarray(self.encoder.encode(list(uniq), **kw), np.float32)

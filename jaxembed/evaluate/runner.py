@@ -217,7 +217,7 @@ def evaluate_task(enc: EvalEncoder, task: Task, *, dims: Sequence[int] = (), max
 
     def emb(texts, prompt_type):
         prompt = enc.prompt(task.name, task.type, prompt_type, task.query_instruction, task.document_instruction)
-        return enc.encode(texts, prompt=prompt, task_type=task.type)
+        return enc.encode(texts, prompt=prompt, task_type=task.type, prompt_type=prompt_type)
 
     raw = _EVALUATORS[task.type](data, emb, _views(dims, enc.renormalize), task, seed)
 
@@ -247,8 +247,9 @@ def evaluate(model_or_encoder, tasks: str | Task | Iterable[str | Task] | None =
     max_examples: a seeded sample of at most N test examples per task -- a cheap in-training signal (not
     comparable with the full-set scores). seed: MTEB's seed (classification undersampling, clustering
     bootstrap) and the sampling seed. prompts / task_instructions / instruction_template: see
-    ``jaxembed.evaluate.prompts``. experts: MoTE routing, task type -> expert index (a mapping or callable),
-    passed to the encoder as ``encode(..., expert=i)``. on_result(task, result, seconds): called after each
+    ``jaxembed.evaluate.prompts``. experts: MoTE routing, task type -> expert (a mapping or callable, see
+    ``make_router``), passed to the encoder as ``encode(..., expert=i)``; a MoTE model without it routes by its own
+    config (retrieval queries and documents to their experts). on_result(task, result, seconds): called after each
     task."""
     task_list = resolve_tasks(tasks, split)
     dims = _check_dims(dims)

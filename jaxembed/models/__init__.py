@@ -5,6 +5,10 @@ Every architecture package (``bert``, ``qwen2``, ``t5``) exports ``<Name>Config`
 rngs) -> [B, L, H]``), ``rules(config)``, ``PREFIXES`` (stripped from checkpoint keys), ``IGNORE`` (regexes of keys
 that are not encoder weights) and optionally ``adapt(hf_config, keys) -> dict`` (config overrides read off the
 checkpoint, e.g. whether BERT has a pooler).
+
+Every architecture config also carries ``mote`` (a ``jaxembed.mote.MoTESpec`` or None): with it, the listed
+layers' feed-forward sublayers are MoTE task-expert blocks, and ``__call__`` takes ``experts=`` (see
+``jaxembed.mote``).
 """
 
 from __future__ import annotations
@@ -161,5 +165,8 @@ def load_weights(config, tensors: dict[str, Any], source: str = "checkpoint") ->
 def export_weights(model: nnx.Module) -> dict[str, np.ndarray]:
     """Our parameters as a PyTorch-layout state dict (the keys ``transformers.AutoModel`` expects)."""
     config = model.config
+    if getattr(config, "mote", None) is not None:
+        raise UserError("a MoTE backbone has no single Hugging Face state dict (fix: jaxembed.export.export writes "
+                        "the full MoTE folder; jaxembed.mote.extract_expert / average_experts give dense models)")
     mod = spec_for(config.model_type).module()
     return mapping.flax_to_hf(mod.rules(config), flat_params(model), config.num_layers)

@@ -88,10 +88,13 @@ class EmbeddingModel(nnx.Module):
         return self.head.dense[-1].out_features if self.head.dense else self.config.hidden_size
 
     def __call__(self, input_ids, attention_mask, prompt_lengths=None, token_type_ids=None, *, dim: int | None = None,
-                 deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
+                 deterministic: bool = True, rngs: nnx.Rngs | None = None,
+                 experts: jax.Array | None = None) -> jax.Array:
         """input_ids, attention_mask: [B, L]; prompt_lengths: [B] instruction tokens to exclude from pooling
-        (used only when head.include_prompt is False); dim: Matryoshka truncation. -> [B, D] float32."""
-        hidden = self.backbone(input_ids, attention_mask, token_type_ids, deterministic=deterministic, rngs=rngs)
+        (used only when head.include_prompt is False); dim: Matryoshka truncation; experts: MoTE expert index per
+        row [B] (None: the default expert; dense models take None). -> [B, D] float32."""
+        hidden = self.backbone(input_ids, attention_mask, token_type_ids, deterministic=deterministic, rngs=rngs,
+                               experts=experts)
         pl = None if self.head.include_prompt else prompt_lengths
         x = pooling.pool(self.head.pooling, hidden, attention_mask, pl)
         for layer in self.dense:

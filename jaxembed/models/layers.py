@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -33,12 +33,14 @@ class RuntimeOptions:
     """Options every architecture config carries on top of its Hugging Face fields.
 
     dtype: computation dtype; param_dtype: storage dtype of the parameters; remat: rematerialise each layer in
-    the backward pass (activation memory of one layer at a time).
+    the backward pass (activation memory of one layer at a time); mote: a ``jaxembed.mote.MoTESpec`` (MoTE task
+    experts in the feed-forward blocks of ``mote.layers``) or None (dense).
     """
 
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False
+    mote: Any = None  # jaxembed.mote.MoTESpec: these layers' feed-forward blocks are task experts; None = dense
 
 
 def _init(initializer, axes: tuple[str | None, ...]):
@@ -198,3 +200,33 @@ def run_layers(layers, x: jax.Array, remat: bool, *args, rngs: nnx.Rngs | None =
         else:
             x = layer(x, *args, rngs=rngs, **kwargs)
     return x
+
+
+def feed_forward(c: RuntimeOptions, index: int, build: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs) -> nnx.Module:
+    """Layer ``index``'s feed-forward sublayer: ``build(rngs)`` (the dense block), or, when ``c.mote`` lists the
+    layer, a MoTE block of ``len(c.mote.experts)`` copies of it (``jaxembed.mote.MoTEFeedForward``)."""
+    spec = c.mote
+    if spec is None or index not in spec.layers:
+        return build(rngs)
+    from jaxembed.mote import MoTEFeedForward
+
+    return MoTEFeedForward(build, spec.num_experts, rngs)
+
+
+def call_ffn(ffn: nnx.Module, x: jax.Array, route, *, deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
+    """Apply a feed-forward sublayer; a MoTE block also gets the route (expert id per row, see jaxembed.mote)."""
+    if getattr(ffn, "routed", False):
+        return ffn(x, route, deterministic=deterministic, rngs=rngs)
+    return ffn(x, deterministic=deterministic, rngs=rngs)
+
+
+def mote_route(c: RuntimeOptions, experts: jax.Array | None, batch: int):
+    """The route of a forward pass: None for a dense model; (ids [B], active [E]) for a MoTE model (``experts``
+    None = every row to the default expert)."""
+    if c.mote is None:
+        if experts is not None:
+            raise ValueError("expert ids given to a dense model (it has no task experts)")
+        return None
+    from jaxembed.mote import make_route
+
+    return make_route(experts, c.mote, batch)

@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxembed.models.layers import RuntimeOptions, activation, attention, dense, embed, layer_norm, run_layers
+from jaxembed.models.layers import (RuntimeOptions, activation, attention, call_ffn, dense, embed, feed_forward,
+                                    layer_norm, mote_route, run_layers)
 
 # RoBERTa-style models number positions from padding_idx + 1 (HF create_position_ids_from_input_ids).
 _OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")
@@ -130,13 +131,14 @@ class BertFeedForward(nnx.Module):
 
 
 class BertLayer(nnx.Module):
-    def __init__(self, c: BertConfig, rngs: nnx.Rngs):
+    def __init__(self, c: BertConfig, rngs: nnx.Rngs, index: int = 0):
         self.attention = BertAttention(c, rngs)
-        self.ffn = BertFeedForward(c, rngs)
+        self.ffn = feed_forward(c, index, lambda r: BertFeedForward(c, r), rngs)
 
-    def __call__(self, x, mask, *, deterministic=True, rngs=None):
+    def __call__(self, x, mask, route=None, *, deterministic=True, rngs=None):
+        """route: MoTE (expert id per row, active experts), see jaxembed.mote; None for a dense model."""
         s = self.attention(x, mask, deterministic=deterministic, rngs=rngs)
-        return self.ffn(s, deterministic=deterministic, rngs=rngs)
+        return call_ffn(self.ffn, s, route, deterministic=deterministic, rngs=rngs)
 
 
 class BertPooler(nnx.Module):
@@ -150,14 +152,17 @@ class BertModel(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.embeddings = BertEmbeddings(config, rngs)
-        self.layers = nnx.List([BertLayer(config, rngs) for _ in range(config.num_hidden_layers)])
+        self.layers = nnx.List([BertLayer(config, rngs, i) for i in range(config.num_hidden_layers)])
         if config.add_pooler:
             self.pooler = BertPooler(config, rngs)
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None, *, deterministic: bool = True,
-                 rngs: nnx.Rngs | None = None) -> jax.Array:
-        """input_ids, attention_mask, token_type_ids: [B, L] -> last hidden states [B, L, H]."""
+                 rngs: nnx.Rngs | None = None, experts: jax.Array | None = None) -> jax.Array:
+        """input_ids, attention_mask, token_type_ids: [B, L] -> last hidden states [B, L, H].
+        experts: MoTE expert index per row [B] (None: the default expert); dense models take None."""
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, rngs=rngs)
-        return run_layers(self.layers, x, self.config.remat, attention_mask, deterministic=deterministic, rngs=rngs)
+        route = mote_route(self.config, experts, input_ids.shape[0])
+        args = (attention_mask,) if route is None else (attention_mask, route)
+        return run_layers(self.layers, x, self.config.remat, *args, deterministic=deterministic, rngs=rngs)

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxembed.models.layers import RMSNorm, RuntimeOptions, activation, attention, dense, embed, run_layers, to_dtype
+from jaxembed.models.layers import (RMSNorm, RuntimeOptions, activation, attention, call_ffn, dense, embed,
+                                    feed_forward, mote_route, run_layers, to_dtype)
 
 _ARCHITECTURES = {"qwen2": "Qwen2Model", "qwen3": "Qwen3Model"}
 
@@ -202,30 +203,34 @@ class Qwen2FeedForward(nnx.Module):
 
 
 class Qwen2Layer(nnx.Module):
-    def __init__(self, c: Qwen2Config, rngs: nnx.Rngs):
+    def __init__(self, c: Qwen2Config, rngs: nnx.Rngs, index: int = 0):
         self.attention = Qwen2Attention(c, rngs)
-        self.ffn = Qwen2FeedForward(c, rngs)
+        self.ffn = feed_forward(c, index, lambda r: Qwen2FeedForward(c, r), rngs)
 
-    def __call__(self, x, mask, cos, sin, *, deterministic=True, rngs=None):
+    def __call__(self, x, mask, cos, sin, route=None, *, deterministic=True, rngs=None):
+        """route: MoTE (expert id per row, active experts), see jaxembed.mote; None for a dense model."""
         s = self.attention(x, mask, cos, sin, deterministic=deterministic, rngs=rngs)
-        return self.ffn(s, deterministic=deterministic, rngs=rngs)
+        return call_ffn(self.ffn, s, route, deterministic=deterministic, rngs=rngs)
 
 
 class Qwen2Model(nnx.Module):
     def __init__(self, config: Qwen2Config, *, rngs: nnx.Rngs):
         self.config = config
         self.embed_tokens = embed(config.vocab_size, config.hidden_size, ("vocab", "embed"), opts=config, rngs=rngs)
-        self.layers = nnx.List([Qwen2Layer(config, rngs) for _ in range(config.num_hidden_layers)])
+        self.layers = nnx.List([Qwen2Layer(config, rngs, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, opts=config, rngs=rngs)
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None, *, deterministic: bool = True,
-                 rngs: nnx.Rngs | None = None) -> jax.Array:
+                 rngs: nnx.Rngs | None = None, experts: jax.Array | None = None) -> jax.Array:
         """input_ids, attention_mask: [B, L] -> last hidden states [B, L, H] (after the final norm).
-        token_type_ids is accepted for interface uniformity and ignored."""
+        token_type_ids is accepted for interface uniformity and ignored. experts: MoTE expert index per row [B]
+        (None: the default expert); dense models take None."""
         c = self.config
         x = self.embed_tokens(input_ids)
         # arange positions for every row, like transformers with position_ids=None (see the module docstring).
         positions = jnp.arange(input_ids.shape[1], dtype=jnp.int32)[None, :]
         cos, sin = rope_tables(positions, c.head_dim, c.rope_theta, to_dtype(c.dtype))
-        x = run_layers(self.layers, x, c.remat, attention_mask, cos, sin, deterministic=deterministic, rngs=rngs)
+        route = mote_route(c, experts, input_ids.shape[0])
+        args = (attention_mask, cos, sin) if route is None else (attention_mask, cos, sin, route)
+        x = run_layers(self.layers, x, c.remat, *args, deterministic=deterministic, rngs=rngs)
         return self.norm(x)

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxembed.models.layers import RMSNorm, RuntimeOptions, activation, attention, dense, embed, run_layers, to_dtype
+from jaxembed.models.layers import (RMSNorm, RuntimeOptions, activation, attention, call_ffn, dense, embed,
+                                    feed_forward, mote_route, run_layers, to_dtype)
 
 # HF T5Config / MT5Config defaults for fields a diff-saved config.json may leave out.
 _DEFAULTS = {
@@ -189,13 +190,14 @@ class T5FeedForward(nnx.Module):
 
 
 class T5Layer(nnx.Module):
-    def __init__(self, c: T5Config, rngs: nnx.Rngs):
+    def __init__(self, c: T5Config, rngs: nnx.Rngs, index: int = 0):
         self.attention = T5Attention(c, rngs)
-        self.ffn = T5FeedForward(c, rngs)
+        self.ffn = feed_forward(c, index, lambda r: T5FeedForward(c, r), rngs)
 
-    def __call__(self, x, mask, bias, *, deterministic=True, rngs=None):
+    def __call__(self, x, mask, bias, route=None, *, deterministic=True, rngs=None):
+        """route: MoTE (expert id per row, active experts), see jaxembed.mote; None for a dense model."""
         x = self.attention(x, mask, bias, deterministic=deterministic, rngs=rngs)
-        return self.ffn(x, deterministic=deterministic, rngs=rngs)
+        return call_ffn(self.ffn, x, route, deterministic=deterministic, rngs=rngs)
 
 
 class T5EncoderModel(nnx.Module):
@@ -205,7 +207,7 @@ class T5EncoderModel(nnx.Module):
         # HF keeps this table in block 0 (encoder.block.0.layer.0.SelfAttention.relative_attention_bias).
         self.relative_attention_bias = embed(c.relative_attention_num_buckets, c.num_heads, ("buckets", "heads"),
                                              opts=c, rngs=rngs, std=c.d_model ** -0.5)
-        self.layers = nnx.List([T5Layer(c, rngs) for _ in range(c.num_layers)])
+        self.layers = nnx.List([T5Layer(c, rngs, i) for i in range(c.num_layers)])
         self.final_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, opts=c, rngs=rngs)
         self.dropout = nnx.Dropout(c.dropout_rate)
 
@@ -218,12 +220,14 @@ class T5EncoderModel(nnx.Module):
         return jnp.transpose(values, (2, 0, 1))[None].astype(to_dtype(c.dtype))
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None, *, deterministic: bool = True,
-                 rngs: nnx.Rngs | None = None) -> jax.Array:
+                 rngs: nnx.Rngs | None = None, experts: jax.Array | None = None) -> jax.Array:
         """input_ids, attention_mask: [B, L] -> last hidden states [B, L, D] (final norm, then dropout, as HF).
-        token_type_ids is accepted for a uniform interface and ignored (T5 has none)."""
+        token_type_ids is accepted for a uniform interface and ignored (T5 has none). experts: MoTE expert index
+        per row [B] (None: the default expert); dense models take None."""
         del token_type_ids
         x = self.dropout(self.shared(input_ids), deterministic=deterministic, rngs=rngs)
         bias = self.position_bias(input_ids.shape[1])
-        x = run_layers(self.layers, x, self.config.remat, attention_mask, bias, deterministic=deterministic,
-                       rngs=rngs)
+        route = mote_route(self.config, experts, input_ids.shape[0])
+        args = (attention_mask, bias) if route is None else (attention_mask, bias, route)
+        x = run_layers(self.layers, x, self.config.remat, *args, deterministic=deterministic, rngs=rngs)
         return self.dropout(self.final_norm(x), deterministic=deterministic, rngs=rngs)

@@ -1,0 +1,98 @@
+"""MoTE: mixture of task experts with task-aware contrastive learning (DESIGN.md 2.3, ../shared/papers/mote.md).
+
+    jaxembed train --config configs/mote.py --workdir runs/mote              # the recipe (accelerators)
+    jaxembed train --config configs/mote.py:tiny --workdir runs/mote_tiny    # a few steps on CPU (CI)
+    jaxembed train --config configs/mote.py:cpu --workdir runs/mote_cpu      # 100 steps on CPU (benchmarks/mote_run.py)
+    jaxembed train --config configs/mote.py:cpu,ic --workdir runs/ic_cpu     # the instruction-conditioning baseline
+
+Variants, combined with commas (``tiny,static``):
+- ``tiny``: 4 steps of 8 queries on CPU with the real all-MiniLM-L6-v2 up-cycled, on 5 of the real shared sets
+  (retrieval, reranking, two classification sets, STS: 3 of the 4 experts train), 16 tokens a text.
+- ``cpu``: 100 steps of 16 queries on CPU, evaluated on the dev tasks (the benchmark's setting).
+- ``ic``: instruction conditioning only (MoTE's IC baseline): the dense model, with the same data, instructions
+  and TA-CL.
+- ``static``: the static baseline of MoTE Table 4: heterogeneous batches and temperature 0.03 for every task.
+- ``eob``: MoTE blocks in every other transformer block (EOB) instead of every block (EB).
+
+Every value below says where it comes from. "Paper" is the MoTE paper: section 4 and App. D.
+"""
+
+from jaxembed import mote, paths
+from jaxembed.config import default_config
+from jaxembed.data.config import shared_train_config
+
+VARIANTS = ("tiny", "cpu", "ic", "static", "eob")
+
+
+def get_config(arg=None):
+    variants = [v for v in (arg or "").split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; variants: {', '.join(VARIANTS)} (combine with commas)")
+    if "tiny" in variants and "cpu" in variants:
+        raise ValueError("variants 'tiny' and 'cpu' both set the run size; pick one")
+    c = default_config()
+    try:
+        c.model.name = str(paths.demo_model_dir())  # paper: nomic-bert-2048 (not available offline); jaxembed's
+    except Exception:                                # bundled all-MiniLM-L6-v2 (BERT, 6 layers), like the demo
+        c.model.name = "sentence-transformers/all-MiniLM-L6-v2"
+    c.model.max_length = 128                         # jaxembed demo; the shared data is short sentences
+    c.model.mote.enabled = "ic" not in variants      # paper 4: IC vs MoTE, same data / instructions / training
+    c.model.mote.experts = mote.DEFAULT_EXPERTS      # paper App. D.1: four experts, one per instruction type
+    c.model.mote.placement = "every_other" if "eob" in variants else "every"  # paper 4: every block (EB)
+    c.model.mote.default = mote.DEFAULT_EXPERT       # paper 5.3: unseen symmetric tasks -> classification
+    # routing: jaxembed.mote.DEFAULT_ROUTING (default_config): retrieval / reranking -> search query / search
+    # document (paper 3.1, 5.3); classification, clustering -> their experts; sts, pair_classification, nli ->
+    # classification (paper 5.3, after Nussbaum et al. 2024).
+
+    c.data = shared_train_config(paths.shared_data_dir())  # the 14 shared training sets (jaxembed.data.config)
+    c.data.store = ""
+    for d in c.data.datasets:
+        d.max_query_length = 32                      # jaxembed demo (the shared data's queries are short)
+        d.max_doc_length = 64                        # jaxembed demo
+    # TA-CL (paper 3.2, App. D.2, Table 4): retrieval batches from one dataset, classification / clustering
+    # batches across the task type's datasets; temperature 0.03 (retrieval, classification), 0.06 (clustering).
+    # `static`: heterogeneous batches and 0.03 for every task (Table 4's baseline).
+    mote.ta_cl(c.data, static="static" in variants)
+    c.data.sampling = "temperature"                  # jaxembed demo: p ~ size^(1/2); paper: one epoch of its data
+    c.data.sampling_temperature = 2.0
+    c.loss.temperature = 0.03                        # paper App. D.2: mixed batches (none under TA-CL) get 0.03
+    # Paper App. D.3: 6144 (16 nodes x 8 A100s). On the shared data the smallest TA-CL unit (sick_nli, 1,126
+    # examples per pass after temperature sampling) caps a one-dataset batch at ~1,100: 512 here. Set 6144 with
+    # the paper's data (the gradient cache keeps the memory of one sub-batch).
+    c.plan.global_batch_size = 512
+    c.plan.epochs = 1.0                              # paper 4: a single epoch
+    c.train.gradcache_chunk = 128                    # jaxembed: sub-batches of 128 rows (paper: no cache; same loss)
+    c.optim.lr = 5e-6                                # paper 4
+    c.optim.weight_decay = 0.1                       # paper 4
+    c.optim.warmup_ratio = 0.1                       # not stated in the paper: jaxembed's default
+    c.train.log_every = 10
+    c.eval.tasks = ("STSBenchmark-dev", "SICK-R-dev", "MRPC-dev", "WikiQA-dev", "TrecQA-dev", "SST2-dev", "SST5-dev")
+    c.eval.every = 0                                 # at the end only (MTEB-style comparisons use the export)
+    c.eval.max_examples = 500                        # jaxembed: the trainer's cheap dev signal
+
+    if "cpu" in variants or "tiny" in variants:      # CPU runs: the demo's scale, not the paper's
+        c.plan.global_batch_size = 16                # jaxembed demo
+        c.plan.steps = 100
+        c.train.gradcache_chunk = 0
+        c.optim.lr = 2e-5                            # jaxembed demo: 5e-6 barely moves 100 small steps
+        for d in c.data.datasets:
+            d.num_negatives = min(int(d.num_negatives), 1)  # jaxembed demo: one hard negative per query
+        c.train.checkpoint_every = 50
+        c.eval.every = 50
+        c.eval.before = True
+    if "tiny" in variants:                           # CI: a few steps, still the real data and model
+        keep = {"wikiqa", "trecqa", "trec", "sst5", "stsb"}  # retrieval, reranking, 2 classification sets, STS:
+        c.data.datasets = [d for d in c.data.datasets if d.name in keep]  # 3 of the 4 experts get trained
+        c.data.sampling = "weights"                  # every kept dataset equally likely
+        c.plan.global_batch_size = 8
+        c.plan.steps = 4
+        c.model.max_length = 64
+        for d in c.data.datasets:                    # one length bucket: the step compiles once
+            d.max_query_length = d.max_doc_length = 16
+        c.train.log_every = 2
+        c.train.checkpoint_every = 2
+        c.eval.tasks = ()
+        c.eval.every = 0
+        c.eval.before = False
+    return c

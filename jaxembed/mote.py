@@ -1,0 +1,623 @@
+"""MoTE: Mixture of Task Experts (Romero et al. 2025, ``../shared/papers/mote.md``; DESIGN.md 2.3).
+
+Every selected transformer block's feed-forward sublayer becomes |E| experts; a whole sequence goes through the
+expert of its task ("instruction type", MoTE 3.1): never per token, and queries and documents of one retrieval
+batch go through different experts (search query / search document). This module holds:
+
+- ``MoTESpec``: the experts, the MoTE layers and the routing (task type -> query expert, document expert);
+- ``MoTEFeedForward``: the expert block (weights stacked [E, ...]) and its routing by an expert id per row;
+- up-cycling (MoTE 3.1.1) from a dense model, expert averaging (Appendix B), per-expert dense extraction, and
+  the expert weights in Hugging Face layout (the full export / import);
+- the training side: per-task routing tables for the trainer, and TA-CL (MoTE 3.2, App. D.2): each task
+  type's batching strategy and contrastive temperature.
+
+**What an expert is.** MoTE Fig. 2b draws an expert as LayerNorm -> MLP -> LayerNorm, "mirroring the standard
+transformer feed-forward configuration". An expert here is a copy of the backbone's own feed-forward sublayer
+(``layers[i].ffn``) with all its norms:
+
+- BERT (post-LN): LN(attention residual) -> MLP -> residual -> LN: exactly the paper's LN -> MLP -> LN.
+- Qwen2 (pre-RMSNorm) and T5 (pre-RMSNorm): RMSNorm -> MLP -> residual. These blocks have no second norm, and
+  adding one would break up-cycling exactness: a norm after the residual cannot be the identity. So their
+  experts carry the one norm the dense block has.
+
+Up-cycling copies the dense block into every expert, so at step 0 the MoTE model computes exactly the dense
+model for every task (tests: <= 1e-6).
+
+**Routing and cost.** The model takes ``experts``: one int for the whole call, or an int per row [B].
+- One expert per call (the fast path): the expert's weights are indexed out of the stack
+  (``lax.dynamic_index_in_dim``). Compute, activation memory and compile time are the dense block's. The
+  index is a traced value, so one compiled program serves every expert (no recompilation per task).
+  Under TA-CL every batch holds one task, and the trainer encodes queries and documents in separate calls, so
+  every call takes this path. So do ``Encoder.encode`` and the evaluators (one task per call).
+- One expert per row (mixed batches, e.g. the ``random`` strategy): each expert runs under
+  ``lax.cond(active[e], ...)`` on all the call's rows, and its rows are picked with ``where``. The cost is the
+  number of experts used x one dense pass; unused experts are skipped. Under autodiff, every ``cond`` keeps
+  residuals for its expert, so activation memory grows to E x the feed-forward's.
+  Measured on CPU: all-MiniLM-L6-v2, 32 x 64 tokens, forward + backward, compiled. The machine was a shared
+  2-core one, so the times are rough:
+
+  | routing | step | XLA temporaries |
+  |---|---|---|
+  | dense model | 5.7 s | 636 MiB |
+  | one expert per call | 5.4 s | 663 MiB |
+  | per row, 1 expert used | 7.8 s | 1956 MiB |
+  | per row, 2 experts used | 9.9 s | 1956 MiB |
+
+  Compile time is about the dense model's on the fast path and about 2.5x on the per-row path. This is why the
+  trainer passes one expert per call whenever the plan says the batch holds one task.
+
+In both paths an unrouted expert's gradient is exactly zero. ``jaxembed.optim`` (``routed_adamw``) then leaves
+its weights and moments untouched. Sorting rows by expert and running a grouped matmul (``lax.ragged_dot``)
+would make mixed batches cost one pass. It would need per-architecture feed-forward code, and TA-CL never
+builds mixed batches, so it is not done.
+
+Parameters: a MoTE layer's feed-forward lives at ``layers[i].ffn.experts.<the dense block's own paths>``, each
+with a leading expert axis named ``expert`` (logical sharding axis). ``jaxembed.parallel`` keeps that axis
+replicated under every strategy (FSDP shards each expert's ``embed`` axis as usual).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxembed.errors import UserError
+
+#: MoTE App. D.1: four experts, one per instruction type.
+DEFAULT_EXPERTS = ("classification", "clustering", "search_query", "search_document")
+PLACEMENTS = ("every", "every_other")
+#: task type -> (query expert, document expert). Retrieval routes queries and documents apart (MoTE 3.1). MoTE
+#: 5.3, after Nussbaum et al. (2024): re-ranking goes to the retrieval experts; pair classification, STS and
+#: summarization go to the classification expert. NLI counts as STS (KaLM Table 1).
+DEFAULT_ROUTING = {
+    "retrieval": ("search_query", "search_document"),
+    "reranking": ("search_query", "search_document"),
+    "classification": ("classification", "classification"),
+    "clustering": ("clustering", "clustering"),
+    "sts": ("classification", "classification"),
+    "pair_classification": ("classification", "classification"),
+    "nli": ("classification", "classification"),
+    "summarization": ("classification", "classification"),
+}
+#: the expert for inputs with no task (MoTE 5.3 sends unseen symmetric tasks to classification).
+DEFAULT_EXPERT = "classification"
+#: MTEB task types that are not jaxembed's, and the routing entry they use.
+_TYPE_ALIASES = {"multilabelclassification": "classification", "instructionretrieval": "retrieval",
+                 "instructionreranking": "reranking", "bitextmining": "sts"}
+#: TA-CL (MoTE 3.2, App. D.2, Table 4): task type -> (batching strategy, InfoNCE temperature). Retrieval batches
+#: come from one dataset; classification and clustering batches span the task's datasets; 0.03 except 0.06 for
+#: clustering. The types the paper did not train on follow their routing: re-ranking as retrieval; STS, pair
+#: classification and NLI are local-semantics tasks (App. A.1: homogeneous batches suit them) at 0.03.
+TA_CL = {
+    "retrieval": ("homogeneous", 0.03),
+    "reranking": ("homogeneous", 0.03),
+    "classification": ("heterogeneous", 0.03),
+    "clustering": ("heterogeneous", 0.06),
+    "sts": ("homogeneous", 0.03),
+    "pair_classification": ("homogeneous", 0.03),
+    "nli": ("homogeneous", 0.03),
+}
+#: the "static" baseline of MoTE Table 4: heterogeneous batches and 0.03 for every task.
+STATIC = ("heterogeneous", 0.03)
+#: files of a full MoTE export (beside the dense model of the default expert).
+CONFIG_FILE = "mote_config.json"
+WEIGHTS_FILE = "mote_experts.safetensors"
+FORMAT = "jaxembed-mote"
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _norm(name: str) -> str:
+    """Task type names compared case- and punctuation-free: ``PairClassification`` == ``pair_classification``."""
+    return re.sub(r"[^a-z0-9]", "", str(name).lower())
+
+
+def mote_layers(placement: str, num_layers: int) -> tuple[int, ...]:
+    """Indices of the MoTE blocks: ``every`` block (EB, the paper's default), or ``every_other`` block (EOB): the
+    odd-numbered ones (1, 3, 5, ...), as MoE models place their expert layers, so the last block of an even-depth
+    model is a MoTE block."""
+    if placement == "every":
+        return tuple(range(num_layers))
+    if placement == "every_other":
+        return tuple(range(1, num_layers, 2))
+    raise UserError(f"MoTE placement {placement!r} is not valid (fix: one of {', '.join(PLACEMENTS)})")
+
+
+# ------------------------------------------------------------------------------------------------------- spec
+
+
+@dataclasses.dataclass(frozen=True)
+class MoTESpec:
+    """The experts of a MoTE model (hashable: it is part of the architecture config, ``config.mote``).
+
+    experts: names, in the order of the stacked expert axis; layers: indices of the MoTE blocks; routing:
+    (task type, query expert, document expert) triples; default: the expert for inputs without a task."""
+
+    experts: tuple[str, ...]
+    layers: tuple[int, ...]
+    routing: tuple[tuple[str, str, str], ...] = tuple((t, q, d) for t, (q, d) in DEFAULT_ROUTING.items())
+    default: str = DEFAULT_EXPERT
+
+    def __post_init__(self):
+        check_experts(self.experts, "MoTE experts")
+        if self.default not in self.experts:
+            raise UserError(f"MoTE default expert {self.default!r} is not one of the experts "
+                            f"{', '.join(self.experts)}")
+
+    @classmethod
+    def build(cls, num_layers: int, experts: Sequence[str] = DEFAULT_EXPERTS, placement: str = "every",
+              routing: Mapping[str, Sequence[str]] | None = None, default: str = DEFAULT_EXPERT) -> "MoTESpec":
+        routing = DEFAULT_ROUTING if routing is None else routing
+        check_routing(routing, tuple(experts), "MoTE routing")
+        triples = tuple((str(t), str(v[0]), str(v[1])) for t, v in routing.items())
+        return cls(tuple(experts), mote_layers(placement, num_layers), triples, default)
+
+    @property
+    def num_experts(self) -> int:
+        return len(self.experts)
+
+    @property
+    def routing_map(self) -> dict[str, tuple[str, str]]:
+        return {t: (q, d) for t, q, d in self.routing}
+
+    def index(self, name: str) -> int:
+        """Position of expert ``name`` on the stacked axis."""
+        if name not in self.experts:
+            raise UserError(f"expert {name!r} is not loaded in this model (loaded: {', '.join(self.experts)}); "
+                            "fix: load the model without task= (all experts), or for the task that uses it")
+        return self.experts.index(name)
+
+    def _route(self, task_type: str) -> tuple[str, str] | None:
+        table = {_norm(t): (q, d) for t, q, d in self.routing}
+        key = _norm(task_type)
+        if key in table:
+            return table[key]
+        alias = _TYPE_ALIASES.get(key)
+        return table.get(_norm(alias)) if alias else None
+
+    def experts_for(self, task: str | None) -> tuple[str, ...]:
+        """The expert names a task uses: an expert name -> itself; ``query`` / ``document`` -> the retrieval
+        query / document expert; a task type (jaxembed's ``retrieval`` or MTEB's ``Retrieval``) -> its query
+        and document experts (one name when they are the same); None -> the default expert."""
+        if task is None:
+            return (self.default,)
+        if task in self.experts:
+            return (task,)
+        side = _norm(task)
+        if side in ("query", "document"):
+            pair = self._route("retrieval")
+            if pair is None:
+                raise UserError(f"task {task!r}: the routing has no 'retrieval' entry to take the {side} expert from")
+            return (pair[0] if side == "query" else pair[1],)
+        pair = self._route(task)
+        if pair is None:
+            raise UserError(
+                f"task {task!r} is neither an expert ({', '.join(self.experts)}) nor a routed task type "
+                f"({', '.join(t for t, _, _ in self.routing)}), nor query / document (fix: pass one of these, or "
+                f"add the type to the routing: model.mote.routing.{_snake(task)} = (query expert, document expert))")
+        return tuple(dict.fromkeys(pair))
+
+    def expert_name(self, task: str | None, side: str | None = None) -> str:
+        """The one expert that encodes ``task`` (see ``experts_for``) on ``side`` (``query`` / ``document`` /
+        None). A task whose queries and documents use different experts needs a side."""
+        names = self.experts_for(task)
+        if len(names) == 1:
+            return names[0]
+        if side in ("query", "document"):
+            return names[0] if side == "query" else names[1]
+        raise UserError(f"task {task!r} encodes queries with expert {names[0]!r} and documents with {names[1]!r}; "
+                        f"say which (fix: task {names[0]!r} or 'query' for queries, {names[1]!r} or 'document' "
+                        "for documents)")
+
+    def expert_for(self, task: str | None, side: str | None = None) -> int:
+        """Index of ``expert_name(task, side)`` in this model's experts."""
+        return self.index(self.expert_name(task, side))
+
+    def subset(self, names: Iterable[str]) -> "MoTESpec":
+        """The spec of a model that keeps only the experts ``names`` (in this spec's order); the routing is kept,
+        so a task that needs a dropped expert says so."""
+        keep = set(names)
+        bad = keep - set(self.experts)
+        if bad:
+            raise UserError(f"unknown experts {sorted(bad)} (experts: {', '.join(self.experts)})")
+        experts = tuple(e for e in self.experts if e in keep)
+        return dataclasses.replace(self, experts=experts,
+                                   default=self.default if self.default in keep else experts[0])
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": 1, "experts": list(self.experts), "layers": list(self.layers),
+                "routing": {t: [q, d] for t, q, d in self.routing}, "default": self.default,
+                "weights": WEIGHTS_FILE}
+
+    @classmethod
+    def from_json(cls, d: Mapping, where: str = CONFIG_FILE) -> "MoTESpec":
+        if d.get("format") != FORMAT:
+            raise UserError(f"{where}: not a jaxembed MoTE config (format {d.get('format')!r}, expected {FORMAT!r})")
+        try:
+            experts = tuple(d["experts"])
+            routing = {t: tuple(v) for t, v in d["routing"].items()}
+            check_routing(routing, experts, where)
+            return cls(experts, tuple(int(i) for i in d["layers"]), tuple((t, q, dd) for t, (q, dd) in routing.items()),
+                       d.get("default", experts[0]))
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, UserError):
+                raise
+            raise UserError(f"{where}: malformed MoTE config ({type(e).__name__}: {e})") from None
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", str(name)).lower()
+
+
+def check_experts(experts: Sequence[str], where: str) -> None:
+    if not experts or isinstance(experts, str):
+        raise UserError(f"{where}: give at least one expert name, e.g. {DEFAULT_EXPERTS}")
+    for e in experts:
+        if not isinstance(e, str) or not _NAME.match(e):
+            raise UserError(f"{where}: expert name {e!r} must use letters, digits, '_' or '-' only")
+    dup = sorted({e for e in experts if list(experts).count(e) > 1})
+    if dup:
+        raise UserError(f"{where}: expert names must be unique; repeated: {', '.join(dup)}")
+
+
+def check_routing(routing: Mapping[str, Sequence[str]], experts: Sequence[str], where: str) -> None:
+    for t, v in routing.items():
+        if isinstance(v, str) or not isinstance(v, Sequence) or len(v) != 2:
+            raise UserError(f"{where}.{t} = {v!r}: expected (query expert, document expert), e.g. "
+                            f"('search_query', 'search_document') or ('classification', 'classification')")
+        for e in v:
+            if e not in experts:
+                raise UserError(f"{where}.{t} = {tuple(v)!r}: unknown expert {e!r} (experts: {', '.join(experts)}; "
+                                "fix: use one of them, or add it to model.mote.experts)")
+
+
+def spec_from_config(m, num_layers: int) -> MoTESpec:
+    """The spec of a run config's ``model.mote`` section for a backbone with ``num_layers`` blocks."""
+    routing = {str(k): tuple(v) for k, v in dict(m.routing).items()}
+    return MoTESpec.build(num_layers, tuple(m.experts), m.placement, routing, m.default)
+
+
+def validate_config(m, task_types: Iterable[tuple[str, str]] = (), where: str = "config.model.mote") -> None:
+    """Check a run config's ``model.mote`` section, and that every (dataset, task type) of the data config has
+    a routing entry. Raises UserError naming the key and the fix."""
+    experts = tuple(m.experts)
+    check_experts(experts, f"{where}.experts")
+    if m.placement not in PLACEMENTS:
+        raise UserError(f"{where}.placement = {m.placement!r} is not valid: allowed: {', '.join(PLACEMENTS)}")
+    routing = dict(m.routing)
+    check_routing(routing, experts, f"{where}.routing")
+    if m.default not in experts:
+        raise UserError(f"{where}.default = {m.default!r} is not one of the experts ({', '.join(experts)})")
+    spec = MoTESpec(experts, (), tuple((str(t), v[0], v[1]) for t, v in routing.items()), m.default)
+    for name, ttype in task_types:
+        if ttype and spec._route(ttype) is None:
+            raise UserError(f"{where}.routing: dataset {name!r} has task type {ttype!r}, which routes to no "
+                            f"expert (fix: set {where}.routing.{ttype} = (query expert, document expert), e.g. "
+                            f"{DEFAULT_ROUTING.get(ttype, (experts[0], experts[0]))})")
+
+
+def routing_tables(spec: MoTESpec, task_names: Sequence[str], task_types: Mapping[str, str]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Expert index of each plan task's queries and documents: int32 [T] each (T = len(task_names)).
+
+    task_types: task name -> task type (from the dataset store). A task whose type has no route is an error that
+    names the task and the fix."""
+    q, d = [], []
+    for name in task_names:
+        ttype = task_types.get(name)
+        pair = spec._route(ttype) if ttype else None
+        if pair is None:
+            raise UserError(f"task {name!r} (task type {ttype!r}) routes to no MoTE expert (fix: add "
+                            f"config.model.mote.routing.{ttype} = (query expert, document expert), e.g. "
+                            f"{DEFAULT_ROUTING.get(ttype or '', (spec.default, spec.default))})")
+        q.append(spec.index(pair[0]))
+        d.append(spec.index(pair[1]))
+    return np.asarray(q, np.int32), np.asarray(d, np.int32)
+
+
+def active_experts(num_experts: int, *ids: jax.Array) -> jax.Array:
+    """bool [E]: the experts that any row of ``ids`` (int arrays of expert indices) is routed to."""
+    a = jnp.zeros((num_experts,), bool)
+    for x in ids:
+        a = a | jnp.any(x.reshape(-1)[:, None] == jnp.arange(num_experts)[None, :], axis=0)
+    return a
+
+
+def ta_cl(data_config, static: bool = False, pool_by_type: bool = True,
+          table: Mapping[str, tuple[str, float]] | None = None) -> None:
+    """Apply TA-CL (MoTE 3.2, App. D.2) to a data config in place: each dataset gets its task type's batching
+    strategy and temperature (``TA_CL``); ``static=True`` gives the static baseline of Table 4 (heterogeneous
+    batches, 0.03 for every task).
+
+    pool_by_type: the paper's heterogeneous batch draws "across all datasets associated with the task", where a
+    task is classification / clustering / retrieval. jaxembed's plan mixes the datasets of one ``task`` name.
+    So with pool_by_type, the datasets of a heterogeneous task type share one task name: the type itself, e.g.
+    ``classification``. Their instructions stay per dataset."""
+    table = dict(TA_CL if table is None else table)
+    missing = []
+    for d in data_config.datasets:
+        ttype = d.task_type
+        if ttype is None:
+            raise UserError(f"TA-CL: dataset {d.name!r} has task_type None (decided by its records); set its "
+                            "task_type so that its batching and temperature are known")
+        if static:
+            batching, temp = STATIC
+        elif ttype in table:
+            batching, temp = table[ttype]
+        else:
+            missing.append(f"{d.name} ({ttype})")
+            continue
+        d.batching = batching
+        d.temperature = float(temp)
+        if pool_by_type and batching == "heterogeneous":
+            d.task = ttype
+    if missing:
+        raise UserError(f"TA-CL has no batching / temperature for {', '.join(missing)} (fix: pass "
+                        "table={task_type: (strategy, temperature)})")
+
+
+# ------------------------------------------------------------------------------------------------------ module
+
+
+def stack_module(module: nnx.Module, num_experts: int) -> nnx.Module:
+    """A copy of ``module`` whose every parameter is stacked ``num_experts`` times on a new leading axis (logical
+    axis ``expert``): E identical experts, i.e. the dense block up-cycled."""
+    graphdef, state = nnx.split(module)
+    flat = []
+    for path, var in nnx.to_flat_state(state):
+        if isinstance(var, nnx.Param):
+            axes = var.get_metadata().get("out_sharding")
+            stacked = jnp.broadcast_to(var[...], (num_experts,) + tuple(var.shape))
+            var = var.replace(stacked, out_sharding=("expert",) + tuple(axes or (None,) * len(var.shape)))
+        flat.append((path, var))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+class MoTEFeedForward(nnx.Module):
+    """The MoTE block (MoTE Fig. 2): E experts, each a copy of the backbone's feed-forward sublayer (see the
+    module docstring), weights stacked [E, ...] under ``experts``.
+
+    build(rngs) -> the dense feed-forward module. ``__call__(x, route)``: x [B, L, H]; route = (ids [B] int32,
+    active [E] bool) -> [B, L, H]. Each row takes its expert's output."""
+
+    routed = True  # jaxembed.models.layers.call_ffn passes the route to modules that set this
+
+    def __init__(self, build: Callable[[nnx.Rngs], nnx.Module], num_experts: int, rngs: nnx.Rngs):
+        self.num_experts = num_experts
+        self.experts = stack_module(build(rngs), num_experts)
+
+    def __call__(self, x: jax.Array, route, *, deterministic: bool = True, rngs: nnx.Rngs | None = None):
+        if route is None:
+            raise ValueError("a MoTE feed-forward block needs a route (expert ids, see jaxembed.mote.make_route)")
+        ids, active = route
+        graphdef, params, rest = nnx.split(self.experts, nnx.Param, ...)
+        # One dropout key drawn here, outside the branches: an nnx.Rngs must not be advanced inside lax.cond.
+        key = None if deterministic or rngs is None else rngs.dropout()
+
+        def run(p, h):
+            module = nnx.merge(graphdef, p, rest)
+            return module(h, deterministic=deterministic, rngs=None if key is None else nnx.Rngs(dropout=key))
+
+        if ids.ndim == 0:  # one expert for the whole call: index the stack (cost and memory of the dense block)
+            return run(jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, ids, 0, keepdims=False), params), x)
+        out = jnp.zeros_like(x)
+        for e in range(self.num_experts):  # per-row routing: each expert that some row uses, on all rows
+            p = jax.tree.map(lambda a, e=e: a[e], params)
+            y = jax.lax.cond(active[e], run, lambda p_, h: jnp.zeros_like(h), p, x)
+            out = jnp.where((ids == e)[:, None, None], y, out)
+        return out
+
+
+def make_route(experts: jax.Array | None, spec: MoTESpec, batch: int):
+    """The route of a forward pass. ``experts``: an int scalar (one expert for every row: the fast path), an
+    int array [B] (an expert per row), or None (the default expert). -> (ids, active [E] or None)."""
+    if experts is None:
+        return jnp.asarray(spec.index(spec.default), jnp.int32), None
+    ids = jnp.asarray(experts, jnp.int32)
+    if ids.ndim == 0:
+        return ids, None
+    ids = ids.reshape(batch)
+    return ids, active_experts(spec.num_experts, ids)
+
+
+# ------------------------------------------------------------------------------------ up-cycling and friends
+
+
+def is_expert_path(path: Sequence) -> bool:
+    """Whether a parameter path (Flax state path or optax key path) lies inside a MoTE expert stack."""
+    return any(getattr(k, "key", k) == "experts" for k in path)
+
+
+def dense_path(path: tuple) -> tuple:
+    """The dense model's path of a MoTE parameter path (the ``experts`` level removed)."""
+    return tuple(k for k in path if k != "experts")
+
+
+def _split_model(model):
+    """(backbone, rewrap(backbone) -> model of the same kind as ``model``)."""
+    from jaxembed.models.embedding import EmbeddingModel
+
+    if isinstance(model, EmbeddingModel):
+        def rewrap(backbone):
+            new = EmbeddingModel(backbone, model.head)
+            nnx.update(new.dense, nnx.state(model.dense))
+            return new
+
+        return model.backbone, rewrap
+    return model, lambda backbone: backbone
+
+
+def _rebuild(model, config, params: dict):
+    from jaxembed import models
+
+    backbone, rewrap = _split_model(model)
+    return rewrap(models.model_from_params(config, params))
+
+
+def get_spec(model) -> MoTESpec | None:
+    backbone, _ = _split_model(model)
+    return getattr(backbone.config, "mote", None)
+
+
+def _require_spec(model) -> MoTESpec:
+    spec = get_spec(model)
+    if spec is None:
+        raise UserError("this is a dense model without task experts (fix: up-cycle it with jaxembed.mote.upcycle, "
+                        "or train with model.mote.enabled=True)")
+    return spec
+
+
+def upcycle(model, spec: MoTESpec):
+    """MoTE 3.1.1: the MoTE model whose experts all start as copies of ``model``'s feed-forward blocks (and norms).
+    ``model``: an EmbeddingModel or a backbone of any registered architecture. Its embeddings at step 0 equal the
+    dense model's for every expert."""
+    from jaxembed import models
+
+    backbone, _ = _split_model(model)
+    config = backbone.config
+    if getattr(config, "mote", None) is not None:
+        raise UserError("the model already has task experts; up-cycling starts from a dense model")
+    bad = [i for i in spec.layers if not 0 <= i < config.num_layers]
+    if bad:
+        raise UserError(f"MoTE layers {bad} are outside the model's {config.num_layers} layers")
+    new_cfg = dataclasses.replace(config, mote=spec)
+    dense = models.flat_params(backbone)
+    params = {}
+    for path, shape in models.param_shapes(models.abstract_model(new_cfg)).items():
+        a = dense[dense_path(path)]
+        params[path] = np.broadcast_to(a, shape) if is_expert_path(path) else a
+    return _rebuild(model, new_cfg, params)
+
+
+def _expert_params(model, pick: Callable[[np.ndarray], np.ndarray], spec: MoTESpec | None):
+    """(params, config) of a model built from ``model``'s parameters with pick(stack [E, ...]) for every expert
+    stack; spec None -> the dense architecture."""
+    from jaxembed import models
+
+    backbone, _ = _split_model(model)
+    config = dataclasses.replace(backbone.config, mote=spec)
+    params = {}
+    for path, a in models.flat_params(backbone).items():
+        if is_expert_path(path):
+            params[path if spec is not None else dense_path(path)] = pick(a)
+        else:
+            params[path] = a
+    return params, config
+
+
+def extract_expert(model, name: str):
+    """The dense model (original architecture) whose feed-forward blocks are expert ``name``'s: the per-task model
+    of that expert, with the same embeddings as the MoTE model routed to it."""
+    spec = _require_spec(model)
+    e = spec.index(name)
+    params, config = _expert_params(model, lambda a: a[e], None)
+    return _rebuild(model, config, params)
+
+
+def average_experts(model, names: Sequence[str] | None = None):
+    """MoTE App. B, expert averaging: the dense model (original architecture) whose feed-forward blocks are the
+    mean of the experts' (all of them, or ``names``), norms included. Means are taken in float32."""
+    spec = _require_spec(model)
+    idx = [spec.index(n) for n in (names or spec.experts)]
+
+    def mean(a):
+        return np.mean(np.asarray(a[idx], np.float32), axis=0).astype(a.dtype)
+
+    params, config = _expert_params(model, mean, None)
+    return _rebuild(model, config, params)
+
+
+def select_experts(model, names: Iterable[str]):
+    """The MoTE model that keeps only the experts ``names`` (e.g. those of one task): its device memory holds
+    those experts only (MoTE 3.1: inactive experts can be offloaded)."""
+    spec = _require_spec(model)
+    sub = spec.subset(names)
+    idx = [spec.index(n) for n in sub.experts]
+    params, config = _expert_params(model, lambda a: a[idx], sub)
+    return _rebuild(model, config, params)
+
+
+# ------------------------------------------------------------------------- experts in Hugging Face layout
+
+
+def _ffn_paths(dense_config, spec: MoTESpec) -> dict[tuple, tuple]:
+    """Flax path -> shape of the dense model's feed-forward parameters in the MoTE layers."""
+    from jaxembed import models
+
+    layers = set(spec.layers)
+    return {p: s for p, s in models.param_shapes(models.abstract_model(dense_config)).items()
+            if len(p) > 2 and p[0] == "layers" and p[1] in layers and p[2] == "ffn"}
+
+
+def hf_expert_tensors(model) -> dict[str, np.ndarray]:
+    """Every expert's feed-forward weights of the MoTE layers in PyTorch layout, keyed
+    ``experts.<expert>.<Hugging Face key>`` (the keys ``transformers.AutoModel`` uses for the dense block)."""
+    from jaxembed import models
+    from jaxembed.models import mapping
+
+    backbone, _ = _split_model(model)
+    spec = _require_spec(backbone)
+    dense_cfg = dataclasses.replace(backbone.config, mote=None)
+    mod = models.spec_for(dense_cfg.model_type).module()
+    flat = {p: a for p, a in models.flat_params(backbone).items() if is_expert_path(p)}
+    out = {}
+    for e, name in enumerate(spec.experts):
+        sub = {dense_path(p): a[e] for p, a in flat.items()}
+        for k, v in mapping.flax_to_hf(mod.rules(dense_cfg), sub, dense_cfg.num_layers).items():
+            out[f"experts.{name}.{k}"] = v
+    return out
+
+
+def from_hf_experts(dense_model, spec: MoTESpec, tensors: Mapping[str, np.ndarray], source: str = WEIGHTS_FILE):
+    """The MoTE model with ``dense_model``'s shared weights and the experts ``spec.experts`` read from ``tensors``
+    (``experts.<expert>.<Hugging Face key>``, as ``hf_expert_tensors`` writes them). Experts of the file that
+    ``spec`` does not list are not read (a task-specific load)."""
+    from jaxembed import models
+    from jaxembed.models import mapping
+
+    backbone, _ = _split_model(dense_model)
+    dense_cfg = backbone.config
+    mod = models.spec_for(dense_cfg.model_type).module()
+    expected = _ffn_paths(dense_cfg, spec)
+    per_expert = []
+    for name in spec.experts:
+        prefix = f"experts.{name}."
+        sub = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        if not sub:
+            raise UserError(f"{source}: no weights for expert {name!r} (fix: re-export the MoTE model)")
+        params, unused = mapping.hf_to_flax(mod.rules(dense_cfg), sub, dense_cfg.num_layers, expected, (),
+                                            f"{source} (expert {name})")
+        if unused:
+            raise UserError(f"{source}: expert {name!r} has tensors outside the MoTE layers {spec.layers}: "
+                            f"{', '.join(unused[:5])}")
+        per_expert.append(params)
+    new_cfg = dataclasses.replace(dense_cfg, mote=spec)
+    dense = models.flat_params(backbone)
+    params = {}
+    for path in models.param_shapes(models.abstract_model(new_cfg)):
+        if is_expert_path(path):
+            dp = dense_path(path)
+            params[path] = np.stack([np.asarray(p[dp]) for p in per_expert])
+        else:
+            params[path] = dense[path]
+    return _rebuild(dense_model, new_cfg, params)
+
+
+def read_spec(folder) -> MoTESpec | None:
+    """The MoTE spec of a model folder (``mote_config.json``), or None for a dense folder."""
+    from pathlib import Path
+
+    p = Path(folder) / CONFIG_FILE
+    if not p.exists():
+        return None
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{p}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    return MoTESpec.from_json(d, str(p))
