@@ -1,0 +1,675 @@
+"""Training quality parity: jaxembed vs sentence-transformers on the same recipe, batches and order, plus the
+papers' ablations on the same data (jaxembed only).
+
+The recipe is configs/demo.py: all-MiniLM-L6-v2, the 14 datasets of ../shared/data/train with KaLM-style
+instructions on the asymmetric tasks, one hard negative per query, task-homogeneous batches, InfoNCE at
+temperature 0.05, AdamW (lr 2e-5, weight decay 0.01 except norms and biases, linear warm-up over 10% of the steps
+then linear decay to 0, global-norm clipping at 1.0), dropout on. Both tools get:
+
+- the same examples in the same order: one jaxembed batch plan per seed (the seed changes the plan's order and
+  the dropout stream); sentence-transformers reads it through ``PlanBatchSampler`` (one batch per plan step), and
+  the positive and negative of every row are chosen exactly as jaxembed's loader chooses them;
+- the same strings: the instruction is prefixed to the query text (all-MiniLM-L6-v2's Pooling has
+  include_prompt=True, so prompt tokens are pooled on both sides; the script checks this), tokenized by
+  sentence-transformers' own collator with jaxembed's per-side lengths (queries 32, documents 64 tokens). Every
+  batch's token ids are checked against jaxembed's loader batch for the same step (the run stops on a mismatch);
+- the same loss: ST's MultipleNegativesRankingLoss at scale = 1 / temperature, extended by the two masks
+  jaxembed's InfoNCE applies (``MaskedMNRL``): an empty negative slot (datasets without negatives) is not a
+  candidate, and a candidate whose text equals the query's own positive (e.g. the same label description in a
+  classification batch) is not a negative. ``--st-loss plain`` runs ST's loss unchanged instead;
+- the same optimizer: the Hugging Face Trainer's AdamW step, written out (backward, clip_grad_norm_, AdamW with
+  the Trainer's weight-decay groups, the linear warm-up/decay schedule, zero_grad), because ``accelerate``, which
+  the Trainer needs, is not installed in .venv.
+
+Both trained models are scored by the same code: jaxembed's local evaluators on the eval tasks (never used for
+tuning), with Matryoshka views at 256 / 128 / 64 dims, and mteb on a subset (--mteb-tasks): mteb through jaxembed's
+encoder for both models, and mteb through sentence-transformers' own encoder for the ST-trained model.
+
+Ablations (``--ablations``, jaxembed only, compared with this script's jaxembed baseline runs of the same seeds):
+  peg                   loss.type='peg' vs plain InfoNCE
+  mrl                   loss.matryoshka_dims=(384,256,128,64) (weights --mrl-weights) vs none; scores at 64/128/256
+  curriculum            Data-CUBE curriculum (needs --curriculum-task-order and --curriculum-scores) vs the random
+                        (sampled) order of the baseline; also an arm with the same task walk but random instance
+                        order ('curriculum_shuffled')
+  mote                  MoTE (config overrides --mote KEY=VALUE ..., eval routing --mote-experts JSON) vs the
+                        instruction-conditioned baseline
+Finished runs are reused (a run directory with a matching config key), so adding an ablation later reruns nothing.
+
+    python benchmarks/quality_parity.py [--steps 200] [--batch-size 16] [--seeds 0 1] [--ablations peg,mrl]
+                                        [--ablation-seeds 0] [--workdir runs/quality_parity] [--no-readme]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from _record import record_line, save_result  # noqa: E402
+
+ABLATIONS = ("peg", "mrl", "curriculum", "mote")
+DIMS = (256, 128, 64)
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds of the parity runs (per tool)")
+    ap.add_argument("--tools", default="jaxembed,st", help="comma list of jaxembed, st")
+    ap.add_argument("--ablations", default="", help=f"comma list of {', '.join(ABLATIONS)}")
+    ap.add_argument("--ablation-seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--only-ablations", action="store_true", help="skip the ST runs (baselines still run)")
+    ap.add_argument("--st-loss", choices=("masked", "plain"), default="masked")
+    ap.add_argument("--st-threads", type=int, default=1,
+                    help="torch threads of the ST run (0 = torch's default). On a shared, oversubscribed CPU torch's "
+                         "OpenMP threads spin at barriers: 1 thread ran a step 3-6x faster than 2 here")
+    ap.add_argument("--mrl-weights", default="1,1,1,1", help="weights of dims 384,256,128,64")
+    ap.add_argument("--curriculum-task-order", default="", help="task order file (plan.curriculum.task_order)")
+    ap.add_argument("--curriculum-scores", default="", help="per-example phi file (plan.scores)")
+    ap.add_argument("--curriculum-instance-order", default="e2d")
+    ap.add_argument("--mote", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override of the MoTE arm (repeat), e.g. model.mote.num_experts=4")
+    ap.add_argument("--mote-experts", default="", help="JSON routing table task type -> expert for evaluation, "
+                                                      "e.g. '{\"Retrieval\": 0, \"STS\": 1, \"default\": 2}'")
+    ap.add_argument("--eval-tasks", default="eval", help="eval task names, or 'eval' (never the -dev tasks)")
+    ap.add_argument("--eval-max-examples", type=int, default=0, help="0 = the full eval sets")
+    ap.add_argument("--mteb-tasks", default="STSBenchmark,MRPC", help="'' to skip the mteb cross-check")
+    ap.add_argument("--workdir", default=str(ROOT / "runs" / "quality_parity"))
+    ap.add_argument("--name", default="quality_parity_cpu", help="result file benchmarks/results/<name>.json")
+    ap.add_argument("--no-readme", action="store_true")
+    ap.add_argument("--_train", default="", help=argparse.SUPPRESS)  # internal: TOOL:ARM:SEED in a subprocess
+    return ap.parse_args(argv)
+
+
+def recipe_config(args, seed: int, store_dir: Path | None):
+    """The demo recipe with this benchmark's steps / batch / seed; no dev evaluation, one checkpoint at the end."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_config", ROOT / "configs" / "demo.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config()
+    c.plan.global_batch_size = args.batch_size
+    c.plan.steps = args.steps
+    c.data.seed = seed          # the plan's order
+    c.train.seed = seed         # the dropout stream
+    c.train.checkpoint_every = 0
+    c.train.log_every = 10
+    c.train.progress = False
+    c.eval.tasks = ()
+    c.eval.every = 0
+    c.eval.best_metric = ""
+    c.eval.before = False
+    if store_dir is not None:
+        c.data.store = str(store_dir)
+    return c
+
+
+def arm_config(args, arm: str, seed: int, store_dir: Path | None):
+    from jaxembed import config as cfglib
+
+    c = recipe_config(args, seed, store_dir)
+    if arm == "base":
+        pass
+    elif arm == "peg":
+        c.loss.type = "peg"
+    elif arm == "mrl":
+        c.loss.matryoshka_dims = (384, 256, 128, 64)
+        c.loss.matryoshka_weights = tuple(float(x) for x in args.mrl_weights.split(","))
+    elif arm in ("curriculum", "curriculum_shuffled"):
+        if not args.curriculum_task_order:
+            raise SystemExit("error: --ablations curriculum needs --curriculum-task-order FILE (and "
+                             "--curriculum-scores FILE for e2d / d2e)")
+        c.plan.curriculum.enabled = True
+        c.plan.curriculum.task_order = str(Path(args.curriculum_task_order).resolve())
+        if arm == "curriculum_shuffled":
+            c.plan.curriculum.instance_order = "random"
+        else:
+            c.plan.curriculum.instance_order = args.curriculum_instance_order
+            if args.curriculum_instance_order in ("e2d", "d2e"):
+                if not args.curriculum_scores:
+                    raise SystemExit("error: --curriculum-instance-order e2d/d2e needs --curriculum-scores FILE")
+        if args.curriculum_scores:
+            c.plan.scores = str(Path(args.curriculum_scores).resolve())
+    elif arm == "mote":
+        if not args.mote:
+            raise SystemExit("error: --ablations mote needs the MoTE config overrides, e.g. --mote "
+                             "model.mote.num_experts=4 (see the MoTE section of the README)")
+        cfglib.apply_overrides(c, list(args.mote))
+    else:
+        raise ValueError(arm)
+    return c
+
+
+def config_key(c) -> str:
+    from jaxembed import config as cfglib
+
+    return hashlib.sha256(cfglib.to_json(c).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------ sentence-transformers
+
+
+class PlanBatchSampler:
+    """Yields the row indices of plan step 0, 1, ... (rows are laid out step-major: row = step * G + r), so a
+    torch DataLoader over the flattened plan gives exactly jaxembed's batches in jaxembed's order."""
+
+    def __init__(self, steps: int, batch_size: int):
+        self.steps, self.batch_size = steps, batch_size
+
+    def __iter__(self):
+        for s in range(self.steps):
+            yield list(range(s * self.batch_size, (s + 1) * self.batch_size))
+
+    def __len__(self):
+        return self.steps
+
+
+def plan_rows(store, plan, tok):
+    """The flattened plan as ST dataset rows: {"anchor", "positive", "negative_1", ..., "label"}, where anchor is
+    instruction + query and the documents are exactly the loader's choice for that (step, row). label holds
+    [id(positive), id(negative_1) or -1 when the slot is empty, ..., step]: text identities (ids of the raw text
+    without instruction, as jaxembed's hashes) for the masks, and the step for the token check."""
+    import numpy as np
+
+    from jaxembed.data.pipeline import _fetch, _row_items, _Tables
+
+    tables = _Tables(store.datasets, tok, np.unique(plan.dataset_ids).tolist())
+    used = np.unique(plan.dataset_ids).tolist()
+    lq = {tables.max_q[d] for d in used}
+    ld = {tables.max_d[d] for d in used}
+    if len(lq) != 1 or len(ld) != 1:
+        raise SystemExit(f"error: the datasets of the plan have different max lengths (queries {sorted(lq)}, "
+                         f"documents {sorted(ld)}); ST's collator takes one length per column")
+    K = tables.K
+    negatives = plan.config.get("negatives", "first")
+    G = plan.global_batch_size
+    ids: dict[str, int] = {}
+    rows = []
+    for s in range(plan.steps):
+        ds, ex = plan.dataset_ids[s], plan.example_ids[s]
+        q_items, d_items, _, d_raw = _row_items(tables, _fetch(store, ds, ex), ds, np.arange(G), s, plan.seed,
+                                                negatives)
+        for r in range(G):
+            row = {"anchor": q_items[r][0]}
+            label = []
+            for j in range(K):
+                item, raw = d_items[r * K + j], d_raw[r * K + j]
+                row["positive" if j == 0 else f"negative_{j}"] = item[0] if item is not None else ""
+                label.append(ids.setdefault(raw, len(ids)) if raw is not None else -1)
+            row["label"] = label + [s]
+            rows.append(row)
+    return rows, K, lq.pop(), ld.pop()
+
+
+def make_masked_mnrl():
+    import torch
+    import torch.nn.functional as F
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    class MaskedMNRL(MultipleNegativesRankingLoss):
+        """ST's MultipleNegativesRankingLoss (query -> documents, joint softmax) with jaxembed's two masks: an
+        empty negative slot (label id -1) is no candidate, and a candidate whose text is the query's own positive
+        (same id, another column) is no negative. labels: int64 [B, K + 1] = ids of (positive, negatives), step."""
+
+        def compute_loss_from_embeddings(self, embeddings, labels):
+            q, docs = embeddings[0], embeddings[1:]
+            B, K = q.shape[0], len(docs)
+            cand = torch.cat(docs, 0)                        # column-major: all positives, then negatives_1, ...
+            cid = labels[:, :K].T.reshape(-1)                # [K*B] text ids in the same order
+            logits = self.similarity_fct(q, cand) * self.scale   # [B, K*B]
+            rows = torch.arange(B, device=q.device)
+            allowed = (cid >= 0)[None, :] & (cid[None, :] != labels[:, :1])
+            allowed[rows, rows] = True                       # the own positive (column r) always counts
+            logits = logits.masked_fill(~allowed, float("-inf"))
+            return F.cross_entropy(logits, rows)
+
+    return MaskedMNRL
+
+
+def loss_agreement(c, store, plan, loader, st_loss, collator, rows, K: int, doc_cols: list[str]) -> dict:
+    """Before training, with dropout off and the same starting weights: ST's loss on a batch vs jaxembed's
+    InfoNCE on jaxembed's loader batch of the same step, for the first step, the first step with empty negative
+    slots and the first step whose queries share a positive. -> {step: (st, jaxembed)}."""
+    import numpy as np
+    import torch
+
+    from jaxembed import hf
+    from jaxembed.losses import CandidateInfo, QueryInfo, layout_pos_index
+    from jaxembed.losses.infonce import contrastive_loss
+
+    G = plan.global_batch_size
+    labels = np.array([r["label"] for r in rows]).reshape(plan.steps, G, K + 1)
+    empty = np.flatnonzero((labels[:, :, 1:K] < 0).any(axis=(1, 2)))
+    shared = np.flatnonzero([len(set(x[:, 0].tolist())) < G for x in labels])
+    steps = [0] + [int(a[0]) for a in (empty, shared) if a.size]
+    model = hf.load(c.model.name, max_length=c.model.max_length or None).model
+    out = {}
+    was_training = st_loss.model.training
+    st_loss.model.eval()
+    for s in dict.fromkeys(steps):
+        b = loader.batch(s)
+        eq = model(b["query_input_ids"], b["query_attention_mask"], b["query_prompt_length"], deterministic=True)
+        ed = model(b["doc_input_ids"], b["doc_attention_mask"], b["doc_prompt_length"], deterministic=True)
+        qi = QueryInfo(pos_hash=b["doc_hash"][::K])
+        ci = CandidateInfo(b["doc_valid"], b["doc_hash"], None)
+        jl, _ = contrastive_loss(eq, ed, layout_pos_index(eq.shape[0], K), temperature=float(c.loss.temperature),
+                                 qi=qi, ci=ci)
+        batch = collator(rows[s * G:(s + 1) * G])
+        labels = batch.pop("label")
+        feats = [{k[len(col) + 1:]: v for k, v in batch.items() if k.startswith(col + "_")}
+                 for col in ["anchor", *doc_cols]]
+        with torch.no_grad():
+            sl = float(st_loss(feats, labels))
+        out[int(s)] = (sl, float(jl))
+    st_loss.model.train(was_training)
+    return out
+
+
+def train_st(args, seed: int, rundir: Path, store_dir: Path) -> dict:
+    """One sentence-transformers run on the plan of ``seed``; saves the model to rundir/model."""
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from torch import nn
+    from transformers import set_seed
+    from transformers.optimization import get_linear_schedule_with_warmup
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    from jaxembed import config as cfglib
+    from jaxembed.data.pipeline import make_loader
+    from jaxembed.data.plan import build_plan
+    from jaxembed.data.store import Store
+    from jaxembed.hf import read_sentence_transformers
+    from jaxembed.tokenizer import Tokenizer
+
+    c = arm_config(args, "base", seed, store_dir)
+    store = Store.open(store_dir)
+    plan = build_plan(store, c.plan, data_config=cfglib.data_section(c))
+    jax_plan = rundir.parent / f"jaxembed_base_s{seed}" / "plan.npz"
+    if jax_plan.exists():
+        from jaxembed.data.plan import Plan
+
+        if Plan.load(jax_plan).fingerprint() != plan.fingerprint():
+            raise SystemExit(f"error: the plan differs from {jax_plan}")
+    info = read_sentence_transformers(Path(c.model.name))
+    if not info.head.include_prompt:
+        raise SystemExit("error: this model's pooling excludes prompt tokens; pass the instructions as ST prompts "
+                         "(prompt_length) instead of prefixed text")
+    tok = Tokenizer.from_folder(info.transformer_dir, c.model.max_length or info.max_seq_length,
+                                lowercase=info.do_lower_case)
+    rows, K, Lq, Ld = plan_rows(store, plan, tok)
+    loader = make_loader(store, plan, tok)  # jaxembed's batches, to check ST's tokenization against
+
+    if args.st_threads:
+        torch.set_num_threads(args.st_threads)
+    set_seed(seed)  # as the HF Trainer does: dropout stream
+    model = SentenceTransformer(c.model.name, device="cpu")
+    if not getattr(model[1], "include_prompt", True):
+        raise SystemExit("error: the ST Pooling excludes prompt tokens")
+    model.max_seq_length = c.model.max_length or model.max_seq_length
+    doc_cols = ["positive"] + [f"negative_{j}" for j in range(1, K)]
+    lengths = {"anchor": Lq, **{col: Ld for col in doc_cols}}
+
+    class Collator(SentenceTransformerDataCollator):
+        """ST's collator, with one max length per column (queries Lq, documents Ld) and a check that every batch
+        tokenizes to the very ids of jaxembed's loader batch for the same step."""
+
+        checked = 0
+
+        def _get_task_for_column(self, column_name, column_position, router_mapping):
+            self._column = column_name
+            return None
+
+        def _get_max_length_for_task(self, task):
+            return lengths[self._column]
+
+        def __call__(self, features):
+            batch = super().__call__(features)
+            step = int(batch["label"][0, -1])
+            ref = loader.batch(step)
+            pairs = [("anchor", ref["query_input_ids"], ref["query_attention_mask"])]
+            pairs += [(col, ref["doc_input_ids"][j::K], ref["doc_attention_mask"][j::K])
+                      for j, col in enumerate(doc_cols)]
+            for col, rid, rmask in pairs:
+                ids, mask = batch[f"{col}_input_ids"].numpy(), batch[f"{col}_attention_mask"].numpy()
+                for r in range(ids.shape[0]):
+                    a, b = ids[r][mask[r] == 1], rid[r][rmask[r] == 1]
+                    if not np.array_equal(a, b):
+                        raise SystemExit(f"error: step {step} row {r} column {col}: ST tokens {a.tolist()} != "
+                                         f"jaxembed tokens {b.tolist()}")
+            Collator.checked += 1
+            return batch
+
+    collator = Collator(preprocess_fn=model.preprocess)
+    dl = torch.utils.data.DataLoader(rows, batch_sampler=PlanBatchSampler(plan.steps, plan.global_batch_size),
+                                     collate_fn=collator)
+    scale = 1.0 / float(c.loss.temperature)
+    loss_fn = (make_masked_mnrl() if args.st_loss == "masked" else MultipleNegativesRankingLoss)(model, scale=scale)
+    # the HF Trainer's optimizer: AdamW, no weight decay on LayerNorm weights and biases
+    decay = set(get_parameter_names(model, [nn.LayerNorm],
+                                    [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]))
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for n, p in named if n in decay], "weight_decay": c.optim.weight_decay},
+              {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=c.optim.lr, betas=(c.optim.b1, c.optim.b2), eps=c.optim.eps)
+    warmup = c.optim.warmup_steps if c.optim.warmup_steps >= 0 else int(c.optim.warmup_ratio * plan.steps)
+    sched = get_linear_schedule_with_warmup(opt, warmup, plan.steps)
+    agree = loss_agreement(c, store, plan, loader, loss_fn, collator, rows, K, doc_cols)
+    diff = max(abs(a - b) for a, b in agree.values())
+    print(f"[st seed {seed}] loss before training, ST vs jaxembed (no dropout): " +
+          ", ".join(f"step {s}: {a:.6f} vs {b:.6f}" for s, (a, b) in agree.items()) + f"; max |diff| {diff:.2e}",
+          flush=True)
+    if args.st_loss == "masked" and diff > 1e-3:
+        raise SystemExit(f"error: ST's masked loss and jaxembed's InfoNCE differ by {diff:.2e} on the same batch")
+    Collator.checked = 0
+    model.train()
+    losses, log = [], []
+    t0 = time.time()
+    for step, batch in enumerate(dl):
+        labels = batch.pop("label")
+        features = [{k[len(col) + 1:]: v for k, v in batch.items() if k.startswith(col + "_")}
+                    for col in ["anchor", *doc_cols]]
+        loss = loss_fn(features, labels)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), c.optim.grad_clip)
+        opt.step()
+        sched.step()
+        model.zero_grad()
+        losses.append(float(loss))
+        if (step + 1) % c.train.log_every == 0:
+            rec = {"step": step + 1, "loss": statistics.mean(losses[-c.train.log_every:]),
+                   "grad_norm": float(gnorm), "time": round(time.time() - t0, 1)}
+            log.append(rec)
+            print(f"[st seed {seed}] step {step + 1}/{plan.steps} loss {rec['loss']:.4f} ({rec['time']}s)",
+                  flush=True)
+    train_s = time.time() - t0
+    model.save(str(rundir / "model"))
+    return {"train_s": train_s, "log": log, "token_checks": Collator.checked, "plan": plan.fingerprint(),
+            "loss_agreement_before_training": {str(k): v for k, v in agree.items()},
+            "loss_fn": type(loss_fn).__name__, "scale": scale, "warmup_steps": warmup}
+
+
+def train_jaxembed(args, arm: str, seed: int, rundir: Path, store_dir: Path) -> dict:
+    from jaxembed.train import train
+
+    c = arm_config(args, arm, seed, store_dir)
+    t0 = time.time()
+    summary = train(c, rundir)
+    train_s = time.time() - t0
+    log = []
+    for line in open(rundir / "metrics.jsonl", encoding="utf-8"):
+        r = json.loads(line)
+        if r.get("split") == "train":
+            log.append({"step": r["step"], "loss": r["loss"], "grad_norm": r.get("grad_norm"), "time": r["time"]})
+    from jaxembed.data.plan import Plan
+
+    return {"train_s": train_s, "log": log, "plan": Plan.load(rundir / "plan.npz").fingerprint(),
+            "skipped": summary["skipped"], "model_dir": summary["export"]}
+
+
+def child(args) -> None:
+    """Subprocess entry: train one run and write rundir/train.json."""
+    tool, arm, seed = args._train.split(":")
+    seed = int(seed)
+    wd = Path(args.workdir)
+    rundir = wd / f"{tool}_{arm}_s{seed}"
+    rundir.mkdir(parents=True, exist_ok=True)
+    if tool == "st":
+        res = train_st(args, seed, rundir, wd / "store")
+        res["model_dir"] = str(rundir / "model")
+    else:
+        res = train_jaxembed(args, arm, seed, rundir, wd / "store")
+    res["key"] = config_key(arm_config(args, arm, seed, wd / "store")) + ("" if tool != "st" else f"-st-{args.st_loss}")
+    (rundir / "train.json").write_text(json.dumps(res, indent=1) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_training(args, tool: str, arm: str, seed: int) -> dict:
+    wd = Path(args.workdir)
+    rundir = wd / f"{tool}_{arm}_s{seed}"
+    key = config_key(arm_config(args, arm, seed, wd / "store")) + ("" if tool != "st" else f"-st-{args.st_loss}")
+    done = rundir / "train.json"
+    if done.exists() and json.loads(done.read_text()).get("key") == key:
+        log(f"{tool} {arm} seed {seed}: reusing {rundir}")
+        return json.loads(done.read_text())
+    if rundir.exists():
+        import shutil
+
+        shutil.rmtree(rundir)  # a stale or interrupted run of another config
+    log(f"{tool} {arm} seed {seed}: training ({args.steps} steps, batch {args.batch_size})")
+    argv = [sys.executable, str(Path(__file__).resolve()), "--_train", f"{tool}:{arm}:{seed}",
+            *[a for a in _forward_argv(args)]]
+    subprocess.run(argv, check=True)
+    res = json.loads(done.read_text())
+    log(f"{tool} {arm} seed {seed}: trained in {res['train_s']:.0f}s")
+    return res
+
+
+def _forward_argv(args) -> list[str]:
+    out = ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--workdir", args.workdir,
+           "--st-loss", args.st_loss, "--st-threads", str(args.st_threads), "--mrl-weights", args.mrl_weights,
+           "--curriculum-instance-order", args.curriculum_instance_order]
+    if args.curriculum_task_order:
+        out += ["--curriculum-task-order", args.curriculum_task_order]
+    if args.curriculum_scores:
+        out += ["--curriculum-scores", args.curriculum_scores]
+    for m in args.mote:
+        out += ["--mote", m]
+    return out
+
+
+def run_eval(args, rundir: Path, model_dir: str, experts=None) -> dict:
+    out = rundir / "eval.json"
+    key = f"{args.eval_tasks}|{args.eval_max_examples}|{DIMS}|{experts}"
+    if out.exists():
+        prev = json.loads(out.read_text())
+        if prev.get("key") == key:
+            return prev["results"]
+    from jaxembed.evaluate import evaluate
+
+    t0 = time.time()
+    # a Path, not a str: jaxembed.evaluate's as_encoder takes anything with .encode for an encoder (str has one)
+    res = evaluate(Path(model_dir), args.eval_tasks, dims=list(DIMS), max_examples=args.eval_max_examples or None,
+                   experts=experts)
+    log(f"  evaluated {rundir.name} in {time.time() - t0:.0f}s: " +
+        ", ".join(f"{t} {r['main_score']:.2f}" for t, r in res.items()))
+    out.write_text(json.dumps({"key": key, "results": res}, indent=1) + "\n")
+    return res
+
+
+def mteb_check(args, runs: dict) -> dict:
+    """mteb on --mteb-tasks for seed-0 models: jaxembed's MTEB encoder for both, ST's own encoder for the ST one."""
+    tasks = [t for t in args.mteb_tasks.split(",") if t]
+    if not tasks:
+        return {}
+    import tempfile
+
+    import mteb
+
+    from jaxembed.evaluate import mteb_tasks, run_mteb
+    from jaxembed.evaluate.mteb_adapter import _scores_of
+
+    out = {}
+    for (tool, arm, seed), r in runs.items():
+        if arm != "base" or seed != min(args.seeds):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            mx = args.eval_max_examples or None
+            res = run_mteb(Path(r["model_dir"]), tasks, out=tmp, max_examples=mx)
+            row = {t: {"local": r["eval"][t]["main_score"], "mteb_jaxembed_encoder": res[t]["main_score"]}
+                   for t in tasks}
+            if tool == "st":
+                from sentence_transformers import SentenceTransformer
+
+                st_model = SentenceTransformer(r["model_dir"], device="cpu")
+                st_res = mteb.evaluate(st_model, mteb_tasks(tasks, max_examples=mx), cache=mteb.ResultCache(cache_path=tmp),
+                                       overwrite_strategy="always", show_progress_bar=False, co2_tracker=False)
+                for tr in st_res.task_results:
+                    row[tr.task_name]["mteb_st_encoder"] = _scores_of(tr)["main_score"]
+        out[f"{tool}_s{seed}"] = row
+        log(f"  mteb {tool} seed {seed}: {row}")
+    return out
+
+
+def summarize(runs: dict, tool: str, arm: str, seeds, dim: str | None = None) -> dict | None:
+    """Per task: mean over seeds and the seeds' values; the average over tasks per seed, its mean and spread."""
+    got = [runs[(tool, arm, s)] for s in seeds if (tool, arm, s) in runs]
+    if not got:
+        return None
+
+    def score(r, t):
+        e = r["eval"][t]
+        return e["main_score"] if dim is None else e["dims"][dim]["main_score"]
+
+    tasks = list(got[0]["eval"])
+    per_task = {t: {"mean": statistics.mean(score(r, t) for r in got), "seeds": [score(r, t) for r in got]}
+                for t in tasks}
+    avgs = [statistics.mean(score(r, t) for t in tasks) for r in got]
+    return {"per_task": per_task, "average": statistics.mean(avgs), "average_seeds": avgs,
+            "spread": (max(avgs) - min(avgs)) if len(avgs) > 1 else 0.0, "seeds": [s for s in seeds
+                                                                                    if (tool, arm, s) in runs]}
+
+
+def _public_argv(argv: list[str]) -> list[str]:
+    """The command line without --workdir / --name / --no-readme (machine-local or bookkeeping)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--workdir", "--name"):
+            skip = True
+            continue
+        if a.startswith(("--workdir=", "--name=")) or a == "--no-readme":
+            continue
+        out.append(a)
+    return out
+
+
+def main():
+    args = parse_args()
+    if args._train:
+        return child(args)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    abl = [a for a in args.ablations.split(",") if a]
+    bad = [a for a in abl if a not in ABLATIONS]
+    if bad:
+        raise SystemExit(f"error: --ablations {bad}: unknown (allowed: {', '.join(ABLATIONS)})")
+    tools = [t for t in args.tools.split(",") if t]
+    wd = Path(args.workdir)
+    wd.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+
+    # the dataset store, once for every run (same data config for all arms)
+    from jaxembed.train import prepare_store
+
+    c0 = recipe_config(args, args.seeds[0], None)
+    if not (wd / "store" / "manifest.json").exists():
+        log("preparing the dataset store")
+    prepare_store(c0, wd)
+
+    jobs = []  # (tool, arm, seed)
+    for s in args.seeds:
+        jobs.append(("jaxembed", "base", s))
+        if "st" in tools and not args.only_ablations:
+            jobs.append(("st", "base", s))
+    arms = []
+    for a in abl:
+        arms += {"curriculum": ["curriculum", "curriculum_shuffled"]}.get(a, [a])
+    for a in arms:
+        for s in args.ablation_seeds:
+            if ("jaxembed", "base", s) not in jobs:
+                jobs.append(("jaxembed", "base", s))
+            jobs.append(("jaxembed", a, s))
+    experts = json.loads(args.mote_experts) if args.mote_experts else None
+
+    runs = {}
+    for tool, arm, s in jobs:
+        r = run_training(args, tool, arm, s)
+        r["eval"] = run_eval(args, wd / f"{tool}_{arm}_s{s}", r["model_dir"], experts if arm == "mote" else None)
+        runs[(tool, arm, s)] = r
+    mteb_res = mteb_check(args, runs)
+
+    # ---- summary
+    par = {t: summarize(runs, t, "base", args.seeds) for t in ("jaxembed", "st")}
+    result = {
+        "benchmark": "quality_parity", "date": datetime.date.today().isoformat(), "device": "cpu",
+        "host": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+        "recipe": {"model": "all-MiniLM-L6-v2", "config": "configs/demo.py", "steps": args.steps,
+                   "global_batch_size": args.batch_size, "max_lengths": "query 32 / document 64",
+                   "temperature": 0.05, "st_scale": 20.0, "lr": 2e-5, "warmup": "10% linear, then linear decay",
+                   "weight_decay": 0.01, "grad_clip": 1.0, "dropout": True, "st_loss": args.st_loss},
+        "eval": {"tasks": args.eval_tasks, "max_examples": args.eval_max_examples, "dims": list(DIMS)},
+        "seeds": args.seeds, "parity": par, "mteb_check": mteb_res,
+        "runs": {f"{t}_{a}_s{s}": {k: v for k, v in r.items() if k != "key"} for (t, a, s), r in runs.items()},
+        "wall_s": time.time() - t_start,
+        "command": "python benchmarks/quality_parity.py " + " ".join(_public_argv(sys.argv[1:])),
+    }
+    if par["jaxembed"] and par["st"]:
+        diff = par["jaxembed"]["average"] - par["st"]["average"]
+        result["parity"]["difference_jaxembed_minus_st"] = diff
+        result["parity"]["per_task_difference"] = {
+            t: par["jaxembed"]["per_task"][t]["mean"] - par["st"]["per_task"][t]["mean"]
+            for t in par["jaxembed"]["per_task"]}
+        result["parity"]["target_met"] = diff >= -0.3
+    ablation = {}
+    for a in arms:
+        base = summarize(runs, "jaxembed", "base", args.ablation_seeds)
+        arm = summarize(runs, "jaxembed", a, args.ablation_seeds)
+        row = {"seeds": args.ablation_seeds, "baseline_average": base["average"], "arm_average": arm["average"],
+               "difference": arm["average"] - base["average"],
+               "per_task": {t: {"baseline": base["per_task"][t]["mean"], "arm": arm["per_task"][t]["mean"]}
+                            for t in arm["per_task"]}}
+        for d in DIMS:
+            b, x = (summarize(runs, "jaxembed", n, args.ablation_seeds, str(d)) for n in ("base", a))
+            row[f"dim{d}"] = {"baseline_average": b["average"], "arm_average": x["average"],
+                              "difference": x["average"] - b["average"]}
+        ablation[a] = row
+    result["ablations"] = ablation
+    name = args.name
+    save_result(name, result)
+    print(json.dumps({k: result[k] for k in ("parity", "ablations", "mteb_check")}, indent=1))
+
+    parts = []
+    if par["jaxembed"] and par["st"]:
+        j, s = par["jaxembed"], par["st"]
+        parts.append(f"average of {len(j['per_task'])} eval tasks over seeds {args.seeds}: jaxembed "
+                     f"{j['average']:.2f} (seed spread {j['spread']:.2f}) vs sentence-transformers {s['average']:.2f} "
+                     f"(spread {s['spread']:.2f}): **{j['average'] - s['average']:+.2f}** points")
+    for a, row in ablation.items():
+        parts.append(f"{a} vs base (seeds {row['seeds']}): {row['difference']:+.2f} at 384, "
+                     + ", ".join(f"{row[f'dim{d}']['difference']:+.2f} at {d}" for d in DIMS))
+    if parts:
+        line = (f"| {result['date']} | quality_parity | cpu ({result['cpu_count']} cores) | all-MiniLM-L6-v2, "
+                f"demo recipe, {args.steps} steps x batch {args.batch_size}, same plan batches, ST loss "
+                f"{args.st_loss} | {'; '.join(parts)} | `{result['command']}` |")
+        record_line(line, append=not args.no_readme)
+    log(f"done in {(time.time() - t_start) / 60:.1f} min; results in benchmarks/results/{name}.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,595 @@
+"""Training throughput and memory: jaxembed's train step vs sentence-transformers, same model, batch, lengths, loss,
+precision and optimizer.
+
+Per model (``--models name:batch,...``; the batch is the global batch of queries):
+  minilm       all-MiniLM-L6-v2, its real weights
+  bert-base    a BERT-base-size config (12 x 768, 110M parameters), random weights
+  qwen2-0.5b   a Qwen2-0.5B-size config (24 x 896, GQA 14/2, 494M parameters), random weights, causal
+Both tools load the very same folder (the random models are written once under --cache). Every query has one
+positive and one hard negative; queries are padded to --q-len and documents to --d-len tokens, every token real
+(attention mask 1), so both tools process the same tokens. Loss: InfoNCE over the whole batch at temperature 0.05
+-- jaxembed's loss (its false-negative masks are active, nothing is masked with distinct random texts) vs
+sentence-transformers' MultipleNegativesRankingLoss (scale 20) with (anchor, positive, negative) columns. One AdamW
+step per iteration with global-norm clipping 1.0, weight decay 0.01 except norms and biases, dropout on (train
+mode). Precision: float32 on CPU; bfloat16 compute with float32 master weights on GPU (jaxembed model.dtype
+bfloat16; torch.autocast bfloat16 around forward and backward, as the HF Trainer's bf16=True does).
+
+Every (tool, model, setting) runs in a fresh subprocess, so one tool's memory never counts against the other:
+--warmup steps (compilation, allocator) then --steps timed steps, steady state. Memory: the process's RSS
+high-water mark on CPU (the runtime included: measure differences, not the absolute value), the device's peak
+allocated bytes on GPU. MFU (GPU, when the device's peak FLOP/s is known) uses jaxembed.flops' analytic count
+for both tools (3 forward passes per step, 4 with the gradient cache).
+
+Sections (--sections, default all):
+  throughput   examples/s, tokens/s, peak memory and jaxembed / ST ratio per model
+  scaling      GPU: the largest global batch (doubling, up to 80k candidates) each tool trains with its gradient
+               cache (jaxembed train.gradcache_chunk + loss.tiled; ST CachedMultipleNegativesRankingLoss), model
+               --search-model. CPU: a memory table over --scaling-batches instead (cache on in both tools)
+  loader       the Grain loader's examples/s on the shared training data (benchmarks/loader_throughput.py's
+               measurement) vs the jaxembed step's examples/s at the same global batch: the headroom ratio
+
+    python benchmarks/train_throughput.py [--models minilm:32,bert-base:8,qwen2-0.5b:4] [--steps 3]
+        [--warmup 1] [--q-len 32] [--d-len 64] [--sections throughput,scaling,loader] [--device-info]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from _record import record_line, save_result  # noqa: E402
+
+K = 2               # candidates per query: the positive and one hard negative
+TEMPERATURE = 0.05  # ST scale 20
+MAX_CANDIDATES = 80_000
+THREADS = [0]       # --threads (CPU), set in main
+
+BERT_BASE = dict(model_type="bert", vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2, hidden_act="gelu",
+                 hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, layer_norm_eps=1e-12, pad_token_id=0)
+QWEN2_05B = dict(model_type="qwen2", vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, intermediate_size=4864, max_position_embeddings=32768, rope_theta=1e6,
+                 rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=True, attention_dropout=0.0,
+                 use_sliding_window=False, sliding_window=None, max_window_layers=24)
+MODELS = {"minilm": None, "bert-base": BERT_BASE, "qwen2-0.5b": QWEN2_05B}
+
+
+# ------------------------------------------------------------------------------------------------ models
+
+
+def model_folder(name: str, cache: Path) -> Path:
+    """all-MiniLM-L6-v2's folder, or a sentence-transformers folder with a random-weight model of that size
+    (written once; transformers' default initialisation, seed 0; mean pooling + normalisation; the MiniLM
+    tokenizer, which only has to load: the benchmark feeds token ids)."""
+    from jaxembed import paths
+
+    if name == "minilm":
+        return paths.demo_model_dir()
+    out = cache / name
+    if (out / "modules.json").exists():
+        return out
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    cfg = dict(MODELS[name])
+    hf_dir = out.with_name(out.name + ".hf")
+    torch.manual_seed(0)
+    model = AutoModel.from_config(AutoConfig.for_model(**cfg))
+    model.save_pretrained(hf_dir)
+    AutoTokenizer.from_pretrained(str(paths.demo_model_dir())).save_pretrained(hf_dir)
+    tr = models.Transformer(str(hf_dir), max_seq_length=512)
+    st = SentenceTransformer(modules=[tr, models.Pooling(cfg["hidden_size"], "mean"), models.Normalize()],
+                             device="cpu")
+    st.save(str(out))
+    import shutil
+
+    shutil.rmtree(hf_dir)
+    return out
+
+
+def synthetic_ids(rows: int, length: int, vocab: int, seed: int):
+    """int32 [rows, length] token ids in [1000, vocab), distinct rows (no false negatives to mask)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return rng.integers(1000, min(vocab, 30000), size=(rows, length), dtype=np.int32)
+
+
+# ------------------------------------------------------------------------------------------------ workers
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process (all threads, user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def worker_jaxembed(folder: str, B: int, lq: int, ld: int, chunk: int, steps: int, warmup: int) -> dict:
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from jaxembed import hf, optim, parallel
+    from jaxembed.config import default_config
+    from jaxembed.data.pipeline import to_global
+    from jaxembed.train import Run, init_state, make_train_step
+
+    gpu = jax.default_backend() != "cpu"
+    dtype = "bfloat16" if gpu else "float32"
+    loaded = hf.load(folder, dtype=dtype, param_dtype="float32", max_length=max(lq, ld))
+    c = default_config()
+    c.model.name = folder
+    c.model.dtype = dtype
+    c.loss.temperature = TEMPERATURE
+    c.plan.global_batch_size = B
+    c.train.gradcache_chunk = chunk
+    c.train.dropout = True
+    if chunk and gpu:
+        c.loss.tiled = True  # with the cache, the [B, N] logits are what is left: tile them as the README says
+    graphdef, params, rest = nnx.split(loaded.model, nnx.Param, ...)
+    tx, sched = optim.make_optimizer(nnx.to_pure_dict(params), lr=2e-5, total_steps=10_000, warmup_steps=0,
+                                     weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip)
+    mesh = parallel.make_mesh(-1, 1)
+    run = Run(c, Path("."), mesh, loaded, None, None, graphdef, rest, tx, sched, K)
+    state = init_state(run)
+    step = make_train_step(run)
+    vocab = loaded.hf_config["vocab_size"]
+    n = B * K
+    host = {
+        "query_input_ids": synthetic_ids(B, lq, vocab, 1), "query_attention_mask": np.ones((B, lq), np.int32),
+        "query_prompt_length": np.zeros(B, np.int32),
+        "doc_input_ids": synthetic_ids(n, ld, vocab, 2), "doc_attention_mask": np.ones((n, ld), np.int32),
+        "doc_prompt_length": np.zeros(n, np.int32), "doc_valid": np.ones(n, bool),
+        "doc_hash": np.stack([np.arange(n, dtype=np.uint32) + 1, np.zeros(n, np.uint32)], 1),
+        "query_hash": np.stack([np.arange(B, dtype=np.uint32) + 1, np.ones(B, np.uint32)], 1),
+        "task_id": np.zeros(B, np.int32), "dataset_id": np.zeros(B, np.int32), "weight": np.ones(B, np.float32),
+        "example_index": np.arange(B, dtype=np.int64), "temperature": np.array(np.nan, np.float32),
+        "step": np.array(0, np.int64),
+    }
+    batch = to_global(host, parallel.batch_sharding(mesh))
+    rss_loaded = _peak_rss_mib()
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        state, m = step(state, batch)
+    jax.block_until_ready(m["loss"])
+    warm_s = time.perf_counter() - t0
+    times, cpu0 = [], _cpu_s()
+    for _ in range(steps):  # one sync per step: the step time is honest, the loop's dispatch overlap is small
+        t0 = time.perf_counter()
+        state, m = step(state, batch)
+        jax.block_until_ready(m["loss"])
+        times.append(time.perf_counter() - t0)
+    cpu = _cpu_s() - cpu0
+    dev = jax.devices()[0]
+    out = {"device": f"{dev.platform}:{dev.device_kind}", "times_s": times, "warmup_s": warm_s, "cpu_s": cpu,
+           "loss": float(m["loss"]), "peak_rss_mib": _peak_rss_mib(), "rss_after_load_mib": rss_loaded,
+           "precision": dtype, "dim": int(loaded.model.dim), "params": int(sum(x.size for x in jax.tree.leaves(
+               nnx.to_pure_dict(params))))}
+    if gpu:
+        stats = dev.memory_stats() or {}
+        out["device_peak_mib"] = stats.get("peak_bytes_in_use", 0) / 2**20
+    return out
+
+
+def worker_st(folder: str, B: int, lq: int, ld: int, chunk: int, steps: int, warmup: int) -> dict:
+    import contextlib
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.losses import (CachedMultipleNegativesRankingLoss,
+                                                                   MultipleNegativesRankingLoss)
+    from torch import nn
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    gpu = torch.cuda.is_available()
+    device = "cuda" if gpu else "cpu"
+    threads = int(os.environ.get("BENCH_THREADS", "0"))
+    if threads and not gpu:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = SentenceTransformer(folder, device=device)
+    model.max_seq_length = max(lq, ld)
+    model.train()
+    if chunk:
+        loss_fn = CachedMultipleNegativesRankingLoss(model, scale=1.0 / TEMPERATURE, mini_batch_size=chunk)
+    else:
+        loss_fn = MultipleNegativesRankingLoss(model, scale=1.0 / TEMPERATURE)
+    vocab = model[0].auto_model.config.vocab_size
+    import inspect
+
+    with_tt = "token_type_ids" in inspect.signature(model[0].auto_model.forward).parameters
+
+    def feats(ids):
+        t = torch.as_tensor(ids, dtype=torch.long, device=device)
+        f = {"input_ids": t, "attention_mask": torch.ones_like(t)}
+        if with_tt:
+            f["token_type_ids"] = torch.zeros_like(t)
+        return f
+
+    q = synthetic_ids(B, lq, vocab, 1)
+    d = synthetic_ids(B * K, ld, vocab, 2)
+    features = [feats(q), feats(d[0::K]), feats(d[1::K])]  # anchor, positive, negative
+    decay = set(get_parameter_names(model, [nn.LayerNorm],
+                                    [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]))
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([{"params": [p for n, p in named if n in decay], "weight_decay": 0.01},
+                             {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}], lr=2e-5)
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if gpu else contextlib.nullcontext
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+
+    def one_step():
+        with amp():
+            loss = loss_fn(features, None)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    rss_loaded = _peak_rss_mib()
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        loss = one_step()
+    sync()
+    warm_s = time.perf_counter() - t0
+    times, cpu0 = [], _cpu_s()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss = one_step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    cpu = _cpu_s() - cpu0
+    out = {"device": f"cuda:{torch.cuda.get_device_name()}" if gpu else "cpu:cpu", "times_s": times,
+           "warmup_s": warm_s, "cpu_s": cpu, "loss": float(loss.detach()), "peak_rss_mib": _peak_rss_mib(),
+           "rss_after_load_mib": rss_loaded, "precision": "bfloat16 autocast" if gpu else "float32",
+           "torch_threads": torch.get_num_threads(), "params": int(sum(p.numel() for p in model.parameters()))}
+    if gpu:
+        out["device_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
+
+
+def spawn(tool: str, folder: Path, B: int, lq: int, ld: int, chunk: int, steps: int, warmup: int,
+          timeout: float | None = None) -> dict:
+    """Run one worker in a fresh process; -> its result, or {"error": ...} (out of memory, timeout, crash)."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--_worker",
+            json.dumps([tool, str(folder), B, lq, ld, chunk, steps, warmup])]
+    env = dict(os.environ)
+    if THREADS[0]:  # CPU: the same cores and compute threads for both tools (the worker pins itself)
+        n = THREADS[0]
+        env.update(BENCH_THREADS=str(n), OMP_NUM_THREADS=str(n), MKL_NUM_THREADS=str(n))
+        if n == 1:
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+    t0 = time.time()
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout:.0f}s"}
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            res = json.loads(line[7:])
+            res["wall_s"] = time.time() - t0
+            return res
+    tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+    return {"error": f"exit {p.returncode}: " + " | ".join(tail)}
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+
+def device_info() -> dict:
+    """The machine: CPU model and cores; the accelerator (from nvidia-smi, without starting a framework)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cpu_count": os.cpu_count(), "gpu": None}
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        if p.returncode == 0 and p.stdout.strip():
+            info["gpu"] = p.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return info
+
+
+def peak_flops(device: str) -> float | None:
+    from jaxembed.flops import PEAK_FLOPS
+
+    for name, v in PEAK_FLOPS.items():
+        if name.lower() in device.lower():
+            return v
+    return None
+
+
+def step_flops(folder: Path, B: int, lq: int, ld: int, cached: bool) -> float:
+    """Analytic FLOPs of one step (jaxembed.flops.train_step_flops) from the folder's config.json."""
+    from jaxembed import models
+    from jaxembed.flops import train_step_flops
+    from jaxembed.hf import read_sentence_transformers
+
+    st = read_sentence_transformers(folder)
+    cfg = models.config_from_hf(json.loads((st.transformer_dir / "config.json").read_text()))
+    return train_step_flops(cfg, B, lq, B * K, ld, cfg.hidden_size, cached)
+
+
+def figures(res: dict, B: int, lq: int, ld: int, flops: float) -> dict:
+    if "error" in res or not res["times_s"]:  # failed, or a memory-only run (no timed step)
+        return res
+    t = statistics.median(res["times_s"])
+    out = dict(res, step_s=t, examples_per_s=B / t, tokens_per_s=B * (lq + K * ld) / t)
+    if res.get("cpu_s"):  # throughput per CPU second: robust to the share of a busy machine the process got
+        out["examples_per_cpu_s"] = B * len(res["times_s"]) / res["cpu_s"]
+        out["cpu_utilisation"] = res["cpu_s"] / sum(res["times_s"])
+    pk = peak_flops(res["device"]) if not res["device"].startswith("cpu") else None
+    if pk:
+        out["mfu"] = flops / t / pk
+    return out
+
+
+def fmt_mem(r: dict) -> str:
+    if "device_peak_mib" in r:
+        return f"{r['device_peak_mib'] / 1024:.2f} GiB device"
+    return f"{r['peak_rss_mib'] / 1024:.2f} GiB RSS"
+
+
+# ------------------------------------------------------------------------------------------------ sections
+
+
+def section_throughput(args, cache: Path, log) -> list[dict]:
+    rows = []
+    for spec in args.models.split(","):
+        name, _, b = spec.partition(":")
+        if name not in MODELS:
+            raise SystemExit(f"error: --models {name!r}: unknown (known: {', '.join(MODELS)})")
+        B = int(b or args.batch_size)
+        folder = model_folder(name, cache)
+        fl = step_flops(folder, B, args.q_len, args.d_len, False)
+        row = {"model": name, "global_batch": B, "q_len": args.q_len, "d_len": args.d_len, "flops_per_step": fl}
+        for tool in ("jaxembed", "st"):
+            log(f"throughput {name} B={B}: {tool}")
+            r = figures(spawn(tool, folder, B, args.q_len, args.d_len, 0, args.steps, args.warmup), B, args.q_len,
+                        args.d_len, fl)
+            row[tool] = r
+            if "error" in r:
+                log(f"  {tool}: {r['error']}")
+            else:
+                log(f"  {tool}: {r['examples_per_s']:.2f} ex/s, {r['tokens_per_s']:.0f} tok/s, {fmt_mem(r)}"
+                    + (f", {r['examples_per_cpu_s']:.2f} ex/CPU-s (CPU use {r['cpu_utilisation']:.2f})"
+                       if "examples_per_cpu_s" in r else "")
+                    + (f", MFU {100 * r['mfu']:.1f}%" if "mfu" in r else ""))
+        if "error" not in row["jaxembed"] and "error" not in row["st"]:
+            row["ratio_jaxembed_over_st"] = row["jaxembed"]["examples_per_s"] / row["st"]["examples_per_s"]
+            if "examples_per_cpu_s" in row["jaxembed"] and "examples_per_cpu_s" in row["st"]:
+                row["ratio_per_cpu_s_jaxembed_over_st"] = (row["jaxembed"]["examples_per_cpu_s"]
+                                                           / row["st"]["examples_per_cpu_s"])
+            key = "device_peak_mib" if "device_peak_mib" in row["jaxembed"] else "peak_rss_mib"
+            row["memory_ratio_jaxembed_over_st"] = row["jaxembed"][key] / row["st"][key]
+        rows.append(row)
+    return rows
+
+
+def section_scaling(args, cache: Path, gpu: bool, log) -> dict:
+    folder = model_folder(args.search_model, cache)
+    if not gpu:
+        log("scaling: no accelerator, so no largest-batch search; memory table with the gradient cache instead")
+        table = []
+        for B in [int(x) for x in args.scaling_batches.split(",")]:
+            row = {"global_batch": B, "candidates": B * K}
+            for tool in ("jaxembed", "st"):
+                r = figures(spawn(tool, folder, B, args.q_len, args.d_len, args.chunk, args.scaling_steps, 1), B,
+                            args.q_len, args.d_len, step_flops(folder, B, args.q_len, args.d_len, True))
+                row[tool] = r
+                log(f"  B={B} {tool}: " + (r["error"] if "error" in r else fmt_mem(r) + (
+                    f", {r['examples_per_s']:.2f} ex/s" if "examples_per_s" in r else "")))
+            table.append(row)
+        return {"mode": "cpu_memory_table", "model": args.search_model, "chunk": args.chunk,
+                "timed_steps": args.scaling_steps,
+                "note": "no accelerator: the largest-batch search runs only on GPU / TPU", "table": table}
+    out = {"mode": "largest_batch_search", "model": args.search_model, "chunk": args.search_chunk,
+           "max_candidates": MAX_CANDIDATES}
+    cap = MAX_CANDIDATES // K
+    sizes = []
+    b = args.search_start
+    while b < cap:
+        sizes.append(b)
+        b *= 2
+    sizes.append(cap - cap % args.search_chunk)
+    for tool in ("jaxembed", "st"):
+        best, trials = None, []
+        for B in sizes:
+            r = spawn(tool, folder, B, args.q_len, args.d_len, args.search_chunk, 1, 1, timeout=args.search_timeout)
+            r = figures(r, B, args.q_len, args.d_len, step_flops(folder, B, args.q_len, args.d_len, True))
+            trials.append({"global_batch": B, **{k: r.get(k) for k in ("error", "examples_per_s", "device_peak_mib",
+                                                                          "mfu")}})
+            log(f"  search {tool} B={B} ({B * K} candidates): " + (r["error"][:200] if "error" in r else
+                                                                     f"ok, {fmt_mem(r)}"))
+            if "error" in r:
+                break
+            best = B
+        out[tool] = {"largest_global_batch": best, "largest_candidates": best * K if best else None,
+                     "trials": trials}
+    return out
+
+
+def section_loader(args, step_row: dict | None, log) -> dict:
+    """Loader examples/s (loader_throughput.run) on the shared data at the jaxembed step's global batch."""
+    from loader_throughput import run as loader_run
+
+    from jaxembed import paths
+    from jaxembed.data.pipeline import step_lengths
+    from jaxembed.data.plan import build_plan
+    from jaxembed.data.store import Store, write_store
+    from jaxembed.tokenizer import Tokenizer
+
+    sys.path.insert(0, str(ROOT / "configs"))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_config", ROOT / "configs" / "demo.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config()
+    from jaxembed import config as cfglib
+
+    store_dir = Path(args.cache) / "store"
+    if not (store_dir / "manifest.json").exists():
+        log(f"loader: preparing the demo data store into {store_dir}")
+        write_store(cfglib.data_section(c), store_dir)
+    store = Store.open(store_dir)
+    B = step_row["global_batch"] if step_row else args.batch_size
+    c.plan.global_batch_size = B
+    c.plan.steps = args.loader_steps
+    plan = build_plan(store, c.plan, data_config=cfglib.data_section(c))
+    tok = Tokenizer.from_folder(paths.demo_model_dir(), 128)
+    lengths = step_lengths(store, plan, tok, end_step=plan.steps)
+    r = loader_run(store, plan, tok, lengths, 0, plan.steps, min(10, plan.steps // 4))
+    out = {"data": "demo recipe (configs/demo.py): 14 datasets, 1 hard negative, query 32 / document 64 tokens",
+           "global_batch": B, "steps": plan.steps, "workers": 0, "loader": r}
+    if step_row and "error" not in step_row.get("jaxembed", {"error": 1}):
+        step = step_row["jaxembed"]["examples_per_s"]
+        out["step_examples_per_s"] = step
+        out["headroom_loader_over_step"] = r["examples_per_s"] / step
+    log(f"loader: {r['examples_per_s']:.0f} ex/s at global batch {B}"
+        + (f"; headroom over the step {out['headroom_loader_over_step']:.0f}x" if "headroom_loader_over_step" in out
+           else ""))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="minilm:32,bert-base:8,qwen2-0.5b:4",
+                    help="name:global_batch,... (names: minilm, bert-base, qwen2-0.5b)")
+    ap.add_argument("--batch-size", type=int, default=32, help="global batch of a --models entry without one")
+    ap.add_argument("--q-len", type=int, default=32)
+    ap.add_argument("--d-len", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps (median)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--sections", default="throughput,scaling,loader")
+    ap.add_argument("--chunk", type=int, default=32, help="gradient-cache sub-batch for the CPU memory table")
+    ap.add_argument("--scaling-batches", default="32,64,128,256")
+    ap.add_argument("--scaling-steps", type=int, default=1,
+                    help="CPU memory table: timed steps after the warm-up step (0 = peak memory only)")
+    ap.add_argument("--search-model", default="minilm")
+    ap.add_argument("--search-start", type=int, default=1024)
+    ap.add_argument("--search-chunk", type=int, default=256, help="gradient-cache sub-batch for the GPU search")
+    ap.add_argument("--search-timeout", type=float, default=900.0)
+    ap.add_argument("--loader-steps", type=int, default=100)
+    ap.add_argument("--cache", default=str(ROOT / "runs" / "bench_models"), help="random-weight model folders")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU only: cores of each tool's process (CPU affinity), with torch.set_num_threads(N) and, "
+                         "for 1, XLA's --xla_cpu_multi_thread_eigen=false; 0 = all cores, framework defaults. On a "
+                         "shared, oversubscribed CPU torch's OpenMP threads spin at barriers and lose 3-6x, so the "
+                         "default compares one core against one core")
+    ap.add_argument("--device-info", action="store_true", help="print the device description and exit")
+    ap.add_argument("--no-readme", action="store_true")
+    ap.add_argument("--_worker", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args._worker:
+        tool, folder, B, lq, ld, chunk, steps, warmup = json.loads(args._worker)
+        n = int(os.environ.get("BENCH_THREADS", "0"))
+        if n and hasattr(os, "sched_setaffinity"):  # before any framework starts its thread pools
+            os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:n]))
+        fn = worker_jaxembed if tool == "jaxembed" else worker_st
+        print("RESULT " + json.dumps(fn(folder, B, lq, ld, chunk, steps, warmup)), flush=True)
+        return
+    info = device_info()
+    if args.device_info:
+        print(json.dumps(info, indent=2))
+        return
+    sections = [s for s in args.sections.split(",") if s]
+    gpu = info["gpu"] is not None
+    THREADS[0] = 0 if gpu else args.threads
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+
+    def log(msg):
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    log(f"device: {info}")
+    result = {"benchmark": "train_throughput", "date": datetime.date.today().isoformat(), "device_info": info,
+              "setting": {"q_len": args.q_len, "d_len": args.d_len, "candidates_per_query": K,
+                          "temperature": TEMPERATURE, "steps": args.steps, "warmup": args.warmup,
+                          "threads_per_tool": THREADS[0] or "framework default",
+                          "precision": "bfloat16 compute, float32 master weights" if gpu else "float32"}}
+    rows = section_throughput(args, cache, log) if "throughput" in sections else []
+    result["throughput"] = rows
+    if "scaling" in sections:
+        result["scaling"] = section_scaling(args, cache, gpu, log)
+    if "loader" in sections:
+        first = next((r for r in rows if r["model"] == "minilm"), rows[0] if rows else None)
+        result["loader"] = section_loader(args, first, log)
+    result["load_average_1min_at_end"] = os.getloadavg()[0]
+    result["wall_s"] = time.time() - t_start
+    argv = [a for a in sys.argv[1:] if a != "--no-readme"]
+    result["command"] = "python benchmarks/train_throughput.py " + " ".join(argv)
+    kind = "gpu" if gpu else "cpu"
+    save_result(f"train_throughput_{kind}", result)
+
+    dev = info["gpu"] or f"cpu ({info['cpu_count']} cores)"
+    figs = []
+    for r in rows:
+        if "ratio_jaxembed_over_st" in r:
+            j, s = r["jaxembed"], r["st"]
+            figs.append(f"{r['model']} B={r['global_batch']}: jaxembed {j['examples_per_s']:.1f} ex/s "
+                        f"({fmt_mem(j)}) vs ST {s['examples_per_s']:.1f} ex/s ({fmt_mem(s)}): "
+                        f"**{r['ratio_jaxembed_over_st']:.2f}x**"
+                        + (f" (per CPU-second {r['ratio_per_cpu_s_jaxembed_over_st']:.2f}x)"
+                           if "ratio_per_cpu_s_jaxembed_over_st" in r else "")
+                        + (f", MFU {100 * j['mfu']:.0f}% vs {100 * s['mfu']:.0f}%" if "mfu" in j and "mfu" in s
+                           else ""))
+        else:
+            figs.append(f"{r['model']} B={r['global_batch']}: failed ({r['jaxembed'].get('error') or ''} "
+                        f"{r['st'].get('error') or ''})")
+    sc = result.get("scaling")
+    if sc and sc["mode"] == "cpu_memory_table":
+        t = sc["table"]
+        ok = [x for x in t if "error" not in x["jaxembed"] and "error" not in x["st"]]
+        if ok:
+            figs.append(f"cached B={ok[0]['global_batch']}->{ok[-1]['global_batch']}: jaxembed "
+                        f"{fmt_mem(ok[0]['jaxembed'])}->{fmt_mem(ok[-1]['jaxembed'])}, ST {fmt_mem(ok[0]['st'])}->"
+                        f"{fmt_mem(ok[-1]['st'])}")
+    elif sc:
+        figs.append(f"largest batch with cache: jaxembed {sc['jaxembed']['largest_global_batch']} vs ST "
+                    f"{sc['st']['largest_global_batch']} queries (cap {MAX_CANDIDATES} candidates)")
+    ld = result.get("loader")
+    if ld and "headroom_loader_over_step" in ld:
+        figs.append(f"loader {ld['loader']['examples_per_s']:.0f} ex/s = {ld['headroom_loader_over_step']:.0f}x "
+                    f"the step")
+    thr = f", {THREADS[0]} thread(s) per tool" if THREADS[0] else ""
+    line = (f"| {result['date']} | train_throughput | {dev} | train step, q {args.q_len} / d {args.d_len} tokens, "
+            f"1 pos + 1 neg, AdamW, {result['setting']['precision']}{thr}, median of {args.steps}, load average "
+            f"{result['load_average_1min_at_end']:.1f} | {'; '.join(figs)} "
+            f"| `{result['command']}` |")
+    print(json.dumps(result, indent=1))
+    record_line(line, append=not args.no_readme)
+    log(f"done in {(time.time() - t_start) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
