@@ -61,7 +61,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp

@@ -87,7 +87,8 @@ class RoutedAdamState(NamedTuple):
     nu: Any
 
 
-def scale_by_routed_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformationExtraArgs:
+def scale_by_routed_adam(b1: float = 0.9, b2: float = 0.999,
+                         eps: float = 1e-8) -> optax.GradientTransformationExtraArgs:
     """``optax.scale_by_adam`` (same operations in the same order) in which the expert slices of MoTE expert
     stacks that are not ``active`` keep their moments and step count and get a zero update."""
 

@@ -358,6 +358,8 @@ def tiny_run(tmp_path_factory, minilm_dir, shared_data):
     export.export(_random_model(cfg), Tokenizer.from_folder(minilm_dir, 64), folder)
     c = cfglib.load_config_file(MOTE_CONFIG + ":tiny")
     c.model.name = str(folder)
+    for d in c.data.datasets:  # one length bucket, one compilation (the random model reads no meaning anyway)
+        d.max_query_length = d.max_doc_length = 16
     wd = tmp_path_factory.mktemp("mote_tiny")
     return wd, train(c, wd)
 
