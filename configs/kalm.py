@@ -9,7 +9,7 @@
     # stage 2: fine-tuning with the mined negatives (and Matryoshka), from stage 1's weights
     jaxembed train --config configs/kalm.py:stage2 --workdir runs/kalm/stage2
 
-Stage 2 reads ``stage1_dir``/export (default runs/kalm/stage1/export) as its model and ``mined_dir``/<dataset>.jsonl
+Stage 2 starts from ``stage1_dir`` (model.init_from; default runs/kalm/stage1: its export/) and ``mined_dir``/<dataset>.jsonl
 (default runs/kalm/mined) as the data of the mined datasets; a missing folder or file stops the run at validation
 with the command that makes it. The classification datasets keep their own negatives (the other labels'
 descriptions: KaLM 2.1 samples classification negatives from the labels, not by mining).
@@ -29,7 +29,7 @@ Variants (combine with commas, e.g. ``configs/kalm.py:tiny,stage2,semi50``):
   small for the 50 / 50-100 of the paper); then train :tiny,stage2.
 
 The other Table 3 rows: "w/o Weakly-supervised Pre-training" = stage 2 from the base model
-(--config.stage1_dir=... pointing at a folder whose export/ is Qwen/Qwen2-0.5B, or model.init_from when it exists);
+(--config.model.init_from=Qwen/Qwen2-0.5B's local folder, or --config.stage1_dir=a folder whose export/ is it);
 "w/o Ranking Consistency Filtering" = mining with --top-k larger than the corpus.
 
 Our data is not the paper's: KaLM pre-trains on ~20 weakly-supervised sources (Table 8) and fine-tunes on 70
@@ -74,14 +74,14 @@ def _variants(arg):
     return variants, (int(semi[0][4:]) / 100 if semi else None)
 
 
-def _stage1_model(d, spec):
-    """model.name of stage 2, computed when read: ``stage1_dir``/export (until model.init_from exists)."""
-    export = Path(d) / "export"
-    if not (export / "config.json").is_file():
+def _stage1_run(d, spec):
+    """model.init_from of stage 2, computed when read: the stage-1 workdir ``stage1_dir`` (its export/, or its
+    latest checkpoint)."""
+    if not ((Path(d) / "export" / "config.json").is_file() or (Path(d) / "checkpoints").is_dir()):
         stage1 = spec + (",stage1" if ":" in spec else ":stage1")
-        raise UserError(f"configs/kalm.py:stage2: no stage-1 model in {export} (fix: run `jaxembed train --config "
+        raise UserError(f"configs/kalm.py:stage2: no stage-1 run in {d} (fix: run `jaxembed train --config "
                         f"{stage1} --workdir {d}` first, or set --config.stage1_dir to its workdir)")
-    return str(export)
+    return str(d)
 
 
 def _mined_file(d, name, names, stage1, spec):
@@ -145,7 +145,7 @@ def get_config(arg=None):
                 d.format = "triplets"
                 d.score_threshold = None
                 _lazy(d, "path", _mined_file, c.get_ref("mined_dir"), d.name, mined, c.get_ref("stage1_dir"), spec)
-        _lazy(c.model, "name", _stage1_model, c.get_ref("stage1_dir"), spec)  # start from stage 1's weights
+        _lazy(c.model, "init_from", _stage1_run, c.get_ref("stage1_dir"), spec)  # start from stage 1's weights
     c.data.sampling = "temperature"                 # shared config: p ~ size^(1/2) within one pass of the data
     c.data.sampling_temperature = 2.0
 

@@ -41,6 +41,8 @@ def default_config() -> mc.ConfigDict:
         pooling="",             # '' keeps the folder's pooling
         causal=config_dict.placeholder(bool),  # decoder backbones: False = bidirectional attention
         max_length=0,           # 0 keeps the model's max_seq_length
+        init_from="",           # start from a previous stage: a run's workdir (its export/, else its latest
+                                # checkpoint) or a model folder; '' = model.name. Chains stages (KaLM 1 -> 2).
     ))
     from jaxembed import mote
 
@@ -144,6 +146,16 @@ def validate(c: mc.ConfigDict) -> None:
             raise UserError(f"config.{section} is missing (fix: start from jaxembed.config.default_config())")
     if not c.model.name:
         raise _err("model.name", c.model.name, "a model folder or Hugging Face hub id")
+    if c.model.get("init_from"):
+        src = Path(os.path.expanduser(str(c.model.init_from)))
+        if not src.is_dir():
+            raise UserError(f"config.model.init_from = {str(c.model.init_from)!r}: no such folder (fix: the "
+                            "workdir of the previous stage (train it first) or a model folder; '' = start from "
+                            "model.name)")
+        if not ((src / "checkpoints").is_dir() or (src / "export").is_dir() or (src / "config.json").is_file()):
+            raise UserError(f"config.model.init_from = {str(c.model.init_from)!r}: neither a jaxembed run (no "
+                            "checkpoints/ or export/) nor a model folder (no config.json) (fix: point it at the "
+                            "previous stage's workdir or at an exported model)")
     _choice(c, "model.dtype", DTYPES)
     _choice(c, "model.param_dtype", DTYPES)
     if c.model.pooling:

@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -125,7 +126,7 @@ def setup(config, workdir: str | Path) -> Run:
         kw["pooling"] = config.model.pooling
     if config.model.causal is not None:
         kw["causal"] = config.model.causal
-    loaded = load_model(config, **kw)
+    loaded = load_model(config, source=init_source(config, workdir), **kw)
     store = prepare_store(config, workdir)
     plan = prepare_plan(config, store, workdir)
     K = 1 + max(int(d.num_negatives) for d in store.datasets)
@@ -150,21 +151,43 @@ def setup(config, workdir: str | Path) -> Run:
     return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes)
 
 
-def load_model(config, **kw) -> hf.Loaded:
-    """The run's model: ``config.model.name`` loaded with ``kw``; with ``model.mote.enabled``, up-cycled into
-    task experts (MoTE 3.1.1), or a MoTE export whose experts match the config."""
+def init_source(config, workdir: str | Path) -> str:
+    """The folder (or hub id) the run's weights come from: ``model.name``, or ``model.init_from`` (a previous
+    stage): a run's ``export/``; a run without one is exported from its latest checkpoint into
+    ``<workdir>/init_from`` (once); or a model folder. Only step 0 reads it: a resumed run restores its own
+    checkpoint."""
+    src = config.model.get("init_from") if "init_from" in config.model else ""
+    if not src:
+        return config.model.name
+    p = Path(os.path.expanduser(str(src)))
+    if not (p / "checkpoints").is_dir():
+        return str(p)  # a model folder
+    if (p / "export" / "config.json").is_file():
+        return str(p / "export")
+    out = Path(workdir) / "init_from"
+    if not (out / "config.json").is_file():
+        print(f"model.init_from: exporting the latest checkpoint of {p} to {out}", flush=True)
+        export_from_workdir(p, out)
+    return str(out)
+
+
+def load_model(config, source: str | None = None, **kw) -> hf.Loaded:
+    """The run's model: ``source`` (default ``config.model.name``) loaded with ``kw``; with
+    ``model.mote.enabled``, up-cycled into task experts (MoTE 3.1.1), or a MoTE export whose experts match the
+    config."""
+    source = source or config.model.name
     m = config.model.mote if "mote" in config.model else None
     if m is None or not m.enabled:
-        loaded = hf.load(config.model.name, **kw)
+        loaded = hf.load(source, **kw)
         if getattr(loaded.model.config, "mote", None) is not None:
-            raise UserError(f"config.model.name = {config.model.name!r} is a MoTE model (task experts) but "
+            raise UserError(f"the model {source!r} is a MoTE model (task experts) but "
                             "config.model.mote.enabled is False (fix: set model.mote.enabled=True, or start from a "
                             "dense model, e.g. `jaxembed export --model ... --average-experts`)")
         return loaded
     from jaxembed import mote
     from jaxembed.models import config_from_hf
 
-    folder = hf.resolve(config.model.name)
+    folder = hf.resolve(source)
     st = hf.read_sentence_transformers(folder)
     try:
         num_layers = config_from_hf(json.loads((st.transformer_dir / "config.json").read_text())).num_layers

@@ -141,7 +141,7 @@ def _check_recipe(recipe, variants, c, dirs):
             assert c.loss.matryoshka_dims == (896, 512, 256, 128, 64)
             assert c.loss.matryoshka_weights == (1.0, 0.3, 0.2, 0.1, 0.1)
         if stage2:
-            assert c.model.name == str(Path(dirs["stage1_dir"], "export"))
+            assert c.model.init_from == dirs["stage1_dir"]  # model.init_from chains the stages
             assert any(d.path.startswith(dirs["mined_dir"]) for d in c.data.datasets)
         instructed = [d for d in c.data.datasets if d.query_instruction]
         if "no_instructions" in variants:
@@ -322,7 +322,11 @@ def _run_kalm(d: Path):
     assert main(["mine", "--model", str(d / "stage1" / "export"), "--store", str(d / "stage1" / "store"),
                  "--dataset", "sick_nli", "--top-k", "100", "--window", "10:40",
                  "--out", str(d / "mined" / "sick_nli.jsonl"), "-q"]) == 0
-    _train(_load("kalm", "tiny,stage2", dirs), d / "stage2")
+    c2 = _load("kalm", "tiny,stage2", dirs)
+    from jaxembed.train import init_source
+
+    assert init_source(c2, d / "stage2") == str(d / "stage1" / "export")  # stage 2 starts from stage 1's weights
+    _train(c2, d / "stage2")
 
 
 def _run_mote(d: Path):

@@ -269,3 +269,33 @@ def test_dev_evaluation_hook_and_best_checkpoint(config_file, tmp_path):
     assert summary["best_step"] == best
     kept = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
     assert best in kept and 4 in kept  # the best by the dev metric, and the latest
+
+
+def test_init_from_chains_a_previous_run(straight_run, config_file, tmp_path):
+    """model.init_from: a run's export/, a run without one (its latest checkpoint, exported once), a model
+    folder; a missing folder is a config error."""
+    import shutil
+
+    from jaxembed.encode import load_encoder
+    from jaxembed.train import init_source
+
+    wd, _ = straight_run
+    c = cfglib.load_config_file(str(config_file))
+    c.model.init_from = str(wd)
+    cfglib.validate(c)
+    assert init_source(c, tmp_path / "next") == str(wd / "export")
+    bare = tmp_path / "bare_run"  # the same run without its export/
+    bare.mkdir()
+    for name in ("checkpoints", "store"):
+        shutil.copytree(wd / name, bare / name)
+    shutil.copy(wd / "config.json", bare / "config.json")
+    c.model.init_from = str(bare)
+    src = init_source(c, tmp_path / "next")
+    assert src == str(tmp_path / "next" / "init_from")
+    a = load_encoder(src).encode(["hello there"])
+    np.testing.assert_array_equal(a, load_encoder(str(wd / "export")).encode(["hello there"]))  # latest step
+    c.model.init_from = str(wd / "export")
+    assert init_source(c, tmp_path / "next") == str(wd / "export")
+    c.model.init_from = str(tmp_path / "nowhere")
+    with pytest.raises(UserError, match="model.init_from.*no such folder.*previous stage"):
+        cfglib.validate(c)
