@@ -173,8 +173,7 @@ def get_config(arg=None):
     if tiny:                                        # CPU / CI: the real data, a tiny random Qwen2
         from jaxembed.models.tiny import tiny_model_dir
 
-        if stage == 1:
-            c.model.name = str(tiny_model_dir("qwen2", num_layers=1, pooling="mean", max_length=64))
+        c.model.name = str(tiny_model_dir("qwen2", num_layers=1, pooling="mean", max_length=64))  # stage 2: init_from
         c.model.dtype = "float32"
         c.model.max_length = 64
         for d in c.data.datasets:

@@ -197,7 +197,7 @@ def test_missing_offline_files_name_the_commands(tmp_path, offline, shared_data)
     assert c.plan.scores == ""
 
     c = _load("kalm", "stage2", {"stage1_dir": nowhere, "mined_dir": offline["mined_dir"]})
-    with pytest.raises(UserError, match=rf"no stage-1 model in {nowhere}/export \(fix: run `jaxembed train --config "
+    with pytest.raises(UserError, match=rf"no stage-1 run in {nowhere} \(fix: run `jaxembed train --config "
                                         rf"configs/kalm.py:stage1 --workdir {nowhere}` first"):
         cfglib.validate(c)
     c = _load("kalm", "stage2", {"stage1_dir": offline["stage1_dir"], "mined_dir": nowhere})
@@ -461,7 +461,7 @@ def test_kalm_tiny_two_stages(runs, tmp_path):
     c1 = json.loads((d / "stage1" / "config.json").read_text())
     assert {x["num_negatives"] for x in c1["data"]["datasets"]} == {0}  # in-batch negatives only
     c2 = json.loads((d / "stage2" / "config.json").read_text())
-    assert c2["model"]["name"] == str(d / "stage1" / "export")  # stage 2 starts from stage 1
+    assert c2["model"]["init_from"] == str(d / "stage1")  # stage 2 starts from stage 1 (its export/)
     report = json.loads((d / "mined" / "sick_nli.report.json").read_text())
     assert 8 <= report["kept"] < report["examples"]  # the ranking-consistency filter dropped some
     store = Store.open(d / "stage2" / "store")
