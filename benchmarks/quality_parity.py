@@ -33,7 +33,8 @@ Ablations (``--ablations``, jaxembed only, compared with this script's jaxembed 
                         order ('curriculum_shuffled')
   mote                  MoTE (config overrides --mote KEY=VALUE ..., eval routing --mote-experts JSON) vs the
                         instruction-conditioned baseline
-Finished runs are reused (a run directory with a matching config key), so adding an ablation later reruns nothing.
+Finished runs are reused (a run directory whose recorded config matches), so adding an ablation later reruns
+nothing; a finished run of another config stops the script with the differing keys (it is never deleted).
 
     python benchmarks/quality_parity.py [--steps 200] [--batch-size 16] [--seeds 0 1] [--ablations peg,mrl]
                                         [--ablation-seeds 0] [--workdir runs/quality_parity] [--no-readme]
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -67,6 +67,8 @@ DIMS = (256, 128, 64)
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recipe", default="configs/demo.py",
+                    help="config file[:variant] every arm starts from (e.g. configs/mote.py:cpu,ic for MoTE vs IC)")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds of the parity runs (per tool)")
@@ -89,21 +91,29 @@ def parse_args(argv=None):
     ap.add_argument("--eval-tasks", default="eval", help="eval task names, or 'eval' (never the -dev tasks)")
     ap.add_argument("--eval-max-examples", type=int, default=0, help="0 = the full eval sets")
     ap.add_argument("--mteb-tasks", default="STSBenchmark,MRPC", help="'' to skip the mteb cross-check")
-    ap.add_argument("--workdir", default=str(ROOT / "runs" / "quality_parity"))
+    ap.add_argument("--workdir", default="", help="default: runs/quality_parity (demo recipe) or "
+                                                  "runs/quality_parity_<recipe>_<variant>")
     ap.add_argument("--name", default="quality_parity_cpu", help="result file benchmarks/results/<name>.json")
     ap.add_argument("--no-readme", action="store_true")
     ap.add_argument("--_train", default="", help=argparse.SUPPRESS)  # internal: TOOL:ARM:SEED in a subprocess
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if not args.workdir:
+        path, _, variant = args.recipe.partition(":")
+        tag = "" if args.recipe == "configs/demo.py" else "_" + "_".join(
+            x for x in (Path(path).stem, variant.replace(",", "_")) if x)
+        args.workdir = str(ROOT / "runs" / f"quality_parity{tag}")
+    return args
 
 
 def recipe_config(args, seed: int, store_dir: Path | None):
-    """The demo recipe with this benchmark's steps / batch / seed; no dev evaluation, one checkpoint at the end."""
-    import importlib.util
+    """The recipe (--recipe, configs/demo.py by default) with this benchmark's steps / batch / seed; no dev
+    evaluation, one checkpoint at the end."""
+    from jaxembed import config as cfglib
 
-    spec = importlib.util.spec_from_file_location("demo_config", ROOT / "configs" / "demo.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config()
+    path, _, variant = args.recipe.partition(":")
+    if not Path(path).is_absolute():
+        path = str(ROOT / path)
+    c = cfglib.load_config_file(f"{path}:{variant}" if variant else path)
     c.plan.global_batch_size = args.batch_size
     c.plan.steps = args.steps
     c.data.seed = seed          # the plan's order
@@ -156,10 +166,36 @@ def arm_config(args, arm: str, seed: int, store_dir: Path | None):
     return c
 
 
-def config_key(c) -> str:
+def run_record(c, tool: str, args) -> dict:
+    """What identifies a finished run: the resolved config (plain JSON) and, for ST, its loss variant."""
     from jaxembed import config as cfglib
 
-    return hashlib.sha256(cfglib.to_json(c).encode()).hexdigest()[:16]
+    return {"config": json.loads(cfglib.to_json(c)), "st_loss": args.st_loss if tool == "st" else None}
+
+
+def _flat(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def record_differences(old: dict, new: dict) -> list[str]:
+    """Keys where a finished run's record and the wanted one differ. A key that only the new config has (a field
+    added to jaxembed since the run) counts only when it is not at its default: other engineers extend
+    default_config() while runs exist, and a new field at its default changes nothing the run did."""
+    from jaxembed import config as cfglib
+
+    if old.get("st_loss") != new.get("st_loss"):
+        return ["st_loss"]
+    a, b = _flat(old["config"]), _flat(new["config"])
+    defaults = _flat(json.loads(cfglib.to_json(cfglib.default_config())))
+    diff = [k for k in a.keys() & b.keys() if a[k] != b[k]]
+    diff += [k for k in b.keys() - a.keys() if k not in defaults or defaults[k] != b[k]]
+    return sorted(diff)
 
 
 # ------------------------------------------------------------------------------------ sentence-transformers
@@ -315,6 +351,11 @@ def train_st(args, seed: int, rundir: Path, store_dir: Path) -> dict:
                          "(prompt_length) instead of prefixed text")
     tok = Tokenizer.from_folder(info.transformer_dir, c.model.max_length or info.max_seq_length,
                                 lowercase=info.do_lower_case)
+    if np.isfinite(plan.temperatures).any():
+        raise SystemExit("error: the recipe gives some tasks their own temperature; the ST side has one scale "
+                         "(run the parity on a recipe without per-dataset temperatures, e.g. configs/demo.py)")
+    if "mote" in c.model and c.model.mote.enabled:
+        raise SystemExit("error: the ST side has no MoTE; run --tools jaxembed for a MoTE recipe")
     rows, K, Lq, Ld = plan_rows(store, plan, tok)
     loader = make_loader(store, plan, tok)  # jaxembed's batches, to check ST's tokenization against
 
@@ -437,7 +478,7 @@ def child(args) -> None:
         res["model_dir"] = str(rundir / "model")
     else:
         res = train_jaxembed(args, arm, seed, rundir, wd / "store")
-    res["key"] = config_key(arm_config(args, arm, seed, wd / "store")) + ("" if tool != "st" else f"-st-{args.st_loss}")
+    res["record"] = run_record(arm_config(args, arm, seed, wd / "store"), tool, args)
     (rundir / "train.json").write_text(json.dumps(res, indent=1) + "\n")
 
 
@@ -451,15 +492,20 @@ def log(msg: str) -> None:
 def run_training(args, tool: str, arm: str, seed: int) -> dict:
     wd = Path(args.workdir)
     rundir = wd / f"{tool}_{arm}_s{seed}"
-    key = config_key(arm_config(args, arm, seed, wd / "store")) + ("" if tool != "st" else f"-st-{args.st_loss}")
+    want = run_record(arm_config(args, arm, seed, wd / "store"), tool, args)
     done = rundir / "train.json"
-    if done.exists() and json.loads(done.read_text()).get("key") == key:
-        log(f"{tool} {arm} seed {seed}: reusing {rundir}")
-        return json.loads(done.read_text())
+    if done.exists():
+        prev = json.loads(done.read_text())
+        diff = record_differences(prev["record"], want)
+        if not diff:
+            log(f"{tool} {arm} seed {seed}: reusing {rundir}")
+            return prev
+        raise SystemExit(f"error: {rundir} holds a finished run of another config ({', '.join(diff[:8])} differ); "
+                         "fix: use another --workdir, or delete that run directory to retrain it")
     if rundir.exists():
         import shutil
 
-        shutil.rmtree(rundir)  # a stale or interrupted run of another config
+        shutil.rmtree(rundir)  # an interrupted run (no train.json): start it again
     log(f"{tool} {arm} seed {seed}: training ({args.steps} steps, batch {args.batch_size})")
     argv = [sys.executable, str(Path(__file__).resolve()), "--_train", f"{tool}:{arm}:{seed}",
             *[a for a in _forward_argv(args)]]
@@ -470,7 +516,8 @@ def run_training(args, tool: str, arm: str, seed: int) -> dict:
 
 
 def _forward_argv(args) -> list[str]:
-    out = ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--workdir", args.workdir,
+    out = ["--recipe", args.recipe, "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+           "--workdir", args.workdir,
            "--st-loss", args.st_loss, "--st-threads", str(args.st_threads), "--mrl-weights", args.mrl_weights,
            "--curriculum-instance-order", args.curriculum_instance_order]
     if args.curriculum_task_order:
@@ -587,10 +634,18 @@ def main():
     # the dataset store, once for every run (same data config for all arms)
     from jaxembed.train import prepare_store
 
+    from jaxembed import config as cfglib
+
     c0 = recipe_config(args, args.seeds[0], None)
+    data = json.loads(cfglib.to_json(cfglib.data_section(c0)))
+    data.pop("seed", None)  # the store does not depend on it (the plan does)
+    stamp = wd / "store_data_config.json"
+    if (wd / "store" / "manifest.json").exists() and stamp.exists() and json.loads(stamp.read_text()) != data:
+        raise SystemExit(f"error: {wd / 'store'} was prepared from another data config (fix: another --workdir)")
     if not (wd / "store" / "manifest.json").exists():
         log("preparing the dataset store")
     prepare_store(c0, wd)
+    stamp.write_text(json.dumps(data, indent=1) + "\n")
 
     jobs = []  # (tool, arm, seed)
     for s in args.seeds:
@@ -619,13 +674,14 @@ def main():
     result = {
         "benchmark": "quality_parity", "date": datetime.date.today().isoformat(), "device": "cpu",
         "host": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-        "recipe": {"model": "all-MiniLM-L6-v2", "config": "configs/demo.py", "steps": args.steps,
+        "recipe": {"model": "all-MiniLM-L6-v2", "config": args.recipe, "steps": args.steps,
                    "global_batch_size": args.batch_size, "max_lengths": "query 32 / document 64",
                    "temperature": 0.05, "st_scale": 20.0, "lr": 2e-5, "warmup": "10% linear, then linear decay",
                    "weight_decay": 0.01, "grad_clip": 1.0, "dropout": True, "st_loss": args.st_loss},
         "eval": {"tasks": args.eval_tasks, "max_examples": args.eval_max_examples, "dims": list(DIMS)},
         "seeds": args.seeds, "parity": par, "mteb_check": mteb_res,
-        "runs": {f"{t}_{a}_s{s}": {k: v for k, v in r.items() if k != "key"} for (t, a, s), r in runs.items()},
+        "runs": {f"{t}_{a}_s{s}": {k: v for k, v in r.items() if k not in ("key", "record")}
+                 for (t, a, s), r in runs.items()},
         "wall_s": time.time() - t_start,
         "command": "python benchmarks/quality_parity.py " + " ".join(_public_argv(sys.argv[1:])),
     }

@@ -115,6 +115,18 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
+def _rss_now_mib() -> float:
+    """Resident memory now (VmRSS): after the timed steps, the steady-state footprint without the one-time peak
+    of compilation that the high-water mark includes."""
+    try:
+        for line in open("/proc/self/status", encoding="utf-8"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("nan")
+
+
 def _cpu_s() -> float:
     """CPU seconds of this process (all threads, user + system)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -166,6 +178,14 @@ def worker_jaxembed(folder: str, B: int, lq: int, ld: int, chunk: int, steps: in
     batch = to_global(host, parallel.batch_sharding(mesh))
     rss_loaded = _peak_rss_mib()
     t0 = time.perf_counter()
+    step = step.lower(state, batch).compile()  # ahead of time: the RSS high-water of compilation on its own
+    compile_s, rss_compiled = time.perf_counter() - t0, _peak_rss_mib()
+    try:
+        ma = step.memory_analysis()
+        xla_mib = (ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes) / 2**20
+    except Exception:  # not every backend reports it
+        xla_mib = None
+    t0 = time.perf_counter()
     for _ in range(warmup):
         state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
@@ -180,7 +200,8 @@ def worker_jaxembed(folder: str, B: int, lq: int, ld: int, chunk: int, steps: in
     dev = jax.devices()[0]
     out = {"device": f"{dev.platform}:{dev.device_kind}", "times_s": times, "warmup_s": warm_s, "cpu_s": cpu,
            "loss": float(m["loss"]), "peak_rss_mib": _peak_rss_mib(), "rss_after_load_mib": rss_loaded,
-           "precision": dtype, "dim": int(loaded.model.dim), "params": int(sum(x.size for x in jax.tree.leaves(
+           "rss_after_compile_mib": rss_compiled, "compile_s": compile_s, "rss_end_mib": _rss_now_mib(),
+           "xla_step_buffers_mib": xla_mib, "precision": dtype, "dim": int(loaded.model.dim), "params": int(sum(x.size for x in jax.tree.leaves(
                nnx.to_pure_dict(params))))}
     if gpu:
         stats = dev.memory_stats() or {}
@@ -258,7 +279,8 @@ def worker_st(folder: str, B: int, lq: int, ld: int, chunk: int, steps: int, war
     cpu = _cpu_s() - cpu0
     out = {"device": f"cuda:{torch.cuda.get_device_name()}" if gpu else "cpu:cpu", "times_s": times,
            "warmup_s": warm_s, "cpu_s": cpu, "loss": float(loss.detach()), "peak_rss_mib": _peak_rss_mib(),
-           "rss_after_load_mib": rss_loaded, "precision": "bfloat16 autocast" if gpu else "float32",
+           "rss_after_load_mib": rss_loaded, "rss_end_mib": _rss_now_mib(),
+           "precision": "bfloat16 autocast" if gpu else "float32",
            "torch_threads": torch.get_num_threads(), "params": int(sum(p.numel() for p in model.parameters()))}
     if gpu:
         out["device_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
@@ -351,6 +373,8 @@ def figures(res: dict, B: int, lq: int, ld: int, flops: float) -> dict:
 def fmt_mem(r: dict) -> str:
     if "device_peak_mib" in r:
         return f"{r['device_peak_mib'] / 1024:.2f} GiB device"
+    if "rss_end_mib" in r:  # CPU: the high-water mark includes XLA's compilation; the end RSS is the footprint
+        return f"{r['peak_rss_mib'] / 1024:.2f} GiB peak / {r['rss_end_mib'] / 1024:.2f} GiB end RSS"
     return f"{r['peak_rss_mib'] / 1024:.2f} GiB RSS"
 
 
@@ -556,8 +580,8 @@ def main():
     for r in rows:
         if "ratio_jaxembed_over_st" in r:
             j, s = r["jaxembed"], r["st"]
-            figs.append(f"{r['model']} B={r['global_batch']}: jaxembed {j['examples_per_s']:.1f} ex/s "
-                        f"({fmt_mem(j)}) vs ST {s['examples_per_s']:.1f} ex/s ({fmt_mem(s)}): "
+            figs.append(f"{r['model']} B={r['global_batch']}: jaxembed {j['examples_per_s']:.3g} ex/s "
+                        f"({fmt_mem(j)}) vs ST {s['examples_per_s']:.3g} ex/s ({fmt_mem(s)}): "
                         f"**{r['ratio_jaxembed_over_st']:.2f}x**"
                         + (f" (per CPU-second {r['ratio_per_cpu_s_jaxembed_over_st']:.2f}x)"
                            if "ratio_per_cpu_s_jaxembed_over_st" in r else "")
