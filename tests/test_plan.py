@@ -303,6 +303,39 @@ def test_curriculum_walks_the_task_order_cyclically_and_sorts_instances():
     assert s["curriculum"]["order"] == ["C", "A", "B"] and "curriculum" in P.format_summary(s)
 
 
+def test_curriculum_with_fewer_steps_than_a_pass_compresses_the_whole_curriculum():
+    """Step mode shorter than one pass: every unit gets its share of the steps (largest remainders), filled with a
+    uniform random subset of its instances that keeps the E2D order, so each task still runs from easy to
+    difficult (not just its easiest batches); exactly `steps` batches, nothing truncated."""
+    store = make_store([("a1", "A", 400, {}), ("a2", "A", 240, {}), ("b", "B", 400, {}), ("c", "C", 160, {})])
+    scores = _scores(store, 3)
+    flat = {i.name: s for i, s in zip(store.datasets, scores.values())}
+    cfg = {"global_batch_size": 8, "steps": 30, "curriculum": {"enabled": True, "instance_order": "e2d"}}
+    plan = build_plan(store, cfg, scores=scores, task_order=["C", "A", "B"])
+    assert plan.steps == 30 and summarize(plan)["curriculum"]["truncated_batches"] == 0
+    names = [plan.task_names[t] for t in plan.task_ids]
+    assert {t: names.count(t) for t in "ABC"} == {"A": 16, "B": 10, "C": 4}  # 30 x (640, 400, 160) / 1200
+    assert names[:6] == ["C", "A", "B"] * 2  # the cyclic walk
+    assert np.unique(_key(plan)).size == 30 * 8  # no repeats
+    phi = np.vectorize(lambda d, e: flat[plan.dataset_names[d]][e])(plan.dataset_ids, plan.example_ids)
+    for t, task in enumerate(plan.task_names):
+        rows = phi[plan.task_ids == t].ravel()
+        assert np.all(np.diff(rows) <= 0)  # E2D inside the subset
+        members = [flat[i.name] for i in store.datasets if i.task == task]
+        everything = np.sort(np.concatenate(members))[::-1]
+        # the subset spans the whole difficulty range: its hardest row is among the unit's hardest 10 %, where the
+        # old truncation took only the unit's easiest len(rows) instances
+        assert rows[-1] <= everything[int(0.9 * everything.size)] < everything[rows.size - 1]
+    s = summarize(plan)
+    assert s["curriculum"]["fraction_of_one_pass"] == pytest.approx(240 / 1200)
+    assert "20.0% of one pass" in P.format_summary(s)
+    # a unit smaller than a batch is fine here (it gets no batch); with steps covering the pass nothing changes
+    full = build_plan(store, dict(cfg, steps=150), scores=scores, task_order=["C", "A", "B"])
+    whole = build_plan(store, dict(cfg, steps=0), scores=scores, task_order=["C", "A", "B"])
+    np.testing.assert_array_equal(full.example_ids, whole.example_ids)
+    assert summarize(full)["curriculum"]["fraction_of_one_pass"] == 1.0
+
+
 def test_curriculum_from_files_with_remainder_random_and_given_orders(tmp_path):
     store = make_store([("a", "A", 20, {}), ("b", "B", 13, {})])
     scores = _scores(store, 1)

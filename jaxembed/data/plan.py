@@ -35,7 +35,9 @@ Two modes:
   (``drop_remainder``; the dropped examples are stored in the plan and counted in the summary) or filled with
   examples of the unit's next pass (counted as ``filled``).
 - step mode (``steps > 0``): each step draws a unit with probability p_u; each unit streams through successive
-  shuffled passes of its examples (without replacement inside a pass). Nothing is dropped.
+  shuffled passes of its examples (without replacement inside a pass). Nothing is dropped. With the curriculum,
+  steps that cover less than one pass take about the same random fraction of every unit, ordered as the full
+  pass (easy -> difficult in every task), so a short run sees the whole curriculum; more steps repeat passes.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ FORMAT = "jaxembed-plan"
 VERSION = 1
 
 # rng purposes: independent streams derived from (seed, purpose, ...)
-_R_POOL, _R_ORDER, _R_STEPS, _R_SEMI, _R_FRAC, _R_FILL, _R_CURR = 11, 12, 13, 14, 15, 16, 17
+_R_POOL, _R_ORDER, _R_STEPS, _R_SEMI, _R_FRAC, _R_FILL, _R_CURR, _R_SHORT = 11, 12, 13, 14, 15, 16, 17, 18
 
 
 # --------------------------------------------------------------------------------------------------- config
@@ -834,6 +836,22 @@ def build_plan(datasets, config=None, *, scores=None, task_order=None, instance_
     return plan
 
 
+def _compressed_batches(rows: np.ndarray, steps: int, G: int) -> np.ndarray | None:
+    """Batches per curriculum unit when ``steps`` batches of G cover less than one pass of the units' ``rows``
+    [U]: shares proportional to rows (largest remainders), at most rows // G each; sums to ``steps``. None when the
+    steps cover a full pass (or the units cannot fill them with whole batches)."""
+    rows = np.asarray(rows, np.int64)
+    cap = rows // G
+    if steps * G >= rows.sum() or cap.sum() < steps:
+        return None
+    q = steps * rows / rows.sum()
+    n = np.minimum(np.floor(q).astype(np.int64), cap)
+    while n.sum() < steps:  # at most ~2 rounds per unit: q_u - cap_u < 1
+        gap = np.where(n < cap, q - n, -np.inf)
+        n[int(np.argmax(gap))] += 1
+    return n
+
+
 def _check_unit_size(unit: _Unit, n: int, G: int, infos, what: str):
     if 0 < n < G:
         names = [infos[d].name for d in unit.members]
@@ -988,27 +1006,43 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
     base = {u: sorted_instances(u, m) for u, m in units.items()}
     rounds = int(math.ceil(max(epochs[d] for m in units.values() for d in m) - 1e-9))
     steps = int(cfg["steps"])
+
+    def round_rows(u: str, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """The unit's rows of round r, in its instance order: every example of the datasets with a full epoch
+        left, a random subset for a fractional epoch."""
+        rr = r % max(rounds, 1)
+        ds, ex = base[u]
+        keep = np.zeros(ds.size, bool)
+        for d in units[u]:
+            sel = np.flatnonzero(ds == d)
+            full = int(math.floor(epochs[d] + 1e-9))
+            if rr < full:
+                keep[sel] = True
+            elif rr == full:
+                extra = int(round((epochs[d] - full) * sizes[d]))
+                keep[sel[np.sort(_rng(seed, _R_FRAC, d, r).permutation(sel.size)[:extra])]] = True
+        return ds[keep], ex[keep]
+
+    # step mode with fewer steps than the first pass: the whole curriculum, compressed. Unit u gets n_u batches
+    # (its share of the pass), filled with a uniform random subset of its rows kept in the unit's instance order,
+    # so a short run still goes easy -> difficult through every task instead of stopping after each one's
+    # easiest batches. Exactly `steps` batches, nothing truncated.
+    first = {u: round_rows(u, 0) for u in unit_names} if steps else {}
+    quota = _compressed_batches(np.array([first[u][0].size for u in order]), steps, G) if steps else None
+    fraction = 1.0 if quota is None else steps * G / sum(first[u][0].size for u in order)
     all_d, all_e, all_u, dropped = [], [], [], []
     filled = np.zeros(len(infos), np.int64)
     batches_per_unit = {u: 0 for u in unit_names}
     r = 0
     total = 0
     while True:
-        rr = r % max(rounds, 1)
         per_unit = []
         for pos, u in enumerate(order):
-            ds, ex = base[u]
-            keep = np.zeros(ds.size, bool)
-            for d in units[u]:
-                sel = np.flatnonzero(ds == d)
-                full = int(math.floor(epochs[d] + 1e-9))
-                if rr < full:
-                    keep[sel] = True
-                elif rr == full:
-                    extra = int(round((epochs[d] - full) * sizes[d]))
-                    keep[sel[np.sort(_rng(seed, _R_FRAC, d, r).permutation(sel.size)[:extra])]] = True
-            ds, ex = ds[keep], ex[keep]
-            if r == 0:
+            ds, ex = first[u] if r == 0 and steps else round_rows(u, r)
+            if quota is not None:
+                pick = _rng(seed, _R_SHORT, unit_names.index(u)).permutation(ds.size)[:quota[pos] * G]
+                ds, ex = ds[np.sort(pick)], ex[np.sort(pick)]
+            elif r == 0:
                 _check_unit_size(_Unit(u, "curriculum", units[u]), ds.size, G, infos, "curriculum unit")
             nb, rem = divmod(ds.size, G)
             if rem and not cfg["drop_remainder"]:
@@ -1034,7 +1068,7 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
         all_u.append(np.array([unit_names.index(order[k]) for k in k_key[o]], np.int32))
         total += bd.shape[0]
         r += 1
-        if (steps == 0 and r >= rounds) or (steps and total >= steps) or (bd.shape[0] == 0):
+        if (steps == 0 and r >= rounds) or (steps and total >= steps) or (bd.shape[0] == 0) or quota is not None:
             break
     DS, EX, UI = np.concatenate(all_d), np.concatenate(all_e), np.concatenate(all_u)
     truncated = 0
@@ -1044,7 +1078,7 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
     d_all = np.concatenate(dropped) if dropped else np.zeros((0, 2), np.int64)
     info = {"mode": "curriculum", "strategies": {t: "curriculum" for t in task_names},
             "curriculum": {"unit": cur["unit"], "order": order, "instance_order": io, "rounds": r,
-                           "truncated_batches": int(truncated)},
+                           "fraction_of_one_pass": fraction, "truncated_batches": int(truncated)},
             "units": [{"name": u, "strategy": "curriculum", "datasets": [infos[d].name for d in units[u]]}
                       for u in unit_names],
             "batches_per_unit": batches_per_unit, "_unit_ids": UI,
@@ -1152,8 +1186,11 @@ def format_summary(s: dict) -> str:
                      f"{sh['batches']} batches shuffled); measured foreign share {sh['measured_foreign_share']:.3f}")
     if "curriculum" in s:
         c = s["curriculum"]
+        short = c.get("fraction_of_one_pass", 1.0)
         lines.append(f"curriculum: unit {c['unit']}, instance order {c['instance_order']}, rounds {c['rounds']}, "
-                     f"order {' -> '.join(c['order'][:12])}{' ...' if len(c['order']) > 12 else ''}")
+                     + (f"{short:.1%} of one pass (a random subset of each unit, in curriculum order), "
+                        if short < 1.0 else "")
+                     + f"order {' -> '.join(c['order'][:12])}{' ...' if len(c['order']) > 12 else ''}")
     return "\n".join(lines)
 
 
