@@ -426,7 +426,7 @@ def train(config, workdir: str | Path) -> dict:
         lengths = tuple(pow2_lengths(x) for x in lengths)
     loader = make_loader(run.store, run.plan, run.loaded.tokenizer, process_index=jax.process_index(),
                          process_count=jax.process_count(), start_step=start, workers=c.train.loader_workers,
-                         lengths=lengths)
+                         lengths=lengths, num_candidates=run.K)
     rows_sharding = parallel.batch_sharding(run.mesh)
     evaluator = make_evaluator(run)
     if evaluator and c.eval.before and start == 0:

@@ -197,6 +197,24 @@ def test_nonfinite_steps_are_skipped_then_stop(config_file, tmp_path):
         train(cfg, tmp_path / "stop")
 
 
+def test_plan_without_the_dataset_with_most_negatives_trains(config_file, tmp_path):
+    """The step is built for K = 1 + the store's largest num_negatives; the loader keeps that K even when the plan
+    never draws the dataset that has it (here wikiqa, at sampling weight 1e-9: the plan's own K would be 1)."""
+    from jaxembed.data.plan import Plan
+    from jaxembed.train import train
+
+    cfg = cfglib.load_config_file(str(config_file))
+    cfg.data.sampling = "weights"
+    cfg.data.datasets[1].weight = 1e-9
+    cfg.plan.steps = 2
+    cfg.train.checkpoint_every = 0
+    cfg.export.at_end = False
+    s = train(cfg, tmp_path / "k")
+    assert s["status"] == "completed" and s["step"] == 2 and s["skipped"] == 0
+    plan = Plan.load(tmp_path / "k" / "plan.npz")
+    assert set(plan.dataset_names[d] for d in plan.dataset_ids.ravel()) == {"stsb"}
+
+
 @pytest.mark.parametrize("key,value,match", [
     ("loss.type", "focal", r"config.loss.type = 'focal' is not valid: allowed: infonce, peg"),
     ("optim.lr", -1.0, r"config.optim.lr = -1.0 is not valid: a positive number"),
