@@ -30,7 +30,9 @@ Ablations (``--ablations``, jaxembed only, compared with this script's jaxembed 
   mrl                   loss.matryoshka_dims=(384,256,128,64) (weights --mrl-weights) vs none; scores at 64/128/256
   curriculum            Data-CUBE curriculum (needs --curriculum-task-order and --curriculum-scores) vs the random
                         (sampled) order of the baseline; also an arm with the same task walk but random instance
-                        order ('curriculum_shuffled')
+                        order ('curriculum_shuffled', Table 3 w/o Inst) and the paper's Vanilla on the same data mix
+                        ('curriculum_vanilla': no curriculum, one task per batch, datasets drawn by size, as the
+                        curriculum's compressed pass takes them); both curriculum arms are also compared with it
   mote                  MoTE (config overrides --mote KEY=VALUE ..., eval routing --mote-experts JSON) vs the
                         instruction-conditioned baseline
 Finished runs are reused (a run directory whose recorded config matches), so adding an ablation later reruns
@@ -141,6 +143,9 @@ def arm_config(args, arm: str, seed: int, store_dir: Path | None):
     elif arm == "mrl":
         c.loss.matryoshka_dims = (384, 256, 128, 64)
         c.loss.matryoshka_weights = tuple(float(x) for x in args.mrl_weights.split(","))
+    elif arm == "curriculum_vanilla":  # Data-CUBE Table 3 Vanilla: the curriculum's data mix, random order
+        c.plan.strategy = "heterogeneous"
+        c.plan.sampling = "size"
     elif arm in ("curriculum", "curriculum_shuffled"):
         if not args.curriculum_task_order:
             raise SystemExit("error: --ablations curriculum needs --curriculum-task-order FILE (and "
@@ -654,7 +659,7 @@ def main():
             jobs.append(("st", "base", s))
     arms = []
     for a in abl:
-        arms += {"curriculum": ["curriculum", "curriculum_shuffled"]}.get(a, [a])
+        arms += {"curriculum": ["curriculum", "curriculum_shuffled", "curriculum_vanilla"]}.get(a, [a])
     for a in arms:
         for s in args.ablation_seeds:
             if ("jaxembed", "base", s) not in jobs:
@@ -697,13 +702,19 @@ def main():
         base = summarize(runs, "jaxembed", "base", args.ablation_seeds)
         arm = summarize(runs, "jaxembed", a, args.ablation_seeds)
         row = {"seeds": args.ablation_seeds, "baseline_average": base["average"], "arm_average": arm["average"],
-               "difference": arm["average"] - base["average"],
+               "difference": arm["average"] - base["average"], "baseline_average_seeds": base["average_seeds"],
+               "arm_average_seeds": arm["average_seeds"],
                "per_task": {t: {"baseline": base["per_task"][t]["mean"], "arm": arm["per_task"][t]["mean"]}
                             for t in arm["per_task"]}}
         for d in DIMS:
             b, x = (summarize(runs, "jaxembed", n, args.ablation_seeds, str(d)) for n in ("base", a))
             row[f"dim{d}"] = {"baseline_average": b["average"], "arm_average": x["average"],
                               "difference": x["average"] - b["average"]}
+        if a in ("curriculum", "curriculum_shuffled"):
+            van = summarize(runs, "jaxembed", "curriculum_vanilla", args.ablation_seeds)
+            row["vanilla_average"] = van["average"]
+            row["difference_vs_vanilla"] = arm["average"] - van["average"]
+            row["difference_vs_vanilla_seeds"] = [x - v for x, v in zip(arm["average_seeds"], van["average_seeds"])]
         ablation[a] = row
     result["ablations"] = ablation
     name = args.name
@@ -718,7 +729,9 @@ def main():
                      f"(spread {s['spread']:.2f}): **{j['average'] - s['average']:+.2f}** points")
     for a, row in ablation.items():
         parts.append(f"{a} vs base (seeds {row['seeds']}): {row['difference']:+.2f} at 384, "
-                     + ", ".join(f"{row[f'dim{d}']['difference']:+.2f} at {d}" for d in DIMS))
+                     + ", ".join(f"{row[f'dim{d}']['difference']:+.2f} at {d}" for d in DIMS)
+                     + (f"; vs curriculum_vanilla {row['difference_vs_vanilla']:+.2f}"
+                        if "difference_vs_vanilla" in row else ""))
     if parts:
         line = (f"| {result['date']} | quality_parity | cpu ({result['cpu_count']} cores) | all-MiniLM-L6-v2, "
                 f"demo recipe, {args.steps} steps x batch {args.batch_size}, same plan batches, ST loss "
