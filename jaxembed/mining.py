@@ -595,9 +595,13 @@ def mine_with_embeddings(examples: Sequence[dict], query_emb: np.ndarray, corpus
 
 def mine(encoder, examples: Sequence[dict], config: MineConfig | None = None, *, query_instruction: str = "",
          doc_instruction: str = "", corpus: Sequence[str] | None = None, max_query_length: int | None = None,
-         max_doc_length: int | None = None, batch_size: int = 64, progress: bool | None = None) -> MineResult:
+         max_doc_length: int | None = None, batch_size: int = 64, progress: bool | None = None,
+         task: str | None = None) -> MineResult:
     """Encode the queries (with ``query_instruction``) and the corpus (``build_corpus``; with ``doc_instruction``)
-    with an Encoder, then ``mine_with_embeddings``. -> MineResult(records, report)."""
+    with an Encoder, then ``mine_with_embeddings``. -> MineResult(records, report).
+
+    task: the data's task type; with a MoTE encoder, queries go through that task's query expert and the corpus
+    through its document expert, as in training (a dense encoder ignores it)."""
     config = config or MineConfig()
     config.check()
     if not examples:
@@ -606,16 +610,22 @@ def mine(encoder, examples: Sequence[dict], config: MineConfig | None = None, *,
     texts, _, added = build_corpus(examples, corpus)
     uq: dict[str, int] = {}
     qidx = np.array([uq.setdefault(e["query"], len(uq)) for e in examples], np.int64)
+    mote = getattr(encoder, "mote", None) is not None
+    routes = {side: encoder.expert_index(task, side=side) if mote else None for side in ("query", "document")}
+    kw = {side: {"task": task, "side": side} if mote else None for side in routes}
     with progress_bar(len(uq) + len(texts), "encode", progress) as bar:
         Q = encode_texts(encoder, list(uq), prompt=query_instruction, max_length=max_query_length,
-                         batch_size=batch_size, bar=bar)
+                         batch_size=batch_size, bar=bar, encode_kw=kw["query"])
         D = encode_texts(encoder, texts, prompt=doc_instruction, max_length=max_doc_length, batch_size=batch_size,
-                         bar=bar)
+                         bar=bar, encode_kw=kw["document"])
     t1 = time.time()
     res = mine_with_embeddings(examples, Q, texts, D, config, query_index=qidx, progress=progress)
     res.report["corpus"] = {"size": len(texts), "source": "given corpus + positives" if corpus is not None
                             else "the dataset's positives and negatives", "positives_added": added}
     res.report["instructions"] = {"query": query_instruction, "doc": doc_instruction}
+    if mote:
+        names = encoder.mote.experts
+        res.report["mote_experts"] = {"task": task, **{side: names[i] for side, i in routes.items()}}
     res.report["seconds_encode"] = round(t1 - t0, 3)
     return res
 
@@ -694,6 +704,9 @@ def format_report(report: dict) -> str:
              "window candidates excluded: " + ", ".join(f"{k} {v}" for k, v in r["window_candidates_excluded"].items()),
              "rank of the best positive: " + ", ".join(f"{k}: {v}" for k, v in
                                                        r["rank_histogram_best_positive"].items() if v)]
+    if "mote_experts" in r:
+        m = r["mote_experts"]
+        lines.append(f"MoTE experts (task {m['task']!r}): queries {m['query']}, documents {m['document']}")
     return "\n".join(lines)
 
 

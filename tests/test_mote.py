@@ -286,6 +286,31 @@ def test_per_task_and_averaged_exports(distinct, full_export, minilm, tmp_path):
 # -------------------------------------------------------------------------------------- config and TA-CL
 
 
+def test_mine_routes_queries_and_corpus_through_the_task_experts(distinct):
+    """jaxembed mine with a MoTE reference model: retrieval queries go through search_query and the corpus through
+    search_document (as in training); the result equals mining on those experts' embeddings, computed directly."""
+    from jaxembed import mining
+
+    model, enc, _ = distinct
+    examples = [{"id": f"x{i}", "query": SENTS[i], "pos": [SENTS[(i + 3) % 6]], "neg": [SENTS[(i + 1) % 6]]}
+                for i in range(3)]
+    cfg = mining.MineConfig(top_k=6, window=(0, 6), num_negatives=2)
+    res = mining.mine(enc, examples, cfg, progress=False, task="retrieval")
+    assert res.report["mote_experts"] == {"task": "retrieval", "query": "search_query",
+                                          "document": "search_document"}
+    texts, _, _ = mining.build_corpus(examples)
+    Q = enc.encode([e["query"] for e in examples], expert="search_query")
+    D = enc.encode(texts, expert="search_document")
+    ref = mining.mine_with_embeddings(examples, Q, texts, D, cfg)
+    assert res.records == ref.records
+    assert res.report["rank_histogram_all_positives"] == ref.report["rank_histogram_all_positives"]
+    # an STS dataset: both sides through the classification expert
+    sts = mining.mine(enc, examples, cfg, progress=False, task="sts")
+    assert sts.report["mote_experts"]["query"] == sts.report["mote_experts"]["document"] == "classification"
+    with pytest.raises(UserError, match="astrology. is neither an expert"):
+        mining.mine(enc, examples, cfg, progress=False, task="astrology")
+
+
 def test_spec_routing_and_config_errors(tmp_path):
     spec = mote.MoTESpec.build(6)
     assert spec.experts_for("retrieval") == ("search_query", "search_document")

@@ -547,7 +547,7 @@ def run_mine(encoder, examples, out, report_path=None, *, config=None, query_ins
     cfg = config or mining.MineConfig()
     res = mining.mine(encoder, examples, cfg, query_instruction=query_instruction, doc_instruction=doc_instruction,
                       corpus=corpus, max_query_length=max_query_length, max_doc_length=max_doc_length,
-                      batch_size=batch_size, progress=progress)
+                      batch_size=batch_size, progress=progress, task=task_type)
     notes = mining.annotate_records(res.records, query_instruction=query_instruction, task_type=task_type)
     out = Path(out)
     mining.write_jsonl(out, res.records)
