@@ -1163,7 +1163,8 @@ def mixing_share(plan: Plan, strategy: str | None = None) -> float:
 def format_summary(s: dict) -> str:
     """The summary as text (what `jaxembed plan show` prints)."""
     lines = [f"plan {s['fingerprint']}: {s['steps']} steps x {s['global_batch_size']} (mode {s['mode']}, "
-             f"sampling {s['sampling']}, seed {s['seed']})"]
+             + ("datasets by size and the task order" if s["mode"] == "curriculum" else f"sampling {s['sampling']}")
+             + f", seed {s['seed']})"]
     lines.append("strategies: " + ", ".join(f"{t}={v}" for t, v in s["strategies"].items()))
     lines.append("batches per task: " + ", ".join(f"{t} {n}" for t, n in s["batches_per_task"].items()))
     w = max([len(n) for n in s["datasets"]] + [7])
