@@ -529,6 +529,8 @@ def main():
                          "shared, oversubscribed CPU torch's OpenMP threads spin at barriers and lose 3-6x, so the "
                          "default compares one core against one core")
     ap.add_argument("--device-info", action="store_true", help="print the device description and exit")
+    ap.add_argument("--name", default="", help="result file benchmarks/results/<name>.json (default: "
+                    "train_throughput_cpu / train_throughput_gpu); a partial run should not overwrite the full one")
     ap.add_argument("--no-readme", action="store_true")
     ap.add_argument("--_worker", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -573,7 +575,7 @@ def main():
     argv = [a for a in sys.argv[1:] if a != "--no-readme"]
     result["command"] = "python benchmarks/train_throughput.py " + " ".join(argv)
     kind = "gpu" if gpu else "cpu"
-    save_result(f"train_throughput_{kind}", result)
+    save_result(args.name or f"train_throughput_{kind}", result)
 
     dev = info["gpu"] or f"cpu ({info['cpu_count']} cores)"
     figs = []
