@@ -32,7 +32,8 @@ Ablations (``--ablations``, jaxembed only, compared with this script's jaxembed 
                         (sampled) order of the baseline; also an arm with the same task walk but random instance
                         order ('curriculum_shuffled', Table 3 w/o Inst) and the paper's Vanilla on the same data mix
                         ('curriculum_vanilla': no curriculum, one task per batch, datasets drawn by size, as the
-                        curriculum's compressed pass takes them); both curriculum arms are also compared with it
+                        curriculum's compressed pass takes them); both curriculum arms are also compared with it.
+                        --curriculum-mask-delta D adds 'curriculum_masked': the curriculum with the Eq. 9 mask
   mote                  MoTE (config overrides --mote KEY=VALUE ..., eval routing --mote-experts JSON) vs the
                         instruction-conditioned baseline
 Finished runs are reused (a run directory whose recorded config matches), so adding an ablation later reruns
@@ -86,6 +87,8 @@ def parse_args(argv=None):
     ap.add_argument("--curriculum-task-order", default="", help="task order file (plan.curriculum.task_order)")
     ap.add_argument("--curriculum-scores", default="", help="per-example phi file (plan.scores)")
     ap.add_argument("--curriculum-instance-order", default="e2d")
+    ap.add_argument("--curriculum-mask-delta", type=float, default=None,
+                    help="also run the curriculum with the Eq. 9 mask at this delta ('curriculum_masked')")
     ap.add_argument("--mote", action="append", default=[], metavar="KEY=VALUE",
                     help="config override of the MoTE arm (repeat), e.g. model.mote.num_experts=4")
     ap.add_argument("--mote-experts", default="", help="JSON routing table task type -> expert for evaluation, "
@@ -146,7 +149,7 @@ def arm_config(args, arm: str, seed: int, store_dir: Path | None):
     elif arm == "curriculum_vanilla":  # Data-CUBE Table 3 Vanilla: the curriculum's data mix, random order
         c.plan.strategy = "heterogeneous"
         c.plan.sampling = "size"
-    elif arm in ("curriculum", "curriculum_shuffled"):
+    elif arm in ("curriculum", "curriculum_shuffled", "curriculum_masked"):
         if not args.curriculum_task_order:
             raise SystemExit("error: --ablations curriculum needs --curriculum-task-order FILE (and "
                              "--curriculum-scores FILE for e2d / d2e)")
@@ -161,6 +164,10 @@ def arm_config(args, arm: str, seed: int, store_dir: Path | None):
                     raise SystemExit("error: --curriculum-instance-order e2d/d2e needs --curriculum-scores FILE")
         if args.curriculum_scores:
             c.plan.scores = str(Path(args.curriculum_scores).resolve())
+        if arm == "curriculum_masked":
+            if args.curriculum_mask_delta is None or not args.curriculum_scores:
+                raise SystemExit("error: curriculum_masked needs --curriculum-mask-delta D and --curriculum-scores")
+            c.plan.mask.delta = float(args.curriculum_mask_delta)
     elif arm == "mote":
         if not args.mote:
             raise SystemExit("error: --ablations mote needs the MoTE config overrides, e.g. --mote "
@@ -529,6 +536,8 @@ def _forward_argv(args) -> list[str]:
         out += ["--curriculum-task-order", args.curriculum_task_order]
     if args.curriculum_scores:
         out += ["--curriculum-scores", args.curriculum_scores]
+    if args.curriculum_mask_delta is not None:
+        out += ["--curriculum-mask-delta", repr(args.curriculum_mask_delta)]
     for m in args.mote:
         out += ["--mote", m]
     return out
@@ -659,7 +668,8 @@ def main():
             jobs.append(("st", "base", s))
     arms = []
     for a in abl:
-        arms += {"curriculum": ["curriculum", "curriculum_shuffled", "curriculum_vanilla"]}.get(a, [a])
+        arms += {"curriculum": ["curriculum", "curriculum_shuffled", "curriculum_vanilla"]
+                 + (["curriculum_masked"] if args.curriculum_mask_delta is not None else [])}.get(a, [a])
     for a in arms:
         for s in args.ablation_seeds:
             if ("jaxembed", "base", s) not in jobs:
@@ -710,7 +720,7 @@ def main():
             b, x = (summarize(runs, "jaxembed", n, args.ablation_seeds, str(d)) for n in ("base", a))
             row[f"dim{d}"] = {"baseline_average": b["average"], "arm_average": x["average"],
                               "difference": x["average"] - b["average"]}
-        if a in ("curriculum", "curriculum_shuffled"):
+        if a in ("curriculum", "curriculum_shuffled", "curriculum_masked"):
             van = summarize(runs, "jaxembed", "curriculum_vanilla", args.ablation_seeds)
             row["vanilla_average"] = van["average"]
             row["difference_vs_vanilla"] = arm["average"] - van["average"]
