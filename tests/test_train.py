@@ -179,15 +179,23 @@ def test_sigterm_saves_then_resume_is_bitwise_identical(straight_run, config_fil
 
 
 def test_nonfinite_steps_are_skipped_then_stop(config_file, tmp_path):
+    """Also: the step is built for K = 1 + the store's largest num_negatives, and the loader keeps that K when the
+    plan never draws the dataset that has it (wikiqa at sampling weight 1e-9: the plan's own K would be 1; this was
+    a shape error in the loss)."""
+    from jaxembed.data.plan import Plan
     from jaxembed.train import TrainingStopped, train
 
     cfg = cfglib.load_config_file(str(config_file))
+    cfg.data.sampling = "weights"
+    cfg.data.datasets[1].weight = 1e-9
     cfg.plan.steps = 4
     cfg.train.inject_nonfinite_steps = (1,)
     cfg.train.checkpoint_every = 0
     cfg.export.at_end = False
     s = train(cfg, tmp_path / "skip")
     assert s["status"] == "completed" and s["skipped"] == 1
+    plan = Plan.load(tmp_path / "skip" / "plan.npz")
+    assert set(plan.dataset_names[d] for d in plan.dataset_ids.ravel()) == {"stsb"}
     p_skip, st = _params_at(tmp_path / "skip", 4)
     assert int(st["skipped"]) == 1
     cfg.train.inject_nonfinite_steps = (1, 2, 3)
@@ -195,24 +203,6 @@ def test_nonfinite_steps_are_skipped_then_stop(config_file, tmp_path):
     with pytest.raises(TrainingStopped, match=r"step 3: 3 non-finite losses or gradients in a row \(from step 1; "
                                               r"task '(stsb|wikiqa|sts|retrieval)'\)"):
         train(cfg, tmp_path / "stop")
-
-
-def test_plan_without_the_dataset_with_most_negatives_trains(config_file, tmp_path):
-    """The step is built for K = 1 + the store's largest num_negatives; the loader keeps that K even when the plan
-    never draws the dataset that has it (here wikiqa, at sampling weight 1e-9: the plan's own K would be 1)."""
-    from jaxembed.data.plan import Plan
-    from jaxembed.train import train
-
-    cfg = cfglib.load_config_file(str(config_file))
-    cfg.data.sampling = "weights"
-    cfg.data.datasets[1].weight = 1e-9
-    cfg.plan.steps = 2
-    cfg.train.checkpoint_every = 0
-    cfg.export.at_end = False
-    s = train(cfg, tmp_path / "k")
-    assert s["status"] == "completed" and s["step"] == 2 and s["skipped"] == 0
-    plan = Plan.load(tmp_path / "k" / "plan.npz")
-    assert set(plan.dataset_names[d] for d in plan.dataset_ids.ravel()) == {"stsb"}
 
 
 @pytest.mark.parametrize("key,value,match", [
