@@ -1040,8 +1040,8 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
         for pos, u in enumerate(order):
             ds, ex = first[u] if r == 0 and steps else round_rows(u, r)
             if quota is not None:
-                pick = _rng(seed, _R_SHORT, unit_names.index(u)).permutation(ds.size)[:quota[pos] * G]
-                ds, ex = ds[np.sort(pick)], ex[np.sort(pick)]
+                pick = np.sort(_rng(seed, _R_SHORT, unit_names.index(u)).permutation(ds.size)[:quota[pos] * G])
+                ds, ex = ds[pick], ex[pick]
             elif r == 0:
                 _check_unit_size(_Unit(u, "curriculum", units[u]), ds.size, G, infos, "curriculum unit")
             nb, rem = divmod(ds.size, G)
