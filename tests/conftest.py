@@ -1,8 +1,19 @@
-"""Shared fixtures. Tests that need ../shared/data skip when it is missing, except in CI
-(JAXEMBED_REQUIRE_SHARED_DATA=1), where a missing folder is a failure."""
+"""Shared fixtures, and the suite's skip and time policy.
+
+Skips. Tests that need ../shared/data skip when it is missing, except under JAXEMBED_REQUIRE_SHARED_DATA=1, where
+a missing folder is a failure. In CI (JAXEMBED_CI=1, set by .ci/run) every dependency is installed, so a skip
+means a test silently stopped testing: any skip -- a test's, a fixture's, or a whole module's at collection
+(``pytest.importorskip``) -- is turned into a failure naming the test and the skip reason. Exceptions: tests
+marked ``gpu`` when no accelerator is present, and the entries of ALLOWED_SKIPS below (one place, each with why).
+
+Time. pytest-timeout fails a test that runs longer than the ``timeout`` of [tool.pytest.ini_options] (a hung
+multi-process test then fails with its name instead of eating the CI limit); LONG_TESTS below gives the few
+longer tests their own limit.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -12,6 +23,80 @@ from jaxembed import paths
 # tests/multidevice needs 8 simulated devices, set before jax starts: tests/test_multidevice.py runs it in a
 # subprocess with XLA_FLAGS; a plain `pytest tests` does not collect it directly.
 collect_ignore = [] if os.environ.get("JAXEMBED_MULTIDEVICE") == "1" else ["multidevice"]
+
+# Skips CI accepts: node id (without parameters) -> why it may skip on the CI machine. Keep this short: an entry is
+# a test that CI does not run.
+ALLOWED_SKIPS = {
+    # It checks the error for a *missing* tensorflow-datasets; it cannot run where the optional [tfds] extra is
+    # installed (CI installs only [test,eval], so in CI it runs).
+    "tests/test_data_formats.py::test_tfds_missing_is_a_clear_error": "tensorflow_datasets is installed",
+}
+
+# Tests allowed more than the default per-test timeout (seconds), with their measured time on the 2-core CI.
+LONG_TESTS = {
+    # runs tests/multidevice in a subprocess on 8 simulated devices (its own subprocess timeout is 900 s)
+    "tests/test_multidevice.py::test_multidevice_suite": 900,
+}
+
+
+def strict_skips() -> bool:
+    """CI: an unexpected skip is a failure."""
+    return os.environ.get("JAXEMBED_CI") == "1"
+
+
+@functools.lru_cache(maxsize=1)
+def has_accelerator() -> bool:
+    import jax
+
+    return jax.default_backend() != "cpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        limit = LONG_TESTS.get(item.nodeid.split("[")[0])
+        if limit is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(limit))
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is not None and not has_accelerator():
+        pytest.skip("needs an accelerator (marked gpu); JAX sees only the CPU")
+
+
+def _reason(longrepr) -> str:
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (file, line, "Skipped: reason")
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def _unexpected(what: str, reason: str) -> str:
+    return (f"unexpected skip in CI (JAXEMBED_CI=1): {what}: {reason} (fix: install what it needs -- CI installs "
+            "every extra of `make test` -- or, if it cannot run on the CI machine, add it to ALLOWED_SKIPS in "
+            "tests/conftest.py with a comment)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if not (strict_skips() and rep.skipped) or hasattr(rep, "wasxfail"):
+        return
+    if item.get_closest_marker("gpu") is not None and not has_accelerator():
+        return
+    if item.nodeid.split("[")[0] in ALLOWED_SKIPS:
+        return
+    rep.outcome = "failed"
+    rep.longrepr = _unexpected(item.nodeid, _reason(rep.longrepr))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A module skipped at import (module-level ``pytest.importorskip``) is a failure in CI too."""
+    outcome = yield
+    rep = outcome.get_result()
+    if strict_skips() and rep.skipped and collector.nodeid not in ALLOWED_SKIPS:
+        rep.outcome = "failed"
+        rep.longrepr = _unexpected(f"{collector.nodeid} (the whole module)", _reason(rep.longrepr))
 
 
 @pytest.fixture(scope="session")
