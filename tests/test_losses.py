@@ -10,13 +10,25 @@ import pytest
 from jaxembed.losses import (CandidateInfo, LossOptions, QueryInfo, contrastive_loss, layout_pos_index,
                              peg_statistics, query_terms, tiled_terms)
 from jaxembed.losses.matryoshka import KALM_DIMS, KALM_WEIGHTS, matryoshka_loss
-from loss_reference import random_batch, reference_loss
+from loss_reference import peg_batch, peg_constants, random_batch, reference_grad, reference_loss
+
+# a repeated row (the same query and positive texts; across shards in tests/multidevice) and two queries sharing
+# a positive text: in the symmetric term neither may be a negative of the other
+DUPS = dict(repeated_rows=((7, 1),), shared_positives=((10, 4),))
 
 
 def _infos(b):
     ci = CandidateInfo(jnp.asarray(b["valid"]), jnp.asarray(b["hashes"]), jnp.asarray(b["ctask"]))
-    qi = QueryInfo(pos_hash=jnp.asarray(b["hashes"][b["pos"]]), task=jnp.asarray(b["qtask"]))
+    qi = QueryInfo(pos_hash=jnp.asarray(b["hashes"][b["pos"]]), task=jnp.asarray(b["qtask"]),
+                   hash=jnp.asarray(b["qhashes"]))
     return qi, ci
+
+
+def assert_peg_weighting_acts(b, peg):
+    """The batch reaches PEG's weighting: sigma > 0, several w_q < 1 (among the counted queries), some a_n != 1."""
+    wq, a, _, sigma = peg_constants(b["q"], b["c"], b["pos"], b["weights"], peg)
+    counted = b["weights"] > 0
+    assert sigma > 0 and np.sum(wq[counted] < 1) >= 2 and np.sum(a != 1) >= 2, (sigma, wq, np.sum(a != 1))
 
 
 CASES = [
@@ -30,11 +42,13 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['opts']}-sym{c['symmetric']}")
 def test_plain_and_tiled_equal_reference(case):
-    b = random_batch()
-    qi, ci = _infos(b)
     peg = case["peg"]
+    b = peg_batch(**DUPS) if peg else random_batch(**DUPS)
+    if peg:
+        assert_peg_weighting_acts(b, peg)
+    qi, ci = _infos(b)
     ref, t_ref = reference_loss(b["q"], b["c"], b["pos"], 0.05, b["weights"], b["valid"], b["hashes"], b["qtask"],
-                                b["ctask"], case["opts"].same_task, peg, case["symmetric"])
+                                b["ctask"], case["opts"].same_task, peg, case["symmetric"], qhashes=b["qhashes"])
     kw = dict(temperature=0.05, weights=jnp.asarray(b["weights"]), qi=qi, ci=ci, opts=case["opts"],
               symmetric=case["symmetric"], peg_t_prev=None if peg is None else peg[0])
     grads = []
@@ -48,6 +62,73 @@ def test_plain_and_tiled_equal_reference(case):
     for g in grads[1:]:
         for a, b_ in zip(grads[0], g):
             np.testing.assert_allclose(a, b_, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c["peg"]] + [CASES[-1]],
+                         ids=lambda c: f"{c['opts']}-sym{c['symmetric']}")
+def test_gradients_equal_float64_reference_with_peg_weights_constant(case):
+    """d loss / d(q, c), plain and tiled, against central differences of the float64 reference in which PEG's w_q
+    and a_n are computed once and held constant (PEG: stop-gradient). Letting them move (no stop_gradient) shifts
+    the gradient by far more than the tolerance."""
+    peg = case["peg"]
+    b = peg_batch(B=8, K=2, D=6, dup_pairs=((5, 0),), invalid=(3,), repeated_rows=((6, 1),),
+                  shared_positives=((7, 4),))
+    if peg:
+        assert_peg_weighting_acts(b, peg)
+    qi, ci = _infos(b)
+    kw = dict(weights=b["weights"], valid=b["valid"], hashes=b["hashes"], qtask=b["qtask"], ctask=b["ctask"],
+              same_task=case["opts"].same_task, peg=peg, symmetric=case["symmetric"], qhashes=b["qhashes"])
+    ref = reference_grad(b["q"], b["c"], b["pos"], 0.05, **kw)
+    scale = max(np.abs(r).max() for r in ref)
+    for terms_fn in (query_terms, tiled_terms(3, 5)):
+        f = lambda q, c: contrastive_loss(q, c, jnp.asarray(b["pos"]), temperature=0.05,
+                                          weights=jnp.asarray(b["weights"]), qi=qi, ci=ci, opts=case["opts"],
+                                          symmetric=case["symmetric"], peg_t_prev=None if peg is None else peg[0],
+                                          terms_fn=terms_fn)[0]
+        g = jax.grad(f, argnums=(0, 1))(jnp.asarray(b["q"]), jnp.asarray(b["c"]))
+        for a, r in zip(g, ref):
+            np.testing.assert_allclose(np.asarray(a), r, atol=2e-5 * scale, rtol=0)
+
+
+def test_symmetric_repeated_query_has_no_log2_floor():
+    """A row repeated in the batch (same query, same positive): with the identity mask both directions can reach 0;
+    without it the positive -> query term sees the repeated query as a negative as good as its own (loss >= log 2)."""
+    e = np.eye(4, dtype=np.float32)
+    q = jnp.asarray(e[[0, 1, 2, 0]])  # row 3 repeats row 0
+    c = q  # every positive equals its query (K = 1)
+    h = jnp.asarray(np.array([[1, 1], [2, 2], [3, 3], [1, 1]], np.uint32))
+    qh = jnp.asarray(np.array([[9, 1], [9, 2], [9, 3], [9, 1]], np.uint32))
+    loss, _ = contrastive_loss(q, c, layout_pos_index(4, 1), temperature=0.01, qi=QueryInfo(pos_hash=h, hash=qh),
+                               ci=CandidateInfo(hash=h), symmetric=True)
+    assert float(loss) < 1e-6
+    ref, _ = reference_loss(q, c, np.arange(4), 0.01, hashes=np.asarray(h), symmetric=True, qhashes=np.asarray(qh))
+    assert ref < 1e-6
+    # the same batch with the query hashes only (no positive hashes) is masked as well
+    loss_q, _ = contrastive_loss(q, c, layout_pos_index(4, 1), temperature=0.01, qi=QueryInfo(hash=qh),
+                                 symmetric=True)
+    # only the forward term of rows 0 and 3 keeps its floor (no positive hashes): (2 log 2 + 0) / 2 / 4 queries
+    assert float(loss_q) == pytest.approx(math.log(2) / 4, rel=1e-4)
+
+
+def test_x64_mode_gives_the_same_loss_and_gradients():
+    """With jax_enable_x64 (which jaxembed.parallel.to_global recommends for int64 batch values) the tiled scan
+    keeps its carry types; values and gradients are those of the default mode."""
+    b = peg_batch(**DUPS)
+    qi, ci = _infos(b)
+
+    def run():
+        f = lambda q, c: contrastive_loss(q, c, jnp.asarray(b["pos"]), temperature=0.05,
+                                          weights=jnp.asarray(b["weights"]), qi=qi, ci=ci,
+                                          opts=LossOptions(same_task=True, peg=True), symmetric=True,
+                                          peg_t_prev=0.1, terms_fn=tiled_terms(5, 7))[0]
+        return jax.value_and_grad(f, argnums=(0, 1))(jnp.asarray(b["q"]), jnp.asarray(b["c"]))
+
+    l0, g0 = run()
+    with jax.enable_x64(True):
+        l1, g1 = run()
+    assert float(l1) == pytest.approx(float(l0), rel=1e-6)
+    for a, r in zip(g1, g0):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=1e-6)
 
 
 def test_peg_three_queries_hand_computed():
@@ -78,9 +159,13 @@ def test_peg_three_queries_hand_computed():
     st = peg_statistics(jnp.asarray([0.8, 0.8, 0.6]), t_prev, alpha, beta)
     np.testing.assert_allclose(st.w, w, rtol=1e-6)
     # PEG's weights are constants for the gradient: the gradient equals that of the loss with w, a_n frozen
-    g = jax.grad(lambda q: contrastive_loss(q, jnp.asarray(c), layout_pos_index(3, 1), temperature=tau,
-                                            opts=LossOptions(peg=True), peg_t_prev=t_prev)[0])(jnp.asarray(q))
-    assert np.all(np.isfinite(g))
+    # (float64 central differences of the reference at these w and a_n)
+    g = jax.grad(lambda q, c: contrastive_loss(q, c, layout_pos_index(3, 1), temperature=tau,
+                                               opts=LossOptions(peg=True), peg_t_prev=t_prev, peg_alpha=alpha,
+                                               peg_beta=beta)[0], argnums=(0, 1))(jnp.asarray(q), jnp.asarray(c))
+    ref = reference_grad(q, c, np.arange(3), tau, peg=(t_prev, alpha, beta))
+    for a, r in zip(g, ref):
+        np.testing.assert_allclose(np.asarray(a), r, atol=1e-4)
 
 
 def test_masked_query_still_serves_as_negative():

@@ -8,7 +8,9 @@ dot product is the cosine similarity.
 
 A candidate j is *allowed* for query i when it is valid (not a padding slot), is not a duplicate of query i's own
 positive (same text hash but another column: a false negative by identity, masked to -inf), and -- with same-task
-masking -- belongs to query i's task. Query i's own positive is always allowed.
+masking -- belongs to query i's task. Query i's own positive is always allowed. A text may carry several identities
+(hash [..., H, 2], e.g. the symmetric term's (query text, positive text) of a row): then a candidate is a duplicate
+when any of its identities equals the same identity of the query's positive.
 
 PEG (Eq. 3-5) multiplies the logit of a negative by a_n = t + sim(q, p) when sim(q, p) >= sigma and
 sim(q, n) >= sim(q, p), else 1; the positive keeps scale 1. sim(q, p), sigma and t are stop-gradient constants.
@@ -28,7 +30,8 @@ NEG_INF = -jnp.inf
 class CandidateInfo(NamedTuple):
     """Per-candidate attributes; every field may be None (= not used).
 
-    valid: bool [N] (False = empty slot); hash: uint32 [N, 2] (text identity); task: int32 [N]."""
+    valid: bool [N] (False = empty slot); hash: uint32 [N, 2] (text identity; or [N, H, 2]: H identities, see the
+    module docstring); task: int32 [N]."""
 
     valid: jax.Array | None = None
     hash: jax.Array | None = None
@@ -36,13 +39,16 @@ class CandidateInfo(NamedTuple):
 
 
 class QueryInfo(NamedTuple):
-    """Per-query attributes. pos_hash: uint32 [B, 2] hash of the query's own positive; task: int32 [B];
-    pos_sim: float32 [B] sim(q, p) (stop-gradient; used by PEG); peg_active: bool [B] sim(q, p) >= sigma."""
+    """Per-query attributes. pos_hash: uint32 [B, 2] hash of the query's own positive (or [B, H, 2], matching
+    CandidateInfo.hash); task: int32 [B]; pos_sim: float32 [B] sim(q, p) (stop-gradient; used by PEG);
+    peg_active: bool [B] sim(q, p) >= sigma; hash: uint32 [B, 2] hash of the query text itself (used by the
+    symmetric term, where the queries are the candidates: a repeated query is not a negative of itself)."""
 
     pos_hash: jax.Array | None = None
     task: jax.Array | None = None
     pos_sim: jax.Array | None = None
     peg_active: jax.Array | None = None
+    hash: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +80,9 @@ def block_logits(q: jax.Array, c: jax.Array, pos_index: jax.Array, col_start: in
     if ci.valid is not None:
         allowed = allowed & ci.valid[None, :]
     if ci.hash is not None and qi.pos_hash is not None:
-        dup = jnp.all(ci.hash[None, :, :] == qi.pos_hash[:, None, :], axis=-1)
+        dup = jnp.all(ci.hash[None] == qi.pos_hash[:, None], axis=-1)  # [b, n] or [b, n, H]
+        if dup.ndim == 3:
+            dup = jnp.any(dup, axis=-1)
         allowed = allowed & ~dup
     if opts.same_task and ci.task is not None and qi.task is not None:
         allowed = allowed & (ci.task[None, :] == qi.task[:, None])

@@ -3,11 +3,15 @@
 For query i with positive column p_i and allowed candidates A_i (see ``core``):
 
     l_i = logsumexp_{j in A_i}(a_ij * s_ij / tau) - s_{i p_i} / tau          (InfoNCE; PEG Eq. 3 with a_ij)
-    L   = sum_i w_i l_i / max(#{i : w_i > 0}, 1)
+    L   = sum_i v_i w_i l_i / max(#{i : v_i > 0}, 1)
 
-w_i multiplies each query's term (Data-CUBE mask alpha, PEG w_q, per-instance weights); a query with w_i = 0 adds
-nothing but its positive and negatives stay candidates for the others. The symmetric variant adds the same loss
-with positives as queries and queries as candidates, and averages the two.
+v_i is the instance weight (Data-CUBE mask alpha, per-instance weights, 0 for padding) and w_i PEG's w_q (1 without
+PEG); a query with v_i = 0 adds nothing but its positive and negatives stay candidates for the others. The
+denominator counts v only: a w_q of 0 (see ``peg_statistics``) weighs a term without dropping it from the mean. The symmetric variant adds the same loss
+with positives as queries and queries as candidates, and averages the two. Its identity mask mirrors the forward
+one: for positive p_i, query q_j (j != i) is masked when q_j is the same text as q_i (a repeated query) or p_j the
+same text as p_i (another query of the same positive); either pair is a positive pair, not a negative (without
+the mask a repeated row puts a floor of log 2 under its term).
 """
 
 from __future__ import annotations
@@ -60,8 +64,13 @@ def peg_statistics(pos_sim: jax.Array, t_prev, alpha: float = 0.5, beta: float =
                    axis_name: str | tuple | None = None, weights: jax.Array | None = None) -> PegState:
     """PEG Eq. 4-6 from the positive similarities [B] of the (global) batch.
 
-    sigma = mean(sim(q,p)) - beta; w_q = 1 if sim >= sigma else sim / sigma (clipped to [0, 1], which only acts for
-    a degenerate sigma <= 0); t_s = alpha * mean + (1 - alpha) * t_{s-1}, used for this batch's a_n.
+    sigma = mean(sim(q,p)) - beta; w_q = 1 if sim >= sigma else sim / sigma, clipped to [0, 1];
+    t_s = alpha * mean + (1 - alpha) * t_{s-1}, used for this batch's a_n.
+
+    The clip departs from the paper's Eq. 4 (which has none) in two cases: a negative sim(q, p) below sigma > 0
+    would get a negative weight (its term would be maximised): here 0; and when sigma < 0 (mean positive similarity
+    below beta, e.g. early in training), every sim < sigma gives sim / sigma > 1, which would up-weight the worst
+    pairs: here 1 (the plain InfoNCE term). With sigma = 0, w_q = 0 below it.
     axis_name: mean over all shards (shard_map). Queries with weight 0 (padding) are left out of the mean."""
     pos_sim = jax.lax.stop_gradient(pos_sim)
     m = jnp.ones_like(pos_sim) if weights is None else (weights > 0).astype(jnp.float32)
@@ -92,38 +101,51 @@ def contrastive_loss(q: jax.Array, c: jax.Array, pos_index: jax.Array, *, temper
     metrics = {}
     peg_t = None
     w = weights
+    wsum = jnp.zeros((), jnp.float32)
     if opts.peg:
         st = peg_statistics(pos_sim, 0.0 if peg_t_prev is None else peg_t_prev, peg_alpha, peg_beta, axis_name,
                             weights)
         qi = qi._replace(pos_sim=jax.lax.stop_gradient(pos_sim), peg_active=st.active)
         peg_t = st.t
+        wsum = jnp.sum(st.w if weights is None else jnp.where(weights > 0, st.w, 0.0))
         w = st.w if w is None else w * st.w
-        metrics.update(peg_t=st.t, peg_sigma=st.sigma, peg_mean_weight=jnp.mean(st.w))
+        metrics.update(peg_t=st.t, peg_sigma=st.sigma)
     terms = terms_fn(q, c, pos_index, temperature, qi, ci, opts, peg_t)
-    total, count = reduce_queries(terms.loss, w)
+    # the mean is over the queries that count (weights > 0): PEG's w_q weighs a term inside it, so a w_q clipped to
+    # 0 leaves the denominator alone (the loss stays continuous in sim(q, p))
+    total, _ = reduce_queries(terms.loss, w)
+    _, count = reduce_queries(terms.loss, weights)
     if symmetric:
-        # positives -> queries: each query's positive against every query of the batch (label: its own query)
-        p = c[pos_index]
-        sym_qi = QueryInfo(task=ci.task[pos_index] if (opts.same_task and ci.task is not None) else None)
-        sym_ci = CandidateInfo(task=qi.task if opts.same_task else None)
-        own = jnp.arange(q.shape[0], dtype=jnp.int32)
-        qs = q
-        if axis_name is not None:  # candidates = the queries of every shard
-            qs = jax.lax.all_gather(q, axis_name, tiled=True)
-            own = own + jax.lax.axis_index(axis_name) * q.shape[0]
-            if sym_ci.task is not None:
-                sym_ci = CandidateInfo(task=jax.lax.all_gather(qi.task, axis_name, tiled=True))
-        sym = terms_fn(p, qs, own, temperature, sym_qi, sym_ci, LossOptions(same_task=opts.same_task), None)
-        sym_total, _ = reduce_queries(sym.loss, w)
-        total = (total + sym_total) / 2
+        total = (total + _symmetric_total(q, c, pos_index, temperature, qi, ci, opts, w, terms_fn, axis_name)) / 2
     n_queries = jnp.asarray(q.shape[0], jnp.float32)
     correct, hardest, masked = (jnp.sum(terms.correct.astype(jnp.float32)), jnp.sum(terms.hardest_neg_sim),
                                 jnp.sum(terms.masked.astype(jnp.float32)))
     possum = jnp.sum(pos_sim)
     if axis_name is not None:
-        total, count, n_queries, correct, hardest, masked, possum = jax.lax.psum(
-            (total, count, n_queries, correct, hardest, masked, possum), axis_name)
+        total, count, n_queries, correct, hardest, masked, possum, wsum = jax.lax.psum(
+            (total, count, n_queries, correct, hardest, masked, possum, wsum), axis_name)
     loss = total / jnp.maximum(count, 1.0)
+    if opts.peg:  # mean w_q over the queries that count (weight > 0), as sigma's mean
+        metrics["peg_mean_weight"] = wsum / jnp.maximum(count, 1.0)
     metrics.update(loss=loss, accuracy=correct / n_queries, pos_sim=possum / n_queries,
                    hardest_neg_sim=hardest / n_queries, masked_candidates=masked, active_queries=count)
     return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
+
+
+def _symmetric_total(q, c, pos_index, temperature, qi: QueryInfo, ci: CandidateInfo, opts: LossOptions, w,
+                     terms_fn, axis_name):
+    """The positives -> queries term: each query's positive against every query of the (global) batch, the label
+    its own query; sum_i w_i l_i over this shard's rows. Identity mask: see the module docstring."""
+    p = c[pos_index]
+    gather = (lambda x: x) if axis_name is None else (lambda x: jax.lax.all_gather(x, axis_name, tiled=True))
+    # identities of each row, [B, H, 2]: its query text and its positive text (whichever hashes are known)
+    ids = [h for h in (qi.hash, qi.pos_hash) if h is not None]
+    ident = jnp.stack(ids, axis=1) if ids else None
+    same = opts.same_task and ci.task is not None and qi.task is not None
+    sym_qi = QueryInfo(pos_hash=ident, task=qi.task if same else None)
+    sym_ci = CandidateInfo(hash=None if ident is None else gather(ident), task=gather(qi.task) if same else None)
+    own = jnp.arange(q.shape[0], dtype=jnp.int32)
+    if axis_name is not None:  # candidates = the queries of every shard
+        own = own + jax.lax.axis_index(axis_name) * q.shape[0]
+    sym = terms_fn(p, gather(q), own, temperature, sym_qi, sym_ci, LossOptions(same_task=opts.same_task), None)
+    return reduce_queries(sym.loss, w)[0]

@@ -51,12 +51,14 @@ def _forward(q, c, aux, bq, bc, opts):
             other = jnp.maximum(other, jnp.max(jnp.where(neg, logits, -jnp.inf), axis=1))
             hardest = jnp.maximum(hardest, jnp.max(jnp.where(neg, sims, -jnp.inf), axis=1))
             valid = jnp.ones(cbk.shape[0], bool) if cibk.valid is None else cibk.valid
-            masked = masked + jnp.sum(valid[None, :] & ~allowed, axis=1)
+            masked = masked + jnp.sum(valid[None, :] & ~allowed, axis=1, dtype=jnp.int32)
             return (m_new, s, other, hardest, masked), None
 
         b = qb.shape[0]
-        init = (jnp.full((b,), -jnp.inf), jnp.zeros((b,)), jnp.full((b,), -jnp.inf), jnp.full((b,), -jnp.inf),
-                jnp.zeros((b,), jnp.int32))
+        # explicit dtypes: with jax_enable_x64 the defaults are 64-bit and the scan carry would change type
+        f32 = jnp.float32
+        init = (jnp.full((b,), -jnp.inf, f32), jnp.zeros((b,), f32), jnp.full((b,), -jnp.inf, f32),
+                jnp.full((b,), -jnp.inf, f32), jnp.zeros((b,), jnp.int32))
         (m, s, other, hardest, masked), _ = jax.lax.scan(c_block, init, (cb, cib, jnp.arange(nc, dtype=jnp.int32)))
         return None, (m + jnp.log(s), other, hardest, masked)
 
