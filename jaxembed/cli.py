@@ -49,11 +49,11 @@ def cmd_encode(args) -> int:
     from jaxembed.data.jsonl import read_texts
     from jaxembed.encode import Encoder
 
+    from jaxembed.outputs import check_output
+
     if args.batch_size <= 0:
         raise UserError(f"--batch-size must be positive, got {args.batch_size}")
-    out = Path(args.out)
-    if out.suffix != ".npy":
-        raise UserError(f"--out {out}: must end in .npy")
+    out = check_output(args.out, "file", "--out", ".npy")
     texts = read_texts(args.input, args.field, args.format)  # validate the whole input before loading the model
     if not texts:
         raise UserError(f"{args.input}: no texts to encode")
@@ -74,6 +74,9 @@ def cmd_export(args) -> int:
         raise UserError("export: give exactly one of --model (a model folder / hub id) or --workdir (a run)")
     if args.task is not None and args.average_experts:
         raise UserError("export: give --task or --average-experts, not both")
+    from jaxembed.outputs import check_output
+
+    check_output(args.out, "folder", "--out")
     if args.workdir:
         from jaxembed.train import export_from_workdir
 
@@ -279,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        from jaxembed.outputs import check_cli_outputs
+
+        check_cli_outputs(args)  # every output path is writable before any work starts
         return args.func(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -111,10 +111,10 @@ def cmd_build(args) -> int:
     from jaxembed.data.plan import build_plan, format_summary, summarize
     from jaxembed.data.store import Store
 
+    from jaxembed.outputs import check_output
+
     t0 = time.time()
-    out = Path(args.out)
-    if out.suffix != ".npz":
-        raise UserError(f"--out {out}: a plan file must end in .npz")
+    out = check_output(args.out, "file", "--out", ".npz")  # before any work (also its .json sidecar's folder)
     cfg, data = load_plan_config(args.config)
     cfg = apply_overrides(cfg, args.set)
     store = Store.open(args.store)
