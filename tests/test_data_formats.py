@@ -222,13 +222,24 @@ TRAIN_FILES = {  # file: (format, records, written with the shared config's thre
 }  # sst2 (67k) is read in the store test of the whole shared config
 
 
+EXTRA_FIELDS = {"sick_pairs.jsonl": "entailment", "trec_cls.jsonl": "fine_label"}  # as in shared_train_config
+
+
 @pytest.mark.parametrize("name", sorted(TRAIN_FILES))
 def test_real_train_files_auto_detected_and_valid(shared_data, name):
     fmt, n = TRAIN_FILES[name]
     info, tally = ReadInfo(), Tally(name)
-    for _ in apply_policy(read_jsonl(str(shared_data / "train" / name), ReadOptions(), info), "stop", tally):
+    extra = frozenset([EXTRA_FIELDS[name]] if name in EXTRA_FIELDS else [])
+    for _ in apply_policy(read_jsonl(str(shared_data / "train" / name), ReadOptions(extra_fields=extra), info),
+                          "stop", tally):
         pass
     assert info.format == fmt and tally.read == n and tally.invalid == 0
+    if extra:  # undeclared, the extra key of every record is reported, not ignored
+        t = Tally(name)
+        for _ in apply_policy(read_jsonl(str(shared_data / "train" / name), ReadOptions()), "skip", t):
+            pass
+        assert t.invalid == n and t.written == 0
+        assert {s.field for s in t.skipped if s.invalid} == set(extra)
     if fmt == "labelled_pairs":
         assert tally.filtered == 777 and tally.written == 2014
 

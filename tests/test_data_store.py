@@ -137,9 +137,9 @@ def test_replace_and_refuse_out_dirs(tmp_path):
 def test_empty_dataset_is_an_error(tmp_path):
     cfg = _config(tmp_path)
     cfg.datasets[1].score_threshold = 9.0
-    with pytest.raises(UserError, match=r"data\.datasets\[1\] \(sts\): no examples left of 3 records read "
-                                        r"\(score below threshold 9: 3\)"):
-        write_store(cfg, tmp_path / "store")
+    with pytest.raises(UserError, match=r"^\S*s\.jsonl: no examples left of 3 records read \(score below threshold "
+                                        r"9: 3\) for data\.datasets\[1\] \(sts\) \(fix: "):
+        write_store(cfg, tmp_path / "store")  # names the file first, then the config entry
 
 
 def test_open_errors(tmp_path):

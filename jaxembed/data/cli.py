@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from jaxembed.errors import InputError, UserError
+from jaxembed.errors import InputError, UserError, in_file, with_file
 
 VALIDATE_FORMATS = ("auto", "triplets", "scored_pairs", "labelled_pairs", "classification")
 
@@ -41,6 +41,9 @@ def add_parsers(subparsers) -> None:
                                                        "(default: label)")
     v.add_argument("--score-threshold", type=float, default=None,
                    help="scored pairs: count the pairs below this score as left out")
+    v.add_argument("--extra-field", action="append", default=[], metavar="KEY[,KEY...]",
+                   help="record keys that are not fields of the format but expected (read and ignored; the data "
+                        "config's extra_fields); any other unknown key is reported")
     v.add_argument("-q", "--quiet", action="store_true", help="print the summary only, not each problem")
     v.set_defaults(func=cmd_validate)
 
@@ -60,7 +63,7 @@ def add_parsers(subparsers) -> None:
 # ----------------------------------------------------------------------------------------------------- validate
 
 def validate_file(path: str, fmt: str = "auto", text_field: str | None = None, label_field: str | None = None,
-                  score_threshold: float | None = None):
+                  score_threshold: float | None = None, extra_fields=()):
     """(Tally, ReadInfo, whole-file error or None) of one file, every record read with the 'skip' policy."""
     from jaxembed.data.formats import DEFAULT_FIELDS, ReadInfo, ReadOptions, Tally, apply_policy, read_jsonl
 
@@ -69,7 +72,8 @@ def validate_file(path: str, fmt: str = "auto", text_field: str | None = None, l
         fields["text"] = text_field
     if label_field:
         fields["label"] = label_field
-    opts = ReadOptions(name=Path(path).stem, format=fmt, fields=fields, score_threshold=score_threshold)
+    opts = ReadOptions(name=Path(path).stem, format=fmt, fields=fields, score_threshold=score_threshold,
+                       extra_fields=frozenset(extra_fields))
     tally, info = Tally(Path(path).stem), ReadInfo()
     try:
         for _ in apply_policy(read_jsonl(path, opts, info), "skip", tally):
@@ -84,10 +88,12 @@ def cmd_validate(args) -> int:
         if not Path(f).is_file():
             raise UserError(f"{f}: " + ("is a folder, not a file" if Path(f).is_dir() else "no such file")
                             + " (fix: check the path)")
+    extra = [k.strip() for item in args.extra_field for k in item.split(",") if k.strip()]
     bad_records = bad_files = total = 0
     out = sys.stdout
     for f in args.files:
-        tally, info, err = validate_file(f, args.format, args.text_field, args.label_field, args.score_threshold)
+        tally, info, err = validate_file(f, args.format, args.text_field, args.label_field, args.score_threshold,
+                                         extra)
         if not args.quiet:
             for s in tally.skipped:
                 if s.invalid:
@@ -106,6 +112,8 @@ def cmd_validate(args) -> int:
             line += " -- cannot read the file: " + str(err)
         elif tally.invalid:
             line += " [" + "; ".join(f"{r}: {n}" for r, n in _reasons(tally, invalid=True).items()) + "]"
+        if tally.identical:
+            line += f"; {tally.identical} identical to an earlier record"
         print(line, file=out)
     if bad_files:
         print(f"{bad_records} invalid records in {bad_files} of {len(args.files)} files ({total} records read)",
@@ -132,25 +140,25 @@ def load_config_file(spec: str):
         path, variant = spec.rsplit(":", 1)
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"--config {spec}: no such file {path} (fix: give a Python config file, PATH:VARIANT, "
-                        "or 'shared')")
+        what = "is a folder, not a config file" if p.is_dir() else f"no such file {path}"
+        raise UserError(f"--config {spec}: {what} (fix: give a Python config file, PATH:VARIANT, or 'shared')")
     try:
         mod_spec = importlib.util.spec_from_file_location(f"_jaxembed_config_{p.stem}", p)
         mod = importlib.util.module_from_spec(mod_spec)
         mod_spec.loader.exec_module(mod)
-    except UserError:
-        raise
+    except UserError as e:
+        raise UserError(with_file(e, p)) from None
     except Exception as e:  # noqa: BLE001 -- a broken config file is the user's to fix
-        raise UserError(f"{path}: cannot load the config file ({type(e).__name__}: {e})") from None
+        raise UserError(f"{in_file(e, p)}: cannot load the config file ({type(e).__name__}: {e})") from None
     if not hasattr(mod, "get_config"):
         raise UserError(f"{path}: no get_config() function (fix: define get_config(arg=None) returning a "
                         "ConfigDict)")
     try:
         return mod.get_config(variant) if variant is not None else mod.get_config()
-    except UserError:
-        raise
+    except UserError as e:  # e.g. dataset_config(tempreature=...): name the config file and line
+        raise UserError(with_file(e, p)) from None
     except Exception as e:  # noqa: BLE001
-        raise UserError(f"{path}: get_config({variant!r}) failed ({type(e).__name__}: {e})") from None
+        raise UserError(f"{in_file(e, p)}: get_config({variant!r}) failed ({type(e).__name__}: {e})") from None
 
 
 def load_data_config(spec: str):
@@ -182,12 +190,15 @@ def cmd_prepare(args) -> int:
     from jaxembed.data.config import validate_data_config
     from jaxembed.data.store import write_store
 
+    from jaxembed.data.store import check_out_dir
+
     t0 = time.time()
+    check_out_dir(args.out)  # before any work
     cfg, where = load_data_config(args.config)
     if args.on_error:
         cfg.on_error = args.on_error
     validate_data_config(cfg, where=where)
-    report = write_store(cfg, args.out)
+    report = write_store(cfg, args.out, where=where)
     if not args.quiet:
         print(report.summary())
     print(f"wrote {args.out}: {len(report.datasets)} datasets, {report.written} examples of {report.read} records "

@@ -41,11 +41,16 @@ label_field
 columns             mapping our field name -> the source's field name (e.g. {"query": "question"})
 label_descriptions  classification: mapping label -> description text (a mapping, or a list of
                     [label, description] pairs for labels that contain dots); default: the label itself
+extra_fields        record keys that are not fields of the format but are expected in the files (read
+                    and ignored, e.g. ``["fine_label"]``); any other unknown record key is an error
 =================== ==================================================================================
 
 Top level: ``datasets`` (list), ``on_error`` (``stop`` at the first bad record, or ``skip`` and count),
 ``sampling`` (``size``: proportional to dataset size, ``weights``: to ``weight`` (``None`` = 1.0),
-``temperature``: to size ** (1 / sampling_temperature)), ``sampling_temperature`` (> 0), ``seed``.
+``temperature``: to size ** (1 / sampling_temperature)), ``sampling_temperature`` (> 0), ``seed`` (integer >= 0).
+
+Datasets of one task (same ``task``) must share one ``task_type``: the task's type picks its MoTE experts and its
+default batching.
 """
 
 from __future__ import annotations
@@ -111,6 +116,7 @@ _DATASET_DEFAULTS: dict[str, Any] = dict(
     label_field=None,
     columns=None,
     label_descriptions=None,
+    extra_fields=None,
 )
 DATASET_KEYS = tuple(_DATASET_DEFAULTS)
 TOP_KEYS = ("datasets", "on_error", "sampling", "sampling_temperature", "seed")
@@ -118,11 +124,19 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _RESERVED_NAMES = ("manifest", "report")
 
 
+def _did_you_mean(key: str, known) -> str:
+    import difflib
+
+    m = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {m[0]}?)" if m else ""
+
+
 def dataset_config(**kw) -> ml_collections.ConfigDict:
     """One dataset's config: the defaults above updated with ``kw`` (unknown keys are a UserError)."""
     unknown = sorted(set(kw) - set(_DATASET_DEFAULTS))
     if unknown:
-        raise UserError(f"dataset_config: unknown key(s) {', '.join(unknown)} (known: {', '.join(DATASET_KEYS)})")
+        raise UserError(f"dataset_config: unknown key(s) {', '.join(unknown)}{_did_you_mean(unknown[0], DATASET_KEYS)}"
+                        f" (known: {', '.join(DATASET_KEYS)})")
     d = dict(_DATASET_DEFAULTS)
     d.update(kw)
     if isinstance(d["path"], tuple):
@@ -204,7 +218,8 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
         raise UserError(f"{w}: expected a dataset config (dataset_config(...)), got {type(ds).__name__}")
     unknown = [k for k in _keys(ds) if k not in _DATASET_DEFAULTS]
     if unknown:
-        raise UserError(f"{w}.{unknown[0]}: unknown key (known: {', '.join(DATASET_KEYS)})")
+        raise UserError(f"{w}.{unknown[0]}: unknown key{_did_you_mean(unknown[0], DATASET_KEYS)} "
+                        f"(known: {', '.join(DATASET_KEYS)})")
     name = _get(ds, "name")
     if not isinstance(name, str) or not name:
         raise UserError(f"{w}.name: required, a non-empty string")
@@ -308,6 +323,12 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
             raise UserError(f"{w}.label_descriptions: only used by classification (this dataset is {rec})")
         if len(pairs_of(ld, f"{w}.label_descriptions")) < 2:
             raise UserError(f"{w}.label_descriptions: needs at least 2 labels (the others are the negatives)")
+    ef = _get(ds, "extra_fields")
+    if ef is not None:
+        if isinstance(ef, str) or not isinstance(ef, (list, tuple)) or not all(
+                isinstance(x, str) and x for x in ef):
+            raise UserError(f"{w}.extra_fields: expected a list of record keys (non-empty strings), got {ef!r} "
+                            "(fix: e.g. extra_fields=['fine_label'])")
 
 
 _FIELD_NAMES = ("id", "query", "pos", "neg", "prompt", "type", "sentence1", "sentence2", "score", "text", "label")
@@ -323,7 +344,8 @@ def validate_data_config(cfg, where: str = "config") -> None:
         raise UserError(f"{where}: expected a data config (ConfigDict), got {type(cfg).__name__}")
     unknown = [k for k in _keys(cfg) if k not in TOP_KEYS]
     if unknown:
-        raise UserError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(TOP_KEYS)})")
+        raise UserError(f"{where}.{unknown[0]}: unknown key{_did_you_mean(unknown[0], TOP_KEYS)} "
+                        f"(known: {', '.join(TOP_KEYS)})")
     dss = _get(cfg, "datasets")
     if not isinstance(dss, (list, tuple)) or not dss:
         raise UserError(f"{where}.datasets: expected a non-empty list of dataset configs")
@@ -336,8 +358,28 @@ def validate_data_config(cfg, where: str = "config") -> None:
     if not _is_num(st) or st <= 0:
         raise UserError(f"{where}.sampling_temperature: {st!r} must be a number > 0")
     seed = _get(cfg, "seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise UserError(f"{where}.seed: {seed!r} must be an integer")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise UserError(f"{where}.seed: {seed!r} must be an integer >= 0 (fix: e.g. seed=0)")
+    check_task_types([(f"{where}.datasets[{i}]", _get(ds, "name"), _get(ds, "task") or _get(ds, "name"),
+                       _get(ds, "task_type")) for i, ds in enumerate(dss)])
+
+
+def check_task_types(entries) -> None:
+    """``entries``: (where, dataset name, task, task type or None) per dataset. Datasets of one task with different
+    task types are a UserError naming both (MoTE routes a task by one type; its default batching follows it)."""
+    first: dict[str, tuple[str, str, str]] = {}
+    for w, name, task, tt in entries:
+        if tt is None:
+            continue
+        if task not in first:
+            first[task] = (w, name, tt)
+            continue
+        w0, name0, tt0 = first[task]
+        if tt != tt0:
+            raise UserError(f"{w}.task_type: dataset {name!r} is {tt!r} but dataset {name0!r} ({w0}) of the same "
+                            f"task {task!r} is {tt0!r}; a task has one type (its MoTE experts and default batching "
+                            f"follow it) (fix: give {name!r} its own task name, e.g. task={name!r}, or the same "
+                            "task_type)")
 
 
 def to_plain(v):
@@ -394,7 +436,8 @@ def shared_train_config(data_dir) -> ml_collections.ConfigDict:
         dataset_config(name="sick_nli", path=f("sick_triplets.jsonl"), format="triplets", task="nli",
                        task_type="nli", query_instruction="", num_negatives=1),
         dataset_config(name="sick_sts", path=f("sick_pairs.jsonl"), format="scored_pairs", task="sts",
-                       task_type="sts", query_instruction="", num_negatives=0, score_threshold=4.0),
+                       task_type="sts", query_instruction="", num_negatives=0, score_threshold=4.0,
+                       extra_fields=["entailment"]),
         dataset_config(name="stsb", path=f("stsb_pairs.jsonl"), format="scored_pairs", task="sts",
                        task_type="sts", query_instruction="", num_negatives=0, score_threshold=4.0),
         dataset_config(name="mrpc", path=f("mrpc_pairs.jsonl"), format="labelled_pairs", task="paraphrase",
@@ -407,7 +450,7 @@ def shared_train_config(data_dir) -> ml_collections.ConfigDict:
                        query_instruction=_kalm("Given a question, rerank news sentences by how well they "
                                                "answer it.")),
         dataset_config(name="trec", path=f("trec_cls.jsonl"), format="classification", task="question_type",
-                       task_type="classification", num_negatives=5,
+                       task_type="classification", num_negatives=5, extra_fields=["fine_label"],
                        query_instruction=_kalm("Classify the given question by the type of its answer."),
                        label_descriptions=[
                            ("abbreviation", "A question asking for an abbreviation or its expansion."),

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Union
 
 from jaxembed.data.config import RECORD_FORMATS, TASK_TYPES, KALM_TEMPLATE
+from jaxembed.data.jsonl import BadLine, check_input_file, iter_text_lines, parse_object
 from jaxembed.errors import InputError, UserError
 
 Example = dict  # {"id": str, "query": str, "pos": list[str], "neg": list[str], "label"?: str}
@@ -45,6 +46,17 @@ BGE_TYPES = {
     "symmetric_clustering": "clustering",
     **{t: t for t in TASK_TYPES},
 }
+
+#: the fields each record format reads (our names; ``fields`` maps them to the source keys). A record key that is
+#: none of them (nor ``BGE_IGNORED`` for triplets, nor one of the dataset's ``extra_fields``) is an error.
+FORMAT_FIELDS = {
+    "triplets": ("id", "query", "pos", "neg", "prompt", "type", "category", "label"),
+    "scored_pairs": ("id", "sentence1", "sentence2", "score"),
+    "labelled_pairs": ("id", "sentence1", "sentence2", "label"),
+    "classification": ("id", "text", "label"),
+}
+#: BGE / FlagEmbedding keys of triplets that are read and ignored (teacher scores for distillation).
+BGE_IGNORED = ("pos_scores", "neg_scores")
 
 #: our field name -> the default source key; ``columns`` / text_field / label_field override them.
 DEFAULT_FIELDS = {
@@ -104,45 +116,30 @@ class _Filtered(Exception):
 # ------------------------------------------------------------------------------------------------ line reading
 
 def iter_raw_lines(path: str) -> Iterator[tuple[int, str | Skip]]:
-    """(line number from 1, decoded line without newline, or a Skip for a line that is not valid UTF-8).
+    """(line number from 1, decoded line without its line end, or a Skip for a line that is not valid UTF-8 or is
+    longer than ``jaxembed.data.jsonl.MAX_LINE_BYTES``).
 
     Lines are decoded one by one, so a bad byte costs one record, not the file. A UTF-8 byte-order mark at the
-    start of the file is removed. A final newline does not start another record."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError(path, None, "no such file", "check the path")
-    if p.is_dir():
-        raise InputError(path, None, "is a folder, not a file", "pass a .jsonl file")
-    with open(p, "rb") as f:
-        for i, raw in enumerate(f, 1):
-            raw = raw.rstrip(b"\r\n")
-            if i == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            try:
-                yield i, raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield i, Skip(str(path), i, None, f"not valid UTF-8 ({e.reason} at byte {e.start} of the line)",
-                              "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+    start of the file is removed; gzip / bzip2 / xz files are decompressed (see ``jaxembed.data.jsonl``). A final
+    newline does not start another record."""
+    for i, line in iter_text_lines(path):
+        yield i, (Skip(str(path), i, line.field, line.reason, line.fix) if isinstance(line, BadLine) else line)
 
 
 def iter_json_objects(path: str) -> Iterator[tuple[int, dict | Skip]]:
-    """(line number, JSON object or Skip) for each line of a JSON Lines file."""
+    """(line number, JSON object or Skip) for each line of a JSON Lines file; every way a line can fail to be one
+    JSON object (bad bytes, too long, invalid or too deeply nested JSON, huge integers, a key twice, not an
+    object) is a Skip naming the line."""
     for i, line in iter_raw_lines(path):
         if isinstance(line, Skip):
             yield i, line
             continue
-        if not line.strip():
-            yield i, Skip(str(path), i, None, "empty line", "remove blank lines: each line must be one JSON object")
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            yield i, Skip(str(path), i, None, f"invalid JSON ({e.msg} at column {e.colno})",
-                          "each line must be one complete JSON object")
-            continue
-        if not isinstance(obj, dict):
-            yield i, Skip(str(path), i, None, f"expected a JSON object, got {type(obj).__name__}",
-                          'write one object per line, e.g. {"query": "...", "pos": ["..."]}')
+        obj = parse_object(line, i)
+        if isinstance(obj, BadLine):
+            fix = obj.fix
+            if obj.reason.startswith("expected a JSON object"):
+                fix = 'write one object per line, e.g. {"query": "...", "pos": ["..."]}'
+            yield i, Skip(str(path), i, obj.field, obj.reason, fix)
             continue
         yield i, obj
 
@@ -171,14 +168,29 @@ def _check_text_list(v: Any, key: str, min_len: int) -> list[str]:
 
 
 def _type(v: Any) -> str:
+    if isinstance(v, float) and not math.isfinite(v):
+        return f"{v!r} (a NaN / Infinity literal, which is not standard JSON)".replace("nan", "NaN").replace(
+            "inf", "Infinity")
     return "null" if v is None else {"bool": "boolean", "dict": "object", "list": "list"}.get(type(v).__name__,
                                                                                              type(v).__name__)
+
+
+def closest(key: str, known) -> str | None:
+    """The known name closest to ``key`` (a likely typo), or None."""
+    import difflib
+
+    m = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    if not m and key.lower() in {k.lower() for k in known}:
+        m = [k for k in known if k.lower() == key.lower()]
+    return m[0] if m else None
 
 
 def _get(obj: dict, key: str):
     if key not in obj:
         keys = ", ".join(sorted(obj)) or "none"
+        typo = closest(key, obj)
         raise _Bad(key, f"missing (keys present: {keys})",
+                   (f"rename '{typo}' to '{key}', or " if typo else "") +
                    "add the field, or map it with columns / text_field / label_field in the data config")
     return obj[key]
 
@@ -202,7 +214,8 @@ class ReadOptions:
     name -> source key; score_threshold: scored pairs (None: every valid pair is a positive, for validation only);
     label_descriptions: classification, list of (label, description) or None (labels taken from the data, sorted);
     use_type: infer the task type from BGE ``type`` fields; use_prompt: take the query instruction from BGE
-    ``prompt`` fields (each record must then agree with the first)."""
+    ``prompt`` fields (each record must then agree with the first); extra_fields: record keys that are not
+    fields of the format but are expected (read and ignored); any other unknown key is an error."""
 
     name: str = "data"
     format: str = "auto"
@@ -211,6 +224,7 @@ class ReadOptions:
     label_descriptions: list | None = None
     use_type: bool = True
     use_prompt: bool = True
+    extra_fields: frozenset = frozenset()
 
 
 @dataclass
@@ -337,14 +351,45 @@ def parse_classification(obj: dict, f: dict, rid: str, desc: dict[str, str], ord
             "label": lab}
 
 
+def known_keys(fmt: str, opts: ReadOptions) -> frozenset:
+    """The record keys a dataset of record format ``fmt`` may have."""
+    keys = {opts.fields[k] for k in FORMAT_FIELDS[fmt]} | set(opts.extra_fields)
+    if fmt == "triplets":
+        keys |= set(BGE_IGNORED)
+    return frozenset(keys)
+
+
+def check_unknown_keys(obj: dict, known: frozenset, fmt: str) -> None:
+    """_Bad naming the first unknown key of ``obj`` (with the closest known key, a likely typo)."""
+    unknown = [k for k in obj if k not in known]
+    if not unknown:
+        return
+    key = sorted(unknown)[0]
+    typo = closest(key, known)
+    also = f"; also unknown: {', '.join(repr(k) for k in sorted(unknown)[1:])}" if len(unknown) > 1 else ""
+    reads = ", ".join(sorted(known))
+    if typo:
+        raise _Bad(key, f"unknown key (did you mean '{typo}'?{also})",
+                   f"rename it to '{typo}', or list it in extra_fields of the dataset config to ignore it "
+                   f"(data validate: --extra-field {key})")
+    raise _Bad(key, f"unknown key (a {fmt} record has: {reads}{also})",
+               f"list it in extra_fields of the dataset config to ignore it (data validate: --extra-field {key}), "
+               "map it with columns, or remove it")
+
+
 # ------------------------------------------------------------------------------------------------ readers
 
 def _records_jsonl(paths: list[str]) -> Iterator[tuple[str, int, str, dict | Skip]]:
-    """(path, line, default-id suffix, object or Skip) over several JSON Lines files."""
+    """(path, line, default-id suffix, object or Skip) over several JSON Lines files; an empty file (no line at
+    all) is an InputError."""
     multi = len(paths) > 1
     for k, p in enumerate(paths):
+        i = 0
         for i, obj in iter_json_objects(p):
             yield str(p), i, (f"{k}:{i}" if multi else str(i)), obj
+        if i == 0:
+            raise InputError(p, None, "empty file: no records",
+                             "check the file (an interrupted download or export?), or remove it from the dataset")
 
 
 def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) -> Iterator[Item]:
@@ -388,6 +433,7 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
             desc = {x: x for x in order}
         info.labels = order
     ids: dict[str, str] = {}
+    known = known_keys(fmt, opts)
     for path, line, suffix, obj in records_fn():
         if isinstance(obj, Skip):
             yield obj
@@ -403,6 +449,7 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
                 ex = parse_labelled_pair(obj, f, rid, opts)
             else:
                 ex = parse_classification(obj, f, rid, desc, order)
+            check_unknown_keys(obj, known, fmt)
             if rid in ids:
                 raise _Bad(f["id"], f"duplicate id {rid!r} (first at {ids[rid]})", "give every record its own id")
         except _Bad as e:
@@ -421,10 +468,7 @@ def read_jsonl(paths: str | list[str], opts: ReadOptions | None = None, info: Re
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     paths = [str(p) for p in paths]
     for p in paths:  # missing files are a usage error before anything is read
-        if not Path(p).exists():
-            raise InputError(p, None, "no such file", "check the path")
-        if Path(p).is_dir():
-            raise InputError(p, None, "is a folder, not a file", "pass a .jsonl file")
+        check_input_file(p)
     return read_records(lambda: _records_jsonl(paths), opts or ReadOptions(), info)
 
 
@@ -507,12 +551,36 @@ def read_tfds(name: str, opts: ReadOptions | None = None, info: ReadInfo | None 
 @dataclass
 class Tally:
     """Counts of one dataset's reading: records read, examples written, skipped (invalid / left out by a rule),
-    with every skipped record."""
+    with every skipped record; ``identical``: written examples equal to an earlier one of the dataset (same query,
+    positives, negatives and label; ids aside), which are kept and counted, with the first few pairs of ids."""
 
     name: str
     read: int = 0
     written: int = 0
     skipped: list[Skip] = field(default_factory=list)
+    identical: int = 0
+    identical_examples: list[tuple[str, str]] = field(default_factory=list)
+    _seen: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def count_identical(self, ex: Example) -> None:
+        """Count ``ex`` if an earlier example of the dataset has the same content (a 64-bit hash of it: a false
+        match has probability ~n^2 / 2^64)."""
+        key = hash((ex["query"], tuple(ex["pos"]), tuple(ex["neg"]), ex.get("label")))
+        first = self._seen.get(key)
+        if first is None:
+            self._seen[key] = ex["id"]
+        else:
+            self.identical += 1
+            if len(self.identical_examples) < 5:
+                self.identical_examples.append((ex["id"], first))
+
+    def identical_note(self) -> str | None:
+        """One line on the identical examples, or None."""
+        if not self.identical:
+            return None
+        eg = ", ".join(f"{a} = {b}" for a, b in self.identical_examples)
+        return (f"{self.identical} of {self.written} examples are identical to an earlier one (same query, positives, "
+                f"negatives, label; kept, so they weigh more), e.g. {eg}")
 
     @property
     def invalid(self) -> int:
@@ -523,19 +591,22 @@ class Tally:
         return sum(not s.invalid for s in self.skipped)
 
     def reasons(self) -> dict[str, int]:
-        """reason -> count (invalid records by their reason, with the field when there is one)."""
-        c = Counter((f"field '{s.field}': " if s.field and s.invalid else "") + s.reason for s in self.skipped)
+        """reason -> count (invalid records by their reason, with the field when there is one; the details in
+        parentheses, such as a JSON error's column, are left out so that one kind of problem is one count)."""
+        c = Counter((f"field '{s.field}': " if s.field and s.invalid else "") + s.reason.split(" (")[0]
+                    for s in self.skipped)
         return dict(c.most_common())
 
     def to_dict(self) -> dict:
         return {"name": self.name, "read": self.read, "written": self.written, "invalid": self.invalid,
-                "filtered": self.filtered, "reasons": self.reasons(),
+                "filtered": self.filtered, "reasons": self.reasons(), "identical": self.identical,
+                "identical_examples": [list(p) for p in self.identical_examples],
                 "skipped": [s.to_dict() for s in self.skipped]}
 
 
 def apply_policy(items: Iterable[Item], on_error: str, tally: Tally) -> Iterator[Example]:
     """Examples of ``items``; a bad record raises its InputError when ``on_error == 'stop'``, else is counted in
-    ``tally`` (as every record left out by a rule is, under either policy)."""
+    ``tally`` (as every record left out by a rule is, under either policy). Identical examples are counted."""
     if on_error not in ("stop", "skip"):
         raise UserError(f"on_error: {on_error!r} is not one of stop, skip")
     for it in items:
@@ -546,6 +617,7 @@ def apply_policy(items: Iterable[Item], on_error: str, tally: Tally) -> Iterator
             tally.skipped.append(it)
             continue
         tally.written += 1
+        tally.count_identical(it)
         yield it
 
 
@@ -566,7 +638,8 @@ def read_options(ds) -> ReadOptions:
     return ReadOptions(name=ds["name"], format=effective_record_format(ds), fields=fields,
                        score_threshold=ds.get("score_threshold"),
                        label_descriptions=pairs_of(ld, "label_descriptions") if ld is not None else None,
-                       use_type=ds.get("task_type") is None, use_prompt=ds.get("query_instruction") is None)
+                       use_type=ds.get("task_type") is None, use_prompt=ds.get("query_instruction") is None,
+                       extra_fields=frozenset(ds.get("extra_fields") or ()))
 
 
 def read_dataset(ds, info: ReadInfo | None = None) -> Iterator[Item]:

@@ -1,53 +1,205 @@
-"""Reading JSON Lines and plain-text files record by record, with errors that name file, line and field."""
+"""Reading JSON Lines and plain-text files record by record, with errors that name file, line and field.
+
+The line reader is shared by every input path (``jaxembed data validate / prepare``, ``encode``, ``mine``, the
+evaluation sets, the LLM data tools, pre-training):
+
+- files are read as bytes and decoded line by line, so a bad byte costs one line, not the file, and the error names
+  the line; a UTF-8 byte-order mark at the start is removed; CRLF line ends are accepted (a line ends at ``\\n``);
+- gzip, bzip2 and xz files are read transparently (told by their first bytes, whatever the suffix); zstd and zip
+  files are a clear error;
+- a line longer than ``MAX_LINE_BYTES`` is not read into memory: it is reported (the rest of the file is read);
+- a line that ``json.loads`` cannot turn into an object is reported with the reason, including what ``json``
+  raises besides ``JSONDecodeError``: nesting too deep (``RecursionError``), an integer of more than 4300 digits
+  (``ValueError``); a key that appears twice in one object is an error (JSON readers silently keep the last).
+"""
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
+import lzma
 import sys
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from jaxembed.errors import InputError
 
+#: a line longer than this (bytes, after decompression) is reported, not read; a record this big is almost always a
+#: file without line breaks (a JSON array or a pretty-printed document), not one record.
+MAX_LINE_BYTES = 64 << 20
 
-def _open(path: str):
-    if path == "-":
-        return sys.stdin
+_MAGIC = ((b"\x1f\x8b", "gzip", gzip.open), (b"BZh", "bzip2", bz2.open), (b"\xfd7zXZ\x00", "xz", lzma.open))
+_UNSUPPORTED = ((b"\x28\xb5\x2f\xfd", "zstd-compressed", "decompress it first: zstd -d FILE"),
+                (b"PK\x03\x04", "a zip archive", "unzip it and pass the .jsonl file inside"))
+_DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A line that is not a record: why, and how to fix it (``field``: the key at fault, if any)."""
+
+    reason: str
+    fix: str
+    field: str | None = None
+
+
+def check_input_file(path, what: str = "a .jsonl file") -> Path:
+    """``path`` as a Path; an InputError when it is missing or a folder."""
     p = Path(path)
     if not p.exists():
         raise InputError(path, None, "no such file", "check the path")
     if p.is_dir():
-        raise InputError(path, None, "is a folder, not a file", "pass a .jsonl or .txt file")
-    return open(p, encoding="utf-8", errors="strict", newline="")
+        raise InputError(path, None, "is a folder, not a file", f"pass {what}")
+    return p
+
+
+def open_binary(path) -> BinaryIO:
+    """The file's bytes, decompressed when it is gzip / bzip2 / xz; an InputError for missing files, folders and
+    compressions we do not read."""
+    p = check_input_file(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise InputError(path, None, f"cannot be read ({e.strerror})", "check the file's permissions") from None
+    for magic, what, fix in _UNSUPPORTED:
+        if head.startswith(magic):
+            raise InputError(path, None, f"is {what}", fix)
+    for magic, _, opener in _MAGIC:
+        if head.startswith(magic):
+            return opener(p, "rb")
+    return open(p, "rb")
+
+
+def iter_byte_lines(path, max_line_bytes: int | None = None) -> Iterator[tuple[int, bytes | BadLine]]:
+    """(line number from 1, line bytes without the line end, or a BadLine for a line over ``max_line_bytes``).
+    A final newline does not start another record. A truncated or corrupt compressed file is an InputError naming
+    the line where it breaks."""
+    limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    f = open_binary(path)
+    i = 0
+    try:
+        while True:
+            try:
+                raw = f.readline(limit + 1)
+            except _DECOMPRESS_ERRORS as e:
+                raise InputError(path, i + 1, f"the compressed file is truncated or corrupt ({e})",
+                                 "download or compress the file again") from None
+            if not raw:
+                break
+            i += 1
+            if len(raw) > limit and not raw.endswith(b"\n"):
+                n = len(raw)
+                while True:  # skip the rest of the line without holding it
+                    try:
+                        chunk = f.readline(1 << 20)
+                    except _DECOMPRESS_ERRORS as e:
+                        raise InputError(path, i, f"the compressed file is truncated or corrupt ({e})",
+                                         "download or compress the file again") from None
+                    n += len(chunk)
+                    if not chunk or chunk.endswith(b"\n"):
+                        break
+                yield i, BadLine(f"line of {n:,} bytes is longer than the limit of {limit:,} bytes",
+                                 "one record per line: is the file a JSON array or a pretty-printed document? "
+                                 "(or raise jaxembed.data.jsonl.MAX_LINE_BYTES)")
+                continue
+            if raw.endswith(b"\n"):
+                raw = raw[:-1]
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            if i == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            yield i, raw
+    finally:
+        f.close()
+
+
+def decode_line(raw: bytes) -> str | BadLine:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return BadLine(f"not valid UTF-8 ({e.reason} at byte {e.start} of the line)",
+                       "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+
+
+def iter_text_lines(path) -> Iterator[tuple[int, str | BadLine]]:
+    """(line number, decoded line, or a BadLine: not UTF-8, too long)."""
+    for i, raw in iter_byte_lines(path):
+        yield i, raw if isinstance(raw, BadLine) else decode_line(raw)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return d
+
+
+def parse_object(line: str, line_no: int = 0) -> dict | BadLine:
+    """One JSON Lines record as a dict, or a BadLine saying why it is not one (never raises on bad text)."""
+    if not line.strip():
+        return BadLine("empty line", "remove blank lines: each line must be one JSON object")
+    try:
+        obj = json.loads(line, object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as e:
+        return BadLine("appears twice in the record (JSON readers silently keep the last)",
+                       "keep one of the two values", field=e.key)
+    except json.JSONDecodeError as e:
+        if line_no == 1 and line.strip() in ("[", "{"):
+            return BadLine(f"invalid JSON ({e.msg} at column {e.colno}): the file looks like one JSON document, "
+                           "not JSON Lines", "write one object per line, e.g. jq -c '.[]' FILE.json > FILE.jsonl")
+        return BadLine(f"invalid JSON ({e.msg} at column {e.colno})", "each line must be one complete JSON object")
+    except RecursionError:
+        return BadLine("invalid JSON (nested too deeply to parse: more than ~1000 levels of [ or {)",
+                       "each line must be one flat JSON object of texts")
+    except ValueError as e:  # e.g. an integer of more than sys.get_int_max_str_digits() digits
+        msg = str(e).split(";")[0]
+        if "digits" in msg:
+            msg = f"an integer of more than {sys.get_int_max_str_digits()} digits"
+        return BadLine(f"invalid JSON ({msg})", "write very long numbers as strings, or remove them")
+    if not isinstance(obj, dict):
+        kind = {"list": "list", "str": "string", "NoneType": "null", "bool": "boolean"}.get(type(obj).__name__,
+                                                                                            type(obj).__name__)
+        return BadLine(f"expected a JSON object, got {kind}", 'write one object per line, e.g. {"text": "..."}')
+    return obj
+
+
+def _error(path, line: int, bad: BadLine) -> InputError:
+    return InputError(path, line, bad.reason, bad.fix, field=bad.field)
 
 
 def iter_lines(path: str) -> Iterator[tuple[int, str]]:
-    """(line number from 1, line without its newline). A final empty line is not a record."""
-    f = _open(path)
-    try:
-        for i, line in enumerate(f, 1):
+    """(line number from 1, line without its line end); ``-`` reads standard input. A bad line (not UTF-8, too
+    long) raises an InputError naming it."""
+    if path == "-":
+        for i, line in enumerate(sys.stdin, 1):
             yield i, line.rstrip("\r\n")
-    except UnicodeDecodeError as e:
-        raise InputError(path, None, f"is not valid UTF-8 ({e.reason} at byte {e.start})",
-                         "re-encode the file as UTF-8") from None
-    finally:
-        if f is not sys.stdin:
-            f.close()
+        return
+    for i, line in iter_text_lines(path):
+        if isinstance(line, BadLine):
+            raise _error(path, i, line)
+        yield i, line
 
 
 def iter_jsonl(path: str) -> Iterator[tuple[int, dict]]:
-    """(line number, JSON object) for each line; malformed or non-object lines raise InputError."""
+    """(line number, JSON object) for each line; a line that is not one JSON object raises an InputError."""
     for i, line in iter_lines(path):
-        if not line.strip():
-            raise InputError(path, i, "empty line", "remove blank lines: each line must be one JSON object")
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(path, i, f"invalid JSON ({e.msg} at column {e.colno})",
-                             "each line must be one complete JSON object") from None
-        if not isinstance(obj, dict):
-            raise InputError(path, i, f"expected a JSON object, got {type(obj).__name__}",
-                             'write one object per line, e.g. {"text": "..."}')
+        obj = parse_object(line, i)
+        if isinstance(obj, BadLine):
+            raise _error(path, i, obj)
         yield i, obj
 
 
@@ -69,8 +221,12 @@ def text_field(path: str, line: int, obj: dict, field: str) -> str:
 def read_texts(path: str, field: str = "text", fmt: str | None = None) -> list[str]:
     """Texts from a JSON Lines file (``field`` of each object) or a plain-text file (one text per line).
 
-    fmt: 'jsonl' or 'text'; by default from the suffix (.jsonl / .json -> jsonl, else text)."""
-    fmt = fmt or ("jsonl" if str(path).endswith((".jsonl", ".json")) else "text")
+    fmt: 'jsonl' or 'text'; by default from the suffix (.jsonl / .json, also + .gz / .bz2 / .xz -> jsonl, else
+    text)."""
+    name = str(path)
+    for ext in (".gz", ".bz2", ".xz"):
+        name = name[: -len(ext)] if name.endswith(ext) else name
+    fmt = fmt or ("jsonl" if name.endswith((".jsonl", ".json")) else "text")
     if fmt == "jsonl":
         return [text_field(path, i, obj, field) for i, obj in iter_jsonl(path)]
     if fmt != "text":

@@ -140,8 +140,8 @@ class PrepareReport:
 def _resolve_info(ds, info: ReadInfo, size: int, where: str) -> DatasetInfo:
     tt = ds.get("task_type") or info.task_type
     if tt is None:
-        raise UserError(f"{where}.task_type: not set, and the records have no BGE 'type' field to take it from "
-                        f"(fix: set task_type to one of {', '.join(dc.TASK_TYPES)})")
+        raise UserError(f"{_sources(ds)}: the records have no BGE 'type' field to take the task type from, and "
+                        f"{where}.task_type is not set (fix: set task_type to one of {', '.join(dc.TASK_TYPES)})")
     qi = ds.get("query_instruction")
     di = ds.get("doc_instruction")
     if qi is None:
@@ -166,13 +166,25 @@ def _float(v):
     return None if v is None else float(v)
 
 
-def _check_out_dir(out: Path) -> None:
-    if out.exists():
-        if not out.is_dir():
-            raise UserError(f"--out {out}: is a file; give a folder for the store")
-        if any(out.iterdir()) and not (out / "manifest.json").exists():
-            raise UserError(f"--out {out}: the folder exists and is not a dataset store; choose a new or empty folder "
-                            "(an existing store is replaced)")
+def check_out_dir(out) -> Path:
+    """The store folder ``out`` can be written (see ``jaxembed.outputs.check_output``) and is new, empty or a store
+    (which is replaced); else a UserError naming it and the fix."""
+    from jaxembed.outputs import check_output
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: is a file (fix: give a folder for the store)")
+    check_output(out, "folder", "--out")
+    if out.exists() and any(out.iterdir()) and not (out / "manifest.json").exists():
+        raise UserError(f"--out {out}: the folder exists and is not a dataset store (fix: choose a new or empty "
+                        "folder; an existing store is replaced)")
+    return out
+
+
+def _sources(ds) -> str:
+    """The input files of a dataset config, for error messages."""
+    paths = dc.dataset_paths(ds)
+    return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
 
 
 def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str) -> tuple[DatasetInfo, dict, list[str]]:
@@ -200,8 +212,8 @@ def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str) -> tu
         writer.close()
     if tally.written == 0:
         reasons = "; ".join(f"{r}: {k}" for r, k in tally.reasons().items()) or "no records"
-        raise UserError(f"{where} ({name}): no examples left of {tally.read} records read ({reasons}); "
-                        "check the files, format and score_threshold")
+        raise UserError(f"{_sources(ds)}: no examples left of {tally.read} records read ({reasons}) for {where} "
+                        f"({name}) (fix: check the files, format, extra_fields and score_threshold)")
     dinfo = _resolve_info(ds, info, tally.written, where)
     entry = {"file": f"{name}.array_record", "format": ds.get("format", "auto"), "record_format": info.format,
              "labels_file": None, "label_names": info.labels,
@@ -215,19 +227,21 @@ def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str) -> tu
                                                   encoding="utf-8")
         entry["labels_file"] = f"{name}.labels.json"
     notes = []
+    if tally.identical_note():
+        notes.append(tally.identical_note())
     if few_neg and want_neg > 0:
         notes.append(f"{few_neg} of {tally.written} examples have fewer than num_negatives={want_neg} negatives "
                      f"(min {nneg_min})")
     return dinfo, entry, notes
 
 
-def write_store(data_config, out_dir) -> PrepareReport:
+def write_store(data_config, out_dir, where: str = "data") -> PrepareReport:
     """Validate the data config, read and check every record of every dataset, apply ``on_error`` and write the
     store to ``out_dir`` (replacing a store there). Raises UserError / InputError (on_error 'stop': the first bad
-    record, naming file, line, field and fix); nothing is written then."""
-    dc.validate_data_config(data_config, where="data")
-    out = Path(out_dir)
-    _check_out_dir(out)
+    record, naming file, line, field and fix); nothing is written then. ``where``: how errors name the data config
+    (e.g. ``configs/x.py: data``)."""
+    out = check_out_dir(out_dir)  # before any work
+    dc.validate_data_config(data_config, where=where)
     on_error = data_config.get("on_error", "stop")
     report = PrepareReport(out_dir=str(out), on_error=on_error)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -238,11 +252,13 @@ def write_store(data_config, out_dir) -> PrepareReport:
         for i, ds in enumerate(data_config["datasets"]):
             tally = Tally(ds["name"])
             report.datasets.append(tally)
-            dinfo, entry, notes = _write_dataset(ds, tmp, on_error, tally, f"data.datasets[{i}]")
+            dinfo, entry, notes = _write_dataset(ds, tmp, on_error, tally, f"{where}.datasets[{i}]")
             infos.append(dinfo)
             entries.append(dict(dinfo.to_dict(), **entry))
             if notes:
                 report.notes[ds["name"]] = notes
+        # task types taken from the records (BGE 'type') must agree within a task too
+        dc.check_task_types([(f"{where}.datasets[{i}]", d.name, d.task, d.task_type) for i, d in enumerate(infos)])
         (tmp / "report.json").write_text(json.dumps(report.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
         (tmp / "report.txt").write_text(report.to_text(), encoding="utf-8")
         from jaxembed import __version__
@@ -295,6 +311,9 @@ class Store:
     def open(cls, path) -> "Store":
         """Open a store folder; a UserError says what is wrong when it is not a (complete, current) store."""
         p = Path(path)
+        if p.is_file():
+            raise UserError(f"{p}: is a file, not a dataset store folder (fix: give the folder written by jaxembed "
+                            "data prepare --out)")
         if not p.is_dir():
             raise UserError(f"{p}: no such dataset store (fix: run jaxembed data prepare --config ... --out {p})")
         mf = p / "manifest.json"
