@@ -19,7 +19,7 @@ from typing import Any
 import ml_collections as mc
 from ml_collections import config_dict
 
-from jaxembed.errors import UserError
+from jaxembed.errors import UserError, in_file, with_file
 
 LOSSES = ("infonce", "peg")
 LOSS_IMPLS = ("jit", "shard_map")
@@ -126,6 +126,27 @@ def _get(c, key):
     return cur
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _in_range(c, key, low, high, low_open=False, high_open=False):
+    """A finite number in [low, high] (open ends as given)."""
+    v = _get(c, key)
+    ok = _number(v) and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+    if not ok:
+        raise _err(key, v, f"a number in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}")
+
+
+def _integer(c, key, low, extra=()):
+    """An integer >= low (or one of ``extra``)."""
+    v = _get(c, key)
+    ok = isinstance(v, int) and not isinstance(v, bool) and (v >= low or v in extra)
+    if not ok:
+        more = f" (or {', '.join(map(str, extra))})" if extra else ""
+        raise _err(key, v, f"an integer >= {low}{more}")
+
+
 def _positive(c, key, allow_zero=False, integer=False):
     v = _get(c, key)
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
@@ -158,37 +179,51 @@ def validate(c: mc.ConfigDict) -> None:
                             "previous stage's workdir or at an exported model)")
     _choice(c, "model.dtype", DTYPES)
     _choice(c, "model.param_dtype", DTYPES)
+    if c.model.param_dtype == "bfloat16":  # every recipe trains with AdamW (optim.py)
+        raise UserError("config.model.param_dtype = 'bfloat16' is refused: AdamW updates smaller than 1/256 of a "
+                        "weight round away in bfloat16 master weights (at lr 2e-5 most weights would never move) "
+                        "(fix: keep model.param_dtype='float32' and set model.dtype='bfloat16' for mixed precision)")
     if c.model.pooling:
         _choice(c, "model.pooling", ("mean", "cls", "lasttoken", "max", "mean_sqrt_len"))
     _positive(c, "model.max_length", allow_zero=True, integer=True)
+    if not c.data.store:
+        validate_data_config(data_section(c), where="config.data")  # incl. one task type per task (MoTE routing)
+    elif not (Path(c.data.store) / "manifest.json").exists():
+        raise _err("data.store", c.data.store, "a folder written by `jaxembed data prepare` (manifest.json missing)")
+    else:
+        _check_store_task_types(c.data.store)
     if "mote" in c.model and c.model.mote.enabled:
         from jaxembed import mote
 
         types = [] if c.data.store else [(d.name, d.task_type) for d in c.data.datasets]
         mote.validate_config(c.model.mote, types)
-    if not c.data.store:
-        validate_data_config(data_section(c), where="config.data")
-    elif not (Path(c.data.store) / "manifest.json").exists():
-        raise _err("data.store", c.data.store, "a folder written by `jaxembed data prepare` (manifest.json missing)")
     validate_plan_config(c.plan)
     _choice(c, "loss.type", LOSSES)
     _choice(c, "loss.impl", LOSS_IMPLS)
     _positive(c, "loss.temperature")
     _positive(c, "loss.block_q", integer=True)
     _positive(c, "loss.block_c", integer=True)
-    if not 0 <= c.loss.peg_alpha <= 1:
+    if not _number(c.loss.peg_alpha) or not 0 <= c.loss.peg_alpha <= 1:
         raise _err("loss.peg_alpha", c.loss.peg_alpha, "a momentum in [0, 1]")
+    _positive(c, "loss.peg_beta", allow_zero=True)
     dims, ws = tuple(c.loss.matryoshka_dims), tuple(c.loss.matryoshka_weights)
     if any((not isinstance(d, int)) or d <= 0 for d in dims) or list(dims) != sorted(dims, reverse=True):
         raise _err("loss.matryoshka_dims", dims, "positive integers in decreasing order, e.g. (384, 256, 128, 64)")
     if len(dims) != len(ws):
         raise _err("loss.matryoshka_weights", ws, f"one weight per dimension of loss.matryoshka_dims {dims}")
+    if any(not _number(w) or w < 0 for w in ws) or (ws and not any(w > 0 for w in ws)):
+        raise _err("loss.matryoshka_weights", ws, "numbers >= 0, at least one > 0, e.g. (1, .3, .2, .1)")
     if dims and c.loss.impl == "shard_map":
         raise _err("loss.impl", c.loss.impl, "'jit' when loss.matryoshka_dims is set (Matryoshka runs on global arrays)")
     _positive(c, "optim.lr")
     _choice(c, "optim.schedule", ("linear", "cosine", "constant"))
-    if not 0 <= c.optim.warmup_ratio <= 1:
+    if not _number(c.optim.warmup_ratio) or not 0 <= c.optim.warmup_ratio <= 1:
         raise _err("optim.warmup_ratio", c.optim.warmup_ratio, "a fraction in [0, 1]")
+    _integer(c, "optim.warmup_steps", 0, extra=(-1,))  # -1: warmup_ratio of the steps
+    _in_range(c, "optim.end_factor", 0, 1)
+    _in_range(c, "optim.b1", 0, 1, high_open=True)
+    _in_range(c, "optim.b2", 0, 1, high_open=True)
+    _positive(c, "optim.eps")
     _positive(c, "optim.weight_decay", allow_zero=True)
     _positive(c, "optim.grad_clip", allow_zero=True)
     for i, pat in enumerate(c.optim.freeze):
@@ -204,6 +239,9 @@ def validate(c: mc.ConfigDict) -> None:
                 "eval.every", "eval.max_examples"):
         _positive(c, key, allow_zero=True, integer=True)
     _positive(c, "train.keep_checkpoints", integer=True)
+    _integer(c, "train.seed", 0)
+    _integer(c, "train.mesh_data", 1, extra=(-1,))  # -1: the devices left by the other axes
+    _integer(c, "train.mesh_fsdp", 1, extra=(-1,))
     _positive(c, "train.checkpoint_minutes", allow_zero=True)
     _choice(c, "train.param_sharding", PARAM_SHARDINGS)
     _choice(c, "train.length_buckets", ("pow2", "fine"))
@@ -213,6 +251,21 @@ def validate(c: mc.ConfigDict) -> None:
     _choice(c, "eval.best_mode", ("max", "min"))
     if c.eval.best_metric and "/" not in c.eval.best_metric:
         raise _err("eval.best_metric", c.eval.best_metric, "'TaskName/metric', e.g. 'STSBenchmark-dev/main_score'")
+
+
+def _check_store_task_types(store: str) -> None:
+    """A store's datasets of one task share one task type (MoTE routes a task by its type)."""
+    from jaxembed.data.config import check_task_types
+
+    mf = Path(store) / "manifest.json"
+    try:
+        entries = json.loads(mf.read_text(encoding="utf-8")).get("datasets", [])
+        check_task_types([(f"{mf}: datasets[{i}]", d["name"], d["task"], d["task_type"])
+                          for i, d in enumerate(entries)])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        if isinstance(e, UserError):
+            raise
+        raise UserError(f"{mf}: unreadable manifest ({type(e).__name__}: {e}) (fix: prepare the store again)") from None
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -228,16 +281,18 @@ def load_config_file(spec: str) -> mc.ConfigDict:
     module = importlib.util.module_from_spec(spec_)
     try:
         spec_.loader.exec_module(module)
+    except UserError as e:
+        raise UserError(with_file(e, p, "--config ")) from None
     except Exception as e:
-        raise UserError(f"--config {path}: the file failed to run ({type(e).__name__}: {e})") from None
+        raise UserError(f"--config {in_file(e, p)}: the file failed to run ({type(e).__name__}: {e})") from None
     if not hasattr(module, "get_config"):
         raise UserError(f"--config {path}: defines no get_config(arg=None)")
     try:
         cfg = module.get_config(arg or None)
-    except UserError:
-        raise
+    except UserError as e:  # e.g. dataset_config(tempreature=...): name the config file and line
+        raise UserError(with_file(e, p, "--config ")) from None
     except Exception as e:
-        raise UserError(f"--config {spec}: get_config({arg!r}) failed ({type(e).__name__}: {e})") from None
+        raise UserError(f"--config {in_file(e, p)}: get_config({arg!r}) failed ({type(e).__name__}: {e})") from None
     return cfg
 
 

@@ -190,6 +190,21 @@ def validate_plan_config(cfg) -> None:
                        "unset strategy / task_strategies, or disable the curriculum")
 
 
+def validate_data_defaults(dc: Mapping, where: str) -> None:
+    """The sampling, sampling_temperature and seed a plan takes from the data config (or the store's manifest,
+    ``where`` says which) when its own config leaves them None: UserError naming the value and the fix."""
+    fix = "set it in the data config and prepare the store again, or set it in the plan config"
+    smp = dc.get("sampling")
+    if smp is not None and smp not in SAMPLING:
+        raise UserError(f"{where}: sampling {smp!r} is not one of {', '.join(SAMPLING)} (fix: {fix})")
+    t = dc.get("sampling_temperature")
+    if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0):
+        raise UserError(f"{where}: sampling_temperature {t!r} must be a number > 0 (fix: {fix})")
+    seed = dc.get("seed")
+    if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0):
+        raise UserError(f"{where}: seed {seed!r} must be an integer >= 0 (fix: {fix})")
+
+
 def _config_dict(cfg) -> dict:
     if cfg is None:
         return {}
@@ -759,9 +774,11 @@ def build_plan(datasets, config=None, *, scores=None, task_order=None, instance_
         raise UserError("the store has no datasets (fix: add datasets to the data config)")
     if data_config is not None:
         dc = _config_dict(data_config)
+        validate_data_defaults(dc, "the data config")
     else:  # a store remembers its data config's sampling and seed
         mf = getattr(datasets, "manifest", None) or {}
         dc = {k: mf[k] for k in ("sampling", "sampling_temperature", "seed") if k in mf}
+        validate_data_defaults(dc, f"{getattr(datasets, 'path', 'the store')}/manifest.json")
     sampling = cfg["sampling"] or dc.get("sampling") or "size"
     if sampling not in SAMPLING:
         raise _bad("sampling", f"unknown value {sampling!r}", f"one of {', '.join(SAMPLING)}")
