@@ -117,14 +117,16 @@ def test_run_directory_holds_everything(straight_run):
     np.testing.assert_allclose(ours, m.encode(["a test sentence", "another one"]), atol=1e-5)
 
 
-def _start(config_file, wd, *extra):
+def _start(config_file, wd, *extra, pause=None):
     # texts are cut to 16 tokens (one length bucket) and compiled programs are shared through JAX's persistent
-    # cache, so each process compiles little
+    # cache, so each process compiles little. pause=(step, marker): tests/signal_pause.py
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(Path(config_file).parent / "jaxcache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    return subprocess.Popen([str(Path(sys.executable).parent / "jaxembed"), "train", "--config", str(config_file),
-                             "--workdir", str(wd), *extra], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    cmd = [str(Path(sys.executable).parent / "jaxembed")]
+    if pause is not None:
+        cmd = [sys.executable, str(Path(__file__).parent / "signal_pause.py"), str(pause[0]), str(pause[1])]
+    return subprocess.Popen([*cmd, "train", "--config", str(config_file), "--workdir", str(wd), *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _wait_for_checkpoint(wd: Path, proc, timeout=300):
@@ -159,17 +161,24 @@ def test_kill_9_then_resume_is_bitwise_identical(straight_run, config_file, tmp_
     _assert_bitwise_equal(a, b)
 
 
-def test_sigterm_saves_then_resume_is_bitwise_identical(straight_run, config_file, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_saves_then_resume_is_bitwise_identical(straight_run, config_file, tmp_path, sig):
+    """SIGTERM (preemption) and SIGINT (Ctrl-C) from outside, mid-run: the trainer pauses after logging step 4
+    (tests/signal_pause.py) until the signal has arrived, so the run can never finish first."""
     wd_straight, _ = straight_run
     wd = tmp_path / "term"
-    proc = _start(config_file, wd)
-    _wait_for_checkpoint(wd, proc)
-    proc.send_signal(signal.SIGTERM)
+    marker = tmp_path / "at_step"
+    proc = _start(config_file, wd, pause=(4, marker))
+    t0 = time.time()
+    while not marker.exists():
+        assert proc.poll() is None, "the run ended before step 4:\n" + proc.stdout.read()[-3000:]
+        assert time.time() - t0 < 300, "step 4 was never logged"
+        time.sleep(0.02)
+    proc.send_signal(sig)
     out = proc.communicate(timeout=300)[0]
-    if proc.returncode == 0:  # finished before the signal arrived: nothing to test
-        pytest.skip("the run completed before SIGTERM arrived")
     assert proc.returncode == 143, out[-3000:]
-    assert "checkpoint saved at step" in out
+    assert f"signal {int(sig)}: checkpoint saved at step 4" in out
+    assert json.loads((wd / "summary.json").read_text())["status"] == "preempted"
     proc = _start(config_file, wd)
     out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, out[-3000:]

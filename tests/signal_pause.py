@@ -1,0 +1,41 @@
+"""Run ``jaxembed`` with a pause at one train step, so that a signal test never races the run's end.
+
+    python tests/signal_pause.py STEP MARKER [jaxembed arguments ...]
+
+After it logs train step STEP, the trainer writes the file MARKER and waits (at most 300 s) until its own SIGTERM /
+SIGINT handler has received a signal. The test sends the signal from outside once MARKER exists: the signal then
+always arrives mid-run, at step STEP, however slow or loaded the machine. Everything else is the real
+``jaxembed`` command (signal handling, checkpoint, exit status).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    step, marker, rest = int(argv[0]), Path(argv[1]), argv[2:]
+    from jaxembed import monitor
+    from jaxembed.cli import main as jaxembed_main
+
+    log = monitor.Monitor.log
+
+    def paused_log(self, at, metrics, prefix="train"):
+        log(self, at, metrics, prefix)
+        if prefix != "train" or at != step:
+            return
+        marker.write_text(str(at))
+        handler = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # jaxembed.train._Signals
+        t0 = time.time()
+        while handler is not None and handler.received is None and time.time() - t0 < 300:
+            time.sleep(0.01)
+
+    monitor.Monitor.log = paused_log
+    return jaxembed_main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
