@@ -153,6 +153,23 @@ def routed_adamw(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float =
                        zero_idle_experts(), optax.scale_by_learning_rate(learning_rate))
 
 
+def keep_unless(ok: jax.Array, new_state: Any, old_state: Any) -> Any:
+    """The optimizer state after a step whose update is applied only when ``ok`` (bool []): ``old_state`` when not
+    ok, except the learning-rate schedule's step count (optax ``ScaleByScheduleState``), which always advances.
+
+    The learning rate of step s is then schedule(s) whether or not earlier steps were skipped: the rate the trainer
+    logs is the rate applied, and the schedule still ends at the run's last step. Adam's moments and its own count
+    (bias correction) stay, as PyTorch's GradScaler skips the optimizer step but not the scheduler's."""
+    is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+
+    def pick(new, old):
+        if is_schedule(new):
+            return new
+        return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+    return jax.tree.map(pick, new_state, old_state, is_leaf=is_schedule)
+
+
 def make_optimizer(params: Any, *, lr: float, total_steps: int, warmup_steps: int, schedule_kind: str = "linear",
                    weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                    grad_clip: float | None = 1.0, freeze: tuple[str, ...] = (), end_factor: float = 0.0,

@@ -275,7 +275,7 @@ def make_train_step(run: Run) -> Callable:
         t = batch["temperature"]
         temp = jnp.where(jnp.isnan(t), default_temp, t)
         ci = CandidateInfo(batch["doc_valid"], batch["doc_hash"], jnp.repeat(batch["task_id"], K))
-        qi = QueryInfo(pos_hash=batch["doc_hash"][::K], task=batch["task_id"])
+        qi = QueryInfo(pos_hash=batch["doc_hash"][::K], task=batch["task_id"], hash=batch["query_hash"])
         weights = batch["weight"]
         if sharded_loss is not None:
             loss, metrics = sharded_loss(eq, ed, pos, weights, qi, ci, peg_t, temp)
@@ -286,9 +286,9 @@ def make_train_step(run: Run) -> Callable:
                 loss, metrics = matryoshka_loss(eq, ed, pos, dims=dims, dim_weights=dim_ws, **kw)
             else:
                 loss, metrics = contrastive_loss(eq, ed, pos, **kw)
-        if inject:
+        if inject:  # a real non-finite step: loss and every gradient NaN (nan * dloss), as a bf16 overflow gives
             bad = jnp.any(jnp.asarray(inject) == batch["step"])
-            loss = jnp.where(bad, jnp.nan, loss)
+            loss = loss * jnp.where(bad, jnp.nan, 1.0)
         return loss, metrics
 
     def step(state, batch, single_task=False):
@@ -307,9 +307,9 @@ def make_train_step(run: Run) -> Callable:
         new_params = optax.apply_updates(state["params"], updates)
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
         peg_t = metrics.get("peg_t", state["peg_t"])
-        new_state = {
+        new_state = {  # a skipped step changes nothing but the counters (the schedule's too: lr = schedule(step))
             "params": keep(new_params, state["params"]),
-            "opt_state": keep(new_opt, state["opt_state"]),
+            "opt_state": optim.keep_unless(ok, new_opt, state["opt_state"]),
             "step": state["step"] + 1,
             "rng": state["rng"],
             "peg_t": jnp.where(ok, peg_t, state["peg_t"]),

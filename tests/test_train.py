@@ -198,15 +198,33 @@ def test_nonfinite_steps_are_skipped_then_stop(config_file, tmp_path):
     cfg.data.sampling = "weights"
     cfg.data.datasets[1].weight = 1e-9
     cfg.plan.steps = 4
-    cfg.train.inject_nonfinite_steps = (1,)
-    cfg.train.checkpoint_every = 0
+    cfg.train.inject_nonfinite_steps = (1,)  # step 1's loss and gradients are NaN
+    cfg.train.checkpoint_every = 1
+    cfg.train.keep_checkpoints = 4
     cfg.export.at_end = False
     s = train(cfg, tmp_path / "skip")
     assert s["status"] == "completed" and s["skipped"] == 1
     plan = Plan.load(tmp_path / "skip" / "plan.npz")
     assert set(plan.dataset_names[d] for d in plan.dataset_ids.ravel()) == {"stsb"}
-    p_skip, st = _params_at(tmp_path / "skip", 4)
-    assert int(st["skipped"]) == 1
+    states = {k: _params_at(tmp_path / "skip", k)[1] for k in (1, 2, 3, 4)}  # the state after k steps
+    assert [int(states[k]["skipped"]) for k in (1, 2, 3, 4)] == [0, 1, 1, 1]
+    # the skipped step (the 2nd) changed no parameter and no optimizer state but the schedule's step count, which
+    # advances with the step so that the applied learning rate is the logged schedule(step) and the schedule ends
+    # at the last step; Adam's count (bias correction) stays behind by the skipped step
+    _assert_bitwise_equal(states[2]["params"], states[1]["params"])
+    before, after = (dict(jax.tree_util.tree_flatten_with_path(states[k]["opt_state"])[0]) for k in (1, 2))
+    assert before.keys() == after.keys()
+    changed = [p for p in before if not np.array_equal(np.asarray(before[p]), np.asarray(after[p]))]
+    assert len(changed) == 1 and int(before[changed[0]]) == 1 and int(after[changed[0]]) == 2, changed
+    counts = [p for p, v in before.items() if np.ndim(v) == 0 and "count" in jax.tree_util.keystr(p)]
+    assert len(counts) == 2 and changed[0] in counts
+    (adam_count,) = [p for p in counts if p != changed[0]]
+    final = dict(jax.tree_util.tree_flatten_with_path(states[4]["opt_state"])[0])
+    assert int(final[changed[0]]) == 4 and int(final[adam_count]) == 3
+    assert not any(np.array_equal(np.asarray(a), np.asarray(b))  # the steps after the skip train again
+                   for a, b in zip(jax.tree.leaves(states[3]["params"]), jax.tree.leaves(states[2]["params"]))
+                   if np.size(a) > 1)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(states[4]))
     cfg.train.inject_nonfinite_steps = (1, 2, 3)
     cfg.train.max_nonfinite = 3
     with pytest.raises(TrainingStopped, match=r"step 3: 3 non-finite losses or gradients in a row \(from step 1; "
