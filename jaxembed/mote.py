@@ -23,14 +23,17 @@ transformer feed-forward configuration". An expert here is a copy of the backbon
 Up-cycling copies the dense block into every expert, so at step 0 the MoTE model computes exactly the dense
 model for every task (tests: <= 1e-6).
 
-**Routing and cost.** The model takes ``experts``: one int for the whole call, or an int per row [B].
+**Routing and cost.** The model takes ``experts``: one int for the whole call, an int per row [B], or an int per
+token [B, L] (packed rows, ``jaxembed.packing``: a row holds several texts, each routed to its own expert, so
+the route is per text, never per token within a text; padding is -1, routed nowhere).
 - One expert per call (the fast path): the expert's weights are indexed out of the stack
   (``lax.dynamic_index_in_dim``). Compute, activation memory and compile time are the dense block's. The
   index is a traced value, so one compiled program serves every expert (no recompilation per task).
   Under TA-CL every batch holds one task, and the trainer encodes queries and documents in separate calls, so
   every call takes this path. So do ``Encoder.encode`` and the evaluators (one task per call).
-- One expert per row (mixed batches, e.g. the ``random`` strategy): each expert runs under
-  ``lax.cond(active[e], ...)`` on all the call's rows, and its rows are picked with ``where``. The cost is the
+- One expert per row or per token (mixed batches, e.g. the ``random`` strategy, and packed rows of texts of
+  several experts): each expert runs under ``lax.cond(active[e], ...)`` on all the call's rows, and its rows
+  (tokens) are picked with ``where``. The cost is the
   number of experts used x one dense pass; unused experts are skipped. Under autodiff, every ``cond`` keeps
   residuals for its expert, so activation memory grows to E x the feed-forward's.
   Measured on CPU: all-MiniLM-L6-v2, 32 x 64 tokens, forward + backward, compiled. The machine was a shared
@@ -383,8 +386,9 @@ class MoTEFeedForward(nnx.Module):
     """The MoTE block (MoTE Fig. 2): E experts, each a copy of the backbone's feed-forward sublayer (see the
     module docstring), weights stacked [E, ...] under ``experts``.
 
-    build(rngs) -> the dense feed-forward module. ``__call__(x, route)``: x [B, L, H]; route = (ids [B] int32,
-    active [E] bool) -> [B, L, H]. Each row takes its expert's output."""
+    build(rngs) -> the dense feed-forward module. ``__call__(x, route)``: x [B, L, H]; route = (ids, active [E]
+    bool or None) with ids a scalar (one expert), [B] (per row) or [B, L] (per token; -1 = no expert, output 0)
+    -> [B, L, H]. Each row (token) takes its expert's output."""
 
     routed = True  # jaxembed.models.layers.call_ffn passes the route to modules that set this
 
@@ -407,22 +411,24 @@ class MoTEFeedForward(nnx.Module):
         if ids.ndim == 0:  # one expert for the whole call: index the stack (cost and memory of the dense block)
             return run(jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, ids, 0, keepdims=False), params), x)
         out = jnp.zeros_like(x)
-        for e in range(self.num_experts):  # per-row routing: each expert that some row uses, on all rows
+        pick = (lambda e: (ids == e)[:, None, None]) if ids.ndim == 1 else (lambda e: (ids == e)[:, :, None])
+        for e in range(self.num_experts):  # per-row / per-token routing: each expert some row uses, on all rows
             p = jax.tree.map(lambda a, e=e: a[e], params)
             y = jax.lax.cond(active[e], run, lambda p_, h: jnp.zeros_like(h), p, x)
-            out = jnp.where((ids == e)[:, None, None], y, out)
+            out = jnp.where(pick(e), y, out)
         return out
 
 
 def make_route(experts: jax.Array | None, spec: MoTESpec, batch: int):
     """The route of a forward pass. ``experts``: an int scalar (one expert for every row: the fast path), an
-    int array [B] (an expert per row), or None (the default expert). -> (ids, active [E] or None)."""
+    int array [B] (an expert per row), an int array [B, L] (an expert per token: packed rows; -1 = padding), or
+    None (the default expert). -> (ids, active [E] or None)."""
     if experts is None:
         return jnp.asarray(spec.index(spec.default), jnp.int32), None
     ids = jnp.asarray(experts, jnp.int32)
     if ids.ndim == 0:
         return ids, None
-    ids = ids.reshape(batch)
+    ids = ids.reshape(batch, -1) if ids.ndim == 2 else ids.reshape(batch)
     return ids, active_experts(spec.num_experts, ids)
 
 

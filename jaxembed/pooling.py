@@ -3,6 +3,9 @@
 Pure functions on arrays, computed in float32. Modes follow sentence-transformers' ``Pooling`` module:
 ``mean``, ``cls``, ``lasttoken``, ``max``, ``mean_sqrt_len``; ``mean`` can exclude the instruction (prompt)
 tokens as INSTRUCTOR does and as sentence-transformers does with ``include_prompt=False``.
+
+``pool`` works on padded rows [B, L, H] (one text per row); ``pool_packed`` on packed rows (several texts per row,
+``jaxembed.packing``), per segment, returning [N, H] in the pack's text order with the same values.
 """
 
 from __future__ import annotations
@@ -88,6 +91,42 @@ def pool(mode: str, hidden: jax.Array, attention_mask: jax.Array,
     if mode == "mean_sqrt_len":
         return mean_sqrt_len_pool(hidden, m)
     raise ValueError(f"unknown pooling mode {mode!r}; allowed: {', '.join(MODES)}")
+
+
+def pool_packed(mode: str, hidden: jax.Array, token_text: jax.Array, positions: jax.Array, text_row: jax.Array,
+                text_start: jax.Array, text_len: jax.Array, text_prompt: jax.Array | None = None) -> jax.Array:
+    """Pool packed rows per text (``jaxembed.packing`` layout): hidden [R, L, H]; token_text [R, L] (the text of
+    each slot, -1 = padding); positions [R, L] (within the text); text_row, text_start, text_len [N];
+    text_prompt [N] leading instruction tokens to exclude from mean / max / mean_sqrt_len (None = include them).
+    -> [N, H] float32, equal to ``pool`` on each text's padded row.
+
+    mean / mean_sqrt_len / max: ``jax.ops.segment_sum`` / ``segment_max`` over the slots of each text (padding and
+    excluded prompt tokens go to a discarded extra segment); a text without pooled tokens gets 0 (mean) or -1e9
+    (max), as in ``pool``. cls / lasttoken: the text's first / last slot."""
+    n = text_row.shape[0]
+    r, l, h = hidden.shape
+    if mode in ("cls", "lasttoken"):
+        col = text_start if mode == "cls" else text_start + jnp.maximum(text_len - 1, 0)
+        return hidden[text_row, jnp.minimum(col, l - 1)].astype(jnp.float32)
+    if mode not in MODES:
+        raise ValueError(f"unknown pooling mode {mode!r}; allowed: {', '.join(MODES)}")
+    tok = token_text.reshape(-1)
+    real = tok >= 0
+    content = real
+    if text_prompt is not None:
+        content = real & (positions.reshape(-1) >= text_prompt[jnp.where(real, tok, 0)])
+    seg = jnp.where(content, tok, n)  # n: the discarded segment
+    x = hidden.reshape(r * l, h).astype(jnp.float32)
+    if mode == "max":
+        # as pool: excluded prompt tokens count as -1e9 (only a text with no pooled token ends at -1e9)
+        y = jnp.where(content[:, None], x, -1e9)
+        m = jax.ops.segment_max(y, jnp.where(real, tok, n), num_segments=n + 1)[:n]
+        return jnp.where((text_len > 0)[:, None], m, -1e9)
+    s = jax.ops.segment_sum(jnp.where(content[:, None], x, 0.0), seg, num_segments=n + 1)[:n]
+    count = jax.ops.segment_sum(content.astype(jnp.float32), seg, num_segments=n + 1)[:n, None]
+    if mode == "mean":
+        return s / jnp.maximum(count, 1e-9)
+    return s / jnp.sqrt(jnp.maximum(count, 1e-9))  # mean_sqrt_len
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:

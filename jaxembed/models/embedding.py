@@ -97,6 +97,30 @@ class EmbeddingModel(nnx.Module):
                                experts=experts)
         pl = None if self.head.include_prompt else prompt_lengths
         x = pooling.pool(self.head.pooling, hidden, attention_mask, pl)
+        return self._head(x, dim)
+
+    def encode_packed(self, packed, *, dim: int | None = None, deterministic: bool = True,
+                      rngs: nnx.Rngs | None = None, experts: jax.Array | None = None) -> jax.Array:
+        """Embeddings of packed texts (``jaxembed.packing``): ``packed`` holds input_ids, segment_ids, positions,
+        token_text [R, L] (token_type_ids optional) and text_row, text_start, text_len, text_prompt [N] (other keys
+        are ignored). experts: MoTE expert, one for all texts (a scalar: the fast path) or one per text [N] (texts
+        of different experts may share a row: each text's tokens go through its expert). -> [N, D] float32 in
+        the pack's text order, equal to ``__call__`` on the texts' padded rows (dummy slots: finite, meaningless).
+        """
+        token_text = jnp.asarray(packed["token_text"])
+        if experts is not None and jnp.ndim(experts) == 1:  # per text -> per token (-1 on padding)
+            experts = jnp.asarray(experts, jnp.int32)
+            experts = jnp.where(token_text >= 0, experts[jnp.maximum(token_text, 0)], -1)
+        hidden = self.backbone(packed["input_ids"], None, packed.get("token_type_ids"), deterministic=deterministic,
+                               rngs=rngs, experts=experts, segment_ids=packed["segment_ids"],
+                               positions=packed["positions"])
+        prompt = None if self.head.include_prompt else packed["text_prompt"]
+        x = pooling.pool_packed(self.head.pooling, hidden, token_text, packed["positions"], packed["text_row"],
+                                packed["text_start"], packed["text_len"], prompt)
+        return self._head(x, dim)
+
+    def _head(self, x: jax.Array, dim: int | None) -> jax.Array:
+        """Pooled [N, H] -> Dense layers -> Matryoshka truncation / L2 normalisation -> [N, D]."""
         for layer in self.dense:
             x = layer(x)
         return pooling.matryoshka(x, dim, normalize=self.head.normalize)

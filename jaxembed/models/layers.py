@@ -10,12 +10,14 @@ a projection), ``buckets`` (T5 relative-position buckets), ``heads``.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from jaxembed.models import attention as _attn
+from jaxembed.models.attention import Segments
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -34,13 +36,15 @@ class RuntimeOptions:
 
     dtype: computation dtype; param_dtype: storage dtype of the parameters; remat: rematerialise each layer in
     the backward pass (activation memory of one layer at a time); mote: a ``jaxembed.mote.MoTESpec`` (MoTE task
-    experts in the feed-forward blocks of ``mote.layers``) or None (dense).
+    experts in the feed-forward blocks of ``mote.layers``) or None (dense); attention: the attention kernel
+    (``model.attention``: auto / xla / cudnn / te / pallas / splash, see ``jaxembed.models.attention``).
     """
 
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False
     mote: Any = None  # jaxembed.mote.MoTESpec: these layers' feed-forward blocks are task experts; None = dense
+    attention: str = "auto"
 
 
 def _init(initializer, axes: tuple[str | None, ...]):
@@ -143,51 +147,41 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
         raise ValueError(f"unsupported activation {name!r}; supported: {', '.join(ACTIVATIONS)}") from None
 
 
-def attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    key_mask: jax.Array,
-    *,
-    causal: bool = False,
-    bias: jax.Array | None = None,
-    scale: float | None = None,
-    dropout_rate: float = 0.0,
-    deterministic: bool = True,
-    rngs: nnx.Rngs | None = None,
-) -> jax.Array:
-    """Multi-head (or grouped-query) scaled dot-product attention.
+def attention(q, k, v, segments, *, causal: bool = False, bias=None, scale: float | None = None,
+              dropout_rate: float = 0.0, deterministic: bool = True, rngs: nnx.Rngs | None = None,
+              implementation: str = "xla") -> jax.Array:
+    """Multi-head (or grouped-query) scaled dot-product attention, block-diagonal by segment: the one attention
+    interface of every architecture (kernels in ``jaxembed.models.attention``).
 
-    q: [B, T, N, D]; k, v: [B, S, K, D] with N a multiple of K (grouped-query attention when K < N);
-    key_mask: [B, S] (1 = real token, 0 = padding); bias: additive [1 or B, N, T, S] (T5 position bias);
-    scale defaults to 1/sqrt(D) (T5 uses 1.0). Returns [B, T, N, D].
-
-    Without attention dropout this calls ``jax.nn.dot_product_attention`` (which may use a fused kernel on GPU);
-    with dropout in training it computes the softmax explicitly, in float32.
+    q: [B, T, N, D]; k, v: [B, T, K, D] with N a multiple of K (grouped-query attention when K < N);
+    segments: ``Segments`` (segment ids [B, T], 0 = padding, 1.. = the text of each token within its row) or an
+    attention mask [B, T] (1 = real token, 0 = padding); causal: only keys at or before the query, within its
+    text; bias: additive [1 or B, N, T, T] (T5 position bias); scale defaults to 1/sqrt(D) (T5 uses 1.0);
+    implementation: ``model.attention`` (auto / xla / cudnn / te / pallas / splash). Returns [B, T, N, D].
     """
-    b, t, n, d = q.shape
-    s, kh = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    mask = key_mask.astype(bool)[:, None, None, :]  # [B, 1, 1, S]
-    if causal:
-        mask = mask & jnp.tril(jnp.ones((t, s), bool))[None, None]
-    use_dropout = dropout_rate > 0.0 and not deterministic
-    if not use_dropout:
-        out = jax.nn.dot_product_attention(
-            q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask, scale=scale
-        )
-        return out
-    if kh != n:
-        k = jnp.repeat(k, n // kh, axis=2)
-        v = jnp.repeat(v, n // kh, axis=2)
-    logits = jnp.einsum("btnd,bsnd->bnts", q, k, preferred_element_type=jnp.float32) * scale
-    if bias is not None:
-        logits = logits + bias.astype(jnp.float32)
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1)
-    keep = jax.random.bernoulli(rngs.dropout(), 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0).astype(v.dtype)
-    return jnp.einsum("bnts,bsnd->btnd", probs, v)
+    return _attn.attention(q, k, v, segments, causal=causal, bias=bias, scale=scale, dropout_rate=dropout_rate,
+                           deterministic=deterministic, rngs=rngs, implementation=implementation)
+
+
+def segments_for(attention_mask: jax.Array | None, segment_ids: jax.Array | None,
+                 positions: jax.Array | None) -> tuple[Segments, jax.Array | None]:
+    """The attention segments and per-text positions of a forward pass: the padded form (``attention_mask``
+    [B, L], one text per row; positions None: each architecture's own) or the packed form (``segment_ids`` [B, L],
+    0 = padding, 1.. per text; ``positions`` [B, L] restarting at 0 per text, derived from the segment ids when
+    None). -> (Segments, positions or None)."""
+    if segment_ids is None:
+        if attention_mask is None:
+            raise ValueError("give attention_mask (padded rows) or segment_ids (packed rows)")
+        return Segments(jnp.asarray(attention_mask).astype(jnp.int32)), None
+    ids = jnp.asarray(segment_ids).astype(jnp.int32)
+    pos = _attn.positions_from_segments(ids) if positions is None else jnp.asarray(positions).astype(jnp.int32)
+    return Segments(ids, pos), pos
+
+
+def check_attention(c: "RuntimeOptions", *, head_dim: int, bias: bool = False) -> None:
+    """A one-line UserError when ``c.attention`` cannot run this model here (see ``jaxembed.models.attention``);
+    called when a model is built, before any work."""
+    _attn.check(c.attention, dtype=to_dtype(c.dtype), head_dim=head_dim, bias=bias)
 
 
 def run_layers(layers, x: jax.Array, remat: bool, *args, rngs: nnx.Rngs | None = None, **kwargs) -> jax.Array:
@@ -221,8 +215,9 @@ def call_ffn(ffn: nnx.Module, x: jax.Array, route, *, deterministic: bool, rngs:
 
 
 def mote_route(c: RuntimeOptions, experts: jax.Array | None, batch: int):
-    """The route of a forward pass: None for a dense model; (ids [B], active [E]) for a MoTE model (``experts``
-    None = every row to the default expert)."""
+    """The route of a forward pass: None for a dense model; (ids, active [E]) for a MoTE model: ``experts`` None
+    (every row to the default expert), a scalar (one expert for the call), [B] (an expert per row) or [B, L] (an
+    expert per token: packed rows, each text's tokens routed to its expert; -1 on padding)."""
     if c.mote is None:
         if experts is not None:
             raise ValueError("expert ids given to a dense model (it has no task experts)")

@@ -3,6 +3,11 @@
 Layer = attention sublayer (returns the residual sum x + attn(x), not yet normalised) followed by the
 feed-forward sublayer ``BertFeedForward``, which owns both post-LN norms: LN -> MLP -> residual -> LN. That is the
 unit a MoTE task expert replaces (MoTE Fig. 2b: LayerNorm -> MLP -> LayerNorm).
+
+Packed rows (``jaxembed.packing``): ``segment_ids`` and per-text ``positions`` instead of ``attention_mask``;
+absolute positions restart at 0 with every text (RoBERTa's offset ``pad_token_id + 1`` added), token types are
+per token as in a padded row, and attention is block-diagonal by segment, so each text's states equal its
+padded row's.
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxembed.models.layers import (RuntimeOptions, activation, attention, call_ffn, dense, embed, feed_forward,
-                                    layer_norm, mote_route, run_layers)
+from jaxembed.models.layers import (RuntimeOptions, activation, attention, call_ffn, check_attention, dense, embed,
+                                    feed_forward, layer_norm, mote_route, run_layers, segments_for)
 
 # RoBERTa-style models number positions from padding_idx + 1 (HF create_position_ids_from_input_ids).
 _OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")
@@ -75,9 +80,13 @@ class BertEmbeddings(nnx.Module):
         self.layer_norm = layer_norm(c.hidden_size, c.layer_norm_eps, opts=c, rngs=rngs)
         self.dropout = nnx.Dropout(c.hidden_dropout_prob)
 
-    def __call__(self, input_ids, token_type_ids, *, deterministic, rngs):
-        """input_ids, token_type_ids: [B, L] int -> [B, L, H]."""
-        if self.c.offset_positions:
+    def __call__(self, input_ids, token_type_ids, *, deterministic, rngs, positions=None):
+        """input_ids, token_type_ids: [B, L] int; positions: [B, L] per-text positions from 0 (packed rows) or
+        None (padded rows: 0.. per row; RoBERTa: counted over the real tokens) -> [B, L, H]."""
+        if positions is not None:
+            if self.c.offset_positions:  # RoBERTa numbers positions from padding_idx + 1
+                positions = positions + self.c.pad_token_id + 1
+        elif self.c.offset_positions:
             real = (input_ids != self.c.pad_token_id).astype(jnp.int32)
             positions = jnp.cumsum(real, axis=1) * real + self.c.pad_token_id
         else:
@@ -100,12 +109,13 @@ class BertAttention(nnx.Module):
         self.dropout = nnx.Dropout(c.hidden_dropout_prob)
 
     def __call__(self, x, mask, *, deterministic, rngs):
-        """x: [B, L, H], mask: [B, L] -> [B, L, H]."""
+        """x: [B, L, H], mask: ``Segments`` or an attention mask [B, L] -> [B, L, H]."""
         b, l, _ = x.shape
         n = self.c.num_attention_heads
         split = lambda t: t.reshape(b, l, n, -1)
         o = attention(split(self.query(x)), split(self.key(x)), split(self.value(x)), mask,
-                      dropout_rate=self.c.attention_probs_dropout_prob, deterministic=deterministic, rngs=rngs)
+                      dropout_rate=self.c.attention_probs_dropout_prob, deterministic=deterministic, rngs=rngs,
+                      implementation=self.c.attention)
         o = self.output(o.reshape(b, l, -1))
         return x + self.dropout(o, deterministic=deterministic, rngs=rngs)
 
@@ -150,19 +160,24 @@ class BertPooler(nnx.Module):
 
 class BertModel(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        check_attention(config, head_dim=config.hidden_size // config.num_attention_heads)
         self.config = config
         self.embeddings = BertEmbeddings(config, rngs)
         self.layers = nnx.List([BertLayer(config, rngs, i) for i in range(config.num_hidden_layers)])
         if config.add_pooler:
             self.pooler = BertPooler(config, rngs)
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, deterministic: bool = True,
-                 rngs: nnx.Rngs | None = None, experts: jax.Array | None = None) -> jax.Array:
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True,
+                 rngs: nnx.Rngs | None = None, experts: jax.Array | None = None, segment_ids=None,
+                 positions=None) -> jax.Array:
         """input_ids, attention_mask, token_type_ids: [B, L] -> last hidden states [B, L, H].
-        experts: MoTE expert index per row [B] (None: the default expert); dense models take None."""
+        Packed rows: segment_ids [B, L] (0 = padding, 1.. per text) and positions [B, L] (from 0 per text)
+        instead of attention_mask. experts: MoTE expert index (a scalar, per row [B], or per token [B, L]; None:
+        the default expert); dense models take None."""
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
-        x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, rngs=rngs)
+        segments, positions = segments_for(attention_mask, segment_ids, positions)
+        x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, rngs=rngs, positions=positions)
         route = mote_route(self.config, experts, input_ids.shape[0])
-        args = (attention_mask,) if route is None else (attention_mask, route)
+        args = (segments,) if route is None else (segments, route)
         return run_layers(self.layers, x, self.config.remat, *args, deterministic=deterministic, rngs=rngs)

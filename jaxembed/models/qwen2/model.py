@@ -16,6 +16,10 @@ sentence-transformers passes: input_ids and attention_mask only) uses ``arange(L
 padding; it does not derive positions from the attention mask (only ``generate`` does, via cumsum(mask) - 1). We do
 the same. Because RoPE only encodes relative offsets and padded keys are masked, the real tokens of a left-padded
 row get the same result as with mask-derived positions up to rounding.
+
+Packed rows (``jaxembed.packing``): ``segment_ids`` and per-text ``positions``; RoPE uses the per-text positions
+(restarting at 0), and attention stays within a text (causal within the text, or bidirectional within it), so
+each text's states equal those of its right-padded row.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxembed.models.layers import (RMSNorm, RuntimeOptions, activation, attention, call_ffn, dense, embed,
-                                    feed_forward, mote_route, run_layers, to_dtype)
+from jaxembed.models.layers import (RMSNorm, RuntimeOptions, activation, attention, call_ffn, check_attention, dense,
+                                    embed, feed_forward, mote_route, run_layers, segments_for, to_dtype)
 
 _ARCHITECTURES = {"qwen2": "Qwen2Model", "qwen3": "Qwen3Model"}
 
@@ -168,7 +172,7 @@ class Qwen2Attention(nnx.Module):
             self.k_norm = RMSNorm(d, c.rms_norm_eps, opts=c, rngs=rngs, axis_name=None)
 
     def __call__(self, x, mask, cos, sin, *, deterministic, rngs):
-        """x: [B, L, H], mask: [B, L], cos/sin: [B or 1, L, D] -> [B, L, H]."""
+        """x: [B, L, H], mask: ``Segments`` or an attention mask [B, L], cos/sin: [B or 1, L, D] -> [B, L, H]."""
         b, l, _ = x.shape
         c = self.c
         h = self.input_layernorm(x)
@@ -179,7 +183,7 @@ class Qwen2Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attention(q, k, v, mask, causal=c.causal, dropout_rate=c.attention_dropout,
-                      deterministic=deterministic, rngs=rngs)
+                      deterministic=deterministic, rngs=rngs, implementation=c.attention)
         return x + self.o_proj(o.reshape(b, l, -1))
 
 
@@ -215,22 +219,28 @@ class Qwen2Layer(nnx.Module):
 
 class Qwen2Model(nnx.Module):
     def __init__(self, config: Qwen2Config, *, rngs: nnx.Rngs):
+        check_attention(config, head_dim=config.head_dim)
         self.config = config
         self.embed_tokens = embed(config.vocab_size, config.hidden_size, ("vocab", "embed"), opts=config, rngs=rngs)
         self.layers = nnx.List([Qwen2Layer(config, rngs, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, opts=config, rngs=rngs)
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, deterministic: bool = True,
-                 rngs: nnx.Rngs | None = None, experts: jax.Array | None = None) -> jax.Array:
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True,
+                 rngs: nnx.Rngs | None = None, experts: jax.Array | None = None, segment_ids=None,
+                 positions=None) -> jax.Array:
         """input_ids, attention_mask: [B, L] -> last hidden states [B, L, H] (after the final norm).
-        token_type_ids is accepted for interface uniformity and ignored. experts: MoTE expert index per row [B]
-        (None: the default expert); dense models take None."""
+        Packed rows: segment_ids [B, L] (0 = padding, 1.. per text) and positions [B, L] (from 0 per text)
+        instead of attention_mask. token_type_ids is accepted for interface uniformity and ignored. experts: MoTE
+        expert index (a scalar, per row [B], or per token [B, L]; None: the default expert); dense models take
+        None."""
         c = self.config
         x = self.embed_tokens(input_ids)
-        # arange positions for every row, like transformers with position_ids=None (see the module docstring).
-        positions = jnp.arange(input_ids.shape[1], dtype=jnp.int32)[None, :]
+        segments, positions = segments_for(attention_mask, segment_ids, positions)
+        if positions is None:
+            # arange positions for every row, like transformers with position_ids=None (see the module docstring).
+            positions = jnp.arange(input_ids.shape[1], dtype=jnp.int32)[None, :]
         cos, sin = rope_tables(positions, c.head_dim, c.rope_theta, to_dtype(c.dtype))
         route = mote_route(c, experts, input_ids.shape[0])
-        args = (attention_mask, cos, sin) if route is None else (attention_mask, cos, sin, route)
+        args = (segments, cos, sin) if route is None else (segments, cos, sin, route)
         x = run_layers(self.layers, x, c.remat, *args, deterministic=deterministic, rngs=rngs)
         return self.norm(x)

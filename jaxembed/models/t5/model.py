@@ -7,6 +7,13 @@ produces is shared by every layer; here the table is a top-level module (``relat
 
 Layer = attention sublayer ``x + dropout(o(attn(norm(x))))`` followed by the feed-forward sublayer
 ``T5FeedForward`` (``ffn``), which owns its norm, the MLP and the residual: the unit a MoTE task expert replaces.
+
+Packed rows (``jaxembed.packing``): ``segment_ids`` (and ``positions``) instead of ``attention_mask``; attention is
+block-diagonal by segment. The relative-position bucket of a query / key pair depends only on (key position -
+query position) within the text. A packed text occupies consecutive columns, so that difference equals the
+difference of the row's columns, and the [1, N, L, L] bias computed from the row's columns is the per-text bias
+wherever attention is allowed (pairs across texts are masked). So packed and padded rows share one bias
+(computed in numpy from the static shape, as before).
 """
 
 from __future__ import annotations
@@ -21,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxembed.models.layers import (RMSNorm, RuntimeOptions, activation, attention, call_ffn, dense, embed,
-                                    feed_forward, mote_route, run_layers, to_dtype)
+from jaxembed.models.layers import (RMSNorm, RuntimeOptions, activation, attention, call_ffn, check_attention, dense,
+                                    embed, feed_forward, mote_route, run_layers, segments_for, to_dtype)
 
 # HF T5Config / MT5Config defaults for fields a diff-saved config.json may leave out.
 _DEFAULTS = {
@@ -151,12 +158,13 @@ class T5Attention(nnx.Module):
         self.dropout = nnx.Dropout(c.dropout_rate)
 
     def __call__(self, x, mask, bias, *, deterministic, rngs):
-        """x: [B, L, D], mask: [B, L], bias: [1, N, L, L] -> [B, L, D]."""
+        """x: [B, L, D], mask: ``Segments`` or an attention mask [B, L], bias: [1, N, L, L] -> [B, L, D]."""
         b, l, _ = x.shape
         h = self.norm(x)
         split = lambda t: t.reshape(b, l, self.c.num_heads, self.c.d_kv)
         o = attention(split(self.q(h)), split(self.k(h)), split(self.v(h)), mask, bias=bias, scale=1.0,
-                      dropout_rate=self.c.dropout_rate, deterministic=deterministic, rngs=rngs)
+                      dropout_rate=self.c.dropout_rate, deterministic=deterministic, rngs=rngs,
+                      implementation=self.c.attention)
         o = self.o(o.reshape(b, l, -1))
         return x + self.dropout(o, deterministic=deterministic, rngs=rngs)
 
@@ -202,6 +210,7 @@ class T5Layer(nnx.Module):
 
 class T5EncoderModel(nnx.Module):
     def __init__(self, config: T5Config, *, rngs: nnx.Rngs):
+        check_attention(config, head_dim=config.d_kv, bias=True)
         c = self.config = config
         self.shared = embed(c.vocab_size, c.d_model, ("vocab", "embed"), opts=c, rngs=rngs, std=1.0)
         # HF keeps this table in block 0 (encoder.block.0.layer.0.SelfAttention.relative_attention_bias).
@@ -219,15 +228,19 @@ class T5EncoderModel(nnx.Module):
         values = self.relative_attention_bias(jnp.asarray(buckets))  # [L, L, N]
         return jnp.transpose(values, (2, 0, 1))[None].astype(to_dtype(c.dtype))
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, deterministic: bool = True,
-                 rngs: nnx.Rngs | None = None, experts: jax.Array | None = None) -> jax.Array:
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, deterministic: bool = True,
+                 rngs: nnx.Rngs | None = None, experts: jax.Array | None = None, segment_ids=None,
+                 positions=None) -> jax.Array:
         """input_ids, attention_mask: [B, L] -> last hidden states [B, L, D] (final norm, then dropout, as HF).
+        Packed rows: segment_ids [B, L] (0 = padding, 1.. per text) instead of attention_mask; positions are
+        accepted for a uniform interface (the bias depends on column differences only, see the module docstring).
         token_type_ids is accepted for a uniform interface and ignored (T5 has none). experts: MoTE expert index
-        per row [B] (None: the default expert); dense models take None."""
+        (a scalar, per row [B], or per token [B, L]; None: the default expert); dense models take None."""
         del token_type_ids
+        segments, _ = segments_for(attention_mask, segment_ids, positions)
         x = self.dropout(self.shared(input_ids), deterministic=deterministic, rngs=rngs)
         bias = self.position_bias(input_ids.shape[1])
         route = mote_route(self.config, experts, input_ids.shape[0])
-        args = (attention_mask, bias) if route is None else (attention_mask, bias, route)
+        args = (segments, bias) if route is None else (segments, bias, route)
         x = run_layers(self.layers, x, self.config.remat, *args, deterministic=deterministic, rngs=rngs)
         return self.dropout(self.final_norm(x), deterministic=deterministic, rngs=rngs)

@@ -1,0 +1,298 @@
+"""Scaled dot-product attention behind one interface, with block-diagonal masking by segment (DESIGN.md 3).
+
+Who attends to whom is given by segment ids [B, L] (``Segments``): a token attends to the tokens of its own
+segment, and with ``causal`` only to those at or before it. A packed row (``jaxembed.packing``) has one segment
+per text (1, 2, ...) and padding as segment 0; a padded row (one text) has the attention mask as segment ids
+(1 = text, 0 = padding). Padding thus attends only to padding: no row of the attention matrix is ever empty
+(every query sees itself), which keeps every kernel finite, and a real token never sees padding or another text.
+
+Implementations (``model.attention``; ``IMPLEMENTATIONS``):
+
+- ``xla``: the reference, everywhere. ``jax.nn.dot_product_attention(implementation='xla')`` with a boolean
+  [B, 1, T, S] mask built from the segment ids; attention dropout and the T5 bias are only supported here.
+- ``cudnn``: cuDNN flash attention (CUDA GPU, Hopper or later, bfloat16 / float16). Segments go in as
+  per-segment lengths and offsets (cuDNN's packed "THD" layout, ``jax._src.cudnn.fused_attention_stablehlo``:
+  ``jax.nn.dot_product_attention`` only takes one length per row), so no mask or bias tensor is built and no
+  bias gradient is computed. Padding at the end (or start) of a row is a segment of its own.
+- ``pallas``: the Pallas/Triton flash attention of ``jax.experimental.pallas.ops.gpu.attention.mha`` with
+  segment ids (GPU; any float dtype). The row is padded to a multiple of the kernel's block.
+- ``splash``: TPU splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``) with ``SegmentIds``
+  and a full or causal mask; rows padded to a multiple of 128.
+- ``te``: Transformer Engine's JAX fused attention (``transformer_engine.jax.attention.fused_attn``) with a
+  ``SequenceDescriptor`` from segment ids and positions (CUDA GPU; imported only when asked for).
+- ``auto``: per platform: TPU -> splash; CUDA GPU (Hopper+, half precision, head_dim % 8 == 0 and <= 256) ->
+  cudnn; otherwise xla. Calls the fast kernels cannot serve (the T5 bias, attention dropout in training) use xla.
+
+An explicit request that cannot run (wrong platform, missing package, T5's position bias) is a one-line
+``UserError`` when the model is built (``check``), before any work; a fused kernel asked to apply attention
+dropout is one when the training step is traced. Grouped-query attention (fewer key/value heads) is expanded
+for the kernels that need equal head counts.
+
+The GPU / TPU kernels are checked against ``xla`` in tests/test_attention.py: in Pallas interpret mode on CPU
+(``pallas``, ``splash``) and on the accelerator itself under ``-m gpu``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxembed.errors import UserError
+
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "te", "pallas", "splash")
+_PLATFORM = {"cudnn": "gpu", "te": "gpu", "pallas": "gpu", "splash": "tpu"}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Segments:
+    """Which tokens may attend to which. ids: [B, L] int32, 0 = padding, 1, 2, ... = the text of each token within
+    its row (a padded batch: the attention mask); positions: [B, L] int32 position of each token within its text,
+    or None (derived from the ids when a kernel needs them)."""
+
+    ids: jax.Array
+    positions: jax.Array | None = None
+
+
+def as_segments(x) -> Segments:
+    """A ``Segments`` from itself or from an attention mask [B, L] (1 = token, 0 = padding)."""
+    return x if isinstance(x, Segments) else Segments(jnp.asarray(x).astype(jnp.int32))
+
+
+def positions_from_segments(ids: jax.Array) -> jax.Array:
+    """ids [B, L] (segments contiguous) -> position of each token within its run of equal ids, [B, L] int32."""
+    b, l = ids.shape
+    col = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+    boundary = jnp.concatenate([jnp.ones((b, 1), bool), ids[:, 1:] != ids[:, :-1]], axis=1)
+    start = jax.lax.cummax(jnp.where(boundary, col, 0), axis=1)
+    return col - start
+
+
+def segment_mask(ids: jax.Array, causal: bool) -> jax.Array:
+    """ids [B, L] -> bool [B, 1, L, L]: query t may attend key s (same segment; and s <= t when causal)."""
+    m = ids[:, :, None] == ids[:, None, :]
+    if causal:
+        l = ids.shape[1]
+        m = m & jnp.tril(jnp.ones((l, l), bool))[None]
+    return m[:, None]
+
+
+# ------------------------------------------------------------------------------------------------ selection
+
+
+def _platform() -> str:
+    return jax.default_backend()
+
+
+def _cuda_capability() -> tuple[int, ...] | None:
+    """Compute capability of the first CUDA device, or None when there is none."""
+    if _platform() != "gpu":
+        return None
+    cc = getattr(jax.devices()[0], "compute_capability", None)
+    try:
+        return tuple(int(x) for x in str(cc).split(".")) if cc else None
+    except ValueError:
+        return None
+
+
+def _cudnn_ok(dtype, head_dim: int) -> str | None:
+    """None when the cuDNN packed-layout flash attention can run here, else why not."""
+    cc = _cuda_capability()
+    if cc is None:
+        return f"needs a CUDA GPU (this process runs on {_platform()})"
+    if cc < (9, 0):
+        return f"needs a Hopper or later GPU for segment (packed) layouts (this one has compute capability {cc})"
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"needs model.dtype bfloat16 or float16 (got {jnp.dtype(dtype).name})"
+    if head_dim % 8 or head_dim > 256:
+        return f"needs a head dimension that is a multiple of 8 and <= 256 (got {head_dim})"
+    return None
+
+
+def _fix(name: str) -> str:
+    return f"(fix: model.attention='auto' or 'xla'; got model.attention={name!r})"
+
+
+def check(name: str, *, dtype, head_dim: int, bias: bool = False) -> None:
+    """Raise a one-line UserError when implementation ``name`` cannot run this model here: unknown name, wrong
+    platform, missing package, an unsupported feature (the T5 position bias). Called when a model is built."""
+    if name not in IMPLEMENTATIONS:
+        raise UserError(f"model.attention={name!r} is not valid (fix: one of {', '.join(IMPLEMENTATIONS)})")
+    if name in ("auto", "xla"):
+        return
+    if bias:
+        raise UserError(f"model.attention={name!r} has no additive position bias, which this model (T5) needs "
+                        f"{_fix(name)}")
+    if name == "te":
+        try:
+            import transformer_engine.jax  # noqa: F401
+        except ImportError:
+            raise UserError("model.attention='te' needs Transformer Engine (fix: pip install "
+                            "'transformer_engine[jax]' on a CUDA machine, or model.attention='auto')") from None
+    if _platform() != _PLATFORM[name]:
+        raise UserError(f"model.attention={name!r} runs on {_PLATFORM[name].upper()} only (this process runs on "
+                        f"{_platform()}) {_fix(name)}")
+    if name == "cudnn":
+        why = _cudnn_ok(dtype, head_dim)
+        if why:
+            raise UserError(f"model.attention='cudnn' {why} {_fix(name)}")
+
+
+def resolve(name: str, *, dtype, head_dim: int, bias: bool, dropout: bool) -> str:
+    """The implementation that runs a call: ``name``, or for ``auto`` the platform's fast kernel when it supports
+    the call (no bias, no active dropout), else ``xla``. A fused kernel asked for attention dropout raises."""
+    if name == "auto":
+        if bias or dropout:
+            return "xla"
+        if _platform() == "tpu":
+            return "splash"
+        if _platform() == "gpu" and _cudnn_ok(dtype, head_dim) is None:
+            return "cudnn"
+        return "xla"
+    if name != "xla" and dropout:
+        raise UserError(f"model.attention={name!r} has no attention dropout, which this training step uses (fix: "
+                        "model.attention='auto' (xla while dropout is on) or train.dropout=False)")
+    return name
+
+
+# -------------------------------------------------------------------------------------------------- kernels
+
+
+def _expand_kv(k, v, n: int):
+    kh = k.shape[2]
+    if kh == n:
+        return k, v
+    return jnp.repeat(k, n // kh, axis=2), jnp.repeat(v, n // kh, axis=2)
+
+
+def xla_attention(q, k, v, seg: Segments, *, causal=False, bias=None, scale=None, dropout_rate=0.0,
+                  deterministic=True, rngs=None):
+    """The reference. q: [B, T, N, D]; k, v: [B, S, K, D]; bias: additive [1 or B, N, T, S] -> [B, T, N, D]."""
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    mask = segment_mask(seg.ids, causal)
+    if dropout_rate <= 0.0 or deterministic:
+        return jax.nn.dot_product_attention(q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
+                                            scale=scale, implementation="xla")
+    k, v = _expand_kv(k, v, q.shape[2])
+    logits = jnp.einsum("btnd,bsnd->bnts", q, k, preferred_element_type=jnp.float32) * scale
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1)
+    keep = jax.random.bernoulli(rngs.dropout(), 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0).astype(v.dtype)
+    return jnp.einsum("bnts,bsnd->btnd", probs, v)
+
+
+def segment_runs(ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Runs of equal ids per row as cuDNN's packed layout wants them: (lengths [B, L] with -1 after the last run,
+    offsets [B, L + 1] of each run's first column, -1 after the last run). Padding is a run of its own."""
+    b, l = ids.shape
+    boundary = jnp.concatenate([jnp.ones((b, 1), bool), ids[:, 1:] != ids[:, :-1]], axis=1)
+    run = jnp.cumsum(boundary, axis=1, dtype=jnp.int32) - 1
+    nruns = run[:, -1:] + 1
+    counts = jax.vmap(lambda r: jnp.bincount(r, length=l))(run).astype(jnp.int32)
+    m = jnp.arange(l, dtype=jnp.int32)[None]
+    lengths = jnp.where(m < nruns, counts, -1)
+    starts = jnp.cumsum(counts, axis=1, dtype=jnp.int32) - counts
+    offsets = jnp.concatenate([jnp.where(m < nruns, starts, -1), jnp.full((b, 1), -1, jnp.int32)], axis=1)
+    return lengths, offsets
+
+
+def cudnn_attention(q, k, v, seg: Segments, *, causal=False, scale=None):
+    """cuDNN flash attention in the packed (THD) layout: one segment per run of equal ids. CUDA, Hopper+."""
+    from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
+
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    lengths, offsets = segment_runs(seg.ids)
+    return dot_product_attention(q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets,
+                                 kv_offsets=offsets, scale=scale,
+                                 mask_type=MaskType.PADDING_CAUSAL if causal else MaskType.PADDING,
+                                 qkv_layout="BTNH")
+
+
+def _pad_rows(x, length: int, value):
+    pad = length - x.shape[1]
+    if pad == 0:
+        return x
+    widths = [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def pallas_attention(q, k, v, seg: Segments, *, causal=False, scale=None, interpret: bool = False):
+    """``jax.experimental.pallas.ops.gpu.attention.mha`` with segment ids (GPU; ``interpret`` runs it on CPU)."""
+    from jax.experimental.pallas.ops.gpu import attention as pa
+
+    b, l, n, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    k, v = _expand_kv(k, v, n)
+    block = 128 if l >= 128 else max(16, 1 << (l - 1).bit_length())
+    lp = -(-l // block) * block
+    ids = _pad_rows(seg.ids, lp, -1)  # extra slots: a segment of their own
+    qp, kp, vp = (_pad_rows(t, lp, 0) for t in (q, k, v))
+    small = min(32, block)
+    sizes = pa.BlockSizes(block_q=block, block_k=block, block_q_dkv=small, block_kv_dkv=small, block_q_dq=small,
+                          block_kv_dq=small)
+    out = pa.mha(qp, kp, vp, ids, sm_scale=scale, causal=causal, block_sizes=sizes, interpret=interpret)
+    return out[:, :l]
+
+
+def splash_attention(q, k, v, seg: Segments, *, causal=False, scale=None, interpret: bool = False):
+    """TPU splash attention with ``SegmentIds`` (``interpret`` runs it on CPU)."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    b, l, n, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    k, v = _expand_kv(k, v, n)
+    lp = -(-l // 128) * 128
+    ids = _pad_rows(seg.ids, lp, -1)
+    qp, kp, vp = (jnp.swapaxes(_pad_rows(t, lp, 0), 1, 2) for t in (q * jnp.asarray(scale, q.dtype), k, v))
+    shape = (lp, lp)
+    mask = sa.MultiHeadMask([sa.CausalMask(shape) if causal else sa.FullMask(shape) for _ in range(n)])
+    kernel = sa.make_splash_mha(mask, head_shards=1, q_seq_shards=1, interpret=interpret)
+    out = jax.vmap(lambda qq, kk, vv, s: kernel(qq, kk, vv, segment_ids=sa.SegmentIds(q=s, kv=s)))(qp, kp, vp, ids)
+    return jnp.swapaxes(out, 1, 2)[:, :l]
+
+
+def te_attention(q, k, v, seg: Segments, *, causal=False, scale=None):
+    """Transformer Engine fused attention, THD layout from segment ids and positions (CUDA GPU)."""
+    try:
+        from transformer_engine.jax.attention import (AttnBiasType, AttnMaskType, QKVLayout, SequenceDescriptor,
+                                                      fused_attn)
+    except ImportError:
+        raise UserError("model.attention='te' needs Transformer Engine (fix: pip install 'transformer_engine[jax]' "
+                        "on a CUDA machine, or model.attention='auto')") from None
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    pos = positions_from_segments(seg.ids) if seg.positions is None else seg.positions
+    desc = SequenceDescriptor.from_segment_ids_and_pos((seg.ids, seg.ids), (pos, pos))
+    return fused_attn((q, k, v), None, desc, None, attn_bias_type=AttnBiasType.NO_BIAS,
+                      attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK if causal else AttnMaskType.PADDING_MASK,
+                      qkv_layout=QKVLayout.THD_THD_THD, scaling_factor=scale, dropout_probability=0.0,
+                      is_training=True, max_segments_per_seq=q.shape[1])
+
+
+def attention(q, k, v, segments, *, causal: bool = False, bias=None, scale: float | None = None,
+              dropout_rate: float = 0.0, deterministic: bool = True, rngs=None, implementation: str = "xla"):
+    """Multi-head (or grouped-query) scaled dot-product attention, block-diagonal by segment.
+
+    q: [B, T, N, D]; k, v: [B, T, K, D] with N a multiple of K; segments: ``Segments`` or an attention mask
+    [B, T] (1 = token, 0 = padding); causal: also only keys at or before the query; bias: additive
+    [1 or B, N, T, T] (T5's position bias; xla only); scale: default 1/sqrt(D) (T5: 1.0); dropout on the attention
+    probabilities when ``dropout_rate > 0`` and not ``deterministic`` (xla only). implementation: one of
+    ``IMPLEMENTATIONS`` (module docstring). -> [B, T, N, D]."""
+    seg = as_segments(segments)
+    use_dropout = dropout_rate > 0.0 and not deterministic
+    impl = resolve(implementation, dtype=q.dtype, head_dim=q.shape[-1], bias=bias is not None,
+                   dropout=use_dropout)
+    if impl == "xla":
+        return xla_attention(q, k, v, seg, causal=causal, bias=bias, scale=scale, dropout_rate=dropout_rate,
+                             deterministic=deterministic, rngs=rngs)
+    if bias is not None:
+        raise UserError(f"model.attention={impl!r} has no additive position bias (T5) {_fix(impl)}")
+    fn = {"cudnn": cudnn_attention, "pallas": pallas_attention, "splash": splash_attention,
+          "te": te_attention}[impl]
+    return fn(q, k, v, seg, causal=causal, scale=scale)
