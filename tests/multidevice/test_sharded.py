@@ -9,7 +9,7 @@ from flax import nnx
 
 from jaxembed import gradcache, models, parallel
 from jaxembed.losses import CandidateInfo, LossOptions, QueryInfo, contrastive_loss, tiled_terms
-from loss_reference import random_batch
+from loss_reference import peg_constants, random_batch
 
 CASES = [
     dict(opts=LossOptions(), symmetric=False, peg=False),
@@ -26,13 +26,20 @@ def test_eight_devices():
 @pytest.mark.parametrize("mesh_shape", [(8, 1), (2, 4)], ids=["data8", "data2xfsdp4"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['opts']}-sym{c['symmetric']}")
 def test_sharded_losses_equal_single_device(case, mesh_shape):
-    # 16 queries x 3 candidates: 2 queries / 6 candidates per device; duplicates across shards (30 ~ 9)
-    b = random_batch(seed=1, B=16, K=3, D=16, dup_pairs=((5, 0), (30, 9), (47, 3)), invalid=(4, 20))
+    # 16 queries x 3 candidates: 2 queries / 6 candidates per device; duplicates across shards (30 ~ 9), a row
+    # repeated on another shard (7 ~ 1) and on its own (13 ~ 12), two queries sharing a positive (10, 4). PEG cases:
+    # positives close to their queries, so that sigma > 0, several w_q < 1 and some a_n != 1 (asserted below)
+    b = random_batch(seed=1, B=16, K=3, D=16, dup_pairs=((5, 0), (30, 9), (47, 3)), invalid=(4, 20),
+                     repeated_rows=((7, 1), (13, 12)), shared_positives=((10, 4),), close_positives=case["peg"])
     pos = jnp.asarray(b["pos"])
     ci = CandidateInfo(jnp.asarray(b["valid"]), jnp.asarray(b["hashes"]), jnp.asarray(b["ctask"]))
-    qi = QueryInfo(pos_hash=jnp.asarray(b["hashes"][b["pos"]]), task=jnp.asarray(b["qtask"]))
+    qi = QueryInfo(pos_hash=jnp.asarray(b["hashes"][b["pos"]]), task=jnp.asarray(b["qtask"]),
+                   hash=jnp.asarray(b["qhashes"]))
     w = jnp.asarray(b["weights"])
     t_prev = 0.25 if case["peg"] else None
+    if case["peg"]:
+        wq, a, _, sigma = peg_constants(b["q"], b["c"], b["pos"], b["weights"], (t_prev, 0.5, 0.1))
+        assert sigma > 0 and np.sum(wq[b["weights"] > 0] < 1) >= 2 and np.sum(a != 1) >= 2
     kw = dict(temperature=0.05, opts=case["opts"], symmetric=case["symmetric"])
     q, c = jnp.asarray(b["q"]), jnp.asarray(b["c"])
     ref_f = lambda q, c: contrastive_loss(q, c, pos, weights=w, qi=qi, ci=ci, peg_t_prev=t_prev, **kw)
