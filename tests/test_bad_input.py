@@ -46,6 +46,8 @@ BAD_LINES = [
      r"invalid JSON \(an integer of more than \d+ digits\)"),
     ("duplicate_key", "auto", '{"query": "q", "pos": ["p"], "pos": ["other"]}', "pos",
      r"appears twice in the record"),
+    ("duplicate_key_nested", "auto", '{"query": "q", "pos": ["p"], "id": "x", "neg": [], "x": {"a": 1, "a": 2}}',
+     "a", r"appears twice in the record"),
     ("unknown_key_typo", "auto", '{"query": "q", "pos": ["p"], "negs": ["n"]}', "negs",
      r"unknown key \(did you mean 'neg'\?\)"),
     ("unknown_key_other", "auto", '{"query": "q", "pos": ["p"], "source": "x"}', "source",
@@ -77,6 +79,18 @@ def test_bad_record_is_one_line_and_counted(tmp_path, case):
     assert len(exs) == 2 and tally.read == 3 and tally.invalid == 1
     ((reason, n),) = tally.reasons().items()  # counted by its reason (without the details in parentheses)
     assert n == 1 and reason == msg[len(f"{p}:2: "):].split(" (")[0], (reason, msg)
+
+
+def test_duplicate_key_check_has_no_false_alarms():
+    """The fast path (a key count) falls back to the checking parser whenever it cannot be sure."""
+    for line in ['{"query": "he said \\"no\\": fine", "pos": ["a \\" : b"]}', '{"a" :1, "b":{"c": 2, "d": [{"e": 3}]}}',
+                 '{"a\\u0022": 1, "b": "x\\":"}', '{"query": "q", "pos": ["p"]}']:
+        assert isinstance(jsonl.parse_object(line), dict), line
+        assert jsonl.parse_object(line) == json.loads(line)
+    for line in ['{"a": 1, "a": 1}', '{"a": 1, "b": {"c": 2, "c": 3}}', '{"a": "\\":", "a": 2}',
+                 '[{"a": 1, "a": 2}]']:
+        bad = jsonl.parse_object(line)
+        assert isinstance(bad, jsonl.BadLine) and "appears twice" in bad.reason, line
 
 
 def test_deep_nesting_and_huge_integer_in_data_validate_and_prepare(tmp_path, capsys):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -438,7 +439,7 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
         if isinstance(obj, Skip):
             yield obj
             continue
-        where = f"{Path(path).name}:{line}"
+        where = f"{os.path.basename(path)}:{line}"
         try:
             rid = _id(obj, f, f"{opts.name}:{suffix}")
             if fmt == "triplets":
