@@ -48,7 +48,6 @@ def cmd_encode(args) -> int:
 
     from jaxembed.data.jsonl import read_texts
     from jaxembed.encode import Encoder
-
     from jaxembed.outputs import check_output
 
     if args.batch_size <= 0:

@@ -323,8 +323,12 @@ def apply_overrides(c: mc.ConfigDict, overrides: list[str]) -> mc.ConfigDict:
             cur = cur[part]
         last = parts[-1]
         if last not in cur:
+            import difflib
+
             known = ", ".join(sorted(cur.keys()))
-            raise UserError(f"--config.{key}: unknown key (keys here: {known})")
+            close = difflib.get_close_matches(last, list(cur.keys()), n=1, cutoff=0.6)
+            hint = f" (did you mean {'.'.join(parts[:-1] + [close[0]])}?)" if close else ""
+            raise UserError(f"--config.{key}: unknown key{hint} (keys here: {known})")
         old = cur[last]
         value = _parse_value(text, old)
         try:

@@ -73,6 +73,11 @@ def _prompts(path: str | None) -> dict | None:
             obj = json.load(f)
     except FileNotFoundError:
         raise UserError(f"--prompts {path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"--prompts {path}: is a folder (fix: pass a .json file)") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"--prompts {path}: not valid UTF-8 ({e.reason} at byte {e.start}) (fix: re-encode the "
+                        "file as UTF-8)") from None
     except json.JSONDecodeError as e:
         raise UserError(f"--prompts {path}: invalid JSON at line {e.lineno}: {e.msg}") from None
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):

@@ -399,3 +399,15 @@ def test_store_and_plan_inputs_that_are_files(tmp_path, capsys):
                                "jaxembed data prepare --out)")
     rc, err = _main(["data", "prepare", "--config", str(tmp_path), "--out", str(tmp_path / "s")], capsys)
     assert rc == 2 and "is a folder, not a config file (fix: " in err, err
+
+
+def test_typos_and_folders_on_the_command_line(tmp_path, capsys):
+    from jaxembed import config as cfglib
+
+    with pytest.raises(UserError, match=r"^--config\.optim\.lrr: unknown key \(did you mean optim\.lr\?\)"):
+        cfglib.apply_overrides(cfglib.default_config(), ["optim.lrr=1e-5"])
+    rc, err = _main(["eval", "--model", "/no/model", "--prompts", str(tmp_path)], capsys)
+    assert rc == 2 and err == f"error: --prompts {tmp_path}: is a folder (fix: pass a .json file)"
+    rc, err = _main(["encode", "--model", "/no/model", "--input", str(tmp_path), "--out", str(tmp_path / "o.npy")],
+                    capsys)
+    assert rc == 2 and err == f"error: {tmp_path}: is a folder, not a file (fix: pass a .jsonl or .txt file)"

@@ -243,6 +243,8 @@ def read_texts(path: str, field: str = "text", fmt: str | None = None) -> list[s
     for ext in (".gz", ".bz2", ".xz"):
         name = name[: -len(ext)] if name.endswith(ext) else name
     fmt = fmt or ("jsonl" if name.endswith((".jsonl", ".json")) else "text")
+    if path != "-":
+        check_input_file(path, "a .jsonl or .txt file")
     if fmt == "jsonl":
         return [text_field(path, i, obj, field) for i, obj in iter_jsonl(path)]
     if fmt != "text":
