@@ -1,13 +1,15 @@
 """Evaluation: metric functions against hand-computed values and their references (sklearn, pytrec_eval, mteb),
 the task registry, prompt resolution and MoTE routing (local and mteb alike), ``jaxembed eval``, and the
-agreement test: for the real all-MiniLM-L6-v2, each local evaluator's main score equals mteb's on the same data.
+agreement test: each local evaluator's main score equals mteb's on the same data and embeddings.
 """
 
 import argparse
 import json
 import math
 import os
+import re
 import tempfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -315,8 +317,8 @@ def test_pair_thresholds_equal_mteb():
 
 
 class CachedEncoder:
-    """The real encoder behind a (prompt, text) cache, so that mteb scores exactly the embeddings the local
-    evaluators scored; ``misses`` counts texts actually encoded."""
+    """An encoder behind a (prompt, text) cache, so that mteb scores exactly the embeddings the local evaluators
+    scored; ``misses`` counts texts actually encoded."""
 
     def __init__(self, encoder):
         self.encoder, self.prompts, self.model = encoder, encoder.prompts, encoder.model
@@ -331,26 +333,49 @@ class CachedEncoder:
         return np.stack([self.cache[(prompt, t)] for t in texts])
 
 
-# Test sets, subsampled (the same seeded sample on both sides) to keep the file under 4 minutes on 2 CPU cores;
-# None = the whole file.
+class BagOfWordsEncoder:
+    """A deterministic fake encoder with real signal (texts sharing words are similar): the normalised sum of fixed
+    random vectors of the prompt's and the text's lower-cased words (seeded by crc32, the same in every process)."""
+
+    prompts: dict = {}
+    model = None
+
+    def __init__(self, dim=64):
+        self.dim, self.vectors = dim, {}
+
+    def _vector(self, word):
+        if word not in self.vectors:
+            self.vectors[word] = np.random.default_rng(zlib.crc32(word.encode())).normal(size=self.dim)
+        return self.vectors[word]
+
+    def encode(self, texts, *, prompt=None, batch_size=32, progress=None):
+        out = np.zeros((len(texts), self.dim))
+        for i, t in enumerate(texts):
+            for w in re.findall(r"\w+", f"{prompt or ''} {t}".lower()):
+                out[i] += self._vector(w)
+        out[:, 0] += 1e-3  # no zero vector for a text without words
+        return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+
+
+# Test sets, subsampled (the same seeded sample on both sides); None = the whole file.
 AGREEMENT = {"STSBenchmark": None, "SICK-R": 800, "MRPC": 500, "WikiQA": 60, "Cranfield": 12, "TREC": None,
              "SST2": 800, "SST5": 500, "Newsgroups": 80}
-# Classification and clustering draw random training examples / bootstrap samples; both sides run mteb's seeded
-# procedure (seed 42) and land on the same number. The allowed difference is mteb's own seed-to-seed variation:
-# the standard deviation of the main score over task seeds 0-9, measured with all-MiniLM-L6-v2 on the full eval
-# sets (points; mean over seeds TREC 55.17, SST2 62.27, SST5 27.54, Newsgroups 92.13). mteb.evaluate with seeds 0
-# and 7 gave the local numbers to 4 decimals too.
-SEED_STD = {"TREC": 2.36, "SST2": 0.78, "SST5": 0.65, "Newsgroups": 0.25}
 
 
 @pytest.mark.slow
-def test_local_scores_equal_mteb_all_minilm(minilm, shared_data):
+def test_local_scores_equal_mteb(shared_data):
+    """Each local evaluator's main score equals mteb's on the same data and the same embeddings (a fake encoder with
+    signal behind a cache: mteb is served exactly the embeddings the local side scored). Classification and
+    clustering draw random training examples / bootstrap samples: both sides run mteb's seeded procedure (seed 42)
+    and land on the same number, up to float rounding in the classifiers.
+
+    The embeddings themselves are checked elsewhere (tests/test_real_minilm.py: all-MiniLM-L6-v2 equals
+    sentence-transformers to 1e-5), so equal scoring here means equal scores for the real model."""
     import mteb
 
-    from jaxembed.encode import Encoder
     from jaxembed.evaluate import MTEBEncoder, mteb_task
 
-    enc = CachedEncoder(Encoder.from_loaded(minilm))
+    enc = CachedEncoder(BagOfWordsEncoder())
     tasks = [get_task(name) for name in AGREEMENT]
     ours = {}
     for t in tasks:
@@ -360,11 +385,12 @@ def test_local_scores_equal_mteb_all_minilm(minilm, shared_data):
                         cache=None, show_progress_bar=False, co2_tracker=False)
     theirs = {r.task_name: 100 * r.get_score() for r in res.task_results}
     assert enc.misses == encoded, "mteb asked for texts the local evaluators never encoded"
-    report = {n: (round(ours[n]["main_score"], 3), round(theirs[n], 3)) for n in AGREEMENT}
-    for t in tasks:
-        tol = SEED_STD.get(t.name, 0.1)
+    report = {n: (round(ours[n]["main_score"], 6), round(theirs[n], 6)) for n in AGREEMENT}
+    for t in tasks:  # mteb rounds retrieval metrics to 5 decimals (of a fraction): 5e-4 points
+        tol = 5e-4 + 1e-9 if t.type in ("Retrieval", "Reranking") else 1e-4
         assert abs(ours[t.name]["main_score"] - theirs[t.name]) <= tol, (t.name, report)
-    assert 81.0 < ours["STSBenchmark"]["main_score"] < 83.0  # MTEB's published 82.03 for all-MiniLM-L6-v2
+    # the fake encoder carries signal: the STS correlations are far from chance (0)
+    assert ours["STSBenchmark"]["main_score"] > 30 and ours["SICK-R"]["main_score"] > 30
 
 
 # ------------------------------------------------------------------------------------------------- the CLI
