@@ -120,7 +120,13 @@ def _check_recipe(recipe, variants, c, dirs):
             assert c.plan.global_batch_size == 13824 and 1 + max(d.num_negatives for d in c.data.datasets) == 6
             assert c.train.gradcache_chunk > 0 and c.plan.global_batch_size % c.train.gradcache_chunk == 0
             assert {(d.max_query_length, d.max_doc_length) for d in c.data.datasets} == {(64, 256)}
-        assert c.model.name == (dirs["retromae_dir"] if "retromae" in variants else c.model.name)
+        if "retromae" in variants:
+            assert c.model.name == dirs["retromae_dir"]
+        elif tiny:  # jaxembed.models.tiny: a 1-layer random BERT with CLS pooling
+            hf_cfg = json.loads(Path(c.model.name, "config.json").read_text())
+            assert (hf_cfg["model_type"], hf_cfg["num_hidden_layers"]) == ("bert", 1)
+        else:  # PEG fine-tunes BERT-large (its RetroMAE pre-training is the `retromae` variant)
+            assert c.model.name == "bert-large-uncased"
         mined = {d.name: d.path for d in c.data.datasets if d.path.startswith(dirs["mined_dir"])}
         assert set(mined) == ({"wikiqa", "trecqa"} & {d.name for d in c.data.datasets} if "mined" in variants
                               else set())
