@@ -180,9 +180,10 @@ def validate(c: mc.ConfigDict) -> None:
     _choice(c, "model.dtype", DTYPES)
     _choice(c, "model.param_dtype", DTYPES)
     if c.model.param_dtype == "bfloat16":  # every recipe trains with AdamW (optim.py)
-        raise UserError("config.model.param_dtype = 'bfloat16' is refused: AdamW updates smaller than 1/256 of a "
-                        "weight round away in bfloat16 master weights (at lr 2e-5 most weights would never move) "
-                        "(fix: keep model.param_dtype='float32' and set model.dtype='bfloat16' for mixed precision)")
+        raise UserError("config.model.param_dtype = 'bfloat16' is refused: AdamW updates smaller than about 1/512 "
+                        "to 1/256 of a weight round away in bfloat16 master weights (at lr 2e-5 most weights would "
+                        "never move) (fix: keep model.param_dtype='float32' and set model.dtype='bfloat16' for mixed "
+                        "precision)")
     if c.model.pooling:
         _choice(c, "model.pooling", ("mean", "cls", "lasttoken", "max", "mean_sqrt_len"))
     _positive(c, "model.max_length", allow_zero=True, integer=True)

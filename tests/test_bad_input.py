@@ -126,7 +126,8 @@ def _config_file(tmp_path, paths, on_error="stop", **ds_kw) -> Path:
 
 def test_huge_line_is_skipped_without_reading_it(tmp_path, monkeypatch):
     monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 1000)
-    p = _write(tmp_path / "big.jsonl", [GOOD, '{"query": "' + "x" * 5000 + '", "pos": ["p"]}', GOOD.replace('"q"', '"r"')])
+    p = _write(tmp_path / "big.jsonl", [GOOD, '{"query": "' + "x" * 5000 + '", "pos": ["p"]}',
+                                        GOOD.replace('"q"', '"r"')])
     with pytest.raises(InputError, match=r"big\.jsonl:2: line of 5,0\d\d bytes is longer than the limit of 1,000 "
                                          r"bytes \(fix: one record per line"):
         _read(p)
@@ -257,7 +258,8 @@ def test_task_types_from_the_records_must_agree_too(tmp_path):
     a = _write(tmp_path / "a.jsonl", ['{"query": "q", "pos": ["p"], "type": "normal"}'])
     b = _write(tmp_path / "b.jsonl", ['{"query": "q", "pos": ["p"], "type": "symmetric_clustering"}'])
     c = dc.default_data_config()
-    c.datasets = [dc.dataset_config(name="a", path=str(a), task="t"), dc.dataset_config(name="b", path=str(b), task="t")]
+    c.datasets = [dc.dataset_config(name="a", path=str(a), task="t"),
+                  dc.dataset_config(name="b", path=str(b), task="t")]
     with pytest.raises(UserError, match=r"data\.datasets\[1\]\.task_type: dataset 'b' is 'clustering' but dataset "
                                         r"'a'"):
         write_store(c, tmp_path / "store")

@@ -176,6 +176,13 @@ def _type(v: Any) -> str:
                                                                                              type(v).__name__)
 
 
+def _is_number(s: str) -> bool:
+    try:
+        return math.isfinite(float(s))
+    except ValueError:
+        return False
+
+
 def closest(key: str, known) -> str | None:
     """The known name closest to ``key`` (a likely typo), or None."""
     import difflib
@@ -316,9 +323,10 @@ def parse_scored_pair(obj: dict, f: dict, rid: str, opts: ReadOptions) -> Exampl
     s2 = _check_text(_get(obj, f["sentence2"]), f["sentence2"])
     sc = _get(obj, f["score"])
     if isinstance(sc, bool) or not isinstance(sc, (int, float)):
-        raise _Bad(f["score"], f"expected a number, got {_type(sc)}", "write the score as a JSON number")
+        eg = f" ({sc}, not {json.dumps(sc)})" if isinstance(sc, str) and _is_number(sc) else ""
+        raise _Bad(f["score"], f"expected a number, got {_type(sc)}", f"write the score as a JSON number{eg}")
     if not math.isfinite(sc):
-        raise _Bad(f["score"], f"{sc} is not a finite number", "give the pair a real score")
+        raise _Bad(f["score"], f"{_type(sc)} is not a finite number", "give the pair a real score")
     if opts.score_threshold is not None and sc < opts.score_threshold:
         raise _Filtered(f["score"], f"score below threshold {opts.score_threshold:g}", f"score {sc:g}")
     return {"id": rid, "query": s1, "pos": [s2], "neg": []}
