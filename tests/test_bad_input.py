@@ -187,7 +187,7 @@ def test_compressed_files_are_read(tmp_path, opener, suffix, capsys):
     assert jsonl.read_texts(str(t)) == ["a", "b"]  # encode --input: .jsonl.gz is JSON Lines
 
 
-def test_truncated_gzip_and_zstd_are_clear_errors(tmp_path):
+def test_truncated_gzip_zstd_and_utf16_are_clear_errors(tmp_path):
     p = tmp_path / "t.jsonl.gz"
     data = gzip.compress(("".join(GOOD.replace('"q"', f'"q{i}"') + "\n" for i in range(2000))).encode())
     p.write_bytes(data[: len(data) // 2])
@@ -198,6 +198,11 @@ def test_truncated_gzip_and_zstd_are_clear_errors(tmp_path):
     z.write_bytes(b"\x28\xb5\x2f\xfd" + b"\0" * 20)
     with pytest.raises(InputError, match=r"t\.jsonl\.zst: is zstd-compressed \(fix: decompress it first"):
         _read(z)
+    u = tmp_path / "excel.jsonl"
+    u.write_bytes((GOOD + "\n").encode("utf-16"))  # with its byte-order mark
+    with pytest.raises(InputError, match=r"excel\.jsonl: is UTF-16 \(little-endian byte-order mark\), not UTF-8 "
+                                         r"\(fix: re-encode it: iconv -f utf-16 -t utf-8"):
+        _read(u, on_error="skip")  # a whole-file problem: not one skipped record per line
 
 
 def test_encode_input_bom_crlf_and_bad_bytes_name_the_line(tmp_path):

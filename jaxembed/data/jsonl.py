@@ -5,8 +5,8 @@ evaluation sets, the LLM data tools, pre-training):
 
 - files are read as bytes and decoded line by line, so a bad byte costs one line, not the file, and the error names
   the line; a UTF-8 byte-order mark at the start is removed; CRLF line ends are accepted (a line ends at ``\\n``);
-- gzip, bzip2 and xz files are read transparently (told by their first bytes, whatever the suffix); zstd and zip
-  files are a clear error;
+- gzip, bzip2 and xz files are read transparently (told by their first bytes, whatever the suffix); zstd, zip and
+  UTF-16 files are a clear error;
 - a line longer than ``MAX_LINE_BYTES`` is not read into memory: it is reported (the rest of the file is read);
 - a line that ``json.loads`` cannot turn into an object is reported with the reason, including what ``json``
   raises besides ``JSONDecodeError``: nesting too deep (``RecursionError``), an integer of more than 4300 digits
@@ -34,7 +34,11 @@ MAX_LINE_BYTES = 64 << 20
 
 _MAGIC = ((b"\x1f\x8b", "gzip", gzip.open), (b"BZh", "bzip2", bz2.open), (b"\xfd7zXZ\x00", "xz", lzma.open))
 _UNSUPPORTED = ((b"\x28\xb5\x2f\xfd", "zstd-compressed", "decompress it first: zstd -d FILE"),
-                (b"PK\x03\x04", "a zip archive", "unzip it and pass the .jsonl file inside"))
+                (b"PK\x03\x04", "a zip archive", "unzip it and pass the .jsonl file inside"),
+                (b"\xff\xfe", "UTF-16 (little-endian byte-order mark), not UTF-8",
+                 "re-encode it: iconv -f utf-16 -t utf-8 FILE > FILE.utf8"),
+                (b"\xfe\xff", "UTF-16 (big-endian byte-order mark), not UTF-8",
+                 "re-encode it: iconv -f utf-16 -t utf-8 FILE > FILE.utf8"))
 _DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
 
 
