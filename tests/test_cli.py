@@ -90,12 +90,26 @@ def test_bad_arguments(minilm_dir, tmp_path, capsys):
     assert "unknown prompt_name 'nope'" in capsys.readouterr().err
 
 
-def test_export_command_and_console_script(minilm_dir, tmp_path):
+def test_export_command_and_console_script(minilm_dir, minilm, tmp_path):
+    """The console script exports a folder that loads back to the same parameters, prompts and embeddings."""
+    import jax
+    from flax import nnx
+
+    from jaxembed import hf
+
     out = tmp_path / "exported"
     r = subprocess.run([str(Path(sys.executable).parent / "jaxembed"), "export", "--model", str(minilm_dir),
                         "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert {"config.json", "model.safetensors", "modules.json", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    again = hf.load(str(out))
+    src, exp = (jax.tree_util.tree_leaves_with_path(nnx.state(m.model, nnx.Param)) for m in (minilm, again))
+    assert [p for p, _ in src] == [p for p, _ in exp]
+    for (path, a), (_, b) in zip(src, exp):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=jax.tree_util.keystr(path))
+    assert again.st.prompts == minilm.st.prompts and again.st.similarity_fn_name == minilm.st.similarity_fn_name
+    np.testing.assert_array_equal(Encoder.from_loaded(again).encode(TEXTS, progress=False),
+                                  Encoder.from_loaded(minilm).encode(TEXTS, progress=False))
 
 
 def test_demo_trains_evaluates_and_exports(shared_data, tmp_path, capsys):
@@ -112,4 +126,21 @@ def test_demo_trains_evaluates_and_exports(shared_data, tmp_path, capsys):
     assert 60 < float(table["STSBenchmark"][2]) <= 100  # the real model's score before training
     results = json.loads((tmp_path / "demo" / "demo_results.json").read_text())
     assert set(results["before"]) == set(results["after"]) == {"STSBenchmark", "WikiQA"}
-    assert (tmp_path / "demo" / "export" / "model.safetensors").exists()
+    # the trained result: 2 finite, applied steps; the export is the trained model (it moved off the base model,
+    # a little: 2 steps at lr 2e-5), and "after" is the export's own score
+    wd = tmp_path / "demo"
+    summary = json.loads((wd / "summary.json").read_text())
+    assert (summary["status"], summary["step"], summary["skipped"]) == ("completed", 2, 0)
+    train_lines = [x for x in map(json.loads, (wd / "metrics.jsonl").read_text().splitlines()) if x["split"] == "train"]
+    assert [x["step"] for x in train_lines] == [2] and np.isfinite(train_lines[0]["loss"])
+    from jaxembed import evaluate as evallib
+    from jaxembed.encode import load_encoder
+    from jaxembed.paths import demo_model_dir
+
+    trained, base = load_encoder(str(wd / "export")), load_encoder(str(demo_model_dir()))
+    a, b = trained.encode(TEXTS, progress=False), base.encode(TEXTS, progress=False)
+    assert 1e-6 < np.abs(a - b).max() and np.sum(a * b, axis=1).min() > 0.99
+    again = evallib.evaluate(trained, ["STSBenchmark"], max_examples=60, progress=False)
+    assert again["STSBenchmark"]["main_score"] == pytest.approx(results["after"]["STSBenchmark"]["main_score"],
+                                                                abs=1e-9)
+    assert float(table["STSBenchmark"][3]) == pytest.approx(results["after"]["STSBenchmark"]["main_score"], abs=0.006)
