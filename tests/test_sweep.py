@@ -4,6 +4,7 @@ synthetic run folders, and one real 2 x 2 sweep of tiny runs end to end with its
 
 import csv
 import json
+import math
 import os
 import shlex
 import signal
@@ -452,10 +453,18 @@ def test_tiny_sweep_2x2_end_to_end(tiny_setup, tmp_path, capsys):
     rep = json.loads((root / "sweep_report.json").read_text())
     assert rep["metric"] == "STSBenchmark-dev/main_score" and rep["keys"] == ["plan.seed", "plan.negatives"]
     assert [r["run"] for r in rep["runs"]] == names
-    for r in rep["runs"]:
+    metric = "STSBenchmark-dev/main_score"
+    for r in rep["runs"]:  # the report holds what each run logged: its loss curve and its dev evaluations
         assert r["status"] == "completed" and r["step"] == 2 and r["steps"] == 2
-        assert len(r["loss_curve"]) == 2 and all(v > 0 for _, v in r["loss_curve"])
-        assert r["best_step"] in (1, 2) and -100 <= r["best"] <= 100
+        logged = [json.loads(x) for x in (root / r["run"] / "metrics.jsonl").read_text().splitlines()]
+        train = {x["step"]: x["loss"] for x in logged if x["split"] == "train"}
+        evals = {x["step"]: x[metric] for x in logged if x["split"] == "eval"}
+        assert sorted(train) == sorted(evals) == [1, 2] and all(math.isfinite(v) for v in train.values())
+        assert r["loss_curve"] == [[1, train[1]], [2, train[2]]] and r["loss"] == train[2]
+        best_step = max(evals, key=lambda st: (evals[st], -st))  # the earliest of equal maxima
+        assert (r["best_step"], r["best"], r["final"]) == (best_step, evals[best_step], evals[2])
+        assert r["metric_curve"] == [[1, evals[1]], [2, evals[2]]]
+    assert rep["best_run"] == max(rep["runs"], key=lambda r: r["best"])["run"]
     losses = {r["run"]: r["loss"] for r in rep["runs"]}
     assert len(set(losses.values())) > 1  # the seeds and negatives gave different batches
     assert rep["best_run"] in names and f"best (max STSBenchmark-dev/main_score): {rep['best_run']}" in out
