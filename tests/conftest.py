@@ -6,7 +6,8 @@ means a test silently stopped testing: any skip -- a test's, a fixture's, or a w
 (``pytest.importorskip``) -- is turned into a failure naming the test and the skip reason. Exceptions: tests
 marked ``gpu`` when no accelerator is present, and the entries of ALLOWED_SKIPS below (one place, each with why).
 
-Time. pytest-timeout fails a test that runs longer than the ``timeout`` of [tool.pytest.ini_options] (a hung
+Time. A session-wide persistent JAX compilation cache (below) shares compiled programs between tests and their
+subprocesses. pytest-timeout fails a test that runs longer than the ``timeout`` of [tool.pytest.ini_options] (a hung
 multi-process test then fails with its name instead of eating the CI limit); LONG_TESTS below gives the few
 longer tests their own limit.
 """
@@ -15,10 +16,27 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
+import tempfile
 
 import pytest
 
 from jaxembed import paths
+
+# One persistent JAX compilation cache for the session and the processes it starts (set before any test imports
+# jax): the same programs -- the tiny models' encoders and train steps, MiniLM's encoder -- compile once, not once
+# per Encoder / per test. A cache the caller set (JAX_COMPILATION_CACHE_DIR) is used as it is.
+_OWN_JAX_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="jaxembed-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JAX_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_JAX_CACHE:
+        shutil.rmtree(_OWN_JAX_CACHE, ignore_errors=True)
+
 
 # tests/multidevice needs 8 simulated devices, set before jax starts: tests/test_multidevice.py runs it in a
 # subprocess with XLA_FLAGS; a plain `pytest tests` does not collect it directly.

@@ -132,121 +132,116 @@ def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
         return real_to_global(batch, *a, **kw)
 
     monkeypatch.setattr(pipeline, "to_global", recording_to_global)
-    # the resumed run compiles the same programs: share them through a persistent cache
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jaxcache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    try:
-        wd = tmp_path / "run"
-        summary = train(cfg.copy_and_resolve_references(), wd)
-        assert summary["status"] == "completed" and summary["step"] == STEPS and summary["skipped"] == 0
-        monkeypatch.setattr(pipeline, "to_global", real_to_global)
+    # the resumed run compiles the same programs: tests/conftest.py's persistent compilation cache shares them
+    wd = tmp_path / "run"
+    summary = train(cfg.copy_and_resolve_references(), wd)
+    assert summary["status"] == "completed" and summary["step"] == STEPS and summary["skipped"] == 0
+    monkeypatch.setattr(pipeline, "to_global", real_to_global)
 
-        # ---- checkpoint_minutes: a checkpoint after every step (checkpoint_every=0 would save only the last)
-        assert sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) == \
-            list(range(1, STEPS + 1))
+    # ---- checkpoint_minutes: a checkpoint after every step (checkpoint_every=0 would save only the last)
+    assert sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) == \
+        list(range(1, STEPS + 1))
 
-        # ---- schedule + warmup_ratio: the logged lr of each step is the hand-computed schedule
-        lines = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
-        train_lines = [x for x in lines if x["split"] == "train"]
-        assert [x["step"] for x in train_lines] == list(range(1, STEPS + 1))
-        lrs = [x["lr"] for x in train_lines]
-        np.testing.assert_allclose(lrs, [_lr(t) for t in range(STEPS)], rtol=1e-5, atol=1e-9)
+    # ---- schedule + warmup_ratio: the logged lr of each step is the hand-computed schedule
+    lines = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [x for x in lines if x["split"] == "train"]
+    assert [x["step"] for x in train_lines] == list(range(1, STEPS + 1))
+    lrs = [x["lr"] for x in train_lines]
+    np.testing.assert_allclose(lrs, [_lr(t) for t in range(STEPS)], rtol=1e-5, atol=1e-9)
 
-        # ---- eval.before: a dev evaluation at step 0, equal to evaluating the initial model
-        before = [x for x in lines if x["split"] == "eval" and x["step"] == 0]
-        assert len(before) == 1, lines
-        init = hf.load(model_dir, dtype="bfloat16", max_length=32)
-        ref = evaluate(Encoder.from_loaded(init), ["STSBenchmark-dev"], max_examples=16)
-        assert before[0]["STSBenchmark-dev/main_score"] == pytest.approx(ref["STSBenchmark-dev"]["main_score"],
-                                                                         abs=1e-4)
+    # ---- eval.before: a dev evaluation at step 0, equal to evaluating the initial model
+    before = [x for x in lines if x["split"] == "eval" and x["step"] == 0]
+    assert len(before) == 1, lines
+    init = hf.load(model_dir, dtype="bfloat16", max_length=32)
+    ref = evaluate(Encoder.from_loaded(init), ["STSBenchmark-dev"], max_examples=16)
+    assert before[0]["STSBenchmark-dev/main_score"] == pytest.approx(ref["STSBenchmark-dev"]["main_score"],
+                                                                     abs=1e-4)
 
-        # ---- fsdp: the checkpoint restores onto FSDP shardings (parameters split over the 4 fsdp devices)
-        run = setup(cfg.copy_and_resolve_references(), wd)
-        final = _restore(run, wd, STEPS)
-        sharded = [v for v in jax.tree.leaves(final["params"]) if "fsdp" in str(v.sharding.spec)]
-        assert sharded and all(len(v.sharding.device_set) == 8 for v in sharded)
-        big = [v for v in jax.tree.leaves(final["params"]) if v.size >= 30522 * 32]  # the word embeddings
-        assert big and all("fsdp" in str(v.sharding.spec) for v in big)
-        assert all(v.addressable_shards[0].data.size == v.size // 4 for v in big)
+    # ---- fsdp: the checkpoint restores onto FSDP shardings (parameters split over the 4 fsdp devices)
+    run = setup(cfg.copy_and_resolve_references(), wd)
+    final = _restore(run, wd, STEPS)
+    sharded = [v for v in jax.tree.leaves(final["params"]) if "fsdp" in str(v.sharding.spec)]
+    assert sharded and all(len(v.sharding.device_set) == 8 for v in sharded)
+    big = [v for v in jax.tree.leaves(final["params"]) if v.size >= 30522 * 32]  # the word embeddings
+    assert big and all("fsdp" in str(v.sharding.spec) for v in big)
+    assert all(v.addressable_shards[0].data.size == v.size // 4 for v in big)
 
-        # ---- grad_clip, no decay on norms and biases, the applied schedule: p_T = p_0 * prod(1 - lr_t * wd)
-        # for decayed matrices, p_0 for norm scales and biases, up to Adam's clipped step (<= 1e-4 * lr_t each)
-        from flax import nnx
+    # ---- grad_clip, no decay on norms and biases, the applied schedule: p_T = p_0 * prod(1 - lr_t * wd)
+    # for decayed matrices, p_0 for norm scales and biases, up to Adam's clipped step (<= 1e-4 * lr_t each)
+    from flax import nnx
 
-        p0 = _leaves(nnx.to_pure_dict(nnx.split(hf.load(model_dir).model, nnx.Param, ...)[1]))
-        pT = _leaves(final["params"])
-        assert p0.keys() == pT.keys()
-        shrink = float(np.prod([1 - _lr(t) * WD for t in range(STEPS)]))
-        tol = 2e-4 * sum(_lr(t) for t in range(STEPS))
-        decayed = kept = 0
-        for k, a in p0.items():
-            no_decay = a.ndim < 2 or k.rstrip("']").endswith(("bias", "scale"))
-            expect = a if no_decay else a * shrink
-            np.testing.assert_allclose(pT[k], expect, rtol=0, atol=tol, err_msg=k)
-            if not no_decay:
-                decayed += 1
-            elif np.abs(a).max() > 0.5:  # a norm scale (1.0): decay would have moved it by far more than tol
-                kept += 1
-                assert np.abs(a * shrink - a).max() > 50 * tol
-        assert decayed >= 10 and kept >= 4
-        assert np.abs(p0["['backbone']['embeddings']['word_embeddings']['embedding']"]).max() * (1 - shrink) > 20 * tol
+    p0 = _leaves(nnx.to_pure_dict(nnx.split(hf.load(model_dir).model, nnx.Param, ...)[1]))
+    pT = _leaves(final["params"])
+    assert p0.keys() == pT.keys()
+    shrink = float(np.prod([1 - _lr(t) * WD for t in range(STEPS)]))
+    tol = 2e-4 * sum(_lr(t) for t in range(STEPS))
+    decayed = kept = 0
+    for k, a in p0.items():
+        no_decay = a.ndim < 2 or k.rstrip("']").endswith(("bias", "scale"))
+        expect = a if no_decay else a * shrink
+        np.testing.assert_allclose(pT[k], expect, rtol=0, atol=tol, err_msg=k)
+        if not no_decay:
+            decayed += 1
+        elif np.abs(a).max() > 0.5:  # a norm scale (1.0): decay would have moved it by far more than tol
+            kept += 1
+            assert np.abs(a * shrink - a).max() > 50 * tol
+    assert decayed >= 10 and kept >= 4
+    assert np.abs(p0["['backbone']['embeddings']['word_embeddings']['embedding']"]).max() * (1 - shrink) > 20 * tol
 
-        # ---- bf16 and remat: the run's step computes in bf16 and rematerialises
-        from jaxembed.data.pipeline import to_global
-        from jaxembed.train import init_state
-        from jaxembed import parallel
+    # ---- bf16 and remat: the run's step computes in bf16 and rematerialises
+    from jaxembed.data.pipeline import to_global
+    from jaxembed.train import init_state
+    from jaxembed import parallel
 
-        batch0 = to_global(seen[0], parallel.batch_sharding(run.mesh))
-        jaxpr = str(jax.make_jaxpr(make_train_step(run))(init_state(run), batch0))
-        assert "bf16" in jaxpr
-        assert "checkpoint" in jaxpr or "remat" in jaxpr
+    batch0 = to_global(seen[0], parallel.batch_sharding(run.mesh))
+    jaxpr = str(jax.make_jaxpr(make_train_step(run))(init_state(run), batch0))
+    assert "bf16" in jaxpr
+    assert "checkpoint" in jaxpr or "remat" in jaxpr
 
-        # ---- symmetric + same_task_mask: the first logged loss is the reference loss with both options
-        b = seen[0]
-        assert len(set(b["task_id"].tolist())) == 2, "the first batch should mix the two tasks"
-        K = b["doc_input_ids"].shape[0] // b["query_input_ids"].shape[0]
-        gdef, gstate = nnx.split(init.model)
-        embed = jax.jit(lambda st, ids, mask, pl: nnx.merge(gdef, st)(ids, mask, pl))
-        n_q = len(b["query_input_ids"])
-        e = np.asarray(embed(gstate, *(np.concatenate([b[f"query_{k}"], b[f"doc_{k}"]])
-                                        for k in ("input_ids", "attention_mask", "prompt_length"))))
-        eq, ed = e[:n_q], e[n_q:]
-        qt = b["task_id"]
-        kw = dict(weights=b["weight"], valid=b["doc_valid"], hashes=b["doc_hash"], qtask=qt, ctask=np.repeat(qt, K),
-                  qhashes=b["query_hash"])
-        pos = np.arange(len(qt)) * K
-        tau = cfg.loss.temperature
-        want = reference_loss(eq, ed, pos, tau, same_task=True, symmetric=True, **kw)[0]
-        got = train_lines[0]["loss"]
-        tol_loss = 0.01 * abs(want)
-        assert got == pytest.approx(want, abs=tol_loss)
-        for other in (dict(same_task=False, symmetric=True), dict(same_task=True, symmetric=False)):
-            assert abs(reference_loss(eq, ed, pos, tau, **other, **kw)[0] - got) > 5 * tol_loss, other
+    # ---- symmetric + same_task_mask: the first logged loss is the reference loss with both options
+    b = seen[0]
+    assert len(set(b["task_id"].tolist())) == 2, "the first batch should mix the two tasks"
+    K = b["doc_input_ids"].shape[0] // b["query_input_ids"].shape[0]
+    gdef, gstate = nnx.split(init.model)
+    embed = jax.jit(lambda st, ids, mask, pl: nnx.merge(gdef, st)(ids, mask, pl))
+    n_q = len(b["query_input_ids"])
+    e = np.asarray(embed(gstate, *(np.concatenate([b[f"query_{k}"], b[f"doc_{k}"]])
+                                    for k in ("input_ids", "attention_mask", "prompt_length"))))
+    eq, ed = e[:n_q], e[n_q:]
+    qt = b["task_id"]
+    kw = dict(weights=b["weight"], valid=b["doc_valid"], hashes=b["doc_hash"], qtask=qt, ctask=np.repeat(qt, K),
+              qhashes=b["query_hash"])
+    pos = np.arange(len(qt)) * K
+    tau = cfg.loss.temperature
+    want = reference_loss(eq, ed, pos, tau, same_task=True, symmetric=True, **kw)[0]
+    got = train_lines[0]["loss"]
+    tol_loss = 0.01 * abs(want)
+    assert got == pytest.approx(want, abs=tol_loss)
+    for other in (dict(same_task=False, symmetric=True), dict(same_task=True, symmetric=False)):
+        assert abs(reference_loss(eq, ed, pos, tau, **other, **kw)[0] - got) > 5 * tol_loss, other
 
-        # ---- export.dir: the export is there (not in the workdir), and encodes like the final checkpoint
-        assert summary["export"] == str(tmp_path / "exported") and not (wd / "export").exists()
-        texts = ["a test sentence", "another one"]
-        exp = Encoder.from_loaded(hf.load(str(tmp_path / "exported"), dtype="bfloat16")).encode(texts)
-        enc = Encoder(run.loaded.model, run.loaded.tokenizer)
-        enc.set_model(nnx.merge(run.graphdef, jax.device_get(final["params"]), run.rest))
-        np.testing.assert_allclose(exp, enc.encode(texts), atol=1e-6)
+    # ---- export.dir: the export is there (not in the workdir), and encodes like the final checkpoint
+    assert summary["export"] == str(tmp_path / "exported") and not (wd / "export").exists()
+    texts = ["a test sentence", "another one"]
+    exp = Encoder.from_loaded(hf.load(str(tmp_path / "exported"), dtype="bfloat16")).encode(texts)
+    enc = Encoder(run.loaded.model, run.loaded.tokenizer)
+    enc.set_model(nnx.merge(run.graphdef, jax.device_get(final["params"]), run.rest))
+    np.testing.assert_allclose(exp, enc.encode(texts), atol=1e-6)
 
-        # ---- resume onto FSDP shardings from step 2, with Grain worker processes: bit-identical to the straight run
-        wd2 = tmp_path / "resumed"
-        shutil.copytree(wd, wd2, ignore=shutil.ignore_patterns("summary.json", "tensorboard"))
-        for p in (wd2 / "checkpoints").iterdir():
-            if p.name.isdigit() and int(p.name) > 2:
-                shutil.rmtree(p)
-        cfg2 = cfg.copy_and_resolve_references()
-        cfg2.train.loader_workers = 1
-        cfg2.export.at_end = False
-        s2 = train(cfg2, wd2)
-        assert s2["status"] == "completed" and s2["step"] == STEPS
-        resumed = _restore(run, wd2, STEPS)
-        for x, y in zip(jax.tree.leaves(final), jax.tree.leaves(resumed)):
-            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    finally:
-        jax.config.update("jax_compilation_cache_dir", None)
+    # ---- resume onto FSDP shardings from step 2, with Grain worker processes: bit-identical to the straight run
+    wd2 = tmp_path / "resumed"
+    shutil.copytree(wd, wd2, ignore=shutil.ignore_patterns("summary.json", "tensorboard"))
+    for p in (wd2 / "checkpoints").iterdir():
+        if p.name.isdigit() and int(p.name) > 2:
+            shutil.rmtree(p)
+    cfg2 = cfg.copy_and_resolve_references()
+    cfg2.train.loader_workers = 1
+    cfg2.export.at_end = False
+    s2 = train(cfg2, wd2)
+    assert s2["status"] == "completed" and s2["step"] == STEPS
+    resumed = _restore(run, wd2, STEPS)
+    for x, y in zip(jax.tree.leaves(final), jax.tree.leaves(resumed)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 @pytest.mark.xfail(strict=True, reason="bug in jaxembed/train.py init_state: `jax.jit(run.tx.init)(pure)` returns the "
