@@ -388,6 +388,8 @@ def to_json(c: mc.ConfigDict) -> str:
 
 def write_resolved(c: mc.ConfigDict, workdir: str | os.PathLike) -> None:
     """config.json (machine-readable) and config.txt (ml-collections' readable form) in the run directory."""
+    from jaxembed import runfiles
+
     wd = Path(workdir)
-    (wd / "config.json").write_text(to_json(c) + "\n", encoding="utf-8")
-    (wd / "config.txt").write_text(str(c), encoding="utf-8")
+    runfiles.write_text(wd / "config.json", to_json(c) + "\n")  # atomic: a reader never sees half a file
+    runfiles.write_text(wd / "config.txt", str(c))

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxembed import __version__, models
+from jaxembed import __version__, models, runfiles
 from jaxembed.errors import UserError
 from jaxembed.models.embedding import DENSE_ACTIVATIONS, EmbeddingModel
 from jaxembed.tokenizer import Tokenizer
@@ -45,13 +45,15 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict
         arrays.append(a)
     hb = json.dumps(header, separators=(",", ":")).encode()
     hb += b" " * (-len(hb) % 8)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(len(hb).to_bytes(8, "little"))
-        f.write(hb)
-        for a in arrays:
-            f.write(a.tobytes())
-    os.replace(tmp, path)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(len(hb).to_bytes(8, "little"))
+            f.write(hb)
+            for a in arrays:
+                f.write(a.tobytes())
+
+    runfiles.write_with(path, write)
 
 
 def _dump(path: Path, obj: Any) -> None:
@@ -66,12 +68,25 @@ def export(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLi
     """Write ``model`` + ``tokenizer`` as a Hugging Face / sentence-transformers folder and return its path.
 
     hf_config: the original config.json (kept for fields we do not model, e.g. ``_name_or_path``), overlaid
-    with our architecture fields. A MoTE model is written as the full MoTE export (see ``export_mote``)."""
+    with our architecture fields. A MoTE model is written as the full MoTE export (see ``export_mote``).
+
+    The folder is written as a whole (``jaxembed.runfiles.atomic_dir``): under a temporary name, renamed into place
+    when complete, so a stop or a full disk during the export leaves no half folder (and an earlier export there
+    stays as it was)."""
     if getattr(model.config, "mote", None) is not None:
         return export_mote(model, tokenizer, out_dir, hf_config=hf_config, prompts=prompts,
                            default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with runfiles.atomic_dir(out_dir) as tmp:
+        _write_dense(model, tokenizer, tmp, hf_config=hf_config, prompts=prompts,
+                     default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name,
+                     model_card=model_card)
+    return Path(out_dir)
+
+
+def _write_dense(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, hf_config: dict | None,
+                 prompts: dict[str, str] | None, default_prompt_name: str | None, similarity_fn_name: str,
+                 model_card: str | None) -> None:
+    """The dense export's files, written into the (temporary) folder ``out``."""
     config = model.config
     if getattr(config, "causal", True) is False:
         log.warning("exporting a bidirectional %s: PyTorch transformers will run it with causal attention, so its "
@@ -123,7 +138,6 @@ def export(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLi
         "similarity_fn_name": similarity_fn_name,
     })
     (out / "README.md").write_text(model_card or _card(config, head, prompts), encoding="utf-8")
-    return out
 
 
 def export_loaded(loaded, out_dir: str | os.PathLike) -> Path:
@@ -177,17 +191,18 @@ def export_mote(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
     from jaxembed import mote
 
     spec = model.config.mote
-    out = Path(out_dir)
     kw.pop("model_card", None)
-    export(mote.extract_expert(model, spec.default), tokenizer, out, model_card=_mote_card(model.config, spec),
-           **kw)
-    modules = json.loads((out / "modules.json").read_text(encoding="utf-8"))
-    modules[0].update(type=f"{_MOTE_MODULE}.MoTETransformer", kwargs=["task"])
-    _dump(out / "modules.json", modules)
-    _dump(out / mote.CONFIG_FILE, spec.to_json())
-    write_safetensors(out / mote.WEIGHTS_FILE, mote.hf_expert_tensors(model))
-    (out / f"{_MOTE_MODULE}.py").write_text(MOTE_ST_MODULE, encoding="utf-8")
-    return out
+    kw = {"hf_config": None, "prompts": None, "default_prompt_name": None, "similarity_fn_name": "cosine", **kw}
+    with runfiles.atomic_dir(out_dir) as out:  # written as a whole, like export()
+        _write_dense(mote.extract_expert(model, spec.default), tokenizer, out,
+                     model_card=_mote_card(model.config, spec), **kw)
+        modules = json.loads((out / "modules.json").read_text(encoding="utf-8"))
+        modules[0].update(type=f"{_MOTE_MODULE}.MoTETransformer", kwargs=["task"])
+        _dump(out / "modules.json", modules)
+        _dump(out / mote.CONFIG_FILE, spec.to_json())
+        write_safetensors(out / mote.WEIGHTS_FILE, mote.hf_expert_tensors(model))
+        (out / f"{_MOTE_MODULE}.py").write_text(MOTE_ST_MODULE, encoding="utf-8")
+    return Path(out_dir)
 
 
 def export_expert(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLike, task: str,

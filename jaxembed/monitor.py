@@ -1,4 +1,7 @@
-"""Training metrics: stdout, a JSON-lines file (metrics.jsonl), TensorBoard events, and a progress bar with ETA."""
+"""Training metrics: stdout, a JSON-lines file (metrics.jsonl), TensorBoard events, and a progress bar with ETA.
+
+Only process 0 writes metrics.jsonl and tensorboard/ (``is_main``); a line torn by a killed run is cut off when
+the run starts again."""
 
 from __future__ import annotations
 
@@ -19,6 +22,20 @@ def _fmt(k: str, v) -> str:
     return f"{k}={v}"
 
 
+def _cut_torn_line(path: Path) -> int:
+    """A run killed while writing a line leaves it without its newline: cut it off (returns 1), so that the
+    next record starts on a line of its own."""
+    try:
+        with open(path, "rb+") as f:
+            data = f.read()
+            if not data or data.endswith(b"\n"):
+                return 0
+            f.truncate(data.rfind(b"\n") + 1)
+            return 1
+    except FileNotFoundError:
+        return 0
+
+
 class Monitor:
     """Writes ``metrics.jsonl`` and TensorBoard events under ``workdir``; prints a line per log step and keeps a
     progress bar (to stderr, only on a terminal unless ``progress=True``)."""
@@ -30,6 +47,7 @@ class Monitor:
                  progress: bool | None = None, is_main: bool = True):
         self.is_main = is_main
         self.workdir = Path(workdir)
+        self.torn = _cut_torn_line(self.workdir / "metrics.jsonl") if is_main else 0
         self._jsonl = open(self.workdir / "metrics.jsonl", "a", encoding="utf-8") if is_main else None
         self._tb = None
         if tensorboard and is_main:
@@ -49,8 +67,13 @@ class Monitor:
             return
         clean = {k: (float(v) if not isinstance(v, (str, int)) else v) for k, v in metrics.items()}
         record = {"step": int(step), "split": prefix, "time": round(time.time() - self.t0, 3), **clean}
-        self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
-        self._jsonl.flush()
+        try:
+            self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
+            self._jsonl.flush()
+        except OSError as e:
+            from jaxembed import runfiles
+
+            raise runfiles.write_failed("writing the metrics", self.workdir / "metrics.jsonl", e) from None
         if self._tb is not None:
             for k, v in clean.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):

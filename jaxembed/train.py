@@ -7,10 +7,17 @@ config.json / config.txt, store/, plan.npz, metrics.jsonl, tensorboard/, checkpo
 Train state (one pytree): params, opt_state, step, rng (raw key data), peg_t (PEG momentum), nonfinite
 (consecutive skipped steps), skipped (total). The data position is the step: the plan and the loader give the
 same batch for a step after any restart, so a resumed run reproduces an uninterrupted one bit for bit on CPU.
+
+A pod (several processes, jax.distributed): every process runs this same code on one shared workdir, started at
+the same moment. Each file of the run directory has one writer and the others wait for it (jaxembed.runfiles;
+the table is in docs/reliability.md): process 0 writes config.json / config.txt, store/, plan.npz / plan.json,
+plan_lengths.npz, metrics.jsonl, tensorboard/, init_from/, export/ and summary.json, every other process waits for
+its outcome (and fails with its error); Orbax writes checkpoints/ (each process its shards, process 0 the rest).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -30,7 +37,7 @@ from flax import nnx
 
 from jaxembed import config as cfglib
 from jaxembed import flops as flopslib
-from jaxembed import gradcache, hf, optim, parallel
+from jaxembed import gradcache, hf, optim, parallel, runfiles
 from jaxembed.checkpointing import Checkpointer
 from jaxembed.errors import UserError
 from jaxembed.losses import CandidateInfo, LossOptions, QueryInfo, layout_pos_index, tiled_terms
@@ -72,7 +79,7 @@ def _check_workdir(config, workdir: Path) -> None:
     prev = workdir / "config.json"
     if not prev.exists():
         return
-    old = json.loads(prev.read_text())
+    old = _read_config_json(prev)
     new = json.loads(cfglib.to_json(config))
     keys = ("model", "data", "plan", "loss", "optim")
     diffs = [k for k in keys if old.get(k) != new.get(k)]
@@ -83,41 +90,104 @@ def _check_workdir(config, workdir: Path) -> None:
                         "the same config (fix: use a new --workdir, or the run's own config.json)")
 
 
+def _read_config_json(path: Path) -> dict:
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not a valid config ({e}); the run directory's config is damaged (fix: restore "
+                        "it from config.txt by hand, or use a new --workdir)") from None
+    if not isinstance(old, dict):
+        raise UserError(f"{path}: not a config object (fix: use a new --workdir)")
+    return old
+
+
+def _same_config_as_main(config, workdir: Path) -> None:
+    """On processes other than 0: the config process 0 wrote must be this process's own (all hosts of a pod run
+    the same --config and overrides)."""
+    if runfiles.is_main():
+        return
+    written = _read_config_json(workdir / "config.json")
+    mine = json.loads(cfglib.to_json(config))
+    diffs = sorted(k for k in set(written) | set(mine) if written.get(k) != mine.get(k))
+    if diffs:
+        raise UserError(f"process {runfiles.process_index()} has another config than process 0 ({', '.join(diffs)} "
+                        "differ) (fix: start every process with the same --config and --config.KEY=VALUE overrides)")
+
+
 def prepare_store(config, workdir: Path):
+    """The dataset store: ``data.store``, or ``<workdir>/store`` written once by process 0 (write_store writes a
+    temporary folder and renames it into place); the other processes open it when it is complete."""
     from jaxembed.data.store import Store, write_store
 
     if config.data.store:
         return Store.open(config.data.store)
     store_dir = workdir / "store"
-    if not (store_dir / "manifest.json").exists():
-        report = write_store(cfglib.data_section(config), store_dir)
+
+    def write():
+        if (store_dir / "manifest.json").exists():
+            return
+        with runfiles.writing("preparing the dataset store", store_dir,
+                              fix="run the same command again (the store is prepared from the start)"):
+            report = write_store(cfglib.data_section(config), store_dir)
         log.info("prepared the dataset store: %s", report.summary() if hasattr(report, "summary") else report)
+
+    runfiles.main_first("store", write)
     return Store.open(store_dir)
 
 
 def prepare_plan(config, store, workdir: Path):
+    """The batch plan: every process builds it (a pure function of data, config and seed); process 0 saves
+    plan.npz (or checks a saved one); the others then check that process 0 built the same plan."""
     from jaxembed.data.plan import Plan, build_plan
 
     plan = build_plan(store, config.plan, data_config=cfglib.data_section(config))
     path = workdir / "plan.npz"
-    if path.exists():
-        saved = Plan.load(path)
-        if saved.fingerprint() != plan.fingerprint():
-            raise UserError(f"{path}: the saved plan differs from the one the config builds (the data or the plan "
-                            "config changed); fix: use a new --workdir")
-    else:
-        plan.save(path)
+    fingerprint = plan.fingerprint()
+
+    def save_or_check():
+        if path.exists():
+            saved = Plan.load(path)
+            if saved.fingerprint() != fingerprint:
+                raise UserError(f"{path}: the saved plan differs from the one the config builds (the data or the "
+                                "plan config changed); fix: use a new --workdir")
+        else:
+            with runfiles.writing("saving the batch plan", path):
+                plan.save(path)
+
+    def same_as_main():
+        if runfiles.is_main():
+            return
+        side = path.with_suffix(".json")
+        theirs = json.loads(side.read_text(encoding="utf-8")).get("fingerprint")
+        if theirs != fingerprint:
+            raise UserError(f"process {runfiles.process_index()} built another batch plan than process 0 "
+                            f"(fingerprint {fingerprint} vs {theirs} in {side}): the hosts read different data "
+                            "(fix: every host must see the same data files)")
+
+    runfiles.main_first("plan", save_or_check)
+    runfiles.all_agree("plan-check", same_as_main)
     return plan
 
 
 def setup(config, workdir: str | Path) -> Run:
-    """Validate, create the run directory, load the model, the store and the plan, build the optimizer."""
+    """Validate, join the other processes (a pod), create the run directory, load the model, the store and the
+    plan, build the optimizer."""
     cfglib.validate(config)
+    parallel.initialize()  # before any other JAX call: every process of a pod joins here
+    if runfiles.process_count() > 1 and config.eval.tasks:
+        raise UserError(f"config.eval.tasks = {tuple(config.eval.tasks)}: dev evaluation during training runs in a "
+                        f"single process, not on {runfiles.process_count()} (fix: set --config.eval.tasks=() for "
+                        "the pod run and evaluate its export with `jaxembed eval`)")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    _check_workdir(config, workdir)
-    cfglib.write_resolved(config, workdir)
-    parallel.initialize()
+
+    def write_config():
+        _check_workdir(config, workdir)
+        with runfiles.writing("writing the config", workdir / "config.json"):
+            cfglib.write_resolved(config, workdir)
+
+    runfiles.main_first("config", write_config)  # process 0 checks the old config and writes the new one
+    runfiles.all_agree("config-check", lambda: _same_config_as_main(config, workdir))
     mesh = parallel.make_mesh(config.train.mesh_data, config.train.mesh_fsdp)
     kw = dict(dtype=config.model.dtype, param_dtype=config.model.param_dtype, remat=config.model.remat)
     if config.model.max_length:
@@ -154,7 +224,8 @@ def setup(config, workdir: str | Path) -> Run:
 def init_source(config, workdir: str | Path) -> str:
     """The folder (or hub id) the run's weights come from: ``model.name``, or ``model.init_from`` (a previous
     stage): a run's ``export/``; a run without one is exported from its latest checkpoint into
-    ``<workdir>/init_from`` (once); or a model folder. Only step 0 reads it: a resumed run restores its own
+    ``<workdir>/init_from`` (once; process 0 decides whether that is needed and writes it, every process takes
+    part in restoring the checkpoint); or a model folder. Only step 0 reads it: a resumed run restores its own
     checkpoint."""
     src = config.model.get("init_from") if "init_from" in config.model else ""
     if not src:
@@ -165,8 +236,10 @@ def init_source(config, workdir: str | Path) -> str:
     if (p / "export" / "config.json").is_file():
         return str(p / "export")
     out = Path(workdir) / "init_from"
-    if not (out / "config.json").is_file():
-        print(f"model.init_from: exporting the latest checkpoint of {p} to {out}", flush=True)
+    need = runfiles.broadcast("init_from", "no" if (out / "config.json").is_file() else "yes") == "yes"
+    if need:
+        if runfiles.is_main():
+            print(f"model.init_from: exporting the latest checkpoint of {p} to {out}", flush=True)
         export_from_workdir(p, out)
     return str(out)
 
@@ -330,25 +403,82 @@ def make_train_step(run: Run) -> Callable:
 # --------------------------------------------------------------------------------------------------- loop
 
 
-class _Signals:
-    """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and exits at the next step boundary."""
+class Interrupted(BaseException):
+    """A stop signal inside ``_Signals.interruptible()`` (a BaseException, like KeyboardInterrupt, so that no
+    ``except Exception`` on the way swallows it)."""
 
-    def __init__(self):
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+class _Signals:
+    """Stop requests (SIGTERM from a scheduler's preemption, SIGINT): the loop saves a checkpoint and stops at the
+    next step boundary.
+
+    One process: a Python handler sets a flag. Inside ``interruptible()`` (a dev evaluation, the export) the signal
+    raises ``Interrupted`` at once instead, so a preemption's grace period is not spent on work that the rerun
+    does again. Several processes: JAX's preemption service (started by jax.distributed) receives SIGTERM on any
+    host, and ``stop_at(step)`` becomes true on every process at the same step
+    (``multihost_utils.reached_preemption_sync_point``), so all save the same checkpoint and stop together; no
+    Python handler is installed then (it would take SIGTERM from that service)."""
+
+    def __init__(self, multi: bool = False):
+        self.multi = multi
         self.received: int | None = None
         self._old = {}
+        self._raise = False
+        self._warned = False
 
     def __enter__(self):
-        for s in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._old[s] = signal.signal(s, self._handle)
-            except ValueError:  # not the main thread
-                pass
+        if not self.multi:
+            for s in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    self._old[s] = signal.signal(s, self._handle)
+                except ValueError:  # not the main thread
+                    pass
         return self
 
     def _handle(self, signum, frame):
-        if self.received is not None and signum == signal.SIGINT:
+        again = self.received is not None
+        if not again:
+            self.received = signum
+        if self._raise:
+            self._raise = False
+            raise Interrupted(signum)
+        if again and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.received = signum
+
+    def stop_at(self, step: int) -> bool:
+        """Whether to save and stop after ``step`` (call it at every step, on every process)."""
+        if not self.multi:
+            return self.received is not None
+        from jax.experimental import multihost_utils
+
+        try:
+            hit = bool(multihost_utils.reached_preemption_sync_point(step))
+        except RuntimeError as e:  # jax_enable_preemption_service is off
+            if not self._warned:
+                log.warning("no preemption sync (%s): a SIGTERM stops the processes without a checkpoint", e)
+                self._warned = True
+            return False
+        if hit:
+            self.received = signal.SIGTERM
+        return hit
+
+    @contextlib.contextmanager
+    def interruptible(self):
+        """A signal inside raises Interrupted at once (one process; several: the block runs to its end)."""
+        if self.multi:
+            yield
+            return
+        if self.received is not None:
+            raise Interrupted(self.received)
+        self._raise = True
+        try:
+            yield
+        finally:
+            self._raise = False
 
     def __exit__(self, *exc):
         for s, h in self._old.items():
@@ -368,12 +498,22 @@ def task_prompts(store) -> dict[str, str]:
 
 
 def export_params(run: Run, params, out_dir: Path) -> Path:
+    """Write the export of ``params`` (host arrays, or arrays on this process's devices) to ``out_dir``."""
     from jaxembed import export as exportlib
 
     model = nnx.merge(run.graphdef, jax.device_get(params), run.rest)
     return exportlib.export(model, run.loaded.tokenizer, out_dir, hf_config=run.loaded.hf_config,
                             prompts={**run.loaded.st.prompts, **task_prompts(run.store)},
                             similarity_fn_name=run.loaded.st.similarity_fn_name)
+
+
+def host_params(params) -> Any:
+    """Parameters as host arrays on every process (a collective with several processes: all must call it)."""
+    if runfiles.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(params, tiled=True)  # the full value of each global array
+    return jax.device_get(params)
 
 
 def _host_metrics(pending: list, run: Run, t_start: float, flops_per_step: list) -> tuple[dict, list]:
@@ -400,28 +540,66 @@ def _host_metrics(pending: list, run: Run, t_start: float, flops_per_step: list)
     return out, rows
 
 
+def step_lengths(run: Run, cache: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The plan's per-step text lengths: process 0 computes them (tokenizing the plan) and writes the cache; the
+    others read it when it is complete."""
+    from jaxembed.data.pipeline import cached_step_lengths
+
+    def compute():
+        with runfiles.writing("writing the length table", cache):
+            return cached_step_lengths(run.store, run.plan, run.loaded.tokenizer, cache)
+
+    out = runfiles.main_first("lengths", compute)
+    return out if out is not None else cached_step_lengths(run.store, run.plan, run.loaded.tokenizer, cache)
+
+
+def _eval_logged(workdir: Path, step: int) -> bool:
+    """Whether metrics.jsonl holds the dev evaluation of ``step`` (a stop during it leaves none)."""
+    try:
+        lines = (workdir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return False
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if r.get("split") == "eval" and r.get("step") == step:
+            return True
+    return False
+
+
 def train(config, workdir: str | Path) -> dict:
     """Run (or resume) training; returns a summary dict. Raises UserError for bad input before any work."""
     run = setup(config, workdir)
     c = run.config
     workdir = run.workdir
-    is_main = jax.process_index() == 0
+    is_main = runfiles.is_main()
+    multi = runfiles.process_count() > 1
     ckpt = Checkpointer(workdir / "checkpoints", keep_last=c.train.keep_checkpoints,
                         best_metric=c.eval.best_metric, best_mode=c.eval.best_mode,
                         async_save=c.train.async_checkpoints)
-    state = init_state(run)
-    start = ckpt.latest_step() or 0
+    notes: list[str] = []
+    try:
+        state = init_state(run)
+        start, state = ckpt.restore_latest(state, say=notes.append)
+    except BaseException:
+        ckpt.close()
+        raise
     if start:
-        state = ckpt.restore(start, state)
         log.info("resumed from %s at step %d", workdir / "checkpoints", start)
     total = run.plan.steps
     monitor = Monitor(workdir, total, start, progress=c.train.progress, is_main=is_main)
+    for n in notes:
+        monitor.message(n)
+    if monitor.torn:
+        monitor.message(f"{workdir / 'metrics.jsonl'}: cut off a line torn by a stopped run")
     if start:
         monitor.message(f"resuming at step {start} of {total} from {workdir / 'checkpoints'}")
     step_fn = make_train_step(run)
-    from jaxembed.data.pipeline import batch_stats, cached_step_lengths, make_loader, to_global
+    from jaxembed.data.pipeline import batch_stats, make_loader, to_global
 
-    lengths = cached_step_lengths(run.store, run.plan, run.loaded.tokenizer, workdir / "plan_lengths.npz")
+    lengths = step_lengths(run, workdir / "plan_lengths.npz")
     if c.train.length_buckets == "pow2":  # fewer shapes, fewer compilations, a little more padding
         lengths = tuple(pow2_lengths(x) for x in lengths)
     loader = make_loader(run.store, run.plan, run.loaded.tokenizer, process_index=jax.process_index(),
@@ -429,8 +607,7 @@ def train(config, workdir: str | Path) -> dict:
                          lengths=lengths, num_candidates=run.K)
     rows_sharding = parallel.batch_sharding(run.mesh)
     evaluator = make_evaluator(run)
-    if evaluator and c.eval.before and start == 0:
-        monitor.log(0, evaluator(state["params"]), prefix="eval")
+    eval_due = lambda s: bool(evaluator and c.eval.every and (s % c.eval.every == 0 or s == total))
     pending, flops_per_step = [], []
     consecutive, first_bad = 0, None
     last_save_time = time.time()
@@ -438,73 +615,120 @@ def train(config, workdir: str | Path) -> dict:
     status = "completed"
     best, best_value = None, None  # best dev step of this invocation (Orbax keeps its checkpoint)
     step = start
+    stopped_in = ""  # where a stop signal arrived, for the message
+
+    def evaluate_at(at: int, sig) -> dict | None:
+        """The dev metrics at step ``at`` (logged, best step updated); None when a stop signal interrupted it."""
+        nonlocal best, best_value
+        try:
+            with sig.interruptible():
+                metrics = evaluator(state["params"])
+        except Interrupted:
+            return None
+        monitor.log(at, metrics, prefix="eval")
+        value = metrics.get(c.eval.best_metric) if c.eval.best_metric else None
+        if value is None and c.eval.best_metric:
+            raise UserError(f"config.eval.best_metric = {c.eval.best_metric!r} is not among the dev "
+                            f"metrics: {', '.join(sorted(metrics))}")
+        if value is not None and math.isfinite(value) and (
+                best_value is None or (value > best_value if c.eval.best_mode == "max" else value < best_value)):
+            best, best_value = at, value
+        return metrics
+
+    summary: dict = {}
     try:
-        with _Signals() as sig, loader:
-            for step in range(start, total):
-                host_batch = next(loader)
-                batch = to_global(host_batch, rows_sharding)
-                if run.routes is not None:  # MoTE: a one-task batch takes the one-expert-per-call path
-                    state, m = step_fn(state, batch, single_task=bool(run.plan.task_ids[step] >= 0))
-                else:
-                    state, m = step_fn(state, batch)
-                hs = batch_stats(host_batch)
-                hs["task"] = int(run.plan.task_ids[step]) if hasattr(run.plan, "task_ids") else -1
-                pending.append((step, m, hs))
-                flops_per_step.append(flopslib.train_step_flops(
-                    run.loaded.model.config, host_batch["query_input_ids"].shape[0] * jax.process_count(),
-                    host_batch["query_input_ids"].shape[1],
-                    host_batch["doc_input_ids"].shape[0] * jax.process_count(),
-                    host_batch["doc_input_ids"].shape[1], run.loaded.model.dim, bool(c.train.gradcache_chunk)))
-                monitor.advance()
-                done = step + 1
-                last = done == total
-                if done % c.train.log_every == 0 or last or sig.received is not None:
-                    metrics, rows = _host_metrics(pending, run, t_interval, flops_per_step)
-                    monitor.log(done, metrics)
-                    for s, ok, h in rows:
-                        if ok:
-                            consecutive, first_bad = 0, None
-                            continue
-                        consecutive += 1
-                        first_bad = s if first_bad is None else first_bad
-                        if c.train.max_nonfinite and consecutive >= c.train.max_nonfinite:
-                            raise TrainingStopped(_nonfinite_message(run, s, first_bad, consecutive, h["task"]))
-                    pending, flops_per_step = [], []
-                    t_interval = time.time()
-                eval_metrics = None
-                if evaluator and c.eval.every and (done % c.eval.every == 0 or last):
-                    eval_metrics = evaluator(state["params"])
-                    monitor.log(done, eval_metrics, prefix="eval")
-                    value = eval_metrics.get(c.eval.best_metric) if c.eval.best_metric else None
-                    if value is None and c.eval.best_metric:
-                        raise UserError(f"config.eval.best_metric = {c.eval.best_metric!r} is not among the dev "
-                                        f"metrics: {', '.join(sorted(eval_metrics))}")
-                    if value is not None and math.isfinite(value) and (
-                            best_value is None or (value > best_value if c.eval.best_mode == "max"
-                                                   else value < best_value)):
-                        best, best_value = done, value
-                    t_interval = time.time()
-                due = (c.train.checkpoint_every and done % c.train.checkpoint_every == 0) or last or (
-                    c.train.checkpoint_minutes and time.time() - last_save_time >= 60 * c.train.checkpoint_minutes)
-                if due or sig.received is not None:
-                    ckpt.save(done, state, eval_metrics)
-                    last_save_time = time.time()
-                if sig.received is not None:
-                    status = "preempted"
-                    ckpt.wait()
-                    monitor.message(f"signal {sig.received}: checkpoint saved at step {done}; run the same command "
-                                    "to resume")
-                    break
+        with _Signals(multi) as sig:
+            if evaluator and c.eval.before and start == 0 and not _eval_logged(workdir, 0):
+                if evaluate_at(0, sig) is None:
+                    status, stopped_in = "preempted", "the dev evaluation before training"
+            elif start and eval_due(start) and not _eval_logged(workdir, start):
+                # the evaluation of the checkpoint's step was stopped by a signal: run it now
+                if evaluate_at(start, sig) is None:
+                    status, stopped_in = "preempted", f"the dev evaluation at step {start}"
+            if status == "preempted":
+                monitor.message(f"signal {sig.received} during {stopped_in}: stopped before any training step, "
+                                "the checkpoints are as they were; run the same command to resume")
+            with loader:
+                for step in range(start, total if status == "completed" else start):
+                    host_batch = next(loader)
+                    batch = to_global(host_batch, rows_sharding)
+                    if run.routes is not None:  # MoTE: a one-task batch takes the one-expert-per-call path
+                        state, m = step_fn(state, batch, single_task=bool(run.plan.task_ids[step] >= 0))
+                    else:
+                        state, m = step_fn(state, batch)
+                    hs = batch_stats(host_batch)
+                    hs["task"] = int(run.plan.task_ids[step]) if hasattr(run.plan, "task_ids") else -1
+                    pending.append((step, m, hs))
+                    flops_per_step.append(flopslib.train_step_flops(
+                        run.loaded.model.config, host_batch["query_input_ids"].shape[0] * jax.process_count(),
+                        host_batch["query_input_ids"].shape[1],
+                        host_batch["doc_input_ids"].shape[0] * jax.process_count(),
+                        host_batch["doc_input_ids"].shape[1], run.loaded.model.dim, bool(c.train.gradcache_chunk)))
+                    monitor.advance()
+                    done = step + 1
+                    last = done == total
+                    if done % c.train.log_every == 0 or last or sig.received is not None:
+                        metrics, rows = _host_metrics(pending, run, t_interval, flops_per_step)
+                        monitor.log(done, metrics)
+                        for s, ok, h in rows:
+                            if ok:
+                                consecutive, first_bad = 0, None
+                                continue
+                            consecutive += 1
+                            first_bad = s if first_bad is None else first_bad
+                            if c.train.max_nonfinite and consecutive >= c.train.max_nonfinite:
+                                raise TrainingStopped(_nonfinite_message(run, s, first_bad, consecutive, h["task"]))
+                        pending, flops_per_step = [], []
+                        t_interval = time.time()
+                    eval_metrics = None
+                    if eval_due(done):
+                        eval_metrics = evaluate_at(done, sig)
+                        if eval_metrics is None:
+                            stopped_in = f"the dev evaluation at step {done}"
+                        t_interval = time.time()
+                    due = (c.train.checkpoint_every and done % c.train.checkpoint_every == 0) or last or (
+                        c.train.checkpoint_minutes and time.time() - last_save_time >= 60 * c.train.checkpoint_minutes)
+                    stop = sig.stop_at(done)
+                    if due or stop:
+                        ckpt.save(done, state, eval_metrics)
+                        last_save_time = time.time()
+                    if stop:
+                        status = "preempted"
+                        ckpt.wait()
+                        where = f" during {stopped_in}" if stopped_in else ""
+                        monitor.message(f"signal {sig.received}{where}: checkpoint saved at step {done}; run the "
+                                        "same command to resume" + (" (the evaluation runs again then)"
+                                                                    if stopped_in else ""))
+                        break
             ckpt.wait()
+            summary = {"status": status, "step": int(jax.device_get(state["step"])),
+                       "skipped": int(jax.device_get(state["skipped"])), "workdir": str(workdir), "best_step": best}
+            if status == "completed" and c.export.at_end:
+                out_dir = Path(c.export.dir) if c.export.dir else workdir / "export"
+                params = host_params(state["params"])  # every process (a collective), then process 0 writes
+
+                def write_export():
+                    with sig.interruptible(), runfiles.writing(
+                            "writing the export", out_dir,
+                            fix=f"training is complete (checkpoint {summary['step']} is saved): run the same command "
+                                "again to write the export"):
+                        return export_params(run, params, out_dir)
+
+                try:
+                    runfiles.main_first("export", write_export)
+                    summary["export"] = str(out_dir)
+                except Interrupted as e:
+                    summary["status"] = "preempted"
+                    monitor.message(f"signal {e.signum} during the export: stopped, nothing half-written (the "
+                                    f"export is written as a whole); checkpoint {summary['step']} is saved; run the "
+                                    "same command to write the export")
     finally:
         ckpt.close()
         monitor.close()
-    summary = {"status": status, "step": int(jax.device_get(state["step"])),
-               "skipped": int(jax.device_get(state["skipped"])), "workdir": str(workdir), "best_step": best}
-    if status == "completed" and c.export.at_end and is_main:
-        out_dir = Path(c.export.dir) if c.export.dir else workdir / "export"
-        summary["export"] = str(export_params(run, state["params"], out_dir))
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n") if is_main else None
+    if is_main:
+        with runfiles.writing("writing the summary", workdir / "summary.json"):
+            runfiles.write_json(workdir / "summary.json", summary)
+    runfiles.barrier("train-end")  # no process leaves while process 0 still writes
     return summary
 
 
@@ -563,15 +787,26 @@ def export_from_workdir(workdir: str | Path, out: str | Path, step: int | None =
     step = steps[-1] if step is None else step
     if step not in steps:
         raise UserError(f"--step {step}: no such checkpoint (have: {', '.join(map(str, steps))})")
-    state = ckpt.restore(step, init_state(run))
-    ckpt.close()
-    if task is None and not average_experts:
-        return export_params(run, state["params"], Path(out))
+    try:
+        state = ckpt.restore(step, init_state(run))
+    except Exception as e:
+        raise UserError(f"{workdir / 'checkpoints' / str(step)}: unreadable checkpoint ({type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:300]}) (fix: export another step with --step)") from None
+    finally:
+        ckpt.close()
+    params = host_params(state["params"])  # every process; then process 0 writes the folder, the others wait
     from jaxembed import export as exportlib
 
-    model = nnx.merge(run.graphdef, jax.device_get(state["params"]), run.rest)
-    kw = dict(hf_config=run.loaded.hf_config, prompts={**run.loaded.st.prompts, **task_prompts(run.store)},
-              similarity_fn_name=run.loaded.st.similarity_fn_name)
-    if task is not None:
-        return exportlib.export_expert(model, run.loaded.tokenizer, Path(out), task, **kw)
-    return exportlib.export_averaged(model, run.loaded.tokenizer, Path(out), **kw)
+    def write():
+        with runfiles.writing("writing the export", out):
+            if task is None and not average_experts:
+                return export_params(run, params, Path(out))
+            model = nnx.merge(run.graphdef, params, run.rest)
+            kw = dict(hf_config=run.loaded.hf_config, prompts={**run.loaded.st.prompts, **task_prompts(run.store)},
+                      similarity_fn_name=run.loaded.st.similarity_fn_name)
+            if task is not None:
+                return exportlib.export_expert(model, run.loaded.tokenizer, Path(out), task, **kw)
+            return exportlib.export_averaged(model, run.loaded.tokenizer, Path(out), **kw)
+
+    runfiles.main_first("export-from-workdir", write)
+    return Path(out)

@@ -365,7 +365,10 @@ def run_score(encoder, store, out, *, unit: str = "task", n_task_queries: int = 
 
 
 def cmd_score(args) -> int:
+    from jaxembed import runfiles
     from jaxembed.data.store import Store
+
+    runfiles.single_host_only("jaxembed score")
 
     if (args.store is None) == (args.config is None):
         raise UserError("score: give exactly one of --store DIR or --config FILE[:VARIANT]")
@@ -578,8 +581,10 @@ def _read_input(args):
 
 
 def cmd_mine(args) -> int:
-    from jaxembed import mining
+    from jaxembed import mining, runfiles
     from jaxembed.data.jsonl import read_texts
+
+    runfiles.single_host_only("jaxembed mine")
 
     if (args.input is None) == (args.store is None):
         raise UserError("mine: give exactly one of --input FILE or --store DIR --dataset NAME")

@@ -425,10 +425,11 @@ def cached_step_lengths(store, plan: Plan, tokenizer: Tokenizer, cache: str | os
     t0 = time.time()
     qlen, dlen = step_lengths(store, plan, tokenizer, seed=seed, negatives=negatives, tables=tables)
     log.info("length table for %d steps in %.1fs", plan.steps, time.time() - t0)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp.npz")
-    np.savez(tmp, key=np.array(key), query_len=qlen, doc_len=dlen)
-    os.replace(tmp, cache)
+    from jaxembed import runfiles
+
+    # a temporary name unique across hosts (a pid alone repeats across containers), renamed into place
+    runfiles.write_with(cache, lambda t: np.savez(t, key=np.array(key), query_len=qlen, doc_len=dlen),
+                        suffix=".npz")
     return qlen, dlen
 
 

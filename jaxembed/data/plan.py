@@ -313,19 +313,20 @@ class Plan:
         path = Path(path)
         if path.suffix != ".npz":
             raise UserError(f"{path}: a plan file must end in .npz")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, dataset_ids=self.dataset_ids, example_ids=self.example_ids, task_ids=self.task_ids,
-                 weights=self.weights, temperatures=self.temperatures, dataset_tasks=self.dataset_tasks,
-                 dataset_sizes=self.dataset_sizes, dropped=self.dropped, unit_ids=self.unit_ids)
+        from jaxembed import runfiles
+
         side = {"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint(), "steps": self.steps,
                 "global_batch_size": self.global_batch_size, "seed": self.seed,
                 "task_names": list(self.task_names), "dataset_names": list(self.dataset_names),
                 "config": self.config, "meta": self.meta}
-        tmp_json = path.with_suffix(".json.tmp")
-        tmp_json.write_text(json.dumps(side, indent=1, default=_json_default) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-        os.replace(tmp_json, path.with_suffix(".json"))
+        arrays = dict(dataset_ids=self.dataset_ids, example_ids=self.example_ids, task_ids=self.task_ids,
+                      weights=self.weights, temperatures=self.temperatures, dataset_tasks=self.dataset_tasks,
+                      dataset_sizes=self.dataset_sizes, dropped=self.dropped, unit_ids=self.unit_ids)
+        # each file through its own unique temporary name (host, pid, random), renamed into place: concurrent
+        # savers never share a temporary file; a reader between the two renames sees a pair whose fingerprints
+        # differ, which ``load`` reports
+        runfiles.write_with(path, lambda t: np.savez(t, **arrays), suffix=".npz")
+        runfiles.write_text(path.with_suffix(".json"), json.dumps(side, indent=1, default=_json_default) + "\n")
         return path
 
     @classmethod

@@ -243,9 +243,10 @@ def _encoder(c, notes: list) -> tuple[Any, Tokenizer, dict, dict | None]:
 
 def setup(config, workdir: str | Path, *, progress: bool | None = None) -> Run:
     """Validate, create the run directory, read and tokenize the texts, build the model and the optimizer."""
+    from jaxembed import runfiles
+
+    runfiles.single_host_only("jaxembed pretrain retromae")  # before any JAX call: one line, no hang
     validate(config)
-    if jax.process_count() > 1:
-        raise UserError("pretrain retromae runs on one host (all its local devices); multi-host is not supported")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     _check_workdir(config, workdir)

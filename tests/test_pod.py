@@ -1,0 +1,94 @@
+"""A pod on one shared workdir (DESIGN.md 3, docs/reliability.md): two real `jaxembed train` processes (2 CPU
+devices each, gloo collectives, JAXEMBED_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID) started at the same moment.
+
+- They finish, on a slow shared disk (tests/faults slow_writes: the first write to each run file stalls half-way,
+  so a process that read a file before its writer was done would see half of it: the old trainer failed here
+  with a JSONDecodeError on config.json and the coordinator then killed process 0), and their export equals a
+  single process on the same 4 devices (<= 1e-5).
+- Both killed (-9) while the async save of step 6 is in flight (its final rename held, tests/faults hold_save)
+  and started again: they say so, resume from the previous complete checkpoint (3) and end bitwise equal to the
+  uninterrupted pod run.
+- Commands that run on one host only refuse a multi-host environment with one line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import runs
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory, shared_data, minilm_dir):
+    """The uninterrupted pod run (shared by the tests below)."""
+    root = tmp_path_factory.mktemp("pod")
+    cfg = runs.tiny_config(root / "tiny_train.py", runs.tiny_model(root / "model", minilm_dir), shared_data)
+    cache = root / "jaxcache"
+    wd = root / "pod"
+    procs = runs.start_pod(2, 2, ["train", "--config", str(cfg), "--workdir", str(wd)], root / "pod", cache,
+                           fault="slow_writes=0.5")
+    outs = runs.wait_all(procs)
+    return {"root": root, "config": cfg, "cache": cache, "wd": wd, "outs": outs}
+
+
+def test_pod_started_at_once_on_one_workdir_equals_one_process(pod):
+    wd = pod["wd"]
+    for out in pod["outs"]:
+        assert "completed at step 8" in out, out[-2000:]
+    assert "process 0 of 2" in pod["outs"][0] and "process 1 of 2" in pod["outs"][1]
+    assert runs.steps_of(wd) == [6, 8]
+    assert runs.leftovers(wd) == []  # every temporary file was renamed into place or removed
+    # the same run in one process on the same total device count (4)
+    single = pod["root"] / "single"
+    p = runs.start(["train", "--config", str(pod["config"]), "--workdir", str(single)],
+                   runs.env(4, pod["cache"]), pod["root"] / "single.log")
+    runs.wait_all([p])
+    a, b = runs.export_tensors(wd / "export"), runs.export_tensors(single / "export")
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=0, atol=1e-5, err_msg=k)
+    from jaxembed.encode import load_encoder
+
+    texts = ["a test sentence", "what is the capital of France?", "fossils in the rocks"]
+    np.testing.assert_allclose(load_encoder(str(wd / "export")).encode(texts),
+                               load_encoder(str(single / "export")).encode(texts), rtol=0, atol=1e-5)
+
+
+def test_pod_killed_during_async_save_resumes_bitwise(pod):
+    root = pod["root"]
+    wd, marker = root / "killed", root / "hold.marker"
+    args = ["train", "--config", str(pod["config"]), "--workdir", str(wd)]
+    procs = runs.start_pod(2, 2, args, root / "killed", pod["cache"], fault="hold_save=6", marker=marker)
+    runs.wait_for(marker, procs)  # step 6's checkpoint is written but not yet renamed into place
+    for p in procs:
+        p.kill9()
+    assert runs.steps_of(wd) == [3]
+    assert [p.name for p in (wd / "checkpoints").iterdir() if "tmp" in p.name] == ["6.orbax-checkpoint-tmp"]
+    procs = runs.start_pod(2, 2, args, root / "resumed", pod["cache"])
+    out = runs.wait_all(procs)[0]
+    assert "removed 1 unfinished save(s) of a stopped run (6.orbax-checkpoint-tmp)" in out, out[-2000:]
+    assert "resuming at step 3 of 8" in out
+    assert runs.steps_of(wd) == [6, 8] and runs.leftovers(wd) == []
+    runs.assert_bitwise_equal(runs.params_at(wd, 8)[1], runs.params_at(pod["wd"], 8)[1])
+    a, b = runs.export_tensors(wd / "export"), runs.export_tensors(pod["wd"] / "export")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("argv", [
+    ["pretrain", "retromae", "--config", "configs/retromae.py:tiny", "--workdir", "{tmp}/r"],
+    ["score", "--store", "{tmp}/store", "--model", "m", "--out", "{tmp}/s"],
+    ["mine", "--input", "{tmp}/x.jsonl", "--model", "m", "--out", "{tmp}/m.jsonl"],
+], ids=["pretrain", "score", "mine"])
+def test_single_host_commands_refuse_a_pod(argv, tmp_path, monkeypatch, capsys):
+    from jaxembed import paths
+    from jaxembed.cli import main
+
+    monkeypatch.chdir(paths.REPO_ROOT)
+    monkeypatch.setenv("JAXEMBED_COORDINATOR", "127.0.0.1:1")
+    monkeypatch.setenv("JAXEMBED_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAXEMBED_PROCESS_ID", "1")
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs on one host" in err[0] and "JAXEMBED_COORDINATOR" in err[0], err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "s").exists()
