@@ -59,7 +59,7 @@ def cmd_encode(args) -> int:
     t0 = time.time()
     enc = Encoder.from_loaded(_load(args, task=args.task))  # MoTE: only the task's expert is loaded
     emb = enc.encode(texts, prompt=args.prompt, prompt_name=args.prompt_name, batch_size=args.batch_size,
-                     dim=args.dim, progress=not args.quiet, task=args.task)
+                     dim=args.dim, progress=not args.quiet, task=args.task, packing=not args.no_packing)
     out.parent.mkdir(parents=True, exist_ok=True)
     np.save(out, emb.astype(np.float32))
     print(f"wrote {out}: {emb.shape[0]} x {emb.shape[1]} float32 in {time.time() - t0:.1f}s")
@@ -211,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-name", default=None, help="a named prompt of the model (config_sentence_transformers)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--dim", type=int, default=None, help="Matryoshka: keep the first D dimensions (re-normalised)")
+    p.add_argument("--no-packing", action="store_true", help="pad one text per row instead of packing several "
+                                                             "texts into each row (same embeddings, slower)")
     p.add_argument("--task", default=None, help="MoTE models: the task expert to encode with: an expert name "
                                                 "(search_query, classification, ...), a task type (clustering, "
                                                 "sts, ...) or query / document; only its expert is loaded")

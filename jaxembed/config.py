@@ -38,6 +38,7 @@ def default_config() -> mc.ConfigDict:
         dtype="float32",        # computation dtype; 'bfloat16' = mixed precision (params stay param_dtype)
         param_dtype="float32",  # master parameters
         remat=False,            # rematerialise every layer in the backward pass
+        attention="auto",       # auto | xla | cudnn | te | pallas | splash (jaxembed/models/attention.py)
         pooling="",             # '' keeps the folder's pooling
         causal=config_dict.placeholder(bool),  # decoder backbones: False = bidirectional attention
         max_length=0,           # 0 keeps the model's max_seq_length
@@ -179,6 +180,10 @@ def validate(c: mc.ConfigDict) -> None:
                             "previous stage's workdir or at an exported model)")
     _choice(c, "model.dtype", DTYPES)
     _choice(c, "model.param_dtype", DTYPES)
+    if "attention" in c.model:
+        from jaxembed.models.attention import IMPLEMENTATIONS
+
+        _choice(c, "model.attention", IMPLEMENTATIONS)
     if c.model.param_dtype == "bfloat16":  # every recipe trains with AdamW (optim.py)
         raise UserError("config.model.param_dtype = 'bfloat16' is refused: AdamW updates smaller than about 1/512 "
                         "to 1/256 of a weight round away in bfloat16 master weights (at lr 2e-5 most weights would "

@@ -130,9 +130,10 @@ def pool_packed(mode: str, hidden: jax.Array, token_text: jax.Array, positions: 
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
-    """x: [..., D] -> x / max(||x||, eps) (torch.nn.functional.normalize)."""
-    n = jnp.linalg.norm(x, axis=-1, keepdims=True)
-    return x / jnp.maximum(n, eps)
+    """x: [..., D] -> x / max(||x||, eps) (torch.nn.functional.normalize). The norm is sqrt(max(sum x^2, eps^2)):
+    the same value, and a finite gradient at x = 0 (a text with nothing to pool) where jnp.linalg.norm's is NaN."""
+    n = jnp.sqrt(jnp.maximum(jnp.sum(jnp.square(x), axis=-1, keepdims=True), eps * eps))
+    return x / n
 
 
 def matryoshka(x: jax.Array, dim: int | None, normalize: bool = True) -> jax.Array:

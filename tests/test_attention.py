@@ -1,0 +1,215 @@
+"""The attention interface (jaxembed.models.attention): every kernel against the XLA reference on packed rows,
+and a one-line error for a kernel that cannot run. Pallas kernels run in interpret mode on CPU; the GPU checks
+(``-m gpu``) run them, and cuDNN / Transformer Engine, on the accelerator."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxembed import config as cfglib
+from jaxembed import models
+from jaxembed.errors import UserError
+from jaxembed.models import attention as attn
+
+# Two packed rows of 40 slots: texts of 9, 17, 6 and 30, 8 tokens, then padding.
+SEGMENTS = np.zeros((2, 40), np.int32)
+SEGMENTS[0, :9], SEGMENTS[0, 9:26], SEGMENTS[0, 26:32] = 1, 2, 3
+SEGMENTS[1, :30], SEGMENTS[1, 30:38] = 1, 2
+
+
+def _qkv(n=4, kv=2, d=16, dtype=jnp.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    b, l = SEGMENTS.shape
+    q = rng.standard_normal((b, l, n, d))
+    k = rng.standard_normal((b, l, kv, d))
+    v = rng.standard_normal((b, l, kv, d))
+    return tuple(jnp.asarray(x, dtype) for x in (q, k, v))
+
+
+def _real(x):
+    """Outputs at real tokens only (padding slots are finite but meaningless)."""
+    return np.asarray(x, np.float32)[SEGMENTS > 0]
+
+
+def _naive(q, k, v, causal):
+    """Attention of each text alone, in numpy."""
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    rep = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)
+    out = np.zeros_like(q)
+    for b in range(q.shape[0]):
+        for s in set(SEGMENTS[b]) - {0}:
+            idx = np.flatnonzero(SEGMENTS[b] == s)
+            logits = np.einsum("tnd,snd->nts", q[b, idx], k[b, idx]) / np.sqrt(q.shape[-1])
+            if causal:
+                logits = np.where(np.tril(np.ones((len(idx), len(idx)), bool)), logits, -np.inf)
+            p = np.exp(logits - logits.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            out[b, idx] = np.einsum("nts,snd->tnd", p, v[b, idx])
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_xla_reference_is_each_text_alone(causal):
+    q, k, v = _qkv()
+    out = attn.attention(q, k, v, attn.Segments(jnp.asarray(SEGMENTS)), causal=causal, implementation="xla")
+    assert np.isfinite(np.asarray(out)).all()
+    np.testing.assert_allclose(_real(out), _naive(q, k, v, causal)[SEGMENTS > 0], atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["pallas", "splash"])
+def test_pallas_kernels_interpreted_match_xla(kernel):
+    """The GPU Triton kernel (mha with segment_ids) and TPU splash attention (SegmentIds), run in Pallas interpret
+    mode on CPU, against the reference: packed rows, causal and not, grouped-query heads."""
+    fn = {"pallas": attn.pallas_attention, "splash": attn.splash_attention}[kernel]
+    q, k, v = _qkv()
+    seg = attn.Segments(jnp.asarray(SEGMENTS))
+    for causal in (False, True):
+        ref = attn.xla_attention(q, k, v, seg, causal=causal)
+        out = fn(q, k, v, seg, causal=causal, interpret=True)
+        assert out.shape == q.shape and np.isfinite(np.asarray(out)).all()
+        np.testing.assert_allclose(_real(out), _real(ref), atol=2e-5)
+
+
+def test_pallas_gpu_kernel_gradient_interpreted_matches_xla():
+    q, k, v = _qkv(n=2, kv=2, d=8)
+    seg = attn.Segments(jnp.asarray(SEGMENTS))
+    w = jnp.asarray(SEGMENTS > 0, jnp.float32)[:, :, None, None]  # real outputs only
+
+    def loss(fn, q, k, v):
+        return jnp.sum(fn(q, k, v) * w * jnp.cos(jnp.arange(8.0)))
+
+    ref = jax.grad(lambda *a: loss(lambda *b: attn.xla_attention(*b, seg), *a), argnums=(0, 1, 2))(q, k, v)
+    got = jax.grad(lambda *a: loss(lambda *b: attn.pallas_attention(*b, seg, interpret=True), *a),
+                   argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(ref, got):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=5e-5)
+
+
+def test_segment_runs_give_cudnn_lengths_and_offsets():
+    lengths, offsets = attn.segment_runs(jnp.asarray(SEGMENTS))
+    np.testing.assert_array_equal(np.asarray(lengths)[0, :5], [9, 17, 6, 8, -1])
+    np.testing.assert_array_equal(np.asarray(offsets)[0, :5], [0, 9, 26, 32, -1])
+    np.testing.assert_array_equal(np.asarray(lengths)[1, :4], [30, 8, 2, -1])
+    np.testing.assert_array_equal(np.asarray(offsets)[1, :4], [0, 30, 38, -1])
+    assert offsets.shape == (2, 41) and (np.asarray(offsets)[:, -1] == -1).all()
+    # a left-padded row: padding, then the text
+    left = jnp.asarray([[0, 0, 0, 1, 1, 1, 1, 1]])
+    l2, o2 = attn.segment_runs(left)
+    np.testing.assert_array_equal(np.asarray(l2)[0, :3], [3, 5, -1])
+    np.testing.assert_array_equal(np.asarray(o2)[0, :3], [0, 3, -1])
+    np.testing.assert_array_equal(np.asarray(attn.positions_from_segments(left))[0], [0, 1, 2, 0, 1, 2, 3, 4])
+
+
+def test_auto_resolves_per_platform_and_feature():
+    kw = dict(dtype=jnp.float32, head_dim=16)
+    assert attn.resolve("auto", bias=False, dropout=False, **kw) == "xla"  # CPU
+    assert attn.resolve("auto", bias=True, dropout=False, **kw) == "xla"
+    assert attn.resolve("auto", bias=False, dropout=True, **kw) == "xla"
+    with pytest.raises(UserError, match="no attention dropout.*fix: model.attention='auto'"):
+        attn.resolve("pallas", bias=False, dropout=True, **kw)
+
+
+def _one_line(e):
+    msg = str(e.value)
+    assert "\n" not in msg and "model.attention" in msg and "fix:" in msg, msg
+    return msg
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks the errors of a CPU-only process")
+def test_a_kernel_that_cannot_run_is_a_one_line_error_when_the_model_is_built():
+    bert = dict(model_type="bert", vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=32)
+    for name, what in (("cudnn", "runs on GPU only"), ("pallas", "runs on GPU only"), ("splash", "TPU only")):
+        with pytest.raises(UserError) as e:
+            models.init_model(models.config_from_hf(bert, attention=name))
+        assert what in _one_line(e)
+    with pytest.raises(UserError) as e:
+        models.init_model(models.config_from_hf(bert, attention="te"))
+    assert "Transformer Engine" in _one_line(e)
+    t5 = dict(model_type="t5", vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    with pytest.raises(UserError) as e:
+        models.init_model(models.config_from_hf(t5, attention="pallas"))
+    assert "position bias" in _one_line(e)
+    with pytest.raises(UserError) as e:
+        models.init_model(models.config_from_hf(bert, attention="flash"))
+    assert "not valid" in str(e.value) and "xla" in str(e.value)
+    models.init_model(models.config_from_hf(bert, attention="xla"))  # the reference always builds
+
+
+def test_config_validates_model_attention():
+    c = cfglib.default_config()
+    assert c.model.attention == "auto"
+    c.model.name = "x"
+    c.model.attention = "flash"
+    with pytest.raises(UserError, match=r"config.model.attention = 'flash' is not valid.*cudnn"):
+        cfglib.validate(c)
+
+
+# ------------------------------------------------------------------------------------------ on the accelerator
+
+
+def _gpu_case(name, dtype):
+    q, k, v = _qkv(n=4, kv=2, d=64, dtype=dtype)
+    seg = attn.Segments(jnp.asarray(SEGMENTS), attn.positions_from_segments(jnp.asarray(SEGMENTS)))
+    tol = 2e-5 if dtype == jnp.float32 else 2e-2
+    for causal in (False, True):
+        ref = attn.attention(q, k, v, seg, causal=causal, implementation="xla")
+        out = jax.jit(lambda q, k, v: attn.attention(q, k, v, seg, causal=causal, implementation=name))(q, k, v)
+        np.testing.assert_allclose(_real(out), _real(ref), atol=tol)
+
+        def loss(impl, q, k, v):
+            y = attn.attention(q, k, v, seg, causal=causal, implementation=impl).astype(jnp.float32)
+            return jnp.sum(jnp.where(jnp.asarray(SEGMENTS > 0)[:, :, None, None], y, 0.0) * jnp.sin(jnp.arange(64.0)))
+
+        g_ref = jax.grad(loss, argnums=(1, 2, 3))("xla", q, k, v)
+        g = jax.jit(jax.grad(loss, argnums=(1, 2, 3)), static_argnums=0)(name, q, k, v)
+        for a, b in zip(g_ref, g):
+            np.testing.assert_allclose(np.asarray(b, np.float32), np.asarray(a, np.float32), atol=10 * tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="CUDA GPU kernels")
+@pytest.mark.parametrize("name,dtype", [("cudnn", jnp.bfloat16), ("pallas", jnp.float32), ("pallas", jnp.bfloat16)])
+def test_gpu_kernels_match_xla(name, dtype):
+    if name == "cudnn" and attn._cudnn_ok(dtype, 64) is not None:
+        with pytest.raises(UserError):
+            attn.check("cudnn", dtype=dtype, head_dim=64)
+        return
+    _gpu_case(name, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="CUDA GPU kernels")
+def test_transformer_engine_matches_xla_or_says_it_is_missing():
+    try:
+        import transformer_engine.jax  # noqa: F401
+    except ImportError:
+        with pytest.raises(UserError) as e:
+            attn.check("te", dtype=jnp.bfloat16, head_dim=64)
+        assert "pip install" in _one_line(e)
+        return
+    _gpu_case("te", jnp.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "tpu", reason="TPU kernel")
+def test_splash_on_tpu_matches_xla():
+    _gpu_case("splash", jnp.float32)
+
+
+@pytest.mark.gpu
+def test_auto_packed_model_matches_xla_on_the_accelerator():
+    """A tiny BERT on packed rows with the platform's kernel (auto) against the XLA reference, bfloat16."""
+    cfg = models.config_from_hf(dict(model_type="bert", vocab_size=128, hidden_size=128, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=256), dtype="bfloat16")
+    ref_model = models.init_model(dataclasses.replace(cfg, attention="xla"), seed=0)
+    auto_model = models.model_from_params(cfg, models.flat_params(ref_model))
+    ids = jnp.asarray(np.random.default_rng(0).integers(3, 128, SEGMENTS.shape), jnp.int32)
+    pos = attn.positions_from_segments(jnp.asarray(SEGMENTS))
+    a = ref_model(ids, segment_ids=jnp.asarray(SEGMENTS), positions=pos)
+    b = auto_model(ids, segment_ids=jnp.asarray(SEGMENTS), positions=pos)
+    np.testing.assert_allclose(_real(b), _real(a), atol=5e-2)
