@@ -360,3 +360,44 @@ def test_mine_cli_errors(minilm_dir, tmp_path, capsys):
     bad.write_text('{"query": "q", "pos": []}\n', encoding="utf-8")
     assert main(["mine", "--model", str(minilm_dir), "--input", str(bad), "--out", str(tmp_path / "o.jsonl")]) == 2
     assert "bad.jsonl:1" in capsys.readouterr().err
+
+
+def test_mine_cli_corpus_file_and_ivf(shared_data, minilm_dir, tmp_path):
+    """`--corpus FILE`: negatives come only from that corpus (plus the positives, which are always added), never
+    from the input's own negatives; `--approx ivf` with every list probed mines exactly what the exact search mines,
+    and the report says which search ran."""
+    from jaxembed.cli import main
+
+    lines = (shared_data / "train" / "wikiqa.jsonl").read_text(encoding="utf-8").splitlines(True)
+    src = tmp_path / "wiki.jsonl"
+    src.write_text("".join(lines[:N_WIKI]), encoding="utf-8")
+    ex = [json.loads(x) for x in lines[:N_WIKI]]
+    own = {t for r in ex for t in r["pos"] + r["neg"]}
+    positives = {t for r in ex for t in r["pos"]}
+    corpus = sorted({t for x in lines[N_WIKI:N_WIKI + 40] for r in [json.loads(x)] for t in r["pos"] + r["neg"]}
+                    - own)
+    cfile = tmp_path / "corpus.jsonl"
+    cfile.write_text("".join(json.dumps({"body": t}) + "\n" for t in corpus), encoding="utf-8")
+    args = ["--model", str(minilm_dir), *REAL_ARGS, "--input", str(src), "--corpus", str(cfile),
+            "--corpus-field", "body", "--top-k", "10", "--window", "10:40", "--num-negatives", "3", "-q"]
+
+    def mine(name, *extra):
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["mine", *args, "--out", str(out), *extra]) == 0
+        return ([json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()],
+                json.loads(out.with_suffix(".report.json").read_text()))
+
+    exact, rep = mine("exact")
+    assert rep["corpus"] == {"size": len(corpus) + len(positives), "source": "given corpus + positives",
+                             "positives_added": len(positives)}
+    assert exact and all(r["neg"] for r in exact)
+    negs = {t for r in exact for t in r["neg"]}
+    assert negs <= set(corpus) | positives  # the given corpus and the added positives (of other queries) ...
+    assert not negs & (own - positives)    # ... never the input's own negatives
+    assert negs - positives                # (and the corpus file was used)
+    by_id = {f"wiki:{i + 1}": r for i, r in enumerate(ex)}
+    assert all(not set(r["neg"]) & set(by_id[r["id"]]["pos"]) for r in exact)  # never a query's own positive
+    ivf, rep_ivf = mine("ivf", "--approx", "ivf", "--nlist", "8", "--nprobe", "8")
+    assert ivf == exact
+    assert rep_ivf["settings"]["search"] == "ivf" and rep_ivf["settings"]["nlist"] == 8
+    assert rep_ivf["settings"]["nprobe"] == 8 and rep["settings"]["search"] != "ivf"
