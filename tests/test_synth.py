@@ -247,3 +247,42 @@ def test_judge_drops_accepted_negatives(fake, tmp_path, capsys):
                  "--model", "m", "-q"]) == 2
     assert "bad.jsonl:2: field 'neg': expected a list of non-empty strings" in capsys.readouterr().err
     assert fake.count() == n                                          # checked before any request
+
+
+def test_judge_with_positive_and_on_undecided_drop(fake, tmp_path, capsys):
+    """--with-positive shows each record's first positive to the judge (so the same (query, negative) under two
+    different positives is asked twice); --on-undecided drop removes a negative whose verdict stayed malformed,
+    lists it with the reason and counts it."""
+    mined = tmp_path / "mined.jsonl"
+    rows = [
+        {"query": "capital of France?", "pos": ["Paris is the capital."], "neg": ["Lyon is in France.", "ANSWERS x"]},
+        {"query": "capital of France?", "pos": ["The capital is Paris."], "neg": ["Lyon is in France."]},
+        {"query": "who wrote Hamlet?", "pos": ["Shakespeare."], "neg": ["Macbeth is a tragedy.", "Othello."]},
+    ]
+    mined.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fake.script("Macbeth is a tragedy", *[{"content": "maybe?"}] * 3)   # never a valid verdict: undecided
+    out = tmp_path / "judged.jsonl"
+    common = ["--base-url", fake.url, "--model", "fake-model", "--api-key-env", "JAXEMBED_TEST_KEY", "--timeout",
+              "1", "--backoff", "0.01", "-q"]
+    assert main(["judge", "--input", str(mined), "--out", str(out), "--with-positive", "--on-undecided", "drop",
+                 *common]) == 0
+    capsys.readouterr()
+    asked = [r["text"] for r in fake.log if "Lyon is in France." in r["text"]]
+    assert len(asked) == 2  # one pair per (query, negative, positive shown)
+    assert any("for reference: Paris is the capital." in t for t in asked)
+    assert any("for reference: The capital is Paris." in t for t in asked)
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["neg"] for r in got] == [["Lyon is in France."], ["Lyon is in France."], ["Othello."]]
+    rep = json.loads((tmp_path / "judged.report.json").read_text())
+    assert rep["on_undecided"] == "drop"
+    assert rep["counts"]["pairs_judged"] == 5 and rep["counts"]["accepted_dropped"] == 1
+    assert rep["counts"]["undecided_dropped"] == 1 and "undecided_kept" not in rep["counts"]
+    dropped = [json.loads(x) for x in (tmp_path / "judged.dropped.jsonl").read_text().splitlines()]
+    assert {(d["line"], d["negative"]) for d in dropped} == {(1, "ANSWERS x"), (3, "Macbeth is a tragedy.")}
+    assert [d["verdict"] for d in dropped if d["line"] == 3] == ["undecided: invalid JSON"]
+
+    # without --with-positive, the two records share one question; the positive is never shown
+    fake.reset_log()
+    assert main(["judge", "--input", str(mined), "--out", str(tmp_path / "plain.jsonl"), *common]) == 0
+    assert all("for reference" not in r["text"] for r in fake.log)
+    assert json.loads((tmp_path / "plain.report.json").read_text())["counts"]["pairs_judged"] == 4
