@@ -223,9 +223,17 @@ def _reverse(order, i, j):
         j -= 1
 
 
+@numba.njit(cache=True, inline="always")
+def _record(S, order, trace, k):
+    """trace[k] = the objective after move k (tracing only: trace has room for it)."""
+    if k < trace.shape[0]:
+        trace[k] = _objective(S, order)
+
+
 @numba.njit(cache=True)
-def _two_opt(S, order):
-    """First-improvement 2-opt until no reversal improves (maximising, symmetric S). -> number of moves."""
+def _two_opt(S, order, trace, done):
+    """First-improvement 2-opt until no reversal improves (maximising, symmetric S). -> number of moves.
+    trace / done: the objective after each move is written to trace[done + move] where there is room."""
     n = order.shape[0]
     moves = 0
     improved = True
@@ -241,15 +249,16 @@ def _two_opt(S, order):
                 d = order[j + 1] if j + 1 < n else order[0]
                 if S[a, c] + S[b, d] - S[a, b] - S[c, d] > _EPS:
                     _reverse(order, i + 1, j)
+                    _record(S, order, trace, done + moves)
                     moves += 1
                     improved = True
     return moves
 
 
 @numba.njit(cache=True)
-def _or_opt(S, order, max_len):
+def _or_opt(S, order, max_len, trace, done):
     """First-improvement Or-opt: move a segment of 1..max_len consecutive tasks (cyclically), forwards or reversed,
-    between two other neighbours, until no move improves (maximising). -> number of moves."""
+    between two other neighbours, until no move improves (maximising). -> number of moves. trace: see _two_opt."""
     n = order.shape[0]
     moves = 0
     if n < 4:
@@ -296,6 +305,7 @@ def _or_opt(S, order, max_len):
                         buf[m] = order[(i + L + k) % n]
                         m += 1
                     order[:] = buf
+                    _record(S, order, trace, done + moves)
                     moves += 1
                     improved = True
                     break
@@ -305,14 +315,14 @@ def _or_opt(S, order, max_len):
 
 
 @numba.njit(cache=True)
-def _local_search(S, order, use_2opt, use_oropt):
+def _local_search(S, order, use_2opt, use_oropt, trace):
     total = 0
     while True:
         m = 0
         if use_2opt:
-            m += _two_opt(S, order)
+            m += _two_opt(S, order, trace, total + m)
         if use_oropt:
-            m += _or_opt(S, order, 3)
+            m += _or_opt(S, order, 3, trace, total + m)
         total += m
         if m == 0 or not (use_2opt and use_oropt):
             break
@@ -345,12 +355,13 @@ def _ils(S, starts, kicks, seed):
     """Iterated local search: greedy starts + 2-opt / Or-opt, then double-bridge kicks, keeping the best."""
     np.random.seed(seed)
     n = S.shape[0]
+    no_trace = np.empty(0)
     best = _greedy(S, 0)
-    _local_search(S, best, True, True)
+    _local_search(S, best, True, True, no_trace)
     best_v = _objective(S, best)
     for s in range(1, starts):
         o = _greedy(S, np.random.randint(0, n))
-        _local_search(S, o, True, True)
+        _local_search(S, o, True, True, no_trace)
         v = _objective(S, o)
         if v > best_v + _EPS:
             best_v = v
@@ -379,7 +390,7 @@ def _ils(S, starts, kicks, seed):
             new[m] = cur[k]
             m += 1
         cand = new.copy()
-        _local_search(S, cand, True, True)
+        _local_search(S, cand, True, True, no_trace)
         v = _objective(S, cand)
         if v >= cur_v - _EPS:
             cur = cand
@@ -390,13 +401,17 @@ def _ils(S, starts, kicks, seed):
     return best, best_v
 
 
-def local_search(S, order, moves: tuple[str, ...] = ("2opt", "oropt")):
+def local_search(S, order, moves: tuple[str, ...] = ("2opt", "oropt"), trace: np.ndarray | None = None):
     """Improve ``order`` with 2-opt and / or Or-opt moves until none improves (maximising; S symmetric).
-    -> (order int64 [m], value)."""
+    -> (order int64 [m], value). trace: a 1-d float64 array that receives the objective after each accepted move,
+    in order, as many as it has room for; the entries after the last move are left as they were (fill it with NaN
+    to count the moves)."""
     S = check_matrix(S)
     o = np.array(order, np.int64)
+    if trace is not None and (trace.dtype != np.float64 or trace.ndim != 1):
+        raise ValueError("local_search: trace must be a 1-d float64 array")
     if S.shape[0] >= 4:
-        _local_search(S, o, "2opt" in moves, "oropt" in moves)
+        _local_search(S, o, "2opt" in moves, "oropt" in moves, np.empty(0) if trace is None else trace)
     return o, cyclic_objective(S, o)
 
 
