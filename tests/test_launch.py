@@ -349,3 +349,57 @@ def test_cluster_plan_for_each_environment():
 def test_half_set_environments_are_named(env, match):
     with pytest.raises(UserError, match=match):
         cluster_plan(env)
+
+
+# ------------------------------------------------------------------------------------------ sweep -> local.sh
+
+SWEEP_CONFIG = '''
+from jaxembed.config import default_config
+
+def get_config(arg=None):
+    c = default_config()
+    c.model.name = {model!r}
+    c.model.max_length = 32
+    c.data.store = {store!r}
+    c.plan.global_batch_size = 4
+    c.plan.steps = 2
+    c.train.dropout = False
+    c.train.log_every = 1
+    c.train.checkpoint_every = 0
+    c.export.at_end = False
+    return c
+'''
+
+
+def test_sweep_trains_through_the_real_local_sh(shared_data, tmp_path, capsys):
+    """`jaxembed sweep --launcher launch/local.sh`: the real script starts the real `jaxembed train` for the run, with
+    the run's override; local.sh's log header and status file and the trainer's summary are all there."""
+    from jaxembed.cli import main
+    from jaxembed.data.config import dataset_config, default_data_config
+    from jaxembed.data.store import write_store
+    from jaxembed.models.tiny import tiny_model_dir
+
+    src = tmp_path / "stsb.jsonl"
+    src.write_text("".join((shared_data / "train" / "stsb_pairs.jsonl").read_text(encoding="utf-8")
+                           .splitlines(True)[:80]), encoding="utf-8")
+    data = default_data_config()
+    data.datasets = [dataset_config(name="stsb", path=str(src), format="scored_pairs", task_type="sts",
+                                    score_threshold=2.0, num_negatives=0, max_query_length=16, max_doc_length=16)]
+    write_store(data, tmp_path / "store")
+    cfg = tmp_path / "exp.py"
+    cfg.write_text(SWEEP_CONFIG.format(model=str(tiny_model_dir("bert", num_layers=1)), store=str(tmp_path / "store")))
+    root = tmp_path / "sweep"
+    assert main(["sweep", "--config", str(cfg), "--root", str(root), "--sweep", "optim.lr=0.001",
+                 "--launcher", LOCAL, "-q"]) == 0
+    assert "1 of 1 runs completed" in capsys.readouterr().out
+    (run,) = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "completed" and status["returncode"] == 0
+    log = (run / "train.log").read_text()
+    assert f"{LOCAL} {cfg} {run} --config.optim.lr=0.001" in log  # the sweep's header: the command it ran
+    trainer = str(Path(sys.executable).parent / "jaxembed")
+    assert f": {trainer} train --config {cfg} --workdir {run} --config.optim.lr=0.001" in log  # local.sh's header
+    assert "[train step 2]" in log
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["step"] == 2
+    assert json.loads((run / "config.json").read_text())["optim"]["lr"] == 0.001
