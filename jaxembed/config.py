@@ -205,6 +205,9 @@ def validate(c: mc.ConfigDict) -> None:
         mote.validate_config(c.model.mote, types)
     validate_plan_config(c.plan)
     _choice(c, "loss.type", LOSSES)
+    from jaxembed.data.config import check_dataset_losses
+
+    check_dataset_losses(c)  # a dataset's own loss (data config `loss`) must be the run's, for now
     _choice(c, "loss.impl", LOSS_IMPLS)
     _positive(c, "loss.temperature")
     _positive(c, "loss.block_q", integer=True)

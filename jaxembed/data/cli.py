@@ -21,7 +21,7 @@ from pathlib import Path
 
 from jaxembed.errors import InputError, UserError, in_file, with_file
 
-VALIDATE_FORMATS = ("auto", "triplets", "scored_pairs", "labelled_pairs", "classification")
+VALIDATE_FORMATS = ("auto", "triplets", "scored_pairs", "labelled_pairs", "classification", "st")
 
 
 def add_parsers(subparsers) -> None:
@@ -33,7 +33,9 @@ def add_parsers(subparsers) -> None:
     v = sub.add_parser("validate", help="check every record of JSON Lines files (exit 0 only if all are valid)",
                        description="Check every record: valid UTF-8 and JSON, required fields, types, empty texts. "
                                    "Prints every problem with file, line, field and fix.")
-    v.add_argument("files", nargs="+", metavar="FILE", help="JSON Lines files")
+    v.add_argument("files", nargs="+", metavar="FILE",
+                   help="JSON Lines, Parquet (.parquet), CSV / TSV (.csv / .tsv) files or datasets.save_to_disk "
+                        "folders")
     v.add_argument("--format", default="auto", choices=VALIDATE_FORMATS,
                    help="record format (default: from the first record's keys)")
     v.add_argument("--text-field", default=None, help="classification: field holding the text (default: text)")
@@ -65,7 +67,7 @@ def add_parsers(subparsers) -> None:
 def validate_file(path: str, fmt: str = "auto", text_field: str | None = None, label_field: str | None = None,
                   score_threshold: float | None = None, extra_fields=()):
     """(Tally, ReadInfo, whole-file error or None) of one file, every record read with the 'skip' policy."""
-    from jaxembed.data.formats import DEFAULT_FIELDS, ReadInfo, ReadOptions, Tally, apply_policy, read_jsonl
+    from jaxembed.data.formats import DEFAULT_FIELDS, ReadInfo, ReadOptions, Tally, apply_policy, read_files
 
     fields = dict(DEFAULT_FIELDS)
     if text_field:
@@ -74,9 +76,9 @@ def validate_file(path: str, fmt: str = "auto", text_field: str | None = None, l
         fields["label"] = label_field
     opts = ReadOptions(name=Path(path).stem, format=fmt, fields=fields, score_threshold=score_threshold,
                        extra_fields=frozenset(extra_fields))
-    tally, info = Tally(Path(path).stem), ReadInfo()
+    tally, info = Tally(Path(path).stem, keep_ids=False, memory_limit=10_000), ReadInfo()
     try:
-        for _ in apply_policy(read_jsonl(path, opts, info), "skip", tally):
+        for _ in apply_policy(read_files(path, opts, info), "skip", tally):
             pass
     except InputError as e:  # the file as a whole (its format cannot be told)
         return tally, info, e
@@ -84,10 +86,12 @@ def validate_file(path: str, fmt: str = "auto", text_field: str | None = None, l
 
 
 def cmd_validate(args) -> int:
+    from jaxembed.data.sources import is_saved_dataset
+
     for f in args.files:  # usage errors first: every file must exist
-        if not Path(f).is_file():
-            raise UserError(f"{f}: " + ("is a folder, not a file" if Path(f).is_dir() else "no such file")
-                            + " (fix: check the path)")
+        if not Path(f).is_file() and not is_saved_dataset(f):
+            raise UserError(f"{f}: " + ("is a folder, not a file (nor a datasets.save_to_disk folder)"
+                                        if Path(f).is_dir() else "no such file") + " (fix: check the path)")
     extra = [k.strip() for item in args.extra_field for k in item.split(",") if k.strip()]
     bad_records = bad_files = total = 0
     out = sys.stdout
@@ -95,7 +99,7 @@ def cmd_validate(args) -> int:
         tally, info, err = validate_file(f, args.format, args.text_field, args.label_field, args.score_threshold,
                                          extra)
         if not args.quiet:
-            for s in tally.skipped:
+            for s in tally.iter_skipped():
                 if s.invalid:
                     print(s, file=out)
             if err is not None:
@@ -107,11 +111,11 @@ def cmd_validate(args) -> int:
         line = f"{f}: {tally.read} records ({what}): {tally.read - tally.invalid} valid, {tally.invalid} invalid"
         if tally.filtered:
             line += f" ({tally.filtered} valid but left out: " + "; ".join(
-                f"{r}: {n}" for r, n in _reasons(tally, invalid=False).items()) + ")"
+                f"{r}: {n}" for r, n in tally.reasons(invalid=False).items()) + ")"
         if err is not None:
             line += " -- cannot read the file: " + str(err)
         elif tally.invalid:
-            line += " [" + "; ".join(f"{r}: {n}" for r, n in _reasons(tally, invalid=True).items()) + "]"
+            line += " [" + "; ".join(f"{r}: {n}" for r, n in tally.reasons(invalid=True).items()) + "]"
         if tally.identical:
             line += f"; {tally.identical} identical to an earlier record"
         print(line, file=out)
@@ -121,14 +125,6 @@ def cmd_validate(args) -> int:
         return 1
     print(f"all {total} records valid in {len(args.files)} files", file=out)
     return 0
-
-
-def _reasons(tally, invalid: bool) -> dict[str, int]:
-    from collections import Counter
-
-    c = Counter((f"field '{s.field}': " if s.field and invalid else "") + s.reason.split(" (")[0]
-                for s in tally.skipped if s.invalid == invalid)
-    return dict(c.most_common())
 
 
 # ------------------------------------------------------------------------------------------------------ prepare
@@ -198,7 +194,7 @@ def cmd_prepare(args) -> int:
     if args.on_error:
         cfg.on_error = args.on_error
     validate_data_config(cfg, where=where)
-    report = write_store(cfg, args.out, where=where)
+    report = write_store(cfg, args.out, where=where, progress=False if args.quiet else None)
     if not args.quiet:
         print(report.summary())
     print(f"wrote {args.out}: {len(report.datasets)} datasets, {report.written} examples of {report.read} records "

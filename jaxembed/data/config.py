@@ -15,11 +15,21 @@ Per-dataset fields (``dataset_config``), ``None`` meaning "the default" througho
 
 =================== ==================================================================================
 name                identifier, also the store's file name: letters, digits, ``_ . -``; unique
-path                a file (str) or several (list of str); ``hf``: a ``save_to_disk`` folder or a hub
-                    dataset name; ``tfds``: a TFDS dataset name (``glue/sst2``)
-format              auto | triplets | scored_pairs | labelled_pairs | classification | hf | tfds
-record_format       for hf / tfds: the shape of a row (auto | triplets | scored_pairs | ...)
-split               for hf / tfds: the split to read (default ``train``)
+path                a file (str) or several (list of str; glob patterns such as ``data/*.parquet``):
+                    JSON Lines, Parquet (``.parquet``), CSV / TSV (``.csv`` / ``.tsv``) by suffix, or a
+                    ``datasets.save_to_disk`` folder; ``hf``: a ``save_to_disk`` folder, a hub dataset
+                    name or a folder of data files (``datasets.load_dataset``); ``tfds``: a TFDS dataset
+                    name (``glue/sst2``)
+format              the record format of files: auto | triplets | scored_pairs | labelled_pairs |
+                    classification | st (sentence-transformers columns in order); or a source: hf | tfds
+record_format       for hf / tfds: the shape of a row (auto | triplets | scored_pairs | ... | st)
+split               for hf / tfds / save_to_disk folders: the split to read (default ``train``)
+subset              for hf: the dataset's configuration (``load_dataset(path, subset)``, e.g. ``triplet``)
+streaming           for hf: read rows as they stream (``load_dataset(..., streaming=True)``), nothing
+                    materialised on disk or in memory
+loss                the loss of this dataset's batches (``None``: the run's ``loss.type``); one of
+                    ``jaxembed.config.LOSSES``. A run takes one loss for now: a value other than the
+                    run's is refused by ``jaxembed.config.validate`` until the trainer picks a loss per batch
 task                task name (default: ``name``); datasets with the same task form one task
 task_type           retrieval | reranking | sts | pair_classification | classification | clustering | nli;
                     ``None`` only for triplets in the BGE format, whose ``type`` field then decides
@@ -55,7 +65,9 @@ default batching.
 
 from __future__ import annotations
 
+import glob
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -66,7 +78,7 @@ from jaxembed.errors import UserError
 
 TASK_TYPES = ("retrieval", "reranking", "sts", "pair_classification", "classification", "clustering", "nli")
 SYMMETRIC_TASK_TYPES = ("sts", "pair_classification", "nli")  # KaLM Table 1: no instruction (NLI counts as STS)
-RECORD_FORMATS = ("triplets", "scored_pairs", "labelled_pairs", "classification")
+RECORD_FORMATS = ("triplets", "scored_pairs", "labelled_pairs", "classification", "st")
 SOURCE_FORMATS = ("hf", "tfds")
 FORMATS = ("auto",) + RECORD_FORMATS + SOURCE_FORMATS
 BATCHING = ("random", "homogeneous", "heterogeneous", "semi_homogeneous")
@@ -100,6 +112,8 @@ _DATASET_DEFAULTS: dict[str, Any] = dict(
     format="auto",
     record_format="auto",
     split="train",
+    subset=None,
+    streaming=False,
     task=None,
     task_type=None,
     query_instruction=None,
@@ -117,6 +131,7 @@ _DATASET_DEFAULTS: dict[str, Any] = dict(
     columns=None,
     label_descriptions=None,
     extra_fields=None,
+    loss=None,
 )
 DATASET_KEYS = tuple(_DATASET_DEFAULTS)
 TOP_KEYS = ("datasets", "on_error", "sampling", "sampling_temperature", "seed")
@@ -142,6 +157,48 @@ def dataset_config(**kw) -> ml_collections.ConfigDict:
     if isinstance(d["path"], tuple):
         d["path"] = list(d["path"])
     return ml_collections.ConfigDict(d)
+
+
+def datasets_from_dict(datasets, **defaults) -> list[ml_collections.ConfigDict]:
+    """The sentence-transformers form of several datasets -- a mapping name -> dataset, as
+    ``SentenceTransformerTrainer(train_dataset={...}, loss={...})`` takes it -- as jaxembed's list of dataset
+    configs, each named by its key (its task is its name unless it says otherwise, so each dataset keeps its own
+    temperature, task type and ``loss``).
+
+    A value is a ``dataset_config(...)`` (taken as it is; its ``name``, when set, must equal the key), a mapping of
+    dataset_config fields, or a path (str). ``defaults``: fields for the mapping and path values, under the
+    fields they give themselves::
+
+        c.data.datasets = datasets_from_dict({
+            "nli": "data/nli_triplets.parquet",
+            "stsb": dict(path="data/stsb", format="hf", score_threshold=0.8, task_type="sts", loss="infonce"),
+        }, task_type="nli", format="st")
+    """
+    if not _is_mapping(datasets):
+        raise UserError(f"datasets_from_dict: expected a mapping name -> dataset, got {type(datasets).__name__}")
+    unknown = sorted(set(defaults) - set(_DATASET_DEFAULTS) | ({"name"} & set(defaults)))
+    if unknown:
+        raise UserError(f"datasets_from_dict: default key(s) {', '.join(unknown)} are not dataset fields (or are "
+                        f"per dataset){_did_you_mean(unknown[0], DATASET_KEYS)}")
+    out = []
+    for name, v in datasets.items():
+        w = f"datasets_from_dict[{name!r}]"
+        if isinstance(v, str):
+            v = {"path": v}
+        if not _is_mapping(v):
+            raise UserError(f"{w}: expected a dataset_config(...), a mapping of its fields or a path, got "
+                            f"{type(v).__name__}")
+        given = dict(v.items())
+        if given.get("name") not in (None, "", name):
+            raise UserError(f"{w}.name: {given['name']!r} differs from its key {name!r} (fix: drop name=, the key "
+                            "names the dataset)")
+        given.pop("name", None)
+        base = {} if isinstance(v, ml_collections.ConfigDict) else defaults  # a dataset_config is complete
+        try:
+            out.append(dataset_config(**{**base, **given, "name": name}))
+        except UserError as e:
+            raise UserError(f"{w}: {e}") from None
+    return out
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -201,10 +258,22 @@ def pairs_of(v, where: str) -> list[tuple[str, str]]:
     return items
 
 
+_GLOB = re.compile(r"[*?\[]")
+
+
 def dataset_paths(ds) -> list[str]:
-    """``path`` as a list of strings (a single string becomes a one-element list)."""
+    """``path`` as a list of strings (a single string becomes a one-element list); for files, a glob pattern
+    (``data/train-*.parquet``) becomes the sorted files it matches (none: the pattern itself, which then does not
+    exist)."""
     p = _get(ds, "path")
-    return [p] if isinstance(p, str) else list(p)
+    paths = [p] if isinstance(p, str) else list(p)
+    if _get(ds, "format", "auto") in SOURCE_FORMATS:
+        return paths
+    out = []
+    for x in paths:
+        hits = sorted(glob.glob(os.path.expanduser(x))) if isinstance(x, str) and _GLOB.search(x) else []
+        out.extend(hits or [x])
+    return out
 
 
 def effective_record_format(ds) -> str:
@@ -239,6 +308,15 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
     split = _get(ds, "split", "train")
     if not isinstance(split, str) or not split:
         raise UserError(f"{w}.split: expected a non-empty string, got {split!r}")
+    subset = _get(ds, "subset")
+    if subset is not None and (not isinstance(subset, str) or not subset):
+        raise UserError(f"{w}.subset: expected a non-empty string (or None), got {subset!r}")
+    streaming = _get(ds, "streaming", False)
+    if not isinstance(streaming, bool):
+        raise UserError(f"{w}.streaming: expected True or False, got {streaming!r}")
+    if (subset is not None or streaming) and fmt != "hf":
+        raise UserError(f"{w}.{'subset' if subset is not None else 'streaming'}: only used with format hf "
+                        f"(datasets.load_dataset), format is {fmt!r} (fix: format='hf', record_format={fmt!r})")
     # paths
     p = _get(ds, "path")
     if isinstance(p, str):
@@ -254,13 +332,21 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
         if fmt == "tfds":
             continue
         if fmt == "hf":
+            from jaxembed.data.sources import require
+
+            try:
+                require("hf", x)
+            except UserError as e:
+                raise UserError(f"{wp}: {e}") from None
             if Path(x).exists() and not Path(x).is_dir():
-                raise UserError(f"{wp}: {x} is a file; format hf reads a save_to_disk folder or a hub dataset name")
+                raise UserError(f"{wp}: {x} is a file; format hf reads a save_to_disk folder, a folder of data "
+                                "files or a hub dataset name (fix: for one file, drop format='hf' and set format "
+                                "to its record format)")
             continue
-        if not Path(x).exists():
-            raise UserError(f"{wp}: {x} does not exist")
-        if Path(x).is_dir():
-            raise UserError(f"{wp}: {x} is a folder, not a JSON Lines file")
+        if _GLOB.search(x) and not glob.glob(os.path.expanduser(x)):
+            raise UserError(f"{wp}: the pattern {x} matches no file")
+        for y in dataset_paths({"path": x, "format": fmt}):
+            _check_data_path(y, wp)
     if fmt in SOURCE_FORMATS and len(paths) != 1:
         raise UserError(f"{w}.path: format {fmt} reads one dataset, got {len(paths)} paths")
     # task
@@ -271,7 +357,9 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
     rec = effective_record_format(ds)
     if tt is None:
         if rec not in ("auto", "triplets"):
-            raise UserError(f"{w}.task_type: required (one of {', '.join(TASK_TYPES)})")
+            hint = (" (fix: sentence-transformers data has no task type: nli or sts for symmetric pairs, without "
+                    "instruction; retrieval for query -> passage, with one)") if rec == "st" else ""
+            raise UserError(f"{w}.task_type: required (one of {', '.join(TASK_TYPES)}){hint}")
     else:
         _one_of(f"{w}.task_type", tt, TASK_TYPES)
     for k in ("query_instruction", "doc_instruction"):
@@ -301,8 +389,8 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
     if thr is not None:
         if not _is_num(thr):
             raise UserError(f"{w}.score_threshold: {thr!r} must be a number")
-        if rec not in ("auto", "scored_pairs"):
-            raise UserError(f"{w}.score_threshold: only used by scored_pairs (this dataset is {rec})")
+        if rec not in ("auto", "scored_pairs", "st"):
+            raise UserError(f"{w}.score_threshold: only used by scored_pairs and st pairs (this dataset is {rec})")
     elif rec == "scored_pairs":
         raise UserError(f"{w}.score_threshold: required for scored_pairs (pairs with score >= threshold "
                         "become positives)")
@@ -317,6 +405,15 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
         for k, _ in pairs_of(cols, f"{w}.columns"):
             if k not in _FIELD_NAMES:
                 raise UserError(f"{w}.columns: {k!r} is not a field name (one of {', '.join(_FIELD_NAMES)})")
+            if rec == "st" and k not in _ST_FIELDS:
+                raise UserError(f"{w}.columns: {k!r}: format st reads the texts by column order, whatever their "
+                                f"names; columns can only name its {', '.join(_ST_FIELDS)} columns (fix: reorder "
+                                "the columns, or use format triplets with columns={'query': ..., 'pos': ...})")
+    loss = _get(ds, "loss")
+    if loss is not None:
+        from jaxembed.config import LOSSES
+
+        _one_of(f"{w}.loss", loss, LOSSES)
     ld = _get(ds, "label_descriptions")
     if ld is not None:
         if rec not in ("auto", "classification"):
@@ -332,6 +429,26 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
 
 
 _FIELD_NAMES = ("id", "query", "pos", "neg", "prompt", "type", "sentence1", "sentence2", "score", "text", "label")
+_ST_FIELDS = ("id", "label", "score")
+
+
+def _check_data_path(x: str, wp: str) -> None:
+    """A data file (JSON Lines / Parquet / CSV / TSV) or a ``datasets.save_to_disk`` folder that exists."""
+    from jaxembed.data.sources import is_saved_dataset
+
+    from jaxembed.data.sources import require, source_kind
+
+    q = Path(os.path.expanduser(x))
+    if not q.exists():
+        raise UserError(f"{wp}: {x} does not exist")
+    if q.is_dir() and not is_saved_dataset(q):
+        raise UserError(f"{wp}: {x} is a folder, neither a data file nor a datasets.save_to_disk folder (fix: give "
+                        "the .jsonl / .parquet / .csv files (a glob such as dir/*.parquet works), or format='hf' "
+                        "with record_format=... to read the folder with datasets.load_dataset)")
+    try:
+        require(source_kind(q), x)
+    except UserError as e:
+        raise UserError(f"{wp}: {e}") from None
 
 
 def validate_data_config(cfg, where: str = "config") -> None:
@@ -347,6 +464,9 @@ def validate_data_config(cfg, where: str = "config") -> None:
         raise UserError(f"{where}.{unknown[0]}: unknown key{_did_you_mean(unknown[0], TOP_KEYS)} "
                         f"(known: {', '.join(TOP_KEYS)})")
     dss = _get(cfg, "datasets")
+    if _is_mapping(dss):
+        raise UserError(f"{where}.datasets: a mapping name -> dataset (the sentence-transformers form) goes through "
+                        "datasets_from_dict (fix: data.datasets = jaxembed.data.config.datasets_from_dict({...}))")
     if not isinstance(dss, (list, tuple)) or not dss:
         raise UserError(f"{where}.datasets: expected a non-empty list of dataset configs")
     names: set[str] = set()
@@ -362,6 +482,30 @@ def validate_data_config(cfg, where: str = "config") -> None:
         raise UserError(f"{where}.seed: {seed!r} must be an integer >= 0 (fix: e.g. seed=0)")
     check_task_types([(f"{where}.datasets[{i}]", _get(ds, "name"), _get(ds, "task") or _get(ds, "name"),
                        _get(ds, "task_type")) for i, ds in enumerate(dss)])
+
+
+def check_dataset_losses(run_config) -> None:
+    """Each dataset's ``loss`` (None: the run's) against the run's ``loss.type``: a run trains one loss for now, so
+    a dataset naming another is a UserError. (When the trainer picks a loss per batch, this check goes and the
+    field selects it; ``loss`` is validated against ``jaxembed.config.LOSSES`` here and in the data config.)"""
+    run_loss = run_config.loss.type
+    if run_config.data.get("store"):
+        import json
+
+        mf = Path(run_config.data.store) / "manifest.json"
+        try:
+            entries = [(f"{mf}: datasets[{i}]", d.get("name"), d.get("loss"))
+                       for i, d in enumerate(json.loads(mf.read_text(encoding="utf-8")).get("datasets", []))]
+        except (OSError, ValueError, AttributeError):
+            return  # an unreadable manifest is reported by the store checks
+    else:
+        entries = [(f"config.data.datasets[{i}]", _get(d, "name"), _get(d, "loss"))
+                   for i, d in enumerate(run_config.data.datasets)]
+    for w, name, loss in entries:
+        if loss is not None and loss != run_loss:
+            raise UserError(f"{w}.loss: dataset {name!r} asks for {loss!r} but the run trains loss.type="
+                            f"{run_loss!r}; one loss per run for now (fix: loss=None on the dataset, or "
+                            f"--config.loss.type={loss} for the whole run)")
 
 
 def check_task_types(entries) -> None:

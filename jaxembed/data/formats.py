@@ -12,10 +12,21 @@ An ``Example`` is a dict ``{"id": str, "query": str, "pos": list[str] (>= 1), "n
   positive pair, label 0 is skipped with reason "negative pair".
 - ``classification``: ``text``, ``label`` -> query = text, pos = [description of its label], neg = [descriptions of
   every other label] (KaLM); descriptions from the config, else the label itself.
+- ``st`` (sentence-transformers / Hugging Face ``datasets`` rows): the columns in order, as sentence-transformers
+  reads them -- column names do not matter, except ``label`` / ``score``, the label column. Without one: (anchor,
+  positive, negative_1, ..., negative_n) -> query, pos = [positive], neg = [negatives]. With one: (sentence1,
+  sentence2, label / score) -> a pair, positive when label is 1 (0: skipped, "negative pair") or, with
+  ``score_threshold``, when the value is >= the threshold. ``auto`` picks it for rows with ``anchor`` + ``positive``.
 
 An optional ``id`` field (string or integer) gives the example id, else ``"<dataset>:<line>"`` (with several files
-``"<dataset>:<file index>:<line>"``). Sources: JSON Lines files, Hugging Face ``datasets`` (``hf``) and TFDS
-(``tfds``) rows, which are parsed as one of the record formats above.
+``"<dataset>:<file index>:<line>"``). Sources (``jaxembed.data.sources``): JSON Lines, Parquet and CSV / TSV files,
+Hugging Face ``datasets`` (``save_to_disk`` folders, ``hf``: hub names, optionally streamed) and TFDS (``tfds``)
+rows, which are parsed as one of the record formats above; Parquet and ``datasets`` rows are numbered from 1, CSV
+rows by the line they start on.
+
+Memory: every reader streams. What is kept per record is 24 bytes of hashes (duplicate ids, identical examples,
+``jaxembed.data.hashindex``), so a dataset of any size is read in bounded memory; skipped records beyond
+``Tally.memory_limit`` go to an anonymous spool file.
 
 Readers are generators that yield, for each record read, either an ``Example`` or a ``Skip`` (file, line, field,
 reason, fix). ``apply_policy`` is the one place that turns a ``Skip`` into an error (``on_error='stop'``) or counts
@@ -30,9 +41,11 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator, Union
 
+from jaxembed.data import sources
 from jaxembed.data.config import RECORD_FORMATS, TASK_TYPES, KALM_TEMPLATE
+from jaxembed.data.hashindex import HashIndex, example_key, key_of
 from jaxembed.data.jsonl import BadLine, check_input_file, iter_text_lines, parse_object
 from jaxembed.errors import InputError, UserError
 
@@ -55,6 +68,7 @@ FORMAT_FIELDS = {
     "scored_pairs": ("id", "sentence1", "sentence2", "score"),
     "labelled_pairs": ("id", "sentence1", "sentence2", "label"),
     "classification": ("id", "text", "label"),
+    "st": ("id", "label", "score"),  # and every other column, as a text in column order
 }
 #: BGE / FlagEmbedding keys of triplets that are read and ignored (teacher scores for distillation).
 BGE_IGNORED = ("pos_scores", "neg_scores")
@@ -104,6 +118,11 @@ class _Bad(Exception):
     def __init__(self, field: str | None, reason: str, fix: str | None = None):
         super().__init__(reason)
         self.field, self.reason, self.fix = field, reason, fix
+
+
+class _Config(_Bad):
+    """Raised by record parsers: the dataset config cannot read this data (an error for the whole dataset, under
+    either on_error policy)."""
 
 
 class _Filtered(Exception):
@@ -160,7 +179,11 @@ def _check_text(v: Any, key: str) -> str:
     return v
 
 
-def _check_text_list(v: Any, key: str, min_len: int) -> list[str]:
+def _check_text_list(v: Any, key: str, min_len: int, one_text: bool = False) -> list[str]:
+    """A list of non-empty texts; ``one_text``: a single string is accepted as a list of one (a renamed column of a
+    sentence-transformers / Hugging Face dataset holds one text per row)."""
+    if one_text and isinstance(v, str):
+        v = [v]
     if not isinstance(v, list):
         raise _Bad(key, f"expected a list of strings, got {_type(v)}", f'write "{key}": ["text", ...]')
     if len(v) < min_len:
@@ -233,6 +256,12 @@ class ReadOptions:
     use_type: bool = True
     use_prompt: bool = True
     extra_fields: frozenset = frozenset()
+    need_threshold: bool = False  # scored pairs (also st score columns) without score_threshold are an error
+
+
+def _renamed(f: dict, key: str) -> bool:
+    """Whether our field ``key`` is read from another source key (``columns``): then pos / neg may be one text."""
+    return f[key] != DEFAULT_FIELDS[key]
 
 
 @dataclass
@@ -254,6 +283,8 @@ def detect_format(obj: dict, fields: dict) -> str | None:
     f = fields
     if f["query"] in k and f["pos"] in k:
         return "triplets"
+    if "anchor" in k and "positive" in k:
+        return "st"
     if f["sentence1"] in k and f["sentence2"] in k:
         if f["score"] in k:
             return "scored_pairs"
@@ -282,8 +313,9 @@ def _id(obj: dict, f: dict, default: str) -> str:
 def parse_triplet(obj: dict, f: dict, rid: str, opts: ReadOptions, info: ReadInfo, where: str) -> Example:
     """query / pos / neg (+ BGE prompt / type / category) -> Example."""
     ex = {"id": rid, "query": _check_text(_get(obj, f["query"]), f["query"]),
-          "pos": _check_text_list(_get(obj, f["pos"]), f["pos"], 1),
-          "neg": _check_text_list(obj[f["neg"]], f["neg"], 0) if f["neg"] in obj else []}
+          "pos": _check_text_list(_get(obj, f["pos"]), f["pos"], 1, one_text=_renamed(f, "pos")),
+          "neg": _check_text_list(obj[f["neg"]], f["neg"], 0, one_text=_renamed(f, "neg")) if f["neg"] in obj
+          else []}
     if opts.use_type and f["type"] in obj:
         t = obj[f["type"]]
         if not isinstance(t, str) or t not in BGE_TYPES:
@@ -321,15 +353,19 @@ def parse_scored_pair(obj: dict, f: dict, rid: str, opts: ReadOptions) -> Exampl
     """sentence1 / sentence2 / score -> Example when score >= threshold (else _Filtered)."""
     s1 = _check_text(_get(obj, f["sentence1"]), f["sentence1"])
     s2 = _check_text(_get(obj, f["sentence2"]), f["sentence2"])
-    sc = _get(obj, f["score"])
+    _keep_by_score(_get(obj, f["score"]), f["score"], opts)
+    return {"id": rid, "query": s1, "pos": [s2], "neg": []}
+
+
+def _keep_by_score(sc: Any, key: str, opts: ReadOptions) -> None:
+    """A pair's score: a finite number (else _Bad); below ``score_threshold``: _Filtered."""
     if isinstance(sc, bool) or not isinstance(sc, (int, float)):
         eg = f" ({sc}, not {json.dumps(sc)})" if isinstance(sc, str) and _is_number(sc) else ""
-        raise _Bad(f["score"], f"expected a number, got {_type(sc)}", f"write the score as a JSON number{eg}")
+        raise _Bad(key, f"expected a number, got {_type(sc)}", f"write the score as a JSON number{eg}")
     if not math.isfinite(sc):
-        raise _Bad(f["score"], f"{_type(sc)} is not a finite number", "give the pair a real score")
+        raise _Bad(key, f"{_type(sc)} is not a finite number", "give the pair a real score")
     if opts.score_threshold is not None and sc < opts.score_threshold:
-        raise _Filtered(f["score"], f"score below threshold {opts.score_threshold:g}", f"score {sc:g}")
-    return {"id": rid, "query": s1, "pos": [s2], "neg": []}
+        raise _Filtered(key, f"score below threshold {opts.score_threshold:g}", f"score {sc:g}")
 
 
 _POSITIVE_LABELS = {1: True, 0: False, "1": True, "0": False}
@@ -339,13 +375,63 @@ def parse_labelled_pair(obj: dict, f: dict, rid: str, opts: ReadOptions) -> Exam
     """sentence1 / sentence2 / label -> Example for label 1 (label 0: _Filtered 'negative pair')."""
     s1 = _check_text(_get(obj, f["sentence1"]), f["sentence1"])
     s2 = _check_text(_get(obj, f["sentence2"]), f["sentence2"])
-    lab = _get(obj, f["label"])
+    _keep_by_label(_get(obj, f["label"]), f["label"])
+    return {"id": rid, "query": s1, "pos": [s2], "neg": []}
+
+
+def _keep_by_label(lab: Any, key: str, st: bool = False) -> None:
+    """A pair's label: 1 (kept) or 0 (_Filtered 'negative pair'); anything else is _Bad."""
+    if isinstance(lab, float) and lab in (0.0, 1.0):
+        lab = int(lab)
     pos = lab if isinstance(lab, bool) else _POSITIVE_LABELS.get(lab) if isinstance(lab, (int, str)) else None
     if pos is None:
-        raise _Bad(f["label"], f"{lab!r} is not a pair label (1 = positive, 0 = negative)", "write 1 or 0")
+        fix = "write 1 or 0"
+        if st:
+            fix += ("; a similarity score: set score_threshold in the dataset config (pairs with label >= it are "
+                    "positives); 3-way NLI labels: use the (anchor, positive, negative) triplets instead")
+        raise _Bad(key, f"{lab!r} is not a pair label (1 = positive, 0 = negative)", fix)
     if not pos:
-        raise _Filtered(f["label"], "negative pair", f"label {lab!r}")
-    return {"id": rid, "query": s1, "pos": [s2], "neg": []}
+        raise _Filtered(key, "negative pair", f"label {lab!r}")
+
+
+def parse_st(obj: dict, f: dict, rid: str, opts: ReadOptions) -> Example:
+    """A sentence-transformers row -> Example. Texts are the columns in order (the id column, the label / score
+    column and ``extra_fields`` aside); sentence-transformers reads them by position, whatever their names.
+
+    No label column: (anchor, positive, negative_1, ..., negative_n) -> query, [positive], [negatives]. A label
+    column (``label`` or ``score``, or what ``columns`` maps them to) with two texts: a pair, positive by its
+    score (``score`` column, or any label column with ``score_threshold``) or by its 1 / 0 label."""
+    label_keys = [k for k in (f["label"], f["score"]) if k in obj]
+    if len(label_keys) > 1:
+        raise _Bad(label_keys[1], f"both a {label_keys[0]!r} and a {label_keys[1]!r} column (sentence-transformers "
+                                  "reads one label column)",
+                   f"ignore one of them: extra_fields=[{label_keys[1]!r}] in the dataset config")
+    skip = {f["id"], *label_keys, *opts.extra_fields}
+    texts = [(k, v) for k, v in obj.items() if k not in skip]
+    for k, v in texts:
+        _check_text(v, k)
+    if not label_keys:
+        if len(texts) < 2:
+            raise _Bad(texts[0][0] if texts else None,
+                       f"{len(texts)} text column{'s' if len(texts) != 1 else ''}: an (anchor, positive, "
+                       "negatives...) row needs at least two",
+                       "give each row an anchor and a positive (single-sentence data such as denoising "
+                       "auto-encoder sets is not contrastive training data)")
+        return {"id": rid, "query": texts[0][1], "pos": [texts[1][1]], "neg": [v for _, v in texts[2:]]}
+    key = label_keys[0]
+    if len(texts) != 2:
+        names = ", ".join(k for k, _ in texts)
+        raise _Bad(key, f"a {key!r} column with {len(texts)} text columns ({names}): a labelled row is a pair "
+                        f"(sentence1, sentence2, {key})",
+                   f"for (anchor, positive, negatives) rows, ignore the column: extra_fields=[{key!r}]")
+    if key == f["score"] or opts.score_threshold is not None:
+        if opts.score_threshold is None and opts.need_threshold:
+            raise _Config(key, f"scored pairs need score_threshold (pairs with {key} >= threshold are positives)",
+                          "set score_threshold in the dataset config, e.g. 0.8 for scores in [0, 1]")
+        _keep_by_score(obj[key], key, opts)
+    else:
+        _keep_by_label(obj[key], key, st=True)
+    return {"id": rid, "query": texts[0][1], "pos": [texts[1][1]], "neg": []}
 
 
 def parse_classification(obj: dict, f: dict, rid: str, desc: dict[str, str], order: list[str]) -> Example:
@@ -388,23 +474,60 @@ def check_unknown_keys(obj: dict, known: frozenset, fmt: str) -> None:
 
 # ------------------------------------------------------------------------------------------------ readers
 
-def _records_jsonl(paths: list[str]) -> Iterator[tuple[str, int, str, dict | Skip]]:
-    """(path, line, default-id suffix, object or Skip) over several JSON Lines files; an empty file (no line at
-    all) is an InputError."""
+def _empty(path) -> InputError:
+    return InputError(path, None, "empty file: no records",
+                      "check the file (an interrupted download or export?), or remove it from the dataset")
+
+
+def _file_rows(path: str, kind: str, fields: dict, split: str = "train") -> Iterator[tuple[int, dict | Skip]]:
+    """(line / row number, object or Skip) of one file of any kind (``jaxembed.data.sources.source_kind``);
+    ``split``: the split of a save_to_disk DatasetDict."""
+    if kind == "jsonl":
+        yield from iter_json_objects(path)
+        return
+    if kind == "parquet":
+        rows = sources.iter_parquet(path)
+    elif kind in ("csv", "tsv"):
+        rows = sources.iter_csv(path, "\t" if kind == "tsv" else ",", numeric=(fields["score"], fields["label"]))
+    elif kind == "hf_disk":
+        rows = sources.iter_hf(sources.load_hf(path, split))
+    else:
+        raise UserError(f"{path}: cannot read a {kind} source here")
+    for i, obj in rows:
+        yield i, (Skip(str(path), i, obj.field, obj.reason, obj.fix) if isinstance(obj, BadLine) else obj)
+
+
+def _records_files(paths: list[str], kinds: list[str], fields: dict, split: str = "train"
+                   ) -> Iterator[tuple[str, int, str, dict | Skip]]:
+    """(path, line, default-id suffix, object or Skip) over several files (JSON Lines, Parquet, CSV / TSV,
+    save_to_disk folders); a file without any record is an InputError."""
     multi = len(paths) > 1
-    for k, p in enumerate(paths):
+    for k, (p, kind) in enumerate(zip(paths, kinds)):
         i = 0
-        for i, obj in iter_json_objects(p):
+        for i, obj in _file_rows(p, kind, fields, split):
             yield str(p), i, (f"{k}:{i}" if multi else str(i)), obj
         if i == 0:
-            raise InputError(p, None, "empty file: no records",
-                             "check the file (an interrupted download or export?), or remove it from the dataset")
+            raise _empty(p)
+
+
+def _records_jsonl(paths: list[str]) -> Iterator[tuple[str, int, str, dict | Skip]]:
+    """(path, line, default-id suffix, object or Skip) over several JSON Lines files."""
+    return _records_files(paths, ["jsonl"] * len(paths), DEFAULT_FIELDS)
+
+
+_FORMAT_HELP = ("set format in the data config (or --format): triplets (query, pos, neg), scored_pairs (sentence1, "
+                "sentence2, score), labelled_pairs (sentence1, sentence2, label), classification (text, label), st "
+                "(sentence-transformers columns in order: anchor, positive, negatives..., or a pair + label / "
+                "score)")
 
 
 def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) -> Iterator[Item]:
     """Parse the records of ``records_fn()`` (a callable returning an iterator of ``(path, line, id suffix,
     dict or Skip)``; called twice for classification without label descriptions) into Examples and Skips, one
-    item per record read. ``info`` is filled while reading (format, task type, prompt, labels)."""
+    item per record read. ``info`` is filled while reading (format, task type, prompt, labels).
+
+    Memory is bounded: duplicate ids are found through 128-bit hashes of the ids (``HashIndex``), not a table of
+    the ids themselves."""
     info = info if info is not None else ReadInfo()
     f = opts.fields
     fmt = opts.format if opts.format != "auto" else None
@@ -416,10 +539,11 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
                 fmt = detect_format(obj, f)
                 if fmt is None:
                     keys = ", ".join(sorted(obj)) or "none"
-                    raise InputError(path, line, f"cannot tell the format from the keys ({keys})",
-                                     "set format in the data config (or --format): triplets (query, pos, neg), "
-                                     "scored_pairs (sentence1, sentence2, score), labelled_pairs (sentence1, "
-                                     "sentence2, label), classification (text, label)")
+                    raise InputError(path, line, f"cannot tell the format from the keys ({keys})", _FORMAT_HELP)
+                if fmt == "scored_pairs" and opts.need_threshold and opts.score_threshold is None:
+                    raise InputError(path, line, "the records are scored pairs (sentence1, sentence2, score), which "
+                                                 "need score_threshold", "set score_threshold in the dataset config: "
+                                                                         "pairs with score >= it are positives")
                 break
         if fmt is None:
             fmt = "triplets"  # no valid JSON object at all: every record is a Skip anyway
@@ -441,8 +565,10 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
             order = sorted(seen)
             desc = {x: x for x in order}
         info.labels = order
-    ids: dict[str, str] = {}
-    known = known_keys(fmt, opts)
+    ids = HashIndex()
+    files: dict[str, int] = {}
+    names: list[str] = []
+    known = known_keys(fmt, opts) if fmt != "st" else frozenset()
     for path, line, suffix, obj in records_fn():
         if isinstance(obj, Skip):
             yield obj
@@ -456,19 +582,57 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
                 ex = parse_scored_pair(obj, f, rid, opts)
             elif fmt == "labelled_pairs":
                 ex = parse_labelled_pair(obj, f, rid, opts)
+            elif fmt == "st":
+                ex = parse_st(obj, f, rid, opts)
             else:
                 ex = parse_classification(obj, f, rid, desc, order)
-            check_unknown_keys(obj, known, fmt)
-            if rid in ids:
-                raise _Bad(f["id"], f"duplicate id {rid!r} (first at {ids[rid]})", "give every record its own id")
+            if fmt != "st":
+                check_unknown_keys(obj, known, fmt)
+            k = files.get(path)
+            if k is None:
+                k = files[path] = len(names)
+                names.append(os.path.basename(path))
+            first = ids.get_or_put(key_of(rid), (k << 40) | line)
+            if first is not None:
+                at = f"{names[first >> 40]}:{first & ((1 << 40) - 1)}"
+                raise _Bad(f["id"], f"duplicate id {rid!r} (first at {at})", "give every record its own id")
+        except _Config as e:
+            raise InputError(path, line, e.reason, e.fix, field=e.field) from None
         except _Bad as e:
             yield Skip(path, line, e.field, e.reason, e.fix, invalid=True)
             continue
         except _Filtered as e:
             yield Skip(path, line, e.field, e.reason, None, invalid=False, detail=e.detail)
             continue
-        ids[rid] = where
         yield ex
+
+
+def file_kinds(paths: list[str]) -> list[str]:
+    """``jaxembed.data.sources.source_kind`` of each path; a folder that is not a save_to_disk folder is an
+    InputError."""
+    kinds = []
+    for p in paths:
+        kind = sources.source_kind(p)
+        if kind == "folder":
+            raise InputError(p, None, "is a folder, not a data file nor a datasets.save_to_disk folder (no "
+                                      "dataset_info.json / dataset_dict.json)",
+                             "give the data files, or format='hf' to read the folder with datasets.load_dataset")
+        if kind != "hf_disk":
+            check_input_file(p)
+        sources.require(kind, p)  # the optional package a kind needs, before anything is read
+        kinds.append(kind)
+    return kinds
+
+
+def read_files(paths: str | list[str], opts: ReadOptions | None = None, info: ReadInfo | None = None,
+               split: str = "train") -> Iterator[Item]:
+    """Examples and Skips of one dataset stored in one or more files: JSON Lines, Parquet, CSV / TSV (by suffix)
+    or ``datasets.save_to_disk`` folders (``split``: of a saved DatasetDict) (see ``read_records``)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    paths = [str(p) for p in paths]
+    kinds = file_kinds(paths)  # missing files are a usage error before anything is read
+    opts = opts or ReadOptions()
+    return read_records(lambda: _records_files(paths, kinds, opts.fields, split), opts, info)
 
 
 def read_jsonl(paths: str | list[str], opts: ReadOptions | None = None, info: ReadInfo | None = None
@@ -483,105 +647,160 @@ def read_jsonl(paths: str | list[str], opts: ReadOptions | None = None, info: Re
 
 # ---------------------------------------------------------------------------------- Hugging Face datasets / TFDS
 
-def _plain(v):
-    """numpy / bytes values of a dataset row as JSON-like Python values."""
-    if isinstance(v, bytes):
-        try:
-            return v.decode("utf-8")
-        except UnicodeDecodeError:
-            return v  # reported as a wrong type by the parser
-    if hasattr(v, "tolist"):  # numpy scalars and arrays
-        return _plain(v.tolist())
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
-    return v
+_plain = sources.plain
 
 
-def load_hf(source, split: str = "train"):
-    """A ``datasets.Dataset`` from a Dataset / DatasetDict object, a ``save_to_disk`` folder or a hub name."""
-    try:
-        import datasets
-    except ImportError:
-        raise UserError("format hf needs the Hugging Face datasets package: pip install datasets") from None
-    ds = source
-    if isinstance(source, (str, Path)):
-        try:
-            if Path(source).is_dir():
-                ds = datasets.load_from_disk(str(source))
-            else:
-                ds = datasets.load_dataset(str(source), split=split)
-        except Exception as e:  # noqa: BLE001 -- any loading failure is the user's path / name / network
-            raise UserError(f"{source}: cannot load the Hugging Face dataset ({type(e).__name__}: {e})") from None
-    if isinstance(ds, datasets.DatasetDict):
-        if split not in ds:
-            raise UserError(f"{source}: no split {split!r} (splits: {', '.join(ds)}); set split in the data config")
-        ds = ds[split]
-    if not isinstance(ds, datasets.Dataset):
-        raise UserError(f"{source}: expected a datasets.Dataset, got {type(ds).__name__}")
-    return ds
+def load_hf(source, split: str = "train", subset: str | None = None, streaming: bool = False):
+    """A ``datasets.Dataset`` (``IterableDataset`` when streaming) from a Dataset / DatasetDict object, a
+    ``save_to_disk`` folder or a ``datasets.load_dataset`` name (see ``jaxembed.data.sources.load_hf``)."""
+    return sources.load_hf(source, split, subset, streaming)
 
 
-def _records_rows(rows: Iterable, where: str) -> Iterator[tuple[str, int, str, dict | Skip]]:
-    for i, row in enumerate(rows, 1):
-        obj = _plain(dict(row)) if not isinstance(row, dict) else _plain(row)
-        yield where, i, str(i), obj
+def _records_rows(rows: Iterable[tuple[int, dict]], where: str) -> Iterator[tuple[str, int, str, dict | Skip]]:
+    for i, row in rows:
+        yield where, i, str(i), row
 
 
-def read_hf(source, opts: ReadOptions | None = None, info: ReadInfo | None = None, split: str = "train"
-            ) -> Iterator[Item]:
-    """Examples and Skips from a Hugging Face dataset (object, DatasetDict, save_to_disk folder or hub name);
-    rows are numbered from 1 and named ``<source>[<split>]``."""
-    ds = load_hf(source, split)
-    where = f"{source if isinstance(source, (str, Path)) else 'dataset'}[{split}]"
-    return read_records(lambda: _records_rows(ds, where), opts or ReadOptions(), info)
+def read_hf(source, opts: ReadOptions | None = None, info: ReadInfo | None = None, split: str = "train",
+            subset: str | None = None, streaming: bool = False) -> Iterator[Item]:
+    """Examples and Skips from a Hugging Face dataset (object, DatasetDict, save_to_disk folder, or a
+    ``load_dataset`` name: a hub dataset or a local folder of data files; ``streaming``: read as an
+    IterableDataset, never materialised); rows are numbered from 1 and named ``<source>[<split>]``."""
+    ds = load_hf(source, split, subset, streaming)
+    name = str(source) if isinstance(source, (str, Path)) else "dataset"
+    where = f"{name}{'/' + subset if subset else ''}[{split}]"
+    return read_records(lambda: _records_rows(sources.iter_hf(ds), where), opts or ReadOptions(), info)
 
 
 def read_tfds(name: str, opts: ReadOptions | None = None, info: ReadInfo | None = None, split: str = "train",
               data_dir: str | None = None) -> Iterator[Item]:
     """Examples and Skips from a TFDS dataset (``tensorflow_datasets`` is optional: ``pip install jaxembed[tfds]``);
     byte strings are decoded as UTF-8, rows numbered from 1."""
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError:
-        raise UserError(f"format tfds ({name}) needs TensorFlow Datasets: pip install jaxembed[tfds] "
-                        "(or pip install tensorflow-datasets)") from None
-    try:
-        src = tfds.data_source(name, split=split, data_dir=data_dir)
-    except Exception as e:  # noqa: BLE001
-        raise UserError(f"tfds {name}[{split}]: cannot open the data source ({type(e).__name__}: {e})") from None
+    src = sources.open_tfds(name, split, data_dir)  # a missing package or dataset is an error before reading
     where = f"tfds:{name}[{split}]"
-    return read_records(lambda: _records_rows(src, where), opts or ReadOptions(), info)
+    return read_records(lambda: _records_rows(((i, sources.plain(dict(r))) for i, r in enumerate(src, 1)), where),
+                        opts or ReadOptions(), info)
 
 
 # ---------------------------------------------------------------------------------------------------- policy
+
+def _reason_key(s: Skip) -> str:
+    """How a skipped record is counted: the reason without its details in parentheses (one kind of problem is one
+    count), led by the field for invalid records."""
+    return (f"field '{s.field}': " if s.field and s.invalid else "") + s.reason.split(" (")[0]
+
 
 @dataclass
 class Tally:
     """Counts of one dataset's reading: records read, examples written, skipped (invalid / left out by a rule),
     with every skipped record; ``identical``: written examples equal to an earlier one of the dataset (same query,
-    positives, negatives and label; ids aside), which are kept and counted, with the first few pairs of ids."""
+    positives, negatives and label; ids aside), which are kept and counted, with the first few pairs of ids.
+
+    Memory: a 128-bit hash per written example (``HashIndex``). ``keep_ids`` (default) also keeps every written
+    id, to name the first of an identical pair at once; without it the pairs hold example indices until
+    ``resolve_ids`` (the store writer reads the ids back from the store). ``memory_limit``: skipped records kept in
+    memory; the others go to a JSON Lines spool file in ``spool_dir`` (``iter_skipped`` reads both)."""
 
     name: str
     read: int = 0
     written: int = 0
-    skipped: list[Skip] = field(default_factory=list)
+    invalid: int = 0
+    filtered: int = 0
     identical: int = 0
-    identical_examples: list[tuple[str, str]] = field(default_factory=list)
-    _seen: dict = field(default_factory=dict, repr=False, compare=False)
+    keep_ids: bool = True
+    memory_limit: int | None = None
+    spool_dir: str | None = None
+    _mem: list = field(default_factory=list, repr=False, compare=False)
+    _spilled: int = field(default=0, repr=False, compare=False)
+    _spool: Any = field(default=None, repr=False, compare=False)
+    _reasons: Counter = field(default_factory=Counter, repr=False, compare=False)
+    _reasons_by: Counter = field(default_factory=Counter, repr=False, compare=False)
+    _seen: HashIndex = field(default_factory=HashIndex, repr=False, compare=False)
+    _ids: list = field(default_factory=list, repr=False, compare=False)
+    _pairs: list = field(default_factory=list, repr=False, compare=False)
+    _resolved: dict = field(default_factory=dict, repr=False, compare=False)
+
+    # ------------------------------------------------------------------------------------------ skipped records
+
+    def add_skip(self, s: Skip) -> None:
+        """Count a skipped record and keep it (in memory up to ``memory_limit``, then in the spool file)."""
+        if s.invalid:
+            self.invalid += 1
+        else:
+            self.filtered += 1
+        key = _reason_key(s)
+        self._reasons[key] += 1
+        self._reasons_by[(s.invalid, key)] += 1
+        if self.memory_limit is None or len(self._mem) < self.memory_limit:
+            self._mem.append(s)
+            return
+        if self._spool is None:  # an anonymous file: gone when closed or collected, whatever happens
+            import tempfile
+
+            self._spool = tempfile.TemporaryFile("w+", encoding="utf-8", dir=self.spool_dir)
+        self._spool.write(json.dumps(s.to_dict(), ensure_ascii=False) + "\n")
+        self._spilled += 1
+
+    @property
+    def skipped(self) -> list[Skip]:
+        """Every skipped record, in reading order (read back from the spool file when some were spilled)."""
+        return list(self.iter_skipped())
+
+    def iter_skipped(self) -> Iterator[Skip]:
+        yield from self._mem
+        if self._spool is not None:
+            f = self._spool
+            f.flush()
+            f.seek(0)
+            try:
+                for _ in range(self._spilled):
+                    d = json.loads(f.readline())
+                    yield Skip(d["file"], d["line"], d["field"], d["reason"], d["fix"], d["invalid"], d["detail"])
+            finally:
+                f.seek(0, os.SEEK_END)
+
+    @property
+    def n_skipped(self) -> int:
+        return self.invalid + self.filtered
+
+    def close(self) -> None:
+        """Drop the spool file (the skipped records beyond ``memory_limit``; the counts stay)."""
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
+            self._spilled = 0
+
+    # --------------------------------------------------------------------------------------- identical examples
 
     def count_identical(self, ex: Example) -> None:
-        """Count ``ex`` if an earlier example of the dataset has the same content (a 64-bit hash of it: a false
-        match has probability ~n^2 / 2^64)."""
-        key = hash((ex["query"], tuple(ex["pos"]), tuple(ex["neg"]), ex.get("label")))
-        first = self._seen.get(key)
-        if first is None:
-            self._seen[key] = ex["id"]
-        else:
+        """Count ``ex`` (the ``written``-th example) if an earlier example of the dataset has the same content."""
+        index = self.written - 1
+        if self.keep_ids:
+            self._ids.append(ex["id"])
+        first = self._seen.get_or_put(example_key(ex["query"], ex["pos"], ex["neg"], ex.get("label")), index)
+        if first is not None:
             self.identical += 1
-            if len(self.identical_examples) < 5:
-                self.identical_examples.append((ex["id"], first))
+            if len(self._pairs) < 5:
+                self._pairs.append((ex["id"], first))
+
+    def identical_indices(self) -> list[int]:
+        """The example indices of the first occurrences named in ``identical_examples``."""
+        return [k for _, k in self._pairs]
+
+    def resolve_ids(self, id_of: Callable[[list[int]], list[str]]) -> None:
+        """Name the first occurrences of the identical pairs: ``id_of(indices)`` -> their ids."""
+        idx = self.identical_indices()
+        if idx:
+            self._resolved.update(zip(idx, id_of(idx)))
+
+    @property
+    def identical_examples(self) -> list[tuple[str, str]]:
+        """(id, id of the earlier identical example) for the first few identical examples."""
+        out = []
+        for later, k in self._pairs:
+            first = self._ids[k] if self.keep_ids else self._resolved.get(k, f"example #{k}")
+            out.append((later, first))
+        return out
 
     def identical_note(self) -> str | None:
         """One line on the identical examples, or None."""
@@ -591,26 +810,25 @@ class Tally:
         return (f"{self.identical} of {self.written} examples are identical to an earlier one (same query, positives, "
                 f"negatives, label; kept, so they weigh more), e.g. {eg}")
 
-    @property
-    def invalid(self) -> int:
-        return sum(s.invalid for s in self.skipped)
+    # ------------------------------------------------------------------------------------------------- reporting
 
-    @property
-    def filtered(self) -> int:
-        return sum(not s.invalid for s in self.skipped)
-
-    def reasons(self) -> dict[str, int]:
+    def reasons(self, invalid: bool | None = None) -> dict[str, int]:
         """reason -> count (invalid records by their reason, with the field when there is one; the details in
-        parentheses, such as a JSON error's column, are left out so that one kind of problem is one count)."""
-        c = Counter((f"field '{s.field}': " if s.field and s.invalid else "") + s.reason.split(" (")[0]
-                    for s in self.skipped)
+        parentheses, such as a JSON error's column, are left out so that one kind of problem is one count).
+        ``invalid``: only the invalid (True) or the left-out (False) records."""
+        if invalid is None:
+            return dict(self._reasons.most_common())
+        c = Counter({k: n for (inv, k), n in self._reasons_by.items() if inv == invalid})
         return dict(c.most_common())
 
-    def to_dict(self) -> dict:
+    def summary_dict(self) -> dict:
+        """``to_dict`` without the skipped records."""
         return {"name": self.name, "read": self.read, "written": self.written, "invalid": self.invalid,
                 "filtered": self.filtered, "reasons": self.reasons(), "identical": self.identical,
-                "identical_examples": [list(p) for p in self.identical_examples],
-                "skipped": [s.to_dict() for s in self.skipped]}
+                "identical_examples": [list(p) for p in self.identical_examples]}
+
+    def to_dict(self) -> dict:
+        return dict(self.summary_dict(), skipped=[s.to_dict() for s in self.iter_skipped()])
 
 
 def apply_policy(items: Iterable[Item], on_error: str, tally: Tally) -> Iterator[Example]:
@@ -623,7 +841,7 @@ def apply_policy(items: Iterable[Item], on_error: str, tally: Tally) -> Iterator
         if isinstance(it, Skip):
             if it.invalid and on_error == "stop":
                 raise it.error()
-            tally.skipped.append(it)
+            tally.add_skip(it)
             continue
         tally.written += 1
         tally.count_identical(it)
@@ -648,20 +866,48 @@ def read_options(ds) -> ReadOptions:
                        score_threshold=ds.get("score_threshold"),
                        label_descriptions=pairs_of(ld, "label_descriptions") if ld is not None else None,
                        use_type=ds.get("task_type") is None, use_prompt=ds.get("query_instruction") is None,
-                       extra_fields=frozenset(ds.get("extra_fields") or ()))
+                       extra_fields=frozenset(ds.get("extra_fields") or ()), need_threshold=True)
 
 
 def read_dataset(ds, info: ReadInfo | None = None) -> Iterator[Item]:
-    """Examples and Skips of one dataset config, whatever its source (JSON Lines, hf, tfds)."""
+    """Examples and Skips of one dataset config, whatever its source (JSON Lines / Parquet / CSV files,
+    save_to_disk folders, hf, tfds)."""
     from jaxembed.data.config import dataset_paths
 
     opts = read_options(ds)
     fmt = ds.get("format", "auto")
     if fmt == "hf":
-        return read_hf(dataset_paths(ds)[0], opts, info, split=ds.get("split", "train"))
+        return read_hf(dataset_paths(ds)[0], opts, info, split=ds.get("split", "train"), subset=ds.get("subset"),
+                       streaming=bool(ds.get("streaming")))
     if fmt == "tfds":
         return read_tfds(dataset_paths(ds)[0], opts, info, split=ds.get("split", "train"))
-    return read_jsonl(dataset_paths(ds), opts, info)
+    return read_files(dataset_paths(ds), opts, info, split=ds.get("split", "train"))
+
+
+def source_size(ds) -> int | None:
+    """The number of records of a dataset config when its source says so cheaply (Parquet footers, a
+    save_to_disk Dataset), else None -- for progress bars."""
+    from jaxembed.data.config import dataset_paths
+
+    fmt = ds.get("format", "auto")
+    if fmt == "tfds" or (fmt == "hf" and ds.get("streaming")):
+        return None
+    total = 0
+    try:
+        for p in dataset_paths(ds):
+            kind = sources.source_kind(p, fmt)
+            if kind == "parquet":
+                n = sources.parquet_rows(p)
+            elif kind == "hf_disk":
+                n = sources.hf_rows(sources.load_hf(p, ds.get("split", "train")))
+            else:
+                return None
+            if n is None:
+                return None
+            total += n
+    except UserError:
+        return None
+    return total
 
 
 def kalm_instruction(prompt: str) -> str:

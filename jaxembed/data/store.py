@@ -12,7 +12,10 @@
                                    file:line, field and reason
 
 The store is written to a temporary folder beside ``out_dir`` and renamed into place, so a crash never leaves a
-folder that opens as a store. ``Store.open(out_dir)`` reads it back: ``example(dataset, i)`` is the normalised
+folder that opens as a store. Writing streams: records go to the ArrayRecord file as they are read, and what is
+kept per record is a 4-byte label index and 48 bytes of hashes (duplicate ids, identical examples); skipped
+records beyond the first thousand wait in a spool file until the report is written, so a dataset of any size is
+prepared in bounded memory (``benchmarks/prepare_memory.py`` measures it). ``Store.open(out_dir)`` reads it back: ``example(dataset, i)`` is the normalised
 Example ``{"id", "query", "pos", "neg", "label"?}`` of record i.
 """
 
@@ -22,14 +25,16 @@ import datetime
 import json
 import os
 import shutil
+import sys
 import threading
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from array import array
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
 
 from jaxembed.data import config as dc
-from jaxembed.data.formats import ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset
+from jaxembed.data.formats import ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset, source_size
 from jaxembed.errors import UserError
 
 STORE_FORMAT = "jaxembed-store"
@@ -58,6 +63,7 @@ class DatasetInfo:
     max_query_length: int | None
     max_doc_length: int | None
     source: tuple[str, ...]
+    loss: str | None = None  # the dataset's loss (None: the run's loss.type)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -66,7 +72,7 @@ class DatasetInfo:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DatasetInfo":
-        kw = {f.name: d[f.name] for f in fields(cls)}
+        kw = {f.name: d[f.name] if f.default is MISSING else d.get(f.name, f.default) for f in fields(cls)}
         kw["source"] = tuple(kw["source"])
         return cls(**kw)
 
@@ -123,16 +129,39 @@ class PrepareReport:
                 lines.append(f"note: {name}: {n}")
         return "\n".join(lines)
 
-    def to_text(self) -> str:
-        """The summary, then every skipped record, one per line."""
+    def _text_lines(self):
         head = (f"jaxembed data prepare -> {self.out_dir} (on_error={self.on_error}): {self.read} records read, "
                 f"{self.written} written, {self.invalid} invalid and skipped, {self.filtered} left out by a rule")
-        out = [head, "", self.summary()]
+        yield from [head, "", self.summary()]
         for t in self.datasets:
-            if t.skipped:
-                out += ["", f"skipped records of {t.name} ({len(t.skipped)}):"]
-                out += [f"  {s}" for s in t.skipped]
-        return "\n".join(out) + "\n"
+            if t.n_skipped:
+                yield from ["", f"skipped records of {t.name} ({t.n_skipped}):"]
+                for s in t.iter_skipped():
+                    yield f"  {s}"
+
+    def to_text(self) -> str:
+        """The summary, then every skipped record, one per line."""
+        return "\n".join(self._text_lines()) + "\n"
+
+    def write(self, folder: Path) -> None:
+        """report.json and report.txt in ``folder``, streamed: the skipped records are never all in memory."""
+        with open(folder / "report.txt", "w", encoding="utf-8") as f:
+            for line in self._text_lines():
+                f.write(line + "\n")
+        with open(folder / "report.json", "w", encoding="utf-8") as f:
+            head = {k: v for k, v in self.to_dict_head().items()}
+            f.write(json.dumps(head, ensure_ascii=False)[:-1] + ', "datasets": [')
+            for i, t in enumerate(self.datasets):
+                d = dict(t.summary_dict(), notes=self.notes.get(t.name, []))
+                f.write(("," if i else "") + "\n " + json.dumps(d, ensure_ascii=False)[:-1] + ', "skipped": [')
+                for j, s in enumerate(t.iter_skipped()):
+                    f.write(("," if j else "") + "\n  " + json.dumps(s.to_dict(), ensure_ascii=False))
+                f.write("]}")
+            f.write("\n]}\n")
+
+    def to_dict_head(self) -> dict:
+        return {"out_dir": self.out_dir, "on_error": self.on_error, "read": self.read, "written": self.written,
+                "invalid": self.invalid, "filtered": self.filtered}
 
 
 # ------------------------------------------------------------------------------------------------------ writing
@@ -159,7 +188,7 @@ def _resolve_info(ds, info: ReadInfo, size: int, where: str) -> DatasetInfo:
         doc_instruction=di if di is not None else "", temperature=_float(ds.get("temperature")),
         batching=ds.get("batching") or dc.DEFAULT_BATCHING[tt], num_negatives=int(ds.get("num_negatives", 1)),
         weight=_float(ds.get("weight")), epochs=_float(ds.get("epochs")), max_query_length=ds.get("max_query_length"),
-        max_doc_length=ds.get("max_doc_length"), source=tuple(paths))
+        max_doc_length=ds.get("max_doc_length"), source=tuple(paths), loss=ds.get("loss"))
 
 
 def _float(v):
@@ -187,44 +216,104 @@ def _sources(ds) -> str:
     return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
 
 
-def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str) -> tuple[DatasetInfo, dict, list[str]]:
-    from array_record.python.array_record_module import ArrayRecordWriter
+class _Labels:
+    """Per-example labels as 4-byte indices into the distinct labels (bounded memory, whatever the size)."""
+
+    def __init__(self):
+        self.index = array("i")
+        self.names: dict[str, int] = {}
+        self.missing = 0
+
+    def add(self, label: str | None) -> None:
+        if label is None:
+            self.missing += 1
+            self.index.append(-1)
+            return
+        k = self.names.get(label)
+        if k is None:
+            k = self.names[label] = len(self.names)
+        self.index.append(k)
+
+    def write(self, path: Path, order: list[str] | None) -> None:
+        """``{"names": [...], "index": [...]}``: ``order`` first (a classification dataset's negatives order),
+        then the other labels sorted; the index list is written in chunks."""
+        names = list(order or sorted(self.names))
+        names += sorted(set(self.names) - set(names))
+        pos = {x: i for i, x in enumerate(names)}
+        remap = [pos[x] for x in self.names]  # first-seen index -> position in names
+        with open(path, "w", encoding="utf-8") as f:
+            f.write('{"names": ' + json.dumps(names, ensure_ascii=False) + ', "index": [')
+            for start in range(0, len(self.index), 65536):
+                chunk = self.index[start:start + 65536]
+                f.write(("" if start == 0 else ", ") + ", ".join(str(remap[k]) for k in chunk))
+            f.write("]}")
+
+
+def _progress(progress: bool | None, total: int | None, name: str):
+    """A tqdm bar over a dataset's records (None: on when stderr is a terminal), or None."""
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"prepare {name}", unit=" records", unit_scale=True, mininterval=0.5,
+                file=sys.stderr, leave=True, dynamic_ncols=True)
+
+
+#: skipped records of a dataset kept in memory; the rest wait in a spool file in the store's temporary folder
+SKIPPED_IN_MEMORY = 1000
+
+
+def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str, progress: bool | None = None
+                   ) -> tuple[DatasetInfo, dict, list[str]]:
+    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
     name = ds["name"]
     info = ReadInfo()
-    labels: list[str | None] = []
+    labels = _Labels()
     nneg_min, nneg_max, npos_max, few_neg = None, 0, 0, 0
     want_neg = int(ds.get("num_negatives", 1))
     task_type_cfg = ds.get("task_type")
-    writer = ArrayRecordWriter(str(tmp / f"{name}.array_record"), _WRITER_OPTIONS)
+    bar = _progress(progress, source_size(ds) if progress is not False else None, name)
+    path = tmp / f"{name}.array_record"
+    writer = ArrayRecordWriter(str(path), _WRITER_OPTIONS)
     try:
         for ex in apply_policy(read_dataset(ds, info), on_error, tally):
             tt = task_type_cfg or info.task_type
             if "label" not in ex and tt in ("classification", "clustering") and len(ex["pos"]) == 1:
                 ex["label"] = ex["pos"][0]  # BGE classification: the positive is the label's description
-            labels.append(ex.get("label"))
+            labels.add(ex.get("label"))
             n = len(ex["neg"])
             nneg_min = n if nneg_min is None else min(nneg_min, n)
             nneg_max, npos_max = max(nneg_max, n), max(npos_max, len(ex["pos"]))
             few_neg += n < want_neg
             writer.write(json.dumps(ex, ensure_ascii=False).encode("utf-8"))
+            if bar is not None and tally.read - bar.n >= 1000:
+                bar.update(tally.read - bar.n)
     finally:
         writer.close()
+        if bar is not None:
+            bar.update(tally.read - bar.n)
+            bar.set_postfix_str(f"{tally.written} written, {tally.n_skipped} skipped", refresh=False)
+            bar.close()
     if tally.written == 0:
         reasons = "; ".join(f"{r}: {k}" for r, k in tally.reasons().items()) or "no records"
         raise UserError(f"{_sources(ds)}: no examples left of {tally.read} records read ({reasons}) for {where} "
                         f"({name}) (fix: check the files, format, extra_fields and score_threshold)")
+    if tally.identical:  # name the first of each identical pair: read their ids back from the store
+        reader = ArrayRecordReader(str(path), "readahead_buffer_size:0")
+        try:
+            tally.resolve_ids(lambda idx: [Store.decode(r)["id"] for r in reader.read(idx)])
+        finally:
+            reader.close()
     dinfo = _resolve_info(ds, info, tally.written, where)
     entry = {"file": f"{name}.array_record", "format": ds.get("format", "auto"), "record_format": info.format,
              "labels_file": None, "label_names": info.labels,
              "counts": {"read": tally.read, "written": tally.written, "invalid": tally.invalid,
                         "filtered": tally.filtered, "neg_min": nneg_min, "neg_max": nneg_max, "pos_max": npos_max}}
-    if labels and all(x is not None for x in labels):
-        names = info.labels or sorted(set(labels))
-        names = names + sorted(set(labels) - set(names))
-        pos = {x: i for i, x in enumerate(names)}
-        (tmp / f"{name}.labels.json").write_text(json.dumps({"names": names, "index": [pos[x] for x in labels]}),
-                                                  encoding="utf-8")
+    if labels.names and not labels.missing:
+        labels.write(tmp / f"{name}.labels.json", info.labels)
         entry["labels_file"] = f"{name}.labels.json"
     notes = []
     if tally.identical_note():
@@ -235,11 +324,13 @@ def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str) -> tu
     return dinfo, entry, notes
 
 
-def write_store(data_config, out_dir, where: str = "data") -> PrepareReport:
+def write_store(data_config, out_dir, where: str = "data", progress: bool | None = None) -> PrepareReport:
     """Validate the data config, read and check every record of every dataset, apply ``on_error`` and write the
     store to ``out_dir`` (replacing a store there). Raises UserError / InputError (on_error 'stop': the first bad
     record, naming file, line, field and fix); nothing is written then. ``where``: how errors name the data config
-    (e.g. ``configs/x.py: data``)."""
+    (e.g. ``configs/x.py: data``). ``progress``: a progress bar per dataset (None: when stderr is a terminal).
+
+    Memory is bounded whatever the size of the data (see the module docstring)."""
     out = check_out_dir(out_dir)  # before any work
     dc.validate_data_config(data_config, where=where)
     on_error = data_config.get("on_error", "stop")
@@ -250,17 +341,16 @@ def write_store(data_config, out_dir, where: str = "data") -> PrepareReport:
     try:
         infos, entries = [], []
         for i, ds in enumerate(data_config["datasets"]):
-            tally = Tally(ds["name"])
+            tally = Tally(ds["name"], keep_ids=False, memory_limit=SKIPPED_IN_MEMORY, spool_dir=str(tmp))
             report.datasets.append(tally)
-            dinfo, entry, notes = _write_dataset(ds, tmp, on_error, tally, f"{where}.datasets[{i}]")
+            dinfo, entry, notes = _write_dataset(ds, tmp, on_error, tally, f"{where}.datasets[{i}]", progress)
             infos.append(dinfo)
             entries.append(dict(dinfo.to_dict(), **entry))
             if notes:
                 report.notes[ds["name"]] = notes
         # task types taken from the records (BGE 'type') must agree within a task too
         dc.check_task_types([(f"{where}.datasets[{i}]", d.name, d.task, d.task_type) for i, d in enumerate(infos)])
-        (tmp / "report.json").write_text(json.dumps(report.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
-        (tmp / "report.txt").write_text(report.to_text(), encoding="utf-8")
+        report.write(tmp)
         from jaxembed import __version__
 
         manifest = {"format": STORE_FORMAT, "version": STORE_VERSION, "jaxembed_version": __version__,
@@ -272,6 +362,8 @@ def write_store(data_config, out_dir, where: str = "data") -> PrepareReport:
         (tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=1), encoding="utf-8")
         _swap_into_place(tmp, out)
     except BaseException:
+        for t in report.datasets:
+            t.close()  # the spool files (anonymous) are gone with their handles
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     report.out_dir = str(out)

@@ -1,0 +1,281 @@
+"""Where records come from: JSON Lines, Parquet and CSV / TSV files, Hugging Face ``datasets`` (a
+``save_to_disk`` folder, a hub name or a folder of data files, optionally streamed) and TFDS -- each read row by
+row, in bounded memory.
+
+Every reader yields ``(line or row number from 1, dict or BadLine)``: a row that cannot be a record (a CSV line
+with the wrong number of fields, ...) is a ``BadLine`` that costs one record, never the file. Column order is kept
+(``dict`` order = the file's / the schema's column order), which the sentence-transformers row format relies on.
+
+Which reader a path gets (``source_kind``): ``format='hf'`` / ``'tfds'`` name the source; otherwise the path does:
+``.parquet`` -> Parquet (pyarrow), ``.csv`` / ``.tsv`` (also ``.gz`` / ``.bz2`` / ``.xz``) -> the csv module, a
+folder written by ``datasets.save_to_disk`` -> ``datasets.load_from_disk``, anything else -> JSON Lines.
+
+pyarrow and datasets are optional (``pip install 'jaxembed[hf]'``): asking for a source that needs one without it
+is a one-line UserError naming the extra.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from jaxembed.data.jsonl import MAX_LINE_BYTES, BadLine, check_input_file, open_binary
+from jaxembed.errors import InputError, UserError
+
+#: file kinds read by the path's suffix (compression suffixes aside)
+PARQUET_SUFFIXES = (".parquet", ".pq")
+CSV_SUFFIXES = (".csv",)
+TSV_SUFFIXES = (".tsv",)
+#: files that mark a ``datasets.save_to_disk`` folder (a Dataset, or a DatasetDict)
+SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+HF_EXTRA = "pip install 'jaxembed[hf]'"
+_BATCH = 1024  # rows per Arrow batch: bounded memory whatever the file size
+
+
+def _bare_suffix(path) -> str:
+    name = str(path).lower()
+    for ext in (".gz", ".bz2", ".xz"):
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+    return Path(name).suffix
+
+
+def is_saved_dataset(path) -> bool:
+    """Whether ``path`` is a folder written by ``datasets.Dataset(Dict).save_to_disk``."""
+    p = Path(path)
+    if not p.is_dir():
+        return False
+    return (p / "dataset_dict.json").is_file() or ((p / "dataset_info.json").is_file() and (p / "state.json").is_file())
+
+
+def source_kind(path, fmt: str = "auto") -> str:
+    """'jsonl' | 'parquet' | 'csv' | 'tsv' | 'hf_disk' (a save_to_disk folder) | 'hf' (datasets.load_dataset: a
+    hub name or a folder of data files) | 'tfds'."""
+    if fmt == "tfds":
+        return "tfds"
+    if fmt == "hf":
+        return "hf_disk" if is_saved_dataset(path) else "hf"
+    if Path(path).is_dir():
+        return "hf_disk" if is_saved_dataset(path) else "folder"
+    suffix = _bare_suffix(path)
+    if suffix in PARQUET_SUFFIXES:
+        return "parquet"
+    if suffix in CSV_SUFFIXES:
+        return "csv"
+    if suffix in TSV_SUFFIXES:
+        return "tsv"
+    return "jsonl"
+
+
+def require(kind: str, path) -> None:
+    """A UserError naming the extra when the package that ``kind`` needs is missing (parquet: pyarrow; hf, hf_disk:
+    datasets)."""
+    if kind == "parquet":
+        _pyarrow_parquet(path)
+    elif kind in ("hf", "hf_disk"):
+        _datasets()
+
+
+def plain(v):
+    """numpy / Arrow / bytes values of a row as JSON-like Python values (bytes that are not UTF-8 stay bytes and
+    are reported as a wrong type by the record parser)."""
+    if isinstance(v, bytes):
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            return v
+    if hasattr(v, "tolist"):  # numpy scalars and arrays
+        return plain(v.tolist())
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: plain(x) for k, x in v.items()}
+    return v
+
+
+# --------------------------------------------------------------------------------------------------- Parquet
+
+def _pyarrow_parquet(path):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError(f"{path}: reading Parquet needs pyarrow: {HF_EXTRA} (or pip install pyarrow)") from None
+    return pq
+
+
+def parquet_rows(path) -> int | None:
+    """The number of rows of a Parquet file, from its footer (None when it cannot be read)."""
+    pq = _pyarrow_parquet(path)
+    try:
+        return pq.ParquetFile(str(path)).metadata.num_rows
+    except Exception:  # noqa: BLE001 -- reported by iter_parquet
+        return None
+
+
+def iter_parquet(path) -> Iterator[tuple[int, dict]]:
+    """(row number from 1, row as a dict in column order) of a Parquet file, one Arrow batch at a time."""
+    pq = _pyarrow_parquet(path)
+    check_input_file(path, "a .parquet file")
+    try:
+        f = pq.ParquetFile(str(path))
+    except Exception as e:  # noqa: BLE001 -- a broken or non-Parquet file is the user's to fix
+        raise InputError(path, None, f"not a readable Parquet file ({type(e).__name__}: {e})",
+                         "check the file (an interrupted download?), or export it again") from None
+    i = 0
+    try:
+        for batch in f.iter_batches(batch_size=_BATCH):
+            for row in batch.to_pylist():
+                i += 1
+                yield i, row
+    except OSError as e:
+        raise InputError(path, i + 1, f"the Parquet file is truncated or corrupt ({e})",
+                         "download or export the file again") from None
+
+
+# ------------------------------------------------------------------------------------------------------- CSV
+
+_INT = re.compile(r"^[+-]?\d+$")
+
+
+def _number(s: str):
+    """A CSV cell as an int or a finite float when it is one, else the string."""
+    t = s.strip()
+    if _INT.match(t):
+        return int(t)
+    try:
+        v = float(t)
+    except ValueError:
+        return s
+    return v if math.isfinite(v) else s
+
+
+def iter_csv(path, delimiter: str = ",", numeric: Iterable[str] = ()) -> Iterator[tuple[int, dict | BadLine]]:
+    """(line number of the row's first line, row dict keyed by the header, or a BadLine) of a CSV / TSV file with
+    a header line. Cells are strings; the columns named in ``numeric`` (scores, labels) are read as numbers when
+    they are ones. A row with another number of fields than the header is a BadLine. gzip / bzip2 / xz files are
+    decompressed (``jaxembed.data.jsonl.open_binary``)."""
+    numeric = set(numeric)
+    csv.field_size_limit(MAX_LINE_BYTES)
+    raw = open_binary(path)
+    text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+    reader = csv.reader(text, delimiter=delimiter)
+    line = 1
+    try:
+        try:
+            header = next(reader, None)
+        except (csv.Error, UnicodeDecodeError) as e:
+            raise InputError(path, 1, f"unreadable header ({e})", "the first line must name the columns") from None
+        if header is None:
+            raise InputError(path, None, "empty file: no header and no rows",
+                             "check the file (an interrupted export?), or remove it from the dataset")
+        header = [h.strip() for h in header]
+        seen = set()
+        for h in header:
+            if not h:
+                raise InputError(path, 1, "an empty column name in the header", "name every column")
+            if h in seen:
+                raise InputError(path, 1, f"column {h!r} appears twice in the header", "rename one of them")
+            seen.add(h)
+        line = reader.line_num + 1
+        while True:
+            start = line
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except UnicodeDecodeError as e:
+                raise InputError(path, start, f"not valid UTF-8 ({e.reason})",
+                                 "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+            except csv.Error as e:
+                raise InputError(path, start, f"unreadable CSV ({e})", "check the quoting of this row") from None
+            line = reader.line_num + 1
+            if not row:
+                yield start, BadLine("empty line", "remove blank lines: each line is one row")
+                continue
+            if len(row) != len(header):
+                yield start, BadLine(f"{len(row)} fields, the header has {len(header)}",
+                                     "quote fields that contain the delimiter, or fix the row")
+                continue
+            yield start, {h: (_number(v) if h in numeric else v) for h, v in zip(header, row)}
+    finally:
+        text.close()
+
+
+# ------------------------------------------------------------------------------------------ Hugging Face datasets
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(f"format hf needs the Hugging Face datasets package: {HF_EXTRA} (or pip install "
+                        "datasets)") from None
+    return datasets
+
+
+def load_hf(source, split: str = "train", subset: str | None = None, streaming: bool = False):
+    """A ``datasets.Dataset`` (or ``IterableDataset`` when streaming) from a Dataset / DatasetDict object, a
+    ``save_to_disk`` folder, or a name for ``datasets.load_dataset`` (a hub dataset, or a local folder of data
+    files, read offline when ``HF_DATASETS_OFFLINE`` / ``HF_HUB_OFFLINE`` is set)."""
+    datasets = _datasets()
+    ds = source
+    if isinstance(source, (str, Path)):
+        try:
+            if is_saved_dataset(source):
+                ds = datasets.load_from_disk(str(source))
+                if streaming and isinstance(ds, datasets.Dataset):
+                    ds = ds.to_iterable_dataset()
+            else:
+                ds = datasets.load_dataset(str(source), subset, split=split, streaming=streaming)
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- any loading failure is the user's path / name / network
+            msg = " ".join(str(e).split())[:300]
+            raise UserError(f"{source}: cannot load the Hugging Face dataset ({type(e).__name__}: {msg}) (fix: "
+                            "check the name, subset and split; offline, the dataset must be in the local Hugging "
+                            "Face cache)") from None
+    if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        if split not in ds:
+            raise UserError(f"{source}: no split {split!r} (splits: {', '.join(ds)}) (fix: set split in the data "
+                            "config)")
+        ds = ds[split]
+        if streaming and isinstance(ds, datasets.Dataset):
+            ds = ds.to_iterable_dataset()
+    if not isinstance(ds, (datasets.Dataset, datasets.IterableDataset)):
+        raise UserError(f"{source}: expected a datasets.Dataset, got {type(ds).__name__}")
+    return ds
+
+
+def iter_hf(ds) -> Iterator[tuple[int, dict]]:
+    """(row number from 1, row dict in column order) of a Dataset or IterableDataset, read in batches."""
+    i = 0
+    for batch in ds.iter(batch_size=_BATCH):
+        cols = list(batch)
+        n = len(batch[cols[0]]) if cols else 0
+        for r in range(n):
+            i += 1
+            yield i, {c: plain(batch[c][r]) for c in cols}
+
+
+def hf_rows(ds) -> int | None:
+    """The number of rows of a Dataset (None for a streamed IterableDataset)."""
+    try:
+        return len(ds)
+    except TypeError:
+        return None
+
+
+def open_tfds(name: str, split: str = "train", data_dir: str | None = None):
+    """A TFDS random-access data source (``tensorflow_datasets`` is optional)."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise UserError(f"format tfds ({name}) needs TensorFlow Datasets: pip install jaxembed[tfds] "
+                        "(or pip install tensorflow-datasets)") from None
+    try:
+        return tfds.data_source(name, split=split, data_dir=data_dir)
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"tfds {name}[{split}]: cannot open the data source ({type(e).__name__}: {e})") from None
