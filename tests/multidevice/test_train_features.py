@@ -13,6 +13,7 @@ checked in the run's own outputs:
 - ``loss.symmetric`` and ``loss.same_task_mask`` in mixed-task batches (``plan.strategy=random``): the first logged
   loss equals the float64 reference loss (tests/loss_reference.py) with both options, on the first batch's
   embeddings under the initial weights, and differs from it without either option;
+- MFU: with a device peak, every logged step's MFU is the hand-counted FLOPs of the step over its time;
 - ``train.checkpoint_minutes`` (a checkpoint after every step with ``checkpoint_every=0``), ``eval.before`` (a dev
   evaluation at step 0 equal to evaluating the initial model), ``export.dir`` (the export lands there, loads, and
   encodes like the final checkpoint).
@@ -32,7 +33,8 @@ from jaxembed import config as cfglib
 from loss_reference import reference_loss
 
 STEPS, LR, WD, WARMUP_RATIO, CLIP = 5, 0.05, 0.5, 0.4, 1e-12
-N_STS, N_WIKI = 120, 120  # slices of the shared training files: a small store
+N_STS, N_WIKI = 120, 120
+PEAK = 1e12  # a made-up device peak (FLOP/s): the CPU has none, so MFU is otherwise not logged  # slices of the shared training files: a small store
 
 
 def _config(model_dir, data_dir, export_dir):
@@ -132,6 +134,9 @@ def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
         return real_to_global(batch, *a, **kw)
 
     monkeypatch.setattr(pipeline, "to_global", recording_to_global)
+    from jaxembed import flops
+
+    monkeypatch.setattr(flops, "peak_flops_per_device", lambda: PEAK)  # MFU is logged only with a known peak
     # the resumed run compiles the same programs: tests/conftest.py's persistent compilation cache shares them
     wd = tmp_path / "run"
     summary = train(cfg.copy_and_resolve_references(), wd)
@@ -148,6 +153,14 @@ def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
     assert [x["step"] for x in train_lines] == list(range(1, STEPS + 1))
     lrs = [x["lr"] for x in train_lines]
     np.testing.assert_allclose(lrs, [_lr(t) for t in range(STEPS)], rtol=1e-5, atol=1e-9)
+
+    # ---- MFU: the analytic FLOPs of the step (a hand count, tests/flops_reference.py) over its time and the peak
+    from flops_reference import train_step_flops as hand_count
+    from jaxembed.models.tiny import tiny_hf_config
+
+    per_step = hand_count(tiny_hf_config("bert"), 8, 16, 8 * 2, 16, 32, False)  # 8 queries, K = 2, 16 tokens
+    for x in train_lines:
+        assert x["mfu"] * x["step_time_s"] * PEAK * 8 == pytest.approx(per_step, rel=1e-6)
 
     # ---- eval.before: a dev evaluation at step 0, equal to evaluating the initial model
     before = [x for x in lines if x["split"] == "eval" and x["step"] == 0]

@@ -1,0 +1,46 @@
+"""An independent hand count of a training step's FLOPs (what jaxembed.flops computes for MFU), written op by op
+from the architectures' hf configs: one multiply-add = 2 FLOPs, a matrix product [m, k] x [k, n] = 2 m k n."""
+
+from __future__ import annotations
+
+
+def _matmul(m: int, k: int, n: int) -> int:
+    return 2 * m * k * n
+
+
+def layer_forward_flops(hf: dict, seq: int) -> int:
+    """One transformer layer on one sequence of ``seq`` tokens (norms, softmax, activations and biases not
+    counted: they are O(seq x hidden), not matrix products)."""
+    t = hf["model_type"]
+    if t == "bert":
+        h, ff, heads = hf["hidden_size"], hf["intermediate_size"], hf["num_attention_heads"]
+        q = kv = h
+        ff_mats = [(h, ff), (ff, h)]
+    elif t == "qwen2":
+        h, ff, heads = hf["hidden_size"], hf["intermediate_size"], hf["num_attention_heads"]
+        hd = h // heads
+        q, kv = heads * hd, hf["num_key_value_heads"] * hd
+        ff_mats = [(h, ff), (h, ff), (ff, h)]  # gate, up, down (SwiGLU)
+    elif t == "t5":
+        h, ff, heads = hf["d_model"], hf["d_ff"], hf["num_heads"]
+        q = kv = heads * hf["d_kv"]
+        gated = hf.get("feed_forward_proj", "relu").startswith("gated")
+        ff_mats = [(h, ff), (h, ff), (ff, h)] if gated else [(h, ff), (ff, h)]
+    else:
+        raise ValueError(t)
+    proj = _matmul(seq, h, q) + 2 * _matmul(seq, h, kv) + _matmul(seq, q, h)   # Q, K, V, output
+    head_dim = q // heads
+    attn = heads * (_matmul(seq, head_dim, seq) + _matmul(seq, seq, head_dim))  # Q K^T and A V, every head
+    ffn = sum(_matmul(seq, a, b) for a, b in ff_mats)
+    return proj + attn + ffn
+
+
+def train_step_flops(hf: dict, q_rows: int, q_len: int, d_rows: int, d_len: int, dim: int,
+                     gradcache: bool) -> int:
+    """Forward of every query and document, the backward at twice the forward (one product for the input
+    gradient, one for the weight gradient, per forward product), the gradient cache's second forward; plus the
+    [q_rows, d_rows] similarity: forward and its two gradient products."""
+    layers = hf.get("num_hidden_layers", hf.get("num_layers"))
+    forward = layers * (q_rows * layer_forward_flops(hf, q_len) + d_rows * layer_forward_flops(hf, d_len))
+    sim = _matmul(q_rows, dim, d_rows)
+    return (4 if gradcache else 3) * forward + 3 * sim
