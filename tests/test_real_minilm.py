@@ -134,7 +134,8 @@ def test_dense_head_matches_sentence_transformers(minilm_dir, sentences, tmp_pat
     b = st.encode(sentences[:30], convert_to_numpy=True)
     assert np.abs(a - b).max() <= 1e-5
     again = hf.load(export.export_loaded(loaded, tmp_path / "dense_exp"))
-    np.testing.assert_array_equal(Encoder.from_loaded(again).encode(sentences[:5]), a[:5])
+    # the same texts: packed rows (the default) depend on which texts share a row, at the level of rounding
+    np.testing.assert_array_equal(Encoder.from_loaded(again).encode(sentences[:30]), a)
 
 
 def test_matryoshka_dim_and_bfloat16(minilm_dir, encoder, sentences):
