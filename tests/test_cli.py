@@ -113,7 +113,7 @@ def test_export_command_and_console_script(minilm_dir, minilm, tmp_path):
 
 
 def test_demo_trains_evaluates_and_exports(shared_data, tmp_path, capsys):
-    """`make demo`'s job, on the :tiny variant with subsampled evaluation sets."""
+    """`make demo`'s job, on the :tiny variant with subsampled evaluation sets; rerun, it resumes."""
     assert main(["demo", "--tiny", "--workdir", str(tmp_path / "demo"), "--tasks", "STSBenchmark,WikiQA",
                  "--max-examples", "60", "-q", "--config.plan.steps=2", "--config.model.max_length=32"]) == 0
     out = capsys.readouterr().out
@@ -143,4 +143,11 @@ def test_demo_trains_evaluates_and_exports(shared_data, tmp_path, capsys):
     again = evallib.evaluate(trained, ["STSBenchmark"], max_examples=60, progress=False)
     assert again["STSBenchmark"]["main_score"] == pytest.approx(results["after"]["STSBenchmark"]["main_score"],
                                                                 abs=1e-9)
+    # rerunning the demo resumes the run: nothing is trained again, the same weights are exported
+    exported = (wd / "export" / "model.safetensors").read_bytes()
+    assert main(["demo", "--tiny", "--workdir", str(wd), "--tasks", "STSBenchmark", "--max-examples", "20", "-q",
+                 "--config.plan.steps=2", "--config.model.max_length=32"]) == 0
+    out = capsys.readouterr().out
+    assert "resuming at step 2 of 2" in out and "[train step" not in out
+    assert (wd / "export" / "model.safetensors").read_bytes() == exported
     assert float(table["STSBenchmark"][3]) == pytest.approx(results["after"]["STSBenchmark"]["main_score"], abs=0.006)
