@@ -91,7 +91,8 @@ def default_config() -> mc.ConfigDict:
     ))
     c.eval = mc.ConfigDict(dict(
         every=0,                # steps between dev evaluations (0 = at the end only, when tasks are given)
-        tasks=(),               # dev task names (jaxembed.evaluate), e.g. ('STSBenchmark-dev',)
+        tasks=(),               # dev task names (jaxembed.evaluate), e.g. ('STSBenchmark-dev',), your own sets
+                                # dict(name=, type=, path=) and 'mteb:NAME' (jaxembed/evaluate/user_tasks.py)
         max_examples=0,         # subsample each dev set for a fast signal (0 = all)
         best_metric="",         # e.g. 'STSBenchmark-dev/main_score': keep the best checkpoint by it
         best_mode="max",
@@ -260,6 +261,9 @@ def validate(c: mc.ConfigDict) -> None:
     _choice(c, "eval.best_mode", ("max", "min"))
     if c.eval.best_metric and "/" not in c.eval.best_metric:
         raise _err("eval.best_metric", c.eval.best_metric, "'TaskName/metric', e.g. 'STSBenchmark-dev/main_score'")
+    from jaxembed.evaluate.dev import validate_eval
+
+    validate_eval(c.eval)  # task names, a user's own sets (their files), mteb:NAME; best_metric names one of them
 
 
 def _check_store_task_types(store: str) -> None:

@@ -752,14 +752,16 @@ def make_evaluator(run: Run):
     c = run.config
     if not c.eval.tasks:
         return None
-    from jaxembed import evaluate as evallib
     from jaxembed.encode import Encoder
+    from jaxembed.evaluate.dev import DevEvaluator
 
+    # registered names, the user's own sets, mteb:NAME: every set is read now, before the first training step
+    dev = DevEvaluator(c.eval.tasks, max_examples=c.eval.max_examples or None)
     enc = Encoder(run.loaded.model, run.loaded.tokenizer, run.loaded.st.prompts)  # compiled once, weights swapped
 
     def evaluator(params):
         enc.set_model(nnx.merge(run.graphdef, params, run.rest))
-        res = evallib.evaluate(enc, list(c.eval.tasks), max_examples=c.eval.max_examples or None, progress=False)
+        res = dev(enc)
         return {f"{task}/{k}": float(v) for task, scores in res.items() for k, v in scores.items()
                 if isinstance(v, (int, float))}
 

@@ -4,6 +4,7 @@ the persona job end to end (a dataset that `jaxembed data validate` / `data prep
 died half-way without asking again; the false-negative judge."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,87 @@ def test_judge_with_positive_and_on_undecided_drop(fake, tmp_path, capsys):
     assert main(["judge", "--input", str(mined), "--out", str(tmp_path / "plain.jsonl"), *common]) == 0
     assert all("for reference" not in r["text"] for r in fake.log)
     assert json.loads((tmp_path / "plain.report.json").read_text())["counts"]["pairs_judged"] == 4
+
+
+# ------------------------------------------------------------------------- several processes on one cache
+
+_CACHE_WORKER = r"""
+import json, os, sys, time
+from jaxembed.synth.client import ResponseCache
+path, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+open(f"{path}.ready-{who}", "w").close()
+while not os.path.exists(f"{path}.go"):  # both processes start writing at the same moment
+    time.sleep(0.001)
+c, bad = ResponseCache(path), 0
+for i in range(n):
+    key = f"k{i}" if i % 2 == 0 else f"{who}{i}"   # even keys: both processes store them
+    want = (key + ":") * 300
+    c.put(key, {"content": want})
+    r = c.get(key)
+    bad += r is None or r["content"] != want
+    if i % 50 == 0:
+        ResponseCache(path).close()             # another open (a rerun starting) while the other process writes
+c.close()
+print(json.dumps({"bad": bad}))
+"""
+
+
+def test_two_processes_append_to_one_cache(tmp_path):
+    """Two processes store answers in one cache file at once (half of the keys in common) and read each back:
+    every answer is the right one (the old cache recorded the offset before another process's append and read
+    that process's line back), each key is stored once (a key the other process stored is a hit), and every
+    line is whole."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "responses.jsonl"
+    procs = [subprocess.Popen([sys.executable, "-c", _CACHE_WORKER, str(path), who, "600"], stdout=subprocess.PIPE,
+                              text=True) for who in "ab"]
+    t0 = time.time()
+    while not all(Path(f"{path}.ready-{who}").exists() for who in "ab"):
+        assert time.time() - t0 < 120 and all(p.poll() is None for p in procs), "a worker did not start"
+        time.sleep(0.005)
+    Path(f"{path}.go").touch()
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert [json.loads(o)["bad"] for o in outs] == [0, 0]
+    raw = path.read_bytes()
+    assert raw.endswith(b"\n")
+    records = [json.loads(line) for line in raw.splitlines()]
+    keys = [r["key"] for r in records]
+    assert len(keys) == len(set(keys)) == 300 + 2 * 300
+    assert all(r["response"]["content"] == (r["key"] + ":") * 300 for r in records)
+    from jaxembed.synth.client import ResponseCache
+
+    c = ResponseCache(path)
+    assert len(c) == 900 and c.torn == 0
+    c.close()
+
+
+def test_two_synth_jobs_on_one_cache(fake, tmp_path):
+    """Two `jaxembed synth personas` processes started together on one --cache: both finish, no answer is torn or
+    lost (a third run asks nothing), and both write the same dataset (a key answered by both keeps one answer,
+    which both use)."""
+    import os
+    import subprocess
+    import sys
+
+    personas, cache = _personas(tmp_path), tmp_path / "shared" / "responses.jsonl"
+    jaxembed = str(Path(sys.executable).parent / "jaxembed")
+    env = dict(os.environ, JAXEMBED_TEST_KEY="")
+    args = [_job_args(fake, personas, tmp_path / f"out{i}", "--cache", str(cache), "--families", "short_long,sts")
+            for i in range(2)]
+    fake.fail_all = {"sleep": 0.2}  # every answer takes 0.2 s: the two jobs overlap
+    procs = [subprocess.Popen([jaxembed, *a], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for a in args]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    fake.fail_all = None
+    records = [json.loads(line) for line in cache.read_bytes().splitlines()]
+    assert len(records) == len({r["key"] for r in records})  # whole lines, each key once
+    data = [{p.relative_to(tmp_path / f"out{i}"): p.read_bytes() for p in (tmp_path / f"out{i}" / "data").rglob("*")
+             if p.is_file()} for i in range(2)]
+    assert data[0] and data[0] == data[1]
+    fake.reset_log()
+    assert main(args[0]) == 0
+    assert fake.count() == 0  # every answer was in the cache

@@ -12,7 +12,8 @@
 - On-disk cache (``ResponseCache``): every answer is appended to ``responses.jsonl`` under a key that hashes
   (model, messages, sampling parameters, salt). A killed job, run again, finds its answers there and sends no
   request for them. The salt tells apart requests that are identical on purpose (two examples for one task, the
-  n-th retry of a malformed answer).
+  n-th retry of a malformed answer). Several jobs may share one cache file: appends are whole lines under a file
+  lock, and each job sees the answers the others stored.
 - ``Stats``: logical calls, cache hits, HTTP requests, retries and failures by reason, tokens and cost (price per
   1k prompt / completion tokens), time spent waiting.
 - ``ChatClient.map`` runs a function over many items on ``concurrency`` threads with a tqdm progress bar.
@@ -22,6 +23,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import email.utils
 import hashlib
@@ -185,64 +187,99 @@ class Stats:
 class ResponseCache:
     """Answers on disk: an append-only JSON Lines file, one ``{"key": ..., "response": {...}}`` per line.
 
-    Only the byte offset of each key is kept in memory. A line torn by a kill (no final newline, or not JSON) is
-    cut off when the file is opened again and counted in ``torn``. One process at a time per file."""
+    Only the byte offset and length of each key's line are kept in memory. Several processes may share one file
+    (two jobs on one cache directory): each record is appended by one ``write`` of the whole line under an
+    exclusive lock on the file (``fcntl.flock``), so no line is ever interleaved or half-visible to a writer; a
+    key missing in memory is looked up again in the lines other processes appended since, so an answer one
+    process got is a cache hit for the other (and a key answered twice keeps its first answer). A line torn by a
+    killed process (no final newline) is cut off under the lock, before the next record, and counted in
+    ``torn``; an unreadable line in the middle (an old file) is skipped and counted."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._offsets: dict[str, int] = {}
+        self._offsets: dict[str, tuple[int, int]] = {}
+        self._scanned = 0  # bytes of complete lines read so far
         self.torn = 0
-        self.path.touch(exist_ok=True)
-        good_end = 0
-        with open(self.path, "rb") as f:
-            offset = 0
-            for raw in f:
-                if not raw.endswith(b"\n"):
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        with self._lock, self._exclusive():
+            self._scan(cut_torn=True)
+
+    @contextlib.contextmanager
+    def _exclusive(self):
+        """The file lock (between processes; ``_lock`` is the one between this process's threads)."""
+        import fcntl
+
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _scan(self, cut_torn: bool = False) -> None:
+        """Index the complete lines appended since the last scan. ``cut_torn`` (under the file lock): a last line
+        without its newline can only be a killed writer's; cut it off."""
+        size = os.fstat(self._fd).st_size
+        if size < self._scanned:  # cut by another process (a torn line we had not indexed anyway)
+            self._scanned = size
+        data = os.pread(self._fd, size - self._scanned, self._scanned) if size > self._scanned else b""
+        pos = 0
+        while pos < len(data):
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                if cut_torn:
                     self.torn += 1
-                    break
-                try:
-                    self._offsets[json.loads(raw)["key"]] = offset
-                except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
-                    self.torn += 1
-                    break
-                offset += len(raw)
-                good_end = offset
-        if self.torn:
-            log.warning("%s: cut off a torn record at byte %d (a killed run); the rest is kept", self.path, good_end)
-            with open(self.path, "r+b") as f:
-                f.truncate(good_end)
-        self._append = open(self.path, "ab")
-        self._read = open(self.path, "rb")
+                    log.warning("%s: cut off a torn record at byte %d (a killed run); the rest is kept", self.path,
+                                self._scanned + pos)
+                    os.ftruncate(self._fd, self._scanned + pos)
+                break
+            raw = data[pos:nl + 1]
+            try:
+                key = json.loads(raw)["key"]
+                self._offsets.setdefault(key, (self._scanned + pos, len(raw)))
+            except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+                self.torn += 1
+                log.warning("%s: skipped an unreadable record at byte %d", self.path, self._scanned + pos)
+            pos = nl + 1
+        self._scanned += pos
+
+    def _read(self, key: str) -> dict:
+        off, n = self._offsets[key]
+        return json.loads(os.pread(self._fd, n, off))["response"]
 
     def __len__(self) -> int:
         return len(self._offsets)
 
     def __contains__(self, key: str) -> bool:
-        return key in self._offsets
+        return self.get(key) is not None
 
     def get(self, key: str) -> dict | None:
         with self._lock:
-            off = self._offsets.get(key)
-            if off is None:
-                return None
-            self._read.seek(off)
-            return json.loads(self._read.readline())["response"]
+            if key not in self._offsets:
+                self._scan()  # what other processes appended since
+            return self._read(key) if key in self._offsets else None
 
-    def put(self, key: str, response: dict, meta: dict | None = None) -> None:
+    def put(self, key: str, response: dict, meta: dict | None = None) -> dict:
+        """Append the answer unless the key has one (from this process or another); returns the stored one."""
         line = (json.dumps({"key": key, **(meta or {}), "response": response}, ensure_ascii=False) + "\n").encode()
-        with self._lock:
+        with self._lock, self._exclusive():
+            self._scan(cut_torn=True)
             if key in self._offsets:
-                return
-            off = self._append.seek(0, os.SEEK_END)
-            self._append.write(line)
-            self._append.flush()
-            self._offsets[key] = off
+                return self._read(key)
+            off = os.fstat(self._fd).st_size
+            view = memoryview(line)
+            while view:  # one write() in practice; a partial write is continued, still under the lock
+                view = view[os.write(self._fd, view):]
+            self._offsets[key] = (off, len(line))
+            self._scanned = off + len(line)
+        return response
 
     def close(self) -> None:
-        self._append.close()
-        self._read.close()
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 def cache_key(model: str, messages: Sequence[dict], params: dict, salt: str = "") -> str:
@@ -331,8 +368,8 @@ class ChatClient:
         self.stats.add(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"])
         out = {"content": choice["message"]["content"], "finish_reason": choice.get("finish_reason"),
                "usage": usage}
-        self.cache.put(key, out, {"salt": salt})
-        return ChatResult(out["content"], out["finish_reason"], usage, False, key)
+        out = self.cache.put(key, out, {"salt": salt})  # another process may have stored an answer first: that one
+        return ChatResult(out["content"], out.get("finish_reason"), usage, False, key)
 
     def _post_with_retries(self, body: dict) -> dict:
         data = json.dumps(body, ensure_ascii=False).encode()
