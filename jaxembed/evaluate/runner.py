@@ -211,9 +211,11 @@ def _views(dims: Sequence[int], renormalize: bool) -> Callable:
 
 
 def evaluate_task(enc: EvalEncoder, task: Task, *, dims: Sequence[int] = (), max_examples: int | None = None,
-                  seed: int = 42, data_dir: Path | None = None) -> dict:
-    """One task -> ``{"main_score": points, metric: points, ..., ["dims": {"64": {...}}]}``."""
-    data = load_task_data(task, max_examples=max_examples, seed=seed, data_dir=data_dir)
+                  seed: int = 42, data_dir: Path | None = None, data=None) -> dict:
+    """One task -> ``{"main_score": points, metric: points, ..., ["dims": {"64": {...}}]}``. ``data``: the task's
+    data, already loaded (``load_task_data``), e.g. once for every evaluation of a training run."""
+    if data is None:
+        data = load_task_data(task, max_examples=max_examples, seed=seed, data_dir=data_dir)
 
     def emb(texts, prompt_type):
         prompt = enc.prompt(task.name, task.type, prompt_type, task.query_instruction, task.document_instruction)

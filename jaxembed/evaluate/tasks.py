@@ -41,8 +41,9 @@ class Task:
     """One registered evaluation task.
 
     files: role -> path relative to the shared data folder (``test`` / ``train`` / ``corpus`` / ``queries`` /
-    ``qrels``). query_instruction: the task's instruction for queries (for symmetric task types: for every
-    text); document_instruction: for documents of Retrieval / Reranking tasks (usually empty)."""
+    ``qrels``), or absolute (a user's own set, ``jaxembed.evaluate.user_tasks``). query_instruction: the task's
+    instruction for queries (for symmetric task types: for every text); document_instruction: for documents of
+    Retrieval / Reranking tasks (usually empty). columns: our field name -> the file's (a user's set)."""
 
     name: str
     family: str
@@ -56,6 +57,12 @@ class Task:
     mteb_name: str | None = None  # the MTEB task on the same rows, if any
     score_range: tuple = (0.0, 5.0)  # STS gold score range
     params: dict = dataclasses.field(default_factory=dict)
+    columns: dict = dataclasses.field(default_factory=dict)
+    user: bool = False  # a user's own set (eval.tasks), not in the registry
+
+    def col(self, name: str) -> str:
+        """The file's field for our field ``name`` (``columns``, else the name itself)."""
+        return self.columns.get(name, name)
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -253,23 +260,50 @@ class ClusteringData:
     labels: list[str]
 
 
+_KINDS = {"str": "a string", "num": "a number", "list": "a list of strings"}
+
+
 def _field(path, line, obj, key, kind):
     if key not in obj:
-        raise InputError(path, line, f"missing (keys present: {', '.join(sorted(obj)) or 'none'})", field=key)
+        raise InputError(path, line, f"missing (keys present: {', '.join(sorted(obj)) or 'none'})",
+                         "add the field, or map it with columns in the eval task (e.g. columns={'score': "
+                         "'similarity'})", field=key)
     v = obj[key]
     ok = {"str": isinstance(v, str), "num": isinstance(v, (int, float)) and not isinstance(v, bool),
           "list": isinstance(v, list) and all(isinstance(x, str) for x in v)}[kind]
     if not ok:
-        raise InputError(path, line, f"expected {dict(str='a string', num='a number', list='a list of strings')[kind]}"
-                                     f", got {type(v).__name__}", field=key)
+        raise InputError(path, line, f"expected {_KINDS[kind]}, got {type(v).__name__}",
+                         f"store {_KINDS[kind]} in the field", field=key)
     return v
 
 
-def _rows(path: Path) -> Iterable[tuple[int, dict]]:
+def iter_rows(path, numeric: Sequence[str] = ()) -> Iterable[tuple[int, dict]]:
+    """(line / row number, record) of a JSON Lines, Parquet or CSV / TSV file (by suffix); a bad row is an
+    InputError naming it. ``numeric``: CSV columns read as numbers (scores, labels)."""
+    from jaxembed.data import sources
+    from jaxembed.data.jsonl import BadLine
+
+    kind = sources.source_kind(path)
+    if kind == "jsonl":
+        yield from iter_jsonl(str(path))
+        return
+    if kind == "parquet":
+        rows = sources.iter_parquet(path)
+    elif kind in ("csv", "tsv"):
+        rows = sources.iter_csv(path, "\t" if kind == "tsv" else ",", numeric=numeric)
+    else:
+        raise UserError(f"{path}: expected a .jsonl, .parquet, .csv or .tsv file")
+    for i, obj in rows:
+        if isinstance(obj, BadLine):
+            raise InputError(path, i, obj.reason, obj.fix, field=obj.field)
+        yield i, obj
+
+
+def _rows(path: Path, numeric: Sequence[str] = ()) -> Iterable[tuple[int, dict]]:
     if not path.exists():
         raise UserError(f"{path}: missing; evaluation reads the shared data folder ({paths.shared_data_dir()}), "
                         "set JAXEMBED_DATA to its location")
-    return iter_jsonl(str(path))
+    return iter_rows(path, numeric)
 
 
 def _subsample(n: int, max_examples: int | None, seed: int) -> np.ndarray:
@@ -313,14 +347,18 @@ def load_task_data(task: str | Task, *, max_examples: int | None = None, seed: i
     corpus of every document judged for them plus a seeded sample of the others, ``max(10 N, judged)`` in all.
     Classification always draws its training examples from the whole training file."""
     task = get_task(task)
+    c = task.col
     if task.type in ("STS", "PairClassification"):
         p = task.path("test", data_dir)
         s1, s2, y = [], [], []
-        key = "score" if task.type == "STS" else "label"
-        for i, obj in _rows(p):
-            s1.append(_field(p, i, obj, "sentence1", "str"))
-            s2.append(_field(p, i, obj, "sentence2", "str"))
+        key = c("score" if task.type == "STS" else "label")
+        for i, obj in _rows(p, numeric=(key,)):
+            s1.append(_field(p, i, obj, c("sentence1"), "str"))
+            s2.append(_field(p, i, obj, c("sentence2"), "str"))
             y.append(_field(p, i, obj, key, "num"))
+            if task.type == "PairClassification" and y[-1] not in (0, 1):
+                raise InputError(p, i, f"{y[-1]!r} is not a pair label", "write 1 (a positive pair) or 0",
+                                 field=key)
         idx = _subsample(len(s1), max_examples, seed)
         dtype = np.float64 if task.type == "STS" else np.int64
         return PairData([s1[i] for i in idx], [s2[i] for i in idx], np.asarray(y, dtype)[idx])
@@ -328,8 +366,8 @@ def load_task_data(task: str | Task, *, max_examples: int | None = None, seed: i
         p = task.path("test", data_dir)
         qs, cands, rels = [], [], []
         for i, obj in _rows(p):
-            q = _field(p, i, obj, "query", "str")
-            pos, neg = _field(p, i, obj, "pos", "list"), _field(p, i, obj, "neg", "list")
+            q = _field(p, i, obj, c("query"), "str")
+            pos, neg = _field(p, i, obj, c("pos"), "list"), _field(p, i, obj, c("neg"), "list")
             qs.append(q)
             cands.append(list(pos) + list(neg))
             rels.append([1] * len(pos) + [0] * len(neg))
@@ -342,12 +380,12 @@ def load_task_data(task: str | Task, *, max_examples: int | None = None, seed: i
         for role in ("train", "test"):
             p = task.path(role, data_dir)
             texts, labels = [], []
-            for i, obj in _rows(p):
-                texts.append(_field(p, i, obj, "text", "str"))
-                lab = obj.get("label")
+            for i, obj in _rows(p, numeric=(c("label"),)):
+                texts.append(_field(p, i, obj, c("text"), "str"))
+                lab = obj.get(c("label"))
                 if not isinstance(lab, (str, int)) or isinstance(lab, bool):
                     raise InputError(p, i, f"expected a label name or integer, got {type(lab).__name__}",
-                                     field="label")
+                                     "give every text its label", field=c("label"))
                 labels.append(str(lab))
             out.append((texts, labels))
         (tr_x, tr_y), (te_x, te_y) = out
@@ -356,48 +394,68 @@ def load_task_data(task: str | Task, *, max_examples: int | None = None, seed: i
     if task.type == "Clustering":
         p = task.path("test", data_dir)
         texts, labels = [], []
-        for i, obj in _rows(p):
-            t = _field(p, i, obj, "text", "str")
+        for i, obj in _rows(p, numeric=(c("label"),)):
+            t = _field(p, i, obj, c("text"), "str")
             texts.append(strip_news_headers(t) if task.family == "Newsgroups" else t)
-            labels.append(str(obj.get("label")))
+            lab = obj.get(c("label"))
+            if task.user and (not isinstance(lab, (str, int)) or isinstance(lab, bool)):
+                raise InputError(p, i, f"expected a label name or integer, got {type(lab).__name__}",
+                                 "give every text its label", field=c("label"))
+            labels.append(str(lab))
         idx = _subsample(len(texts), max_examples, seed)
         return ClusteringData([texts[i] for i in idx], [labels[i] for i in idx])
     raise UserError(f"task {task.name}: unknown type {task.type}")
+
+
+def _id_field(path, line, obj):
+    """A BEIR ``_id``: a string, or an integer (as many BEIR exports write it)."""
+    v = obj.get("_id")
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    return _field(path, line, obj, "_id", "str")
 
 
 def _load_retrieval(task: Task, max_examples: int | None, seed: int, data_dir: Path | None) -> RetrievalData:
     cp, qp, rp = (task.path(r, data_dir) for r in ("corpus", "queries", "qrels"))
     doc_ids, docs = [], []
     for i, obj in _rows(cp):
-        doc_ids.append(str(_field(cp, i, obj, "_id", "str")))
+        doc_ids.append(str(_id_field(cp, i, obj)))
         docs.append(doc_text(obj.get("title") or "", _field(cp, i, obj, "text", "str")))
     q_ids, queries = [], []
     for i, obj in _rows(qp):
-        q_ids.append(str(_field(qp, i, obj, "_id", "str")))
+        q_ids.append(str(_id_field(qp, i, obj)))
         queries.append(_field(qp, i, obj, "text", "str"))
     if not rp.exists():
-        raise UserError(f"{rp}: missing qrels file")
+        raise UserError(f"{rp}: missing qrels file (fix: BEIR layout: qrels/<split>.tsv with the header "
+                        "query-id<TAB>corpus-id<TAB>score)")
     qrels: dict[str, dict[str, int]] = {}
     known = set(doc_ids)
     with open(rp, encoding="utf-8", newline="") as f:
         reader = csv.reader(f, delimiter="\t")
         header = next(reader, None)
         if header is None or [h.strip() for h in header[:3]] != ["query-id", "corpus-id", "score"]:
-            raise InputError(rp, 1, "expected the header query-id<TAB>corpus-id<TAB>score (BEIR qrels)")
+            raise InputError(rp, 1, "expected the header query-id<TAB>corpus-id<TAB>score (BEIR qrels)",
+                             "write that header line first (tab-separated)")
         for line, row in enumerate(reader, 2):
             if not row:
                 continue
             if len(row) < 3:
-                raise InputError(rp, line, f"expected 3 tab-separated fields, got {len(row)}")
+                raise InputError(rp, line, f"expected 3 tab-separated fields, got {len(row)}",
+                                 "query-id<TAB>corpus-id<TAB>score")
             try:
                 score = int(row[2])
             except ValueError:
-                raise InputError(rp, line, f"score {row[2]!r} is not an integer", field="score") from None
+                raise InputError(rp, line, f"score {row[2]!r} is not an integer", "graded relevance: 0, 1, 2, ...",
+                                 field="score") from None
             if row[1] not in known:
-                raise InputError(rp, line, f"corpus-id {row[1]!r} is not in {cp.name}", field="corpus-id")
+                raise InputError(rp, line, f"corpus-id {row[1]!r} is not in {cp.name}",
+                                 "judge documents of the corpus only", field="corpus-id")
             qrels.setdefault(row[0], {})[row[1]] = score
     # like mteb: only queries with at least one judgement are evaluated
     keep = [i for i, q in enumerate(q_ids) if qrels.get(q)]
+    if not keep:
+        raise InputError(rp, None, f"no query of {qp.name} is judged here",
+                         f"the qrels' query-ids must be _id values of {qp.name}")
     q_ids, queries = [q_ids[i] for i in keep], [queries[i] for i in keep]
     idx = _subsample(len(q_ids), max_examples, seed)
     if len(idx) < len(q_ids):
