@@ -122,10 +122,10 @@ class Checkpointer:
                 state = runfiles.all_agree(f"restore-{step}", lambda: self.restore(step, like))
             except Exception as e:  # truncated / corrupted files: Orbax, tensorstore or JSON errors
                 log.debug("restoring step %d failed", step, exc_info=e)
-                reason = " ".join(str(e).split())[:300] or type(e).__name__
+                reason = _short(e)
                 bad.append((step, reason))
                 older = [s for s in steps if s < step]
-                say(f"checkpoints/{step}: unreadable ({type(e).__name__}: {reason}); "
+                say(f"checkpoints/{step}: unreadable ({reason}); "
                     + (f"trying the previous checkpoint, step {older[0]}" if older else "no older checkpoint"))
                 continue
             if bad:
@@ -167,3 +167,14 @@ class Checkpointer:
             except Exception:
                 if not self._failed:
                     raise
+
+
+def _short(e: BaseException, limit: int = 200) -> str:
+    """One short line for a restore error (TensorStore's messages run to kilobytes)."""
+    text = " ".join(str(e).split())
+    for cut in (" See full TensorStore details", " [source locations="):
+        text = text.split(cut)[0]
+    text = text.rstrip(". ")
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

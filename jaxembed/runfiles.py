@@ -128,9 +128,9 @@ def write_failed(what: str, path: str | os.PathLike, error: BaseException, fix: 
     """The one-line error for a failed write: ``{path}: {what} failed: {reason} (fix: ...)``."""
     reason = describe_os_error(error)
     full = errno.ENOSPC in _errnos(error) or errno.EFBIG in _errnos(error) or errno.EDQUOT in _errnos(error)
-    hint = "free space on that disk (or raise the quota / file-size limit), then " if full else \
-        "check that the folder is writable, then "
-    return UserError(f"{path}: {what} failed: {reason} (fix: {hint}{fix or 'run the same command again'})")
+    hint = "free space on that disk (or raise the quota / file-size limit)" if full else \
+        "check that the folder is writable"
+    return UserError(f"{path}: {what} failed: {reason} (fix: {hint}; then {fix or 'run the same command again'})")
 
 
 @contextlib.contextmanager

@@ -79,7 +79,9 @@ def _check_workdir(config, workdir: Path) -> None:
     prev = workdir / "config.json"
     if not prev.exists():
         return
-    old = _read_config_json(prev)
+    # the old config through today's defaults: a key added to jaxembed since that run takes its default, so adding a
+    # config key does not make earlier runs unresumable
+    old = json.loads(cfglib.to_json(cfglib.from_json(json.dumps(_read_config_json(prev)))))
     new = json.loads(cfglib.to_json(config))
     keys = ("model", "data", "plan", "loss", "optim")
     diffs = [k for k in keys if old.get(k) != new.get(k)]
@@ -710,8 +712,8 @@ def train(config, workdir: str | Path) -> dict:
                 def write_export():
                     with sig.interruptible(), runfiles.writing(
                             "writing the export", out_dir,
-                            fix=f"training is complete (checkpoint {summary['step']} is saved): run the same command "
-                                "again to write the export"):
+                            fix=f"run the same command again to write the export (training is complete, "
+                                f"checkpoint {summary['step']} is saved)"):
                         return export_params(run, params, out_dir)
 
                 try:

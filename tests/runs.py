@@ -56,7 +56,8 @@ class Proc:
         return self.p.poll()
 
     def output(self) -> str:
-        self._f.flush()
+        if not self._f.closed:
+            self._f.flush()
         return self.log.read_text(errors="replace")
 
     def kill9(self) -> None:

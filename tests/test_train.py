@@ -1,5 +1,8 @@
-"""The trainer: bad configs, a run directory with everything in it, non-finite steps, and exact resume after
-kill -9 and after SIGTERM (bitwise-identical parameters on CPU)."""
+"""The trainer: bad configs, a run directory with everything in it, non-finite steps, exact resume after SIGTERM /
+SIGINT (bitwise-identical parameters on CPU), and the faults of docs/reliability.md (the end of this file): a
+corrupted or truncated latest checkpoint, a full disk while writing a checkpoint, the export or the store, SIGTERM
+during a dev evaluation and during the export. kill -9 during an async save, and resuming after it: tests/test_pod.py
+(on a pod of two processes)."""
 
 import json
 import os
@@ -127,38 +130,6 @@ def _start(config_file, wd, *extra, pause=None):
         cmd = [sys.executable, str(Path(__file__).parent / "signal_pause.py"), str(pause[0]), str(pause[1])]
     return subprocess.Popen([*cmd, "train", "--config", str(config_file), "--workdir", str(wd), *extra], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _wait_for_checkpoint(wd: Path, proc, timeout=300):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        ck = wd / "checkpoints"
-        done = [p for p in ck.glob("*") if p.name.isdigit() and (p / "_CHECKPOINT_METADATA").exists()] \
-            if ck.exists() else []
-        if done:
-            return done
-        if proc.poll() is not None:
-            raise AssertionError("the run ended before its first checkpoint:\n" + proc.stdout.read()[-3000:])
-        time.sleep(0.02)
-    raise AssertionError("no checkpoint appeared")
-
-
-def test_kill_9_then_resume_is_bitwise_identical(straight_run, config_file, tmp_path):
-    wd_straight, _ = straight_run
-    wd = tmp_path / "killed"
-    proc = _start(config_file, wd)
-    _wait_for_checkpoint(wd, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    steps = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
-    assert steps and steps[-1] < 8, steps  # killed mid-run
-    proc = _start(config_file, wd)
-    out = proc.communicate(timeout=600)[0]
-    assert proc.returncode == 0, out[-3000:]
-    assert f"resuming at step {steps[-1]}" in out
-    a, _ = _params_at(wd, 8)
-    b, _ = _params_at(wd_straight, 8)
-    _assert_bitwise_equal(a, b)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -334,3 +305,142 @@ def test_init_from_chains_a_previous_run(straight_run, config_file, tmp_path):
     c.model.init_from = str(tmp_path / "nowhere")
     with pytest.raises(UserError, match="model.init_from.*no such folder.*previous stage"):
         cfglib.validate(c)
+
+
+# ------------------------------------------------------------------------------- faults (docs/reliability.md)
+
+
+def _copy_run(src: Path, dst: Path, *drop: str) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    for name in drop:
+        shutil.rmtree(dst / name)
+    return dst
+
+
+def _fault_run(config_file, wd, log, *extra, fault="", marker=None):
+    """The real `jaxembed train` with a fault of tests/faults (one CPU device, as the in-process runs here)."""
+    import runs
+
+    return runs.start(["train", "--config", str(config_file), "--workdir", str(wd), *extra],
+                      runs.env(1, Path(config_file).parent / "jaxcache", fault, marker), log)
+
+
+def test_checkpointer_skips_unreadable_checkpoints(tmp_path):
+    """Corrupted metadata (3) and a truncated array file (2): restore falls back to 1 and says so; the unreadable
+    ones move to checkpoints_unreadable/; with none readable, a UserError and nothing moved."""
+    import jax.numpy as jnp
+
+    from jaxembed.checkpointing import UNREADABLE, Checkpointer
+
+    like = {"w": jnp.zeros((256, 64)), "step": jnp.asarray(0, jnp.int32)}
+    ck = Checkpointer(tmp_path / "checkpoints", keep_last=3, async_save=False)
+    noise = jax.random.normal(jax.random.key(0), (256, 64))  # incompressible: the array file is large
+    for s in (1, 2, 3):
+        ck.save(s, {"w": noise + s, "step": jnp.asarray(s, jnp.int32)})
+    ck.close()
+    (tmp_path / "checkpoints/3/default/_METADATA").write_text('{"tree_metadata": {"w": ')
+    data = max((tmp_path / "checkpoints/2").rglob("d/*"), key=lambda p: p.stat().st_size)
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    notes = []
+    ck = Checkpointer(tmp_path / "checkpoints", keep_last=3, async_save=False)
+    step, state = ck.restore_latest(like, say=notes.append)
+    ck.close()
+    assert step == 1 and int(state["step"]) == 1
+    np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(noise + 1))
+    assert notes[0].startswith("checkpoints/3: unreadable (") and notes[0].endswith("trying the previous checkpoint, "
+                                                                                    "step 2")
+    assert notes[1].startswith("checkpoints/2: unreadable (") and "step 1" in notes[1]
+    assert notes[2].startswith("resuming from checkpoint 1 (the unreadable checkpoint(s) 3, 2 moved to")
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / UNREADABLE).iterdir()) == ["2", "3"]
+    assert Checkpointer(tmp_path / "checkpoints").all_steps() == [1]
+    (tmp_path / "checkpoints/1/default/_METADATA").write_text("not json")
+    with pytest.raises(UserError, match=r"checkpoints: no checkpoint can be read \(1: .*\(fix: move the folder"):
+        Checkpointer(tmp_path / "checkpoints").restore_latest(like, say=notes.append)
+    assert (tmp_path / "checkpoints/1").is_dir()  # nothing moved when nothing reads
+
+
+def test_truncated_latest_checkpoint_resumes_from_previous(straight_run, config_file, tmp_path, capsys):
+    """The latest checkpoint (8) of a finished run truncated: the run says so, resumes from 6, and ends equal to
+    the uninterrupted run bit for bit."""
+    from jaxembed.train import train
+
+    wd_straight, _ = straight_run
+    wd = _copy_run(wd_straight, tmp_path / "run", "export")
+    data = max((wd / "checkpoints/8").rglob("d/*"), key=lambda p: p.stat().st_size)
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size // 3)
+    summary = train(cfglib.load_config_file(str(config_file)), wd)
+    out = capsys.readouterr().out
+    assert summary["status"] == "completed" and summary["step"] == 8
+    assert "checkpoints/8: unreadable (" in out and "trying the previous checkpoint, step 6" in out, out
+    assert "resuming from checkpoint 6 (the unreadable checkpoint(s) 8 moved to" in out
+    assert "resuming at step 6 of 8" in out
+    assert [p.name.split("-")[0] for p in (wd / "checkpoints_unreadable").iterdir()] == ["8"]
+    _assert_bitwise_equal(_params_at(wd, 8)[1], _params_at(wd_straight, 8)[1])
+
+
+def test_disk_full_is_one_line_and_keeps_earlier_checkpoints(straight_run, config_file, tmp_path):
+    """Writes past a size limit fail (RLIMIT_FSIZE, tests/faults fsize: what a full disk does to a writer) while
+    the checkpoint of step 8, the export, or the dataset store is written: exit 2, the last line is one error line
+    naming the path and the fix, the earlier checkpoints are intact and nothing half-written is left."""
+    import runs
+
+    wd_straight, _ = straight_run
+    cases = {  # run directory -> (size limit, the error line's start)
+        _copy_run(wd_straight, tmp_path / "ckpt", "export", "checkpoints/8"): (
+            1_000_000, "checkpoints/8: saving the checkpoint of step 8 failed: [Errno 27] File too large (fix: free "
+                       "space on that disk"),
+        _copy_run(wd_straight, tmp_path / "export", "export"): (
+            1_000_000, "export: writing the export failed: [Errno 27] File too large (fix: free space on that disk"),
+        tmp_path / "store": (500_000, "store: preparing the dataset store failed: [Errno 27] File too large"),
+    }
+    procs = {wd: _fault_run(config_file, wd, tmp_path / f"{wd.name}.log", fault=f"fsize={limit}")
+             for wd, (limit, _) in cases.items()}
+    for wd, (_, line) in cases.items():
+        (out,) = runs.wait_ended([procs[wd]])
+        assert procs[wd].returncode == 2, out[-3000:]
+        last = out.strip().splitlines()[-1]
+        assert last.startswith(f"error: {wd}/{line}"), last
+    ckpt, export, store = cases
+    assert runs.steps_of(ckpt) == [6] and runs.steps_of(export) == [6, 8]
+    _assert_bitwise_equal(_params_at(ckpt, 6)[1], _params_at(wd_straight, 6)[1])
+    assert "intact: 6" in (tmp_path / "ckpt.log").read_text()
+    assert not (export / "export").exists() and runs.leftovers(export) == []
+    assert not (store / "store").exists() and runs.leftovers(store) == []
+
+
+def test_sigterm_during_dev_evaluation_and_export(straight_run, config_file, tmp_path):
+    """SIGTERM while the dev evaluation of step 3 runs (tests/faults hold_eval) stops at once with checkpoint 3;
+    the rerun evaluates step 3 again and trains on; SIGTERM while it writes the export (hold_export) stops with no
+    half export; the third run writes it. Every dev evaluation is logged once, and the result equals the
+    uninterrupted run bit for bit (evaluation does not change the training)."""
+    import runs
+
+    wd_straight, _ = straight_run
+    wd = tmp_path / "run"
+    ev = ["--config.eval.tasks=('STSBenchmark-dev',)", "--config.eval.every=3", "--config.eval.max_examples=40"]
+    for i, (fault, message) in enumerate([
+            ("hold_eval", "signal 15 during the dev evaluation at step 3: checkpoint saved at step 3; run the same "
+                          "command to resume (the evaluation runs again then)"),
+            ("hold_export", "signal 15 during the export: stopped, nothing half-written (the export is written as a "
+                            "whole); checkpoint 8 is saved")]):
+        marker = tmp_path / f"{fault}.marker"
+        p = _fault_run(config_file, wd, tmp_path / f"{fault}.log", *ev, fault=fault, marker=marker)
+        runs.wait_for(marker, [p])
+        p.signal(signal.SIGTERM)
+        (out,) = runs.wait_ended([p])
+        assert p.returncode == 143, out[-3000:]
+        assert message in out, out[-3000:]
+        assert json.loads((wd / "summary.json").read_text())["status"] == "preempted"
+        assert runs.steps_of(wd) == [[3], [6, 8]][i]
+        assert not (wd / "export").exists() and runs.leftovers(wd) == []
+    p = _fault_run(config_file, wd, tmp_path / "last.log", *ev)
+    runs.wait_all([p])
+    evals = [json.loads(x)["step"] for x in (wd / "metrics.jsonl").read_text().splitlines()
+             if json.loads(x)["split"] == "eval"]
+    assert evals == [3, 6, 8]
+    _assert_bitwise_equal(_params_at(wd, 8)[1], _params_at(wd_straight, 8)[1])
+    a, b = runs.export_tensors(wd / "export"), runs.export_tensors(wd_straight / "export")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

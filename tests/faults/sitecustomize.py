@@ -56,7 +56,7 @@ def _install(faults: dict) -> None:
     if "hold_save" in faults:
         hooks["orbax.checkpoint._src.path.atomicity"] = lambda m: _hold_save(m, faults["hold_save"])
     if "hold_eval" in faults:
-        hooks["jaxembed.evaluate"] = _hold_eval
+        hooks["jaxembed.train"] = _hold_eval
     if "hold_export" in faults:
         hooks["jaxembed.export"] = _hold_export
     if hooks:
@@ -113,12 +113,22 @@ def _hold_save(atomicity, step: str) -> None:
     cls.finalize = finalize
 
 
-def _hold_eval(evaluate) -> None:
-    def held(*args, **kwargs):
-        _touch_marker("hold_eval")
-        _wait_forever()
+def _hold_eval(train) -> None:
+    """The trainer's dev evaluator (whatever it runs inside) touches the marker and waits."""
+    original = train.make_evaluator
 
-    evaluate.evaluate = held
+    def make_evaluator(run):
+        evaluator = original(run)
+        if evaluator is None:
+            return None
+
+        def held(params):
+            _touch_marker("hold_eval")
+            _wait_forever()
+
+        return held
+
+    train.make_evaluator = make_evaluator
 
 
 def _hold_export(export) -> None:
