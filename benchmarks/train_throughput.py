@@ -20,8 +20,14 @@ high-water mark on CPU (the runtime included: measure differences, not the absol
 allocated bytes on GPU. MFU (GPU, when the device's peak FLOP/s is known) uses jaxembed.flops' analytic count
 for both tools (3 forward passes per step, 4 with the gradient cache).
 
+Settings (CPU): --threads 1,0 runs every throughput measurement twice: both tools pinned to one core (the fair
+per-core comparison on a shared machine), and with all cores and each framework's default threads (what a user
+gets). Each reports the steady-state step (after --warmup steps: compilation and allocator excluded) and the
+average step with compilation included ((compile + warm-up + timed steps) / steps run: jaxembed's XLA compilation
+is part of every run's cost, PyTorch has none), the peak RSS (compilation included) and the RSS at the end.
+
 Sections (--sections, default all):
-  throughput   examples/s, tokens/s, peak memory and jaxembed / ST ratio per model
+  throughput   examples/s, tokens/s, peak and end memory and jaxembed / ST ratio per model and thread setting
   scaling      GPU: the largest global batch (doubling, up to 80k candidates) each tool trains with its gradient
                cache (jaxembed train.gradcache_chunk + loss.tiled; ST CachedMultipleNegativesRankingLoss), model
                --search-model. CPU: a memory table over --scaling-batches instead (cache on in both tools)
@@ -356,11 +362,15 @@ def step_flops(folder: Path, B: int, lq: int, ld: int, cached: bool) -> float:
     return train_step_flops(cfg, B, lq, B * K, ld, cfg.hidden_size, cached)
 
 
-def figures(res: dict, B: int, lq: int, ld: int, flops: float) -> dict:
+def figures(res: dict, B: int, lq: int, ld: int, flops: float, warmup: int = 1) -> dict:
     if "error" in res or not res["times_s"]:  # failed, or a memory-only run (no timed step)
         return res
     t = statistics.median(res["times_s"])
     out = dict(res, step_s=t, examples_per_s=B / t, tokens_per_s=B * (lq + K * ld) / t)
+    # compilation included: everything from the first step's compilation to the last timed step, per step run
+    total = res.get("compile_s", 0.0) + res.get("warmup_s", 0.0) + sum(res["times_s"])
+    out["step_s_with_compile"] = total / (warmup + len(res["times_s"]))
+    out["examples_per_s_with_compile"] = B / out["step_s_with_compile"]
     if res.get("cpu_s"):  # throughput per CPU second: robust to the share of a busy machine the process got
         out["examples_per_cpu_s"] = B * len(res["times_s"]) / res["cpu_s"]
         out["cpu_utilisation"] = res["cpu_s"] / sum(res["times_s"])
@@ -381,7 +391,8 @@ def fmt_mem(r: dict) -> str:
 # ------------------------------------------------------------------------------------------------ sections
 
 
-def section_throughput(args, cache: Path, log) -> list[dict]:
+def section_throughput(args, cache: Path, log, thread_settings=(0,)) -> list[dict]:
+    """One row per (model, thread setting): both tools' figures and the ratios."""
     rows = []
     for spec in args.models.split(","):
         name, _, b = spec.partition(":")
@@ -390,28 +401,40 @@ def section_throughput(args, cache: Path, log) -> list[dict]:
         B = int(b or args.batch_size)
         folder = model_folder(name, cache)
         fl = step_flops(folder, B, args.q_len, args.d_len, False)
-        row = {"model": name, "global_batch": B, "q_len": args.q_len, "d_len": args.d_len, "flops_per_step": fl}
-        for tool in ("jaxembed", "st"):
-            log(f"throughput {name} B={B}: {tool}")
-            r = figures(spawn(tool, folder, B, args.q_len, args.d_len, 0, args.steps, args.warmup), B, args.q_len,
-                        args.d_len, fl)
-            row[tool] = r
-            if "error" in r:
-                log(f"  {tool}: {r['error']}")
-            else:
-                log(f"  {tool}: {r['examples_per_s']:.2f} ex/s, {r['tokens_per_s']:.0f} tok/s, {fmt_mem(r)}"
-                    + (f", {r['examples_per_cpu_s']:.2f} ex/CPU-s (CPU use {r['cpu_utilisation']:.2f})"
-                       if "examples_per_cpu_s" in r else "")
-                    + (f", MFU {100 * r['mfu']:.1f}%" if "mfu" in r else ""))
-        if "error" not in row["jaxembed"] and "error" not in row["st"]:
-            row["ratio_jaxembed_over_st"] = row["jaxembed"]["examples_per_s"] / row["st"]["examples_per_s"]
-            if "examples_per_cpu_s" in row["jaxembed"] and "examples_per_cpu_s" in row["st"]:
-                row["ratio_per_cpu_s_jaxembed_over_st"] = (row["jaxembed"]["examples_per_cpu_s"]
-                                                           / row["st"]["examples_per_cpu_s"])
-            key = "device_peak_mib" if "device_peak_mib" in row["jaxembed"] else "peak_rss_mib"
-            row["memory_ratio_jaxembed_over_st"] = row["jaxembed"][key] / row["st"][key]
-        rows.append(row)
+        for threads in thread_settings:
+            THREADS[0] = threads
+            row = {"model": name, "global_batch": B, "q_len": args.q_len, "d_len": args.d_len,
+                   "flops_per_step": fl, "threads_per_tool": threads or "all cores, framework default"}
+            for tool in ("jaxembed", "st"):
+                log(f"throughput {name} B={B}, {_threads_text(threads)}: {tool}")
+                r = figures(spawn(tool, folder, B, args.q_len, args.d_len, 0, args.steps, args.warmup), B,
+                            args.q_len, args.d_len, fl, args.warmup)
+                row[tool] = r
+                if "error" in r:
+                    log(f"  {tool}: {r['error']}")
+                else:
+                    log(f"  {tool}: {r['examples_per_s']:.2f} ex/s ({r['examples_per_s_with_compile']:.2f} with "
+                        f"compilation), {r['tokens_per_s']:.0f} tok/s, {fmt_mem(r)}"
+                        + (f", {r['examples_per_cpu_s']:.2f} ex/CPU-s (CPU use {r['cpu_utilisation']:.2f})"
+                           if "examples_per_cpu_s" in r else "")
+                        + (f", MFU {100 * r['mfu']:.1f}%" if "mfu" in r else ""))
+            if "error" not in row["jaxembed"] and "error" not in row["st"]:
+                j, s = row["jaxembed"], row["st"]
+                row["ratio_jaxembed_over_st"] = j["examples_per_s"] / s["examples_per_s"]
+                row["ratio_with_compile_jaxembed_over_st"] = (j["examples_per_s_with_compile"]
+                                                              / s["examples_per_s_with_compile"])
+                if "examples_per_cpu_s" in j and "examples_per_cpu_s" in s:
+                    row["ratio_per_cpu_s_jaxembed_over_st"] = j["examples_per_cpu_s"] / s["examples_per_cpu_s"]
+                key = "device_peak_mib" if "device_peak_mib" in j else "peak_rss_mib"
+                row["memory_ratio_jaxembed_over_st"] = j[key] / s[key]
+                if "rss_end_mib" in j and "rss_end_mib" in s:
+                    row["end_rss_ratio_jaxembed_over_st"] = j["rss_end_mib"] / s["rss_end_mib"]
+            rows.append(row)
     return rows
+
+
+def _threads_text(threads: int) -> str:
+    return f"{threads} core(s) per tool" if threads else "all cores"
 
 
 def section_scaling(args, cache: Path, gpu: bool, log) -> dict:
@@ -523,11 +546,12 @@ def main():
     ap.add_argument("--search-timeout", type=float, default=900.0)
     ap.add_argument("--loader-steps", type=int, default=100)
     ap.add_argument("--cache", default=str(ROOT / "runs" / "bench_models"), help="random-weight model folders")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="CPU only: cores of each tool's process (CPU affinity), with torch.set_num_threads(N) and, "
-                         "for 1, XLA's --xla_cpu_multi_thread_eigen=false; 0 = all cores, framework defaults. On a "
-                         "shared, oversubscribed CPU torch's OpenMP threads spin at barriers and lose 3-6x, so the "
-                         "default compares one core against one core")
+    ap.add_argument("--threads", default="1,0",
+                    help="CPU only, comma list of settings, each measured: cores of each tool's process (CPU "
+                         "affinity), with torch.set_num_threads(N) and, for 1, XLA's --xla_cpu_multi_thread_eigen="
+                         "false; 0 = all cores, framework defaults. On a shared, oversubscribed CPU torch's OpenMP "
+                         "threads spin at barriers and lose 3-6x: 1 compares one core against one core, 0 is what a "
+                         "user gets (default: both)")
     ap.add_argument("--device-info", action="store_true", help="print the device description and exit")
     ap.add_argument("--name", default="", help="result file benchmarks/results/<name>.json (default: "
                     "train_throughput_cpu / train_throughput_gpu); a partial run should not overwrite the full one")
@@ -549,7 +573,8 @@ def main():
         return
     sections = [s for s in args.sections.split(",") if s]
     gpu = info["gpu"] is not None
-    THREADS[0] = 0 if gpu else args.threads
+    thread_settings = [0] if gpu else [int(x) for x in str(args.threads).split(",") if x != ""]
+    THREADS[0] = thread_settings[0]
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
@@ -561,9 +586,10 @@ def main():
     result = {"benchmark": "train_throughput", "date": datetime.date.today().isoformat(), "device_info": info,
               "setting": {"q_len": args.q_len, "d_len": args.d_len, "candidates_per_query": K,
                           "temperature": TEMPERATURE, "steps": args.steps, "warmup": args.warmup,
-                          "threads_per_tool": THREADS[0] or "framework default",
+                          "threads_per_tool": [t or "all cores, framework default" for t in thread_settings],
                           "precision": "bfloat16 compute, float32 master weights" if gpu else "float32"}}
-    rows = section_throughput(args, cache, log) if "throughput" in sections else []
+    rows = section_throughput(args, cache, log, thread_settings) if "throughput" in sections else []
+    THREADS[0] = thread_settings[0]  # the other sections run in the first setting
     result["throughput"] = rows
     if "scaling" in sections:
         result["scaling"] = section_scaling(args, cache, gpu, log)
@@ -580,18 +606,19 @@ def main():
     dev = info["gpu"] or f"cpu ({info['cpu_count']} cores)"
     figs = []
     for r in rows:
+        what = f"{r['model']} B={r['global_batch']}, " + _threads_text(
+            r["threads_per_tool"] if isinstance(r["threads_per_tool"], int) else 0)
         if "ratio_jaxembed_over_st" in r:
             j, s = r["jaxembed"], r["st"]
-            figs.append(f"{r['model']} B={r['global_batch']}: jaxembed {j['examples_per_s']:.3g} ex/s "
-                        f"({fmt_mem(j)}) vs ST {s['examples_per_s']:.3g} ex/s ({fmt_mem(s)}): "
-                        f"**{r['ratio_jaxembed_over_st']:.2f}x**"
-                        + (f" (per CPU-second {r['ratio_per_cpu_s_jaxembed_over_st']:.2f}x)"
-                           if "ratio_per_cpu_s_jaxembed_over_st" in r else "")
+            figs.append(f"{what}: jaxembed {j['examples_per_s']:.3g} ex/s ({fmt_mem(j)}) vs ST "
+                        f"{s['examples_per_s']:.3g} ex/s ({fmt_mem(s)}): **{r['ratio_jaxembed_over_st']:.2f}x**"
+                        f" (compilation included {r['ratio_with_compile_jaxembed_over_st']:.2f}x"
+                        + (f", per CPU-second {r['ratio_per_cpu_s_jaxembed_over_st']:.2f}x"
+                           if "ratio_per_cpu_s_jaxembed_over_st" in r else "") + ")"
                         + (f", MFU {100 * j['mfu']:.0f}% vs {100 * s['mfu']:.0f}%" if "mfu" in j and "mfu" in s
                            else ""))
         else:
-            figs.append(f"{r['model']} B={r['global_batch']}: failed ({r['jaxembed'].get('error') or ''} "
-                        f"{r['st'].get('error') or ''})")
+            figs.append(f"{what}: failed ({r['jaxembed'].get('error') or ''} {r['st'].get('error') or ''})")
     sc = result.get("scaling")
     if sc and sc["mode"] == "cpu_memory_table":
         t = sc["table"]
@@ -607,10 +634,9 @@ def main():
     if ld and "headroom_loader_over_step" in ld:
         figs.append(f"loader {ld['loader']['examples_per_s']:.0f} ex/s = {ld['headroom_loader_over_step']:.0f}x "
                     f"the step")
-    thr = f", {THREADS[0]} thread(s) per tool" if THREADS[0] else ""
     line = (f"| {result['date']} | train_throughput | {dev} | train step, q {args.q_len} / d {args.d_len} tokens, "
-            f"1 pos + 1 neg, AdamW, {result['setting']['precision']}{thr}, median of {args.steps}, load average "
-            f"{result['load_average_1min_at_end']:.1f} | {'; '.join(figs)} "
+            f"1 pos + 1 neg, AdamW, {result['setting']['precision']}, median of {args.steps} after {args.warmup} "
+            f"warm-up, load average {result['load_average_1min_at_end']:.1f} | {'; '.join(figs)} "
             f"| `{result['command']}` |")
     print(json.dumps(result, indent=1))
     record_line(line, append=not args.no_readme)
