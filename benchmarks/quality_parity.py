@@ -21,6 +21,15 @@ then linear decay to 0, global-norm clipping at 1.0), dropout on. Both tools get
   the Trainer's weight-decay groups, the linear warm-up/decay schedule, zero_grad), because ``accelerate``, which
   the Trainer needs, is not installed in .venv.
 
+What the 'st' arm is, and is not: it is sentence-transformers made to train exactly like jaxembed (jaxembed's two
+loss masks, the per-side lengths, the plan's batches, a hand-written Trainer step), to isolate the implementations.
+It is not what a sentence-transformers user gets. The 'st_stock' arm (``--tools jaxembed,st,st_stock``) is: stock
+``SentenceTransformerTrainer`` (its own AdamW, linear warm-up / decay, clipping, sampler, seed) with the stock
+``MultipleNegativesRankingLoss`` (no masks), on the same examples (the plan's rows, each dataset one ST dataset of a
+``DatasetDict``, positives and negatives chosen as jaxembed's loader chooses them; rows without a negative form their
+own pair dataset), ST's default ``PROPORTIONAL`` multi-dataset sampler (one dataset per batch, like the recipe's
+task-homogeneous batches) and one max length for every column (``max_seq_length`` = the documents' length).
+
 Both trained models are scored by the same code: jaxembed's local evaluators on the eval tasks (never used for
 tuning), with Matryoshka views at 256 / 128 / 64 dims, and mteb on a subset (--mteb-tasks): mteb through jaxembed's
 encoder for both models, and mteb through sentence-transformers' own encoder for the ST-trained model.
@@ -75,7 +84,8 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds of the parity runs (per tool)")
-    ap.add_argument("--tools", default="jaxembed,st", help="comma list of jaxembed, st")
+    ap.add_argument("--tools", default="jaxembed,st", help="comma list of jaxembed, st (sentence-transformers "
+                    "matched to jaxembed: masks, plan batches, hand-written step), st_stock (stock ST Trainer and loss)")
     ap.add_argument("--ablations", default="", help=f"comma list of {', '.join(ABLATIONS)}")
     ap.add_argument("--ablation-seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--only-ablations", action="store_true", help="skip the ST runs (baselines still run)")
@@ -460,6 +470,72 @@ def train_st(args, seed: int, rundir: Path, store_dir: Path) -> dict:
             "loss_fn": type(loss_fn).__name__, "scale": scale, "warmup_steps": warmup}
 
 
+def stock_datasets(store, plan, rows: list[dict], K: int) -> dict[str, list[dict]]:
+    """The plan's rows (``plan_rows``) grouped by dataset for a stock ST ``DatasetDict``: columns anchor, positive,
+    negative_1, ... (no label, no empty slot); rows whose negative slots are empty go to ``<name>_pairs``."""
+    G = plan.global_batch_size
+    out: dict[str, list[dict]] = {}
+    for i, row in enumerate(rows):
+        name = store.datasets[int(plan.dataset_ids[i // G][i % G])].name
+        negs = [row[f"negative_{j}"] for j in range(1, K) if row.get(f"negative_{j}")]
+        rec = {"anchor": row["anchor"], "positive": row["positive"]}
+        rec.update({f"negative_{j + 1}": t for j, t in enumerate(negs)})
+        key = name if len(negs) == K - 1 else f"{name}_pairs" if not negs else f"{name}_{len(negs)}neg"
+        out.setdefault(key, []).append(rec)
+    return out
+
+
+def train_st_stock(args, seed: int, rundir: Path, store_dir: Path) -> dict:
+    """One stock sentence-transformers run (see the module docstring) on the examples of the plan of ``seed``;
+    saves the model to rundir/model."""
+    import datasets
+    import torch
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, \
+        SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.training_args import MultiDatasetBatchSamplers
+
+    from jaxembed import config as cfglib
+    from jaxembed.data.plan import build_plan
+    from jaxembed.data.store import Store
+    from jaxembed.hf import read_sentence_transformers
+    from jaxembed.tokenizer import Tokenizer
+
+    c = arm_config(args, "base", seed, store_dir)
+    store = Store.open(store_dir)
+    plan = build_plan(store, c.plan, data_config=cfglib.data_section(c))
+    info = read_sentence_transformers(Path(c.model.name))
+    tok = Tokenizer.from_folder(info.transformer_dir, c.model.max_length or info.max_seq_length,
+                                lowercase=info.do_lower_case)
+    rows, K, Lq, Ld = plan_rows(store, plan, tok)
+    groups = stock_datasets(store, plan, rows, K)
+    train_ds = datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in groups.items()})
+    if args.st_threads:
+        torch.set_num_threads(args.st_threads)
+    model = SentenceTransformer(c.model.name, device="cpu")
+    model.max_seq_length = max(Lq, Ld)  # stock ST: one length for every column
+    warmup = c.optim.warmup_steps if c.optim.warmup_steps >= 0 else int(c.optim.warmup_ratio * plan.steps)
+    targs = SentenceTransformerTrainingArguments(
+        output_dir=str(rundir / "trainer"), max_steps=plan.steps, per_device_train_batch_size=plan.global_batch_size,
+        learning_rate=c.optim.lr, warmup_steps=warmup, lr_scheduler_type="linear", weight_decay=c.optim.weight_decay,
+        max_grad_norm=c.optim.grad_clip, adam_beta1=c.optim.b1, adam_beta2=c.optim.b2, adam_epsilon=c.optim.eps,
+        seed=seed, data_seed=seed, multi_dataset_batch_sampler=MultiDatasetBatchSamplers.PROPORTIONAL,
+        logging_steps=c.train.log_every, save_strategy="no", report_to="none", use_cpu=True,
+        dataloader_num_workers=0, disable_tqdm=True)
+    loss = MultipleNegativesRankingLoss(model, scale=1.0 / float(c.loss.temperature))
+    trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=train_ds, loss=loss)
+    t0 = time.time()
+    out = trainer.train()
+    train_s = time.time() - t0
+    model.save(str(rundir / "model"))
+    log = [{"step": x["step"], "loss": x["loss"], "grad_norm": x.get("grad_norm")}
+           for x in trainer.state.log_history if "loss" in x]
+    return {"train_s": train_s, "log": log, "steps": int(out.global_step), "plan": plan.fingerprint(),
+            "datasets": {k: len(v) for k, v in groups.items()}, "loss_fn": type(loss).__name__,
+            "max_seq_length": model.max_seq_length, "warmup_steps": warmup,
+            "trainer": "SentenceTransformerTrainer (stock)"}
+
+
 def train_jaxembed(args, arm: str, seed: int, rundir: Path, store_dir: Path) -> dict:
     from jaxembed.train import train
 
@@ -485,8 +561,8 @@ def child(args) -> None:
     wd = Path(args.workdir)
     rundir = wd / f"{tool}_{arm}_s{seed}"
     rundir.mkdir(parents=True, exist_ok=True)
-    if tool == "st":
-        res = train_st(args, seed, rundir, wd / "store")
+    if tool in ("st", "st_stock"):
+        res = (train_st if tool == "st" else train_st_stock)(args, seed, rundir, wd / "store")
         res["model_dir"] = str(rundir / "model")
     else:
         res = train_jaxembed(args, arm, seed, rundir, wd / "store")
@@ -583,7 +659,7 @@ def mteb_check(args, runs: dict) -> dict:
             res = run_mteb(Path(r["model_dir"]), tasks, out=tmp, max_examples=mx)
             row = {t: {"local": r["eval"][t]["main_score"], "mteb_jaxembed_encoder": res[t]["main_score"]}
                    for t in tasks}
-            if tool == "st":
+            if tool in ("st", "st_stock"):
                 from sentence_transformers import SentenceTransformer
 
                 st_model = SentenceTransformer(r["model_dir"], device="cpu")
@@ -641,6 +717,8 @@ def main():
     if bad:
         raise SystemExit(f"error: --ablations {bad}: unknown (allowed: {', '.join(ABLATIONS)})")
     tools = [t for t in args.tools.split(",") if t]
+    if set(tools) - {"jaxembed", "st", "st_stock"}:
+        raise SystemExit(f"error: --tools {args.tools}: allowed jaxembed, st, st_stock")
     wd = Path(args.workdir)
     wd.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
@@ -664,8 +742,9 @@ def main():
     jobs = []  # (tool, arm, seed)
     for s in args.seeds:
         jobs.append(("jaxembed", "base", s))
-        if "st" in tools and not args.only_ablations:
-            jobs.append(("st", "base", s))
+        for t in ("st", "st_stock"):
+            if t in tools and not args.only_ablations:
+                jobs.append((t, "base", s))
     arms = []
     for a in abl:
         arms += {"curriculum": ["curriculum", "curriculum_shuffled", "curriculum_vanilla"]
@@ -685,7 +764,7 @@ def main():
     mteb_res = mteb_check(args, runs)
 
     # ---- summary
-    par = {t: summarize(runs, t, "base", args.seeds) for t in ("jaxembed", "st")}
+    par = {t: summarize(runs, t, "base", args.seeds) for t in ("jaxembed", "st", "st_stock")}
     result = {
         "benchmark": "quality_parity", "date": datetime.date.today().isoformat(), "device": "cpu",
         "host": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
@@ -707,6 +786,8 @@ def main():
             t: par["jaxembed"]["per_task"][t]["mean"] - par["st"]["per_task"][t]["mean"]
             for t in par["jaxembed"]["per_task"]}
         result["parity"]["target_met"] = diff >= -0.3
+    if par["jaxembed"] and par["st_stock"]:
+        result["parity"]["difference_jaxembed_minus_st_stock"] = par["jaxembed"]["average"] - par["st_stock"]["average"]
     ablation = {}
     for a in arms:
         base = summarize(runs, "jaxembed", "base", args.ablation_seeds)
@@ -728,7 +809,7 @@ def main():
         ablation[a] = row
     result["ablations"] = ablation
     name = args.name
-    save_result(name, result)
+    path = save_result(name, result)
     print(json.dumps({k: result[k] for k in ("parity", "ablations", "mteb_check")}, indent=1))
 
     parts = []
@@ -737,6 +818,10 @@ def main():
         parts.append(f"average of {len(j['per_task'])} eval tasks over seeds {args.seeds}: jaxembed "
                      f"{j['average']:.2f} (seed spread {j['spread']:.2f}) vs sentence-transformers {s['average']:.2f} "
                      f"(spread {s['spread']:.2f}): **{j['average'] - s['average']:+.2f}** points")
+    if par["jaxembed"] and par["st_stock"]:
+        j, s = par["jaxembed"], par["st_stock"]
+        parts.append(f"vs stock sentence-transformers (Trainer, MNRL, no masks) {s['average']:.2f} (spread "
+                     f"{s['spread']:.2f}): **{j['average'] - s['average']:+.2f}** points")
     for a, row in ablation.items():
         parts.append(f"{a} vs base (seeds {row['seeds']}): {row['difference']:+.2f} at 384, "
                      + ", ".join(f"{row[f'dim{d}']['difference']:+.2f} at {d}" for d in DIMS)
@@ -744,10 +829,12 @@ def main():
                         if "difference_vs_vanilla" in row else ""))
     if parts:
         line = (f"| {result['date']} | quality_parity | cpu ({result['cpu_count']} cores) | all-MiniLM-L6-v2, "
-                f"demo recipe, {args.steps} steps x batch {args.batch_size}, same plan batches, ST loss "
-                f"{args.st_loss} | {'; '.join(parts)} | `{result['command']}` |")
+                f"demo recipe, {args.steps} steps x batch {args.batch_size}"
+                + (f", same plan batches, ST loss {args.st_loss}" if "st" in tools else "")
+                + (", stock ST Trainer and loss on the same examples" if "st_stock" in tools else "")
+                + f" | {'; '.join(parts)} | `{result['command']}` |")
         record_line(line, append=not args.no_readme)
-    log(f"done in {(time.time() - t_start) / 60:.1f} min; results in benchmarks/results/{name}.json")
+    log(f"done in {(time.time() - t_start) / 60:.1f} min; results in {path}")
 
 
 if __name__ == "__main__":

@@ -54,3 +54,109 @@ def test_plan_batch_sampler_and_public_argv():
     assert len(qp.PlanBatchSampler(3, 2)) == 3
     assert qp._public_argv(["--steps", "5", "--workdir", "/x", "--name=n", "--no-readme", "--seeds", "0"]) == \
         ["--steps", "5", "--seeds", "0"]
+
+
+# ------------------------------------------------------------------------------------------------ records
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def test_result_files_are_named_by_run_and_carry_their_environment(tmp_path):
+    import json
+    import re
+
+    import _record
+
+    a = _record.save_result("bench_x", {"figure": 1.0}, results_dir=tmp_path)
+    b = _record.save_result("bench_x", {"figure": 2.0}, results_dir=tmp_path)
+    assert a != b and a.exists() and b.exists()  # a second run never overwrites the first
+    assert re.fullmatch(r"bench_x_\d{4}-\d{2}-\d{2}_\d{6}(_\d+)?\.json", a.name), a.name
+    rec = json.loads(a.read_text())
+    assert rec["figure"] == 1.0 and rec["run"] in a.name
+    for when in ("at_start", "at_save"):
+        env = rec["environment"][when]
+        assert len(env["load_average"]) == 3 and env["cpu_count"] >= 1 and "threads_env" in env
+    readme = tmp_path / "README.md"
+    line = _record.record_line("| date | bench | figures | `cmd` |", readme=readme)
+    assert line.endswith(f"`results/{b.name}` |") and readme.read_text() == line + "\n"
+
+
+def test_stock_st_datasets_keep_every_plan_row():
+    """The stock-ST arm's DatasetDict: the plan's rows grouped by dataset, no empty negative column; rows whose
+    negative slot is empty form their own pair dataset; nothing is lost."""
+    from types import SimpleNamespace
+
+    store = SimpleNamespace(datasets=[SimpleNamespace(name="wiki"), SimpleNamespace(name="stsb")])
+    plan = SimpleNamespace(global_batch_size=2, dataset_ids=np.array([[0, 0], [1, 1], [0, 0]]))
+    rows = [{"anchor": f"q{i}", "positive": f"p{i}", "negative_1": "" if i in (2, 3, 5) else f"n{i}"}
+            for i in range(6)]
+    groups = qp.stock_datasets(store, plan, rows, K=2)
+    assert groups == {"wiki": [{"anchor": "q0", "positive": "p0", "negative_1": "n0"},
+                               {"anchor": "q1", "positive": "p1", "negative_1": "n1"},
+                               {"anchor": "q4", "positive": "p4", "negative_1": "n4"}],
+                      "stsb_pairs": [{"anchor": "q2", "positive": "p2"}, {"anchor": "q3", "positive": "p3"}],
+                      "wiki_pairs": [{"anchor": "q5", "positive": "p5"}]}
+
+
+def _table(text: str, header: str) -> list[list[str]]:
+    """The rows (cells) of the markdown table that starts with ``header``."""
+    rows = []
+    for ln in text[text.index(header):].splitlines()[2:]:
+        if not ln.startswith("|"):
+            break
+        rows.append([c.strip() for c in ln.strip("|").split("|")])
+    return rows
+
+
+def _num(cell: str) -> list[float]:
+    import re
+
+    return [float(x) for x in re.findall(r"[-+]?\d+\.\d+", cell.replace("**", ""))]
+
+
+def test_readme_benchmark_figures_match_their_records():
+    """Every figure of the README's benchmark tables equals its result file (rounded as printed); the file exists."""
+    import json
+
+    readme = (ROOT / "README.md").read_text()
+    rows = _table(readme, "| what | jaxembed | sentence-transformers | record |")
+    assert len(rows) >= 6
+    for row in rows:
+        assert (RESULTS / row[3].strip("`")).exists(), row
+    rec = {n: json.loads((RESULTS / f"{n}.json").read_text()) for n in (
+        "quality_parity_cpu", "train_throughput_cpu", "train_throughput_quiet_cpu", "encode_throughput_cpu",
+        "quality_ablations_cpu")}
+    par = rec["quality_parity_cpu"]["parity"]
+    loaded = rec["train_throughput_cpu"]["throughput"]
+    quiet = rec["train_throughput_quiet_cpu"]["throughput"]
+    gib = lambda tool, key: [r[tool][key] / 1024 for r in quiet]  # noqa: E731
+    want = [
+        ([par["jaxembed"]["average"], par["jaxembed"]["spread"]], [par["st"]["average"], par["st"]["spread"]]),
+        ([r["ratio_per_cpu_s_jaxembed_over_st"] for r in loaded], []),
+        ([r["ratio_jaxembed_over_st"] for r in quiet], []),
+        (gib("jaxembed", "peak_rss_mib"), gib("st", "peak_rss_mib")),
+        (gib("jaxembed", "rss_end_mib"), gib("st", "rss_end_mib")),
+        ([rec["encode_throughput_cpu"]["ratio_jaxembed_over_st"]], []),
+    ]
+    for row, (ours, theirs) in zip(rows, want):
+        assert _num(row[1]) == [round(x, 2) for x in ours], row
+        if theirs:
+            assert _num(row[2]) == [round(x, 2) for x in theirs], row
+
+    abl = rec["quality_ablations_cpu"]["ablations"]
+    names = {"PEG": "peg", "Matryoshka": "mrl", "MoTE": "mote"}
+    cur = {"task order + E2D": "curriculum", "task order alone": "curriculum_shuffled", "Eq. 9 mask": "curriculum_masked"}
+    seen = 0
+    for row in _table(readme, "| ablation | 384 dims | 256 | 128 | 64 | per seed (384) |"):
+        key = next((v for k, v in names.items() if row[0].startswith(k)), None)
+        a = abl.get(key) if key else abl[next(v for k, v in cur.items() if k in row[0])]
+        if key:
+            dims = [a["difference"]] + [a[f"dim{d}"]["difference"] for d in (256, 128, 64)]
+            seeds = [x - y for x, y in zip(a["arm_average_seeds"], a["baseline_average_seeds"])]
+        else:  # the curriculum rows are against Vanilla, at 384 only
+            dims, seeds = [a["difference_vs_vanilla"]], a["difference_vs_vanilla_seeds"]
+        assert _num(" ".join(row[1:5])) == [round(x, 2) for x in dims], row
+        assert _num(row[5]) == [round(x, 2) for x in seeds], row
+        seen += 1
+    assert seen == 6
