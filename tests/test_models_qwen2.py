@@ -25,7 +25,7 @@ B, L = 3, 9
 LENGTHS = (9, 5, 2)
 
 
-def _torch_model(kind: str, seed: int = 0):
+def _torch_model(kind: str, seed: int = 0, scale: float = 0.3):
     torch.manual_seed(seed)
     if kind == "qwen2":
         cfg = transformers.Qwen2Config(**TINY, rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
@@ -39,14 +39,14 @@ def _torch_model(kind: str, seed: int = 0):
             if "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:
-                p.copy_(0.3 * torch.randn_like(p))
+                p.copy_(scale * torch.randn_like(p))
     return m.float().eval()
 
 
 @functools.lru_cache(maxsize=None)
-def _pair(kind: str):
-    """(torch model, our model, our config) with the same weights."""
-    tm = _torch_model(kind)
+def _pair(kind: str, scale: float = 0.3):
+    """(torch model, our model, our config) with the same weights (all but the norms ~ N(0, scale))."""
+    tm = _torch_model(kind, scale=scale)
     tensors = {k: v.numpy() for k, v in tm.state_dict().items()}
     cfg = models.config_from_hf(tm.config.to_dict())
     model, cfg = models.load_weights(cfg, tensors)
@@ -167,25 +167,25 @@ def test_bidirectional(pair):
     assert qwen2.Qwen2Config.from_hf(bi_cfg.to_hf()) == bi_cfg
 
 
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
-def test_bfloat16_close_to_float32(pair, param_dtype):
-    """bfloat16 compute (and storage). With these large random weights torch's own bfloat16 model is off from its
-    float32 model by about as much (max abs diff / max abs: ~0.045 qwen2, ~0.014 qwen3)."""
-    _, model, cfg = pair
+def test_bfloat16_close_to_float32(kind, param_dtype):
+    """bfloat16 compute (and storage) against PyTorch's own bf16 model on the same weights (tests/bf16_reference.py).
+    Weights ~ N(0, 0.15): with the other tests' N(0, 0.3) the model amplifies bf16 rounding so much (PyTorch's bf16
+    model is 5.6 % off its float32 model) that a kernel 5 % off would hide in it."""
+    from bf16_reference import assert_bf16_close, torch_bf16_out
+
+    tm, model, cfg = _pair(kind, 0.15)
     bf_cfg = dataclasses.replace(cfg, dtype="bfloat16", param_dtype=param_dtype)
     bf = models.model_from_params(bf_cfg, models.flat_params(model))
     assert all(v.dtype == np.dtype(param_dtype) for v in models.flat_params(bf).values())
     ids, mask = _batch(left=False)
     out = bf(jnp.asarray(ids), jnp.asarray(mask))
     assert out.dtype == jnp.bfloat16
-    ref = _ours(model, ids, mask)[mask.astype(bool)]
-    out = np.asarray(out, np.float32)[mask.astype(bool)]
-    assert np.isfinite(out).all()
-    rel_max = np.abs(out - ref).max() / np.abs(ref).max()
-    rel_mean = np.abs(out - ref).mean() / np.abs(ref).mean()
-    print(f"{cfg.model_type} bfloat16 ({param_dtype} params) vs float32: relative max {rel_max:.3g}, "
-          f"mean {rel_mean:.3g}")
-    assert rel_max < 0.1 and rel_mean < 0.05
+    # measured with the correct kernels: relative max 0.017 / 0.011, mean 0.011 (qwen2 / qwen3); attention scale off
+    # by 5 %: max 0.044 / 0.026, mean 0.025 / 0.024
+    assert_bf16_close(out, _torch_out(tm, ids, mask), torch_bf16_out(tm, input_ids=ids, attention_mask=mask), mask,
+                      max_tol=0.025, mean_tol=0.017, label=f"{kind} ({param_dtype} params)")
 
 
 def _loss(m, ids, mask):

@@ -186,19 +186,18 @@ def test_import_from_full_t5_ignores_decoder(caplog):
 
 
 def test_bfloat16_compute_close():
-    tc, _, sd, _, _, ref = _case("gated-gelu")
+    """bf16 compute against PyTorch's own bf16 T5 on the same weights (tests/bf16_reference.py)."""
+    from bf16_reference import assert_bf16_close, torch_bf16_out
+
+    tc, tm, sd, _, _, ref = _case("gated-gelu")
     cfg = models.config_from_hf(tc.to_dict(), dtype="bfloat16")
     model, cfg = models.load_weights(cfg, sd)
     ids, mask = _batch()
     out = model(jnp.asarray(ids), jnp.asarray(mask))
     assert out.dtype == jnp.bfloat16
-    out = np.asarray(out, np.float32)
-    assert np.isfinite(out).all()
-    m = mask.astype(bool)
-    rel = np.abs(out - ref)[m].max() / np.abs(ref[m]).max()
-    cos = np.sum(out * ref, -1)[m] / (np.linalg.norm(out, axis=-1) * np.linalg.norm(ref, axis=-1))[m]
-    print(f"bfloat16: max abs diff {np.abs(out - ref)[m].max():.3e}, relative {rel:.3e}, min cos {cos.min():.5f}")
-    assert rel < 0.05 and cos.min() > 0.999
+    # measured with the correct kernels: relative max 0.012, mean 0.006 (attention scale off by 5 %: 0.03, 0.02)
+    assert_bf16_close(out, ref, torch_bf16_out(tm, input_ids=ids, attention_mask=mask), mask, max_tol=0.02,
+                      mean_tol=0.012, label="t5")
 
 
 @nnx.jit
