@@ -18,8 +18,8 @@ then linear decay to 0, global-norm clipping at 1.0), dropout on. Both tools get
   candidate, and a candidate whose text equals the query's own positive (e.g. the same label description in a
   classification batch) is not a negative. ``--st-loss plain`` runs ST's loss unchanged instead;
 - the same optimizer: the Hugging Face Trainer's AdamW step, written out (backward, clip_grad_norm_, AdamW with
-  the Trainer's weight-decay groups, the linear warm-up/decay schedule, zero_grad), because ``accelerate``, which
-  the Trainer needs, is not installed in .venv.
+  the Trainer's weight-decay groups, the linear warm-up/decay schedule, zero_grad), so that the batches come from
+  the plan in its order (the Trainer would sample its own).
 
 What the 'st' arm is, and is not: it is sentence-transformers made to train exactly like jaxembed (jaxembed's two
 loss masks, the per-side lengths, the plan's batches, a hand-written Trainer step), to isolate the implementations.
