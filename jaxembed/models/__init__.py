@@ -2,7 +2,9 @@
 
 Every architecture package (``bert``, ``qwen2``, ``t5``) exports ``<Name>Config`` (with ``from_hf``, ``to_hf``,
 ``num_layers``), ``<Name>Model`` (``__call__(input_ids, attention_mask, token_type_ids=None, *, deterministic,
-rngs) -> [B, L, H]``), ``rules(config)``, ``PREFIXES`` (stripped from checkpoint keys), ``IGNORE`` (regexes of keys
+rngs, experts=None, segment_ids=None, positions=None) -> [B, L, H]``: padded rows with ``attention_mask``, or
+packed rows (``jaxembed.packing``) with ``segment_ids`` and per-text ``positions``; attention through
+``jaxembed.models.attention``, chosen by the config's ``attention``), ``rules(config)``, ``PREFIXES`` (stripped from checkpoint keys), ``IGNORE`` (regexes of keys
 that are not encoder weights) and optionally ``adapt(hf_config, keys) -> dict`` (config overrides read off the
 checkpoint, e.g. whether BERT has a pooler).
 
