@@ -275,7 +275,8 @@ def all_agree(name: str, fn: Callable[[], Any]) -> Any:
         if s.startswith(_ERR):
             if err is not None and i == me:
                 raise err
-            raise UserError(f"process {i}: {s[len(_ERR):]}" if i != me else s[len(_ERR):])
+            msg = s[len(_ERR):]
+            raise UserError(msg if msg.startswith(f"process {i} ") else f"process {i}: {msg}")
     return result
 
 

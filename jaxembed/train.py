@@ -176,14 +176,15 @@ def setup(config, workdir: str | Path) -> Run:
     plan, build the optimizer."""
     cfglib.validate(config)
     parallel.initialize()  # before any other JAX call: every process of a pod joins here
-    if runfiles.process_count() > 1 and config.eval.tasks:
-        raise UserError(f"config.eval.tasks = {tuple(config.eval.tasks)}: dev evaluation during training runs in a "
-                        f"single process, not on {runfiles.process_count()} (fix: set --config.eval.tasks=() for "
-                        "the pod run and evaluate its export with `jaxembed eval`)")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
 
     def write_config():
+        n = runfiles.process_count()
+        if n > 1 and config.eval.tasks:  # checked here, so that every process stops with this error
+            raise UserError(f"config.eval.tasks = {tuple(config.eval.tasks)}: dev evaluation during training runs in "
+                            f"a single process, not on {n} (fix: set --config.eval.tasks=() for the pod run and "
+                            "evaluate its export with `jaxembed eval`)")
         _check_workdir(config, workdir)
         with runfiles.writing("writing the config", workdir / "config.json"):
             cfglib.write_resolved(config, workdir)

@@ -444,3 +444,12 @@ def test_sigterm_during_dev_evaluation_and_export(straight_run, config_file, tmp
     _assert_bitwise_equal(_params_at(wd, 8)[1], _params_at(wd_straight, 8)[1])
     a, b = runs.export_tensors(wd / "export"), runs.export_tensors(wd_straight / "export")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_damaged_run_config_is_one_line(config_file, tmp_path):
+    from jaxembed.train import _check_workdir
+
+    (tmp_path / "config.json").write_text('{"model": {"name": ')  # torn by a writer that was not atomic
+    with pytest.raises(UserError, match=r"config.json: not a valid config \(.*\); the run directory's config is "
+                                        r"damaged \(fix: restore it"):
+        _check_workdir(cfglib.load_config_file(str(config_file)), tmp_path)
