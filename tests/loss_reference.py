@@ -111,8 +111,8 @@ def random_batch(seed=0, B=12, K=3, D=16, dup_pairs=((5, 0), (30, 9)), invalid=(
     Returns arrays including ``qhashes`` [B, 2] (the query texts)."""
     rng = np.random.default_rng(seed)
     N = B * K
-    q = rng.normal(size=(B, D))
-    c = rng.normal(size=(N, D))
+    q = rng.normal(size=(B, D)).astype(np.float32)
+    c = rng.normal(size=(N, D)).astype(np.float32)
     pos = np.arange(B, dtype=np.int32) * K
     if close_positives:
         noise = np.linspace(0.25, 3.0, B)[rng.permutation(B)]  # how far each positive is from its query
@@ -122,12 +122,18 @@ def random_batch(seed=0, B=12, K=3, D=16, dup_pairs=((5, 0), (30, 9)), invalid=(
             if K > 1 and i % 3 == 0:  # a hard negative closer to the query than the positive
                 c[pos[i] + 1] = u + 0.5 * noise[i] * rng.normal(size=D) / np.sqrt(D)
     hashes = rng.integers(0, 2**31, size=(N, 2)).astype(np.uint32)
-    qhashes = rng.integers(0, 2**31, size=(B, 2)).astype(np.uint32)
     for a, b in dup_pairs:
         if a < N and b < N:
             hashes[a] = hashes[b]
             c[a] = c[b] + 0.01 * rng.normal(size=D)  # a duplicate text embeds almost identically
+    valid = np.ones(N, bool)
+    for i in invalid:
+        if i % K:  # only negative slots can be empty
+            valid[i] = False
     row_task = rng.integers(0, ntask, size=B)
+    weights = rng.uniform(0.2, 1.0, size=B).astype(np.float32)
+    weights[2] = 0.0
+    qhashes = rng.integers(0, 2**31, size=(B, 2)).astype(np.uint32)  # drawn last: the batches above are unchanged
     for r, s in repeated_rows:
         qhashes[r], hashes[pos[r]], row_task[r] = qhashes[s], hashes[pos[s]], row_task[s]
         q[r] = q[s] + 0.01 * rng.normal(size=D)
@@ -135,16 +141,10 @@ def random_batch(seed=0, B=12, K=3, D=16, dup_pairs=((5, 0), (30, 9)), invalid=(
     for r, s in shared_positives:
         hashes[pos[r]] = hashes[pos[s]]
         c[pos[r]] = c[pos[s]] + 0.01 * rng.normal(size=D)
-    valid = np.ones(N, bool)
-    for i in invalid:
-        if i % K:  # only negative slots can be empty
-            valid[i] = False
     ctask = np.repeat(row_task, K).astype(np.int32)
     qtask = ctask[pos]
-    weights = rng.uniform(0.2, 1.0, size=B).astype(np.float32)
-    weights[2] = 0.0
-    return dict(q=q.astype(np.float32), c=c.astype(np.float32), pos=pos, hashes=hashes, qhashes=qhashes,
-                valid=valid, ctask=ctask, qtask=qtask, weights=weights)
+    return dict(q=q, c=c, pos=pos, hashes=hashes, qhashes=qhashes, valid=valid, ctask=ctask, qtask=qtask,
+                weights=weights)
 
 
 def peg_batch(seed=0, **kw):
