@@ -198,7 +198,7 @@ class Encoder:
         n = len(ids)
         if row_length is None:
             target = max(int(lengths.max()), int(np.ceil(ROW_TEXTS * lengths.mean())), 16)
-            row_length = bucket_for(target, length_buckets(max(max_length, target)))
+            row_length = bucket_for(target, length_buckets(max(max_length, _pow2(target))))
         L = int(row_length)
         if L < int(lengths.max()):
             raise UserError(f"row_length={L} is shorter than the longest text ({int(lengths.max())} tokens) (fix: "
