@@ -45,6 +45,11 @@ to it: every shard's rows are self-contained. ``stack`` concatenates shards' pac
 local indices (for ``jax.shard_map`` over the shards: each device pools its own rows); ``concat`` offsets them
 into one global pack instead.
 
+The model side: ``EmbeddingModel.encode_packed(pack, experts=...)`` returns [N, D] in the pack's text order (MoTE:
+one expert per text, [N], or one for the call). Lay a step's texts out in the plan's order (e.g. the B queries,
+then the B x K candidates row-major) and the embeddings reshape to [B, D] and [B, K, D] as a padded batch gives
+them, so the loss never knows the batch was packed.
+
 Assignment: best-fit decreasing (``assign``): texts by decreasing length (ties by input index); each goes to
 the fullest row that still has room for it (ties: the lowest row), else opens a new row. Deterministic, and
 O(N log N + N log L). Grain's ``FirstFitPackIterDataset`` packs a stream first-fit with the same segment id /
