@@ -275,6 +275,28 @@ def test_hash_index_agrees_with_a_dict():
     assert len(idx) == len(ref) and idx.nbytes <= 24 * 4 * len(ref)
 
 
+def test_duplicate_ids_without_a_table_of_ids(tmp_path):
+    """Default ids (<dataset>:<line>) cost a byte; explicit ids are hashed; an explicit id written like a default
+    one is still a duplicate of that line's default id, whichever comes first (as with a table of every id)."""
+    rows = [{"query": "q1", "pos": ["p"]},                     # line 1: default id d:1
+            {"id": "d:1", "query": "q2", "pos": ["p"]},        # repeats line 1's default id
+            {"id": "d:5", "query": "q3", "pos": ["p"]},        # claims line 5's default id first
+            {"id": "a", "query": "q4", "pos": ["p"]},
+            {"query": "q5", "pos": ["p"]},                     # line 5: its default id d:5 is taken
+            {"id": "a", "query": "q6", "pos": ["p"]}]          # explicit twice
+    p = _jsonl(tmp_path / "d.jsonl", rows)
+    exs, t = _read(dc.dataset_config(name="d", path=str(p), task_type="retrieval"), "skip")
+    assert [e["id"] for e in exs] == ["d:1", "d:5", "a"]
+    assert [(s.line, s.reason) for s in t.skipped] == [
+        (2, "duplicate id 'd:1' (first at d.jsonl:1)"), (5, "duplicate id 'd:5' (first at d.jsonl:3)"),
+        (6, "duplicate id 'a' (first at d.jsonl:4)")]
+    # two files: default ids carry the file index (d:0:1, d:1:1)
+    q = _jsonl(tmp_path / "e.jsonl", [{"query": "x", "pos": ["p"]}, {"id": "d:0:1", "query": "y", "pos": ["p"]}])
+    exs, t = _read(dc.dataset_config(name="d", path=[str(p), str(q)], task_type="retrieval"), "skip")
+    assert [e["id"] for e in exs][-2:] == ["a", "d:1:1"]
+    assert (t.skipped[-1].line, t.skipped[-1].reason) == (2, "duplicate id 'd:0:1' (first at d.jsonl:1)")
+
+
 def test_prepare_streams_skips_hashes_and_names_identical_pairs(tmp_path, monkeypatch, capsys):
     """What the store writer keeps per record is bounded (hashes, label indices): skipped records past the
     in-memory limit are spooled and still all reported; identical pairs are named from the store itself."""

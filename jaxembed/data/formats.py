@@ -24,9 +24,9 @@ Hugging Face ``datasets`` (``save_to_disk`` folders, ``hf``: hub names, optional
 rows, which are parsed as one of the record formats above; Parquet and ``datasets`` rows are numbered from 1, CSV
 rows by the line they start on.
 
-Memory: every reader streams. What is kept per record is 24 bytes of hashes (duplicate ids, identical examples,
-``jaxembed.data.hashindex``), so a dataset of any size is read in bounded memory; skipped records beyond
-``Tally.memory_limit`` go to an anonymous spool file.
+Memory: every reader streams. What is kept per record is hashes (duplicate ids: ~40 bytes, identical examples: 8
+bytes; ``jaxembed.data.hashindex``), never the records or their ids; skipped records beyond ``Tally.memory_limit``
+go to an anonymous spool file.
 
 Readers are generators that yield, for each record read, either an ``Example`` or a ``Skip`` (file, line, field,
 reason, fix). ``apply_policy`` is the one place that turns a ``Skip`` into an error (``on_error='stop'``) or counts
@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterable, Iterator, Union
 
 from jaxembed.data import sources
 from jaxembed.data.config import RECORD_FORMATS, TASK_TYPES, KALM_TEMPLATE
-from jaxembed.data.hashindex import HashIndex, example_key, key_of
+from jaxembed.data.hashindex import HashIndex, HashLog, example_hash, key_of
 from jaxembed.data.jsonl import BadLine, check_input_file, iter_text_lines, parse_object
 from jaxembed.errors import InputError, UserError
 
@@ -526,8 +526,8 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
     dict or Skip)``; called twice for classification without label descriptions) into Examples and Skips, one
     item per record read. ``info`` is filled while reading (format, task type, prompt, labels).
 
-    Memory is bounded: duplicate ids are found through 128-bit hashes of the ids (``HashIndex``), not a table of
-    the ids themselves."""
+    Memory: duplicate ids are found through 96-bit hashes of the ids (``HashIndex``, ~40 bytes per record), not a
+    table of the ids themselves."""
     info = info if info is not None else ReadInfo()
     f = opts.fields
     fmt = opts.format if opts.format != "auto" else None
@@ -565,16 +565,19 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
             order = sorted(seen)
             desc = {x: x for x in order}
         info.labels = order
-    ids = HashIndex()
-    files: dict[str, int] = {}
-    names: list[str] = []
+    ids = _IdCheck(opts.name)
     known = known_keys(fmt, opts) if fmt != "st" else frozenset()
+    base: dict[str, str] = {}
     for path, line, suffix, obj in records_fn():
         if isinstance(obj, Skip):
             yield obj
             continue
-        where = f"{os.path.basename(path)}:{line}"
+        name = base.get(path)
+        if name is None:
+            name = base[path] = os.path.basename(path)
+        where = f"{name}:{line}"
         try:
+            explicit = f["id"] in obj
             rid = _id(obj, f, f"{opts.name}:{suffix}")
             if fmt == "triplets":
                 ex = parse_triplet(obj, f, rid, opts, info, where)
@@ -588,14 +591,9 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
                 ex = parse_classification(obj, f, rid, desc, order)
             if fmt != "st":
                 check_unknown_keys(obj, known, fmt)
-            k = files.get(path)
-            if k is None:
-                k = files[path] = len(names)
-                names.append(os.path.basename(path))
-            first = ids.get_or_put(key_of(rid), (k << 40) | line)
+            first = ids.check(rid, explicit, suffix, name, line)
             if first is not None:
-                at = f"{names[first >> 40]}:{first & ((1 << 40) - 1)}"
-                raise _Bad(f["id"], f"duplicate id {rid!r} (first at {at})", "give every record its own id")
+                raise _Bad(f["id"], f"duplicate id {rid!r} (first at {first})", "give every record its own id")
         except _Config as e:
             raise InputError(path, line, e.reason, e.fix, field=e.field) from None
         except _Bad as e:
@@ -605,6 +603,60 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
             yield Skip(path, line, e.field, e.reason, None, invalid=False, detail=e.detail)
             continue
         yield ex
+
+
+class _IdCheck:
+    """Duplicate ids in bounded memory. Default ids (``<name>:<suffix>``, the suffix from the file and line) are
+    unique among themselves, so only explicit ids are hashed (``HashIndex``, ~40 bytes each); a byte per line marks
+    the lines whose example took its default id, for the rare explicit id written like a default one. A record
+    without an id costs one byte."""
+
+    def __init__(self, name: str):
+        self.prefix = name + ":"
+        self.index = HashIndex()
+        self.took_default: dict[int, bytearray] = {}  # file index -> 1 at the lines whose example has its default id
+        self.claimed: dict[tuple[int, int], str] = {}  # explicit ids shaped like a default id -> where they were
+        self.names: dict[int, str] = {}  # file index -> file name
+        self.files: dict[str, int] = {}  # file name -> the index packed into HashIndex values
+        self.where: list[str] = []
+
+    @staticmethod
+    def _slot(suffix: str) -> tuple[int, int] | None:
+        """(file index, line) of a default-id suffix ``line`` or ``file:line``; None if it is not one."""
+        a, sep, b = suffix.partition(":")
+        if not sep:
+            return (0, int(a)) if a.isdigit() else None
+        return (int(a), int(b)) if a.isdigit() and b.isdigit() else None
+
+    def check(self, rid: str, explicit: bool, suffix: str, name: str, line: int) -> str | None:
+        """Where the first record with id ``rid`` was, when this one repeats it; else None (and it is noted)."""
+        slot = self._slot(suffix)
+        k = slot[0] if slot is not None else 0
+        self.names.setdefault(k, name)
+        if not explicit and slot is not None:
+            first = self.claimed.get(slot) if self.claimed else None
+            if first is not None:
+                return first
+            marks = self.took_default.setdefault(k, bytearray())
+            if slot[1] >= len(marks):
+                marks.extend(bytes(slot[1] + 1 - len(marks) + 4096))
+            marks[slot[1]] = 1
+            return None
+        other = self._slot(rid[len(self.prefix):]) if rid.startswith(self.prefix) else None
+        if other is not None:  # shaped like a default id: the record of that line may have taken it
+            marks = self.took_default.get(other[0])
+            if marks is not None and other[1] < len(marks) and marks[other[1]]:
+                return f"{self.names.get(other[0], '?')}:{other[1]}"
+        w = self.files.get(name)
+        if w is None:
+            w = self.files[name] = len(self.where)
+            self.where.append(name)
+        first = self.index.get_or_put(key_of(rid), (w << 40) | line)
+        if first is not None:
+            return f"{self.where[first >> 40]}:{first & ((1 << 40) - 1)}"
+        if other is not None:
+            self.claimed.setdefault(other, f"{name}:{line}")
+        return None
 
 
 def file_kinds(paths: list[str]) -> list[str]:
@@ -706,7 +758,6 @@ class Tally:
     written: int = 0
     invalid: int = 0
     filtered: int = 0
-    identical: int = 0
     keep_ids: bool = True
     memory_limit: int | None = None
     spool_dir: str | None = None
@@ -715,9 +766,9 @@ class Tally:
     _spool: Any = field(default=None, repr=False, compare=False)
     _reasons: Counter = field(default_factory=Counter, repr=False, compare=False)
     _reasons_by: Counter = field(default_factory=Counter, repr=False, compare=False)
-    _seen: HashIndex = field(default_factory=HashIndex, repr=False, compare=False)
+    _hashes: HashLog = field(default_factory=HashLog, repr=False, compare=False)
+    _found: tuple = field(default=(-1, 0, ()), repr=False, compare=False)  # (examples hashed, count, pairs)
     _ids: list = field(default_factory=list, repr=False, compare=False)
-    _pairs: list = field(default_factory=list, repr=False, compare=False)
     _resolved: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------------------------------ skipped records
@@ -773,34 +824,40 @@ class Tally:
     # --------------------------------------------------------------------------------------- identical examples
 
     def count_identical(self, ex: Example) -> None:
-        """Count ``ex`` (the ``written``-th example) if an earlier example of the dataset has the same content."""
-        index = self.written - 1
+        """Note ``ex`` (the ``written``-th example) for the identical-content count (its 64-bit content hash)."""
         if self.keep_ids:
             self._ids.append(ex["id"])
-        first = self._seen.get_or_put(example_key(ex["query"], ex["pos"], ex["neg"], ex.get("label")), index)
-        if first is not None:
-            self.identical += 1
-            if len(self._pairs) < 5:
-                self._pairs.append((ex["id"], first))
+        self._hashes.append(example_hash(ex["query"], ex["pos"], ex["neg"], ex.get("label")))
+
+    def _identical(self) -> tuple[int, tuple]:
+        n = len(self._hashes)
+        if self._found[0] != n:  # found once the examples are all in (a sort of the hashes)
+            count, pairs = self._hashes.duplicates(5)
+            self._found = (n, count, tuple(pairs))
+        return self._found[1], self._found[2]
+
+    @property
+    def identical(self) -> int:
+        """Written examples whose content (query, positives, negatives, label) equals an earlier one's."""
+        return self._identical()[0]
 
     def identical_indices(self) -> list[int]:
-        """The example indices of the first occurrences named in ``identical_examples``."""
-        return [k for _, k in self._pairs]
+        """The example indices of both sides of the pairs named in ``identical_examples``."""
+        return sorted({k for pair in self._identical()[1] for k in pair})
 
     def resolve_ids(self, id_of: Callable[[list[int]], list[str]]) -> None:
-        """Name the first occurrences of the identical pairs: ``id_of(indices)`` -> their ids."""
+        """Name the examples of the identical pairs: ``id_of(indices)`` -> their ids (read back from the store)."""
         idx = self.identical_indices()
         if idx:
             self._resolved.update(zip(idx, id_of(idx)))
 
+    def _id(self, k: int) -> str:
+        return self._ids[k] if self.keep_ids else self._resolved.get(k, f"example #{k}")
+
     @property
     def identical_examples(self) -> list[tuple[str, str]]:
         """(id, id of the earlier identical example) for the first few identical examples."""
-        out = []
-        for later, k in self._pairs:
-            first = self._ids[k] if self.keep_ids else self._resolved.get(k, f"example #{k}")
-            out.append((later, first))
-        return out
+        return [(self._id(later), self._id(first)) for later, first in self._identical()[1]]
 
     def identical_note(self) -> str | None:
         """One line on the identical examples, or None."""
