@@ -7,11 +7,13 @@ For query i with positive column p_i and allowed candidates A_i (see ``core``):
 
 v_i is the instance weight (Data-CUBE mask alpha, per-instance weights, 0 for padding) and w_i PEG's w_q (1 without
 PEG); a query with v_i = 0 adds nothing but its positive and negatives stay candidates for the others. The
-denominator counts v only: a w_q of 0 (see ``peg_statistics``) weighs a term without dropping it from the mean. The symmetric variant adds the same loss
-with positives as queries and queries as candidates, and averages the two. Its identity mask mirrors the forward
-one: for positive p_i, query q_j (j != i) is masked when q_j is the same text as q_i (a repeated query) or p_j the
-same text as p_i (another query of the same positive); either pair is a positive pair, not a negative (without
-the mask a repeated row puts a floor of log 2 under its term).
+denominator counts v only: a w_q of 0 (see ``peg_statistics``) weighs a term without dropping it from the mean.
+
+The symmetric variant adds the same loss with positives as queries and queries as candidates, and averages the two
+(the same v_i w_i weigh its terms). Its identity mask mirrors the forward one: for positive p_i, query q_j (j != i)
+is masked when q_j is the same text as q_i (a repeated query) or p_j the same text as p_i (another query of the same
+positive); either pair is a positive pair, not a negative (without the mask a repeated row puts a floor of log 2
+under its term).
 """
 
 from __future__ import annotations
