@@ -583,33 +583,36 @@ def train(config, workdir: str | Path) -> dict:
                         best_metric=c.eval.best_metric, best_mode=c.eval.best_mode,
                         async_save=c.train.async_checkpoints)
     notes: list[str] = []
+    monitor = None
     try:
         state = init_state(run)
         start, state = ckpt.restore_latest(state, say=notes.append)
-    except BaseException:
-        ckpt.close()
-        raise
-    if start:
-        log.info("resumed from %s at step %d", workdir / "checkpoints", start)
-    total = run.plan.steps
-    monitor = Monitor(workdir, total, start, progress=c.train.progress, is_main=is_main)
-    for n in notes:
-        monitor.message(n)
-    if monitor.torn:
-        monitor.message(f"{workdir / 'metrics.jsonl'}: cut off a line torn by a stopped run")
-    if start:
-        monitor.message(f"resuming at step {start} of {total} from {workdir / 'checkpoints'}")
-    step_fn = make_train_step(run)
-    from jaxembed.data.pipeline import batch_stats, make_loader, to_global
+        if start:
+            log.info("resumed from %s at step %d", workdir / "checkpoints", start)
+        total = run.plan.steps
+        monitor = Monitor(workdir, total, start, progress=c.train.progress, is_main=is_main)
+        for n in notes:
+            monitor.message(n)
+        if monitor.torn:
+            monitor.message(f"{workdir / 'metrics.jsonl'}: cut off a line torn by a stopped run")
+        if start:
+            monitor.message(f"resuming at step {start} of {total} from {workdir / 'checkpoints'}")
+        step_fn = make_train_step(run)
+        from jaxembed.data.pipeline import batch_stats, make_loader, to_global
 
-    lengths = step_lengths(run, workdir / "plan_lengths.npz")
-    if c.train.length_buckets == "pow2":  # fewer shapes, fewer compilations, a little more padding
-        lengths = tuple(pow2_lengths(x) for x in lengths)
-    loader = make_loader(run.store, run.plan, run.loaded.tokenizer, process_index=jax.process_index(),
-                         process_count=jax.process_count(), start_step=start, workers=c.train.loader_workers,
-                         lengths=lengths, num_candidates=run.K)
-    rows_sharding = parallel.batch_sharding(run.mesh)
-    evaluator = make_evaluator(run)
+        lengths = step_lengths(run, workdir / "plan_lengths.npz")
+        if c.train.length_buckets == "pow2":  # fewer shapes, fewer compilations, a little more padding
+            lengths = tuple(pow2_lengths(x) for x in lengths)
+        loader = make_loader(run.store, run.plan, run.loaded.tokenizer, process_index=jax.process_index(),
+                             process_count=jax.process_count(), start_step=start, workers=c.train.loader_workers,
+                             lengths=lengths, num_candidates=run.K)
+        rows_sharding = parallel.batch_sharding(run.mesh)
+        evaluator = make_evaluator(run)
+    except BaseException:  # set-up failed: close what was opened (Orbax's threads, the metrics file)
+        ckpt.close()
+        if monitor is not None:
+            monitor.close()
+        raise
     eval_due = lambda s: bool(evaluator and c.eval.every and (s % c.eval.every == 0 or s == total))
     pending, flops_per_step = [], []
     consecutive, first_bad = 0, None

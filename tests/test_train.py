@@ -411,33 +411,51 @@ def test_disk_full_is_one_line_and_keeps_earlier_checkpoints(straight_run, confi
     assert not (store / "store").exists() and runs.leftovers(store) == []
 
 
-def test_sigterm_during_dev_evaluation_and_export(straight_run, config_file, tmp_path):
-    """SIGTERM while the dev evaluation of step 3 runs (tests/faults hold_eval) stops at once with checkpoint 3;
-    the rerun evaluates step 3 again and trains on; SIGTERM while it writes the export (hold_export) stops with no
-    half export; the third run writes it. Every dev evaluation is logged once, and the result equals the
-    uninterrupted run bit for bit (evaluation does not change the training)."""
+def _sigterm_now(where: str):
+    """Send SIGTERM to this process and wait: the trainer's handler must stop the caller within 60 s."""
+    import os
+
+    os.kill(os.getpid(), signal.SIGTERM)
+    t0 = time.time()
+    while time.time() - t0 < 60:
+        time.sleep(0.01)
+    raise AssertionError(f"SIGTERM during {where} did not stop it")
+
+
+def test_sigterm_during_dev_evaluation_and_export(straight_run, config_file, tmp_path, monkeypatch, capsys):
+    """SIGTERM while the dev evaluation of step 3 runs stops it at once, with checkpoint 3; the rerun evaluates step
+    3 again and trains on; SIGTERM while it writes the export stops with no half export; the third run writes it.
+    Every dev evaluation is logged once, and the result equals the uninterrupted run bit for bit (evaluation does
+    not change the training). In this process: the signal comes from inside the evaluation / the export."""
     import runs
+
+    from jaxembed import export as exportlib
+    from jaxembed import train as trainlib
 
     wd_straight, _ = straight_run
     wd = tmp_path / "run"
-    ev = ["--config.eval.tasks=('STSBenchmark-dev',)", "--config.eval.every=3", "--config.eval.max_examples=40"]
-    for i, (fault, message) in enumerate([
-            ("hold_eval", "signal 15 during the dev evaluation at step 3: checkpoint saved at step 3; run the same "
-                          "command to resume (the evaluation runs again then)"),
-            ("hold_export", "signal 15 during the export: stopped, nothing half-written (the export is written as a "
-                            "whole); checkpoint 8 is saved")]):
-        marker = tmp_path / f"{fault}.marker"
-        p = _fault_run(config_file, wd, tmp_path / f"{fault}.log", *ev, fault=fault, marker=marker)
-        runs.wait_for(marker, [p])
-        p.signal(signal.SIGTERM)
-        (out,) = runs.wait_ended([p])
-        assert p.returncode == 143, out[-3000:]
-        assert message in out, out[-3000:]
+    cfg = cfglib.load_config_file(str(config_file))
+    cfg.eval.tasks, cfg.eval.every, cfg.eval.max_examples = ("STSBenchmark-dev",), 3, 40
+    real_make = trainlib.make_evaluator
+    monkeypatch.setattr(trainlib, "make_evaluator",
+                        lambda run: (lambda params: _sigterm_now("the evaluation")) if real_make(run) else None)
+    for i, message in enumerate([
+            "signal 15 during the dev evaluation at step 3: checkpoint saved at step 3; run the same command to "
+            "resume (the evaluation runs again then)",
+            "signal 15 during the export: stopped, nothing half-written (the export is written as a whole); "
+            "checkpoint 8 is saved"]):
+        s = trainlib.train(cfg, wd)
+        out = capsys.readouterr().out
+        assert s["status"] == "preempted" and message in out, out[-3000:]
         assert json.loads((wd / "summary.json").read_text())["status"] == "preempted"
         assert runs.steps_of(wd) == [[3], [6, 8]][i]
         assert not (wd / "export").exists() and runs.leftovers(wd) == []
-    p = _fault_run(config_file, wd, tmp_path / "last.log", *ev)
-    runs.wait_all([p])
+        monkeypatch.setattr(trainlib, "make_evaluator", real_make)  # the rerun: a real evaluation; the export
+        real_write = exportlib.write_safetensors                       # signals once its first file is written
+        monkeypatch.setattr(exportlib, "write_safetensors",
+                            lambda *a, **k: (real_write(*a, **k), _sigterm_now("the export")))
+    monkeypatch.undo()
+    assert trainlib.train(cfg, wd)["status"] == "completed"
     evals = [json.loads(x)["step"] for x in (wd / "metrics.jsonl").read_text().splitlines()
              if json.loads(x)["split"] == "eval"]
     assert evals == [3, 6, 8]

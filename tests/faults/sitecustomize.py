@@ -1,14 +1,12 @@
-"""Fault injection for the subprocess tests (tests/test_pod.py, tests/test_faults.py).
+"""Fault injection for the subprocess tests (tests/test_pod.py, the disk-full test of tests/test_train.py).
 
 Python imports ``sitecustomize`` at start-up from the first folder of sys.path that has one; the tests put this
 folder on PYTHONPATH, so the real ``jaxembed`` console script runs with the faults named in
 ``JAXEMBED_TEST_FAULT`` (comma-separated; nothing set: no effect). ``JAXEMBED_TEST_MARKER`` is a file touched when
 a held fault is reached, so that a test acts on an event, not after a sleep:
 
-- ``hold_save=STEP``: Orbax's final rename of checkpoint STEP (its ``*.orbax-checkpoint-tmp-*`` folder is
+- ``hold_save=STEP``: Orbax's final rename of checkpoint STEP (its ``*.orbax-checkpoint-tmp*`` folder is
   written) never happens: the marker is touched and the saving thread waits forever (kill -9 during an async save).
-- ``hold_eval``: the dev evaluation touches the marker and waits (a signal during the evaluation).
-- ``hold_export``: the export touches the marker once its first files are written, then waits.
 - ``fsize=BYTES``: RLIMIT_FSIZE: every write past BYTES in one file fails (EFBIG), as on a full disk; SIGXFSZ is
   ignored so the write fails instead of killing the process.
 - ``slow_writes=SECONDS``: a slow shared disk: the first write to a run file (config.json / config.txt, the plan,
@@ -35,13 +33,6 @@ def _touch_marker(what: str) -> None:
             f.write(f"{what} {os.getpid()}\n")
 
 
-def _wait_forever():
-    import time
-
-    while True:
-        time.sleep(0.05)
-
-
 def _install(faults: dict) -> None:
     if "fsize" in faults:
         import resource
@@ -55,10 +46,6 @@ def _install(faults: dict) -> None:
     hooks = {}
     if "hold_save" in faults:
         hooks["orbax.checkpoint._src.path.atomicity"] = lambda m: _hold_save(m, faults["hold_save"])
-    if "hold_eval" in faults:
-        hooks["jaxembed.train"] = _hold_eval
-    if "hold_export" in faults:
-        hooks["jaxembed.export"] = _hold_export
     if hooks:
         _after_import(hooks)
 
@@ -111,35 +98,6 @@ def _hold_save(atomicity, step: str) -> None:
         return await original(self, *args, **kwargs)
 
     cls.finalize = finalize
-
-
-def _hold_eval(train) -> None:
-    """The trainer's dev evaluator (whatever it runs inside) touches the marker and waits."""
-    original = train.make_evaluator
-
-    def make_evaluator(run):
-        evaluator = original(run)
-        if evaluator is None:
-            return None
-
-        def held(params):
-            _touch_marker("hold_eval")
-            _wait_forever()
-
-        return held
-
-    train.make_evaluator = make_evaluator
-
-
-def _hold_export(export) -> None:
-    original = export.write_safetensors
-
-    def held(path, *args, **kwargs):
-        original(path, *args, **kwargs)
-        _touch_marker("hold_export")
-        _wait_forever()
-
-    export.write_safetensors = held
 
 
 def _slow_writes(seconds: float) -> None:
