@@ -87,7 +87,7 @@ def default_config() -> mc.ConfigDict:
         loader_workers=0,
         length_buckets="pow2",  # 'pow2': pad to 16/32/64/...; 'fine': x1.5 steps (less padding, more compiles)
         progress=config_dict.placeholder(bool),  # progress bar (default: on a terminal)
-        inject_nonfinite_steps=(),  # testing aid: steps whose loss is replaced by NaN
+        inject_nonfinite_steps=(),  # testing aid: steps whose loss and gradients are made NaN (the skip guard runs)
     ))
     c.eval = mc.ConfigDict(dict(
         every=0,                # steps between dev evaluations (0 = at the end only, when tasks are given)
