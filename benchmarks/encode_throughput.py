@@ -48,6 +48,10 @@ def main():
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-readme", action="store_true", help="do not append to benchmarks/README.md")
+    ap.add_argument("--packing", action=argparse.BooleanOptionalAction, default=True,
+                    help="jaxembed packs several texts per row (default) or pads one per row (--no-packing)")
+    ap.add_argument("--texts", choices=("stsb", "wikiqa"), default="stsb",
+                    help="STS-B dev sentences (both sides) or WikiQA dev questions and candidate answers")
     args = ap.parse_args()
 
     import jax
@@ -58,8 +62,14 @@ def main():
     from jaxembed.encode import load_encoder
 
     model_dir = args.model or str(paths.demo_model_dir())
-    rows = [json.loads(line) for line in open(paths.shared_data_dir() / "dev" / "stsb_dev.jsonl", encoding="utf-8")]
-    texts = ([r["sentence1"] for r in rows] + [r["sentence2"] for r in rows])[: args.n]
+    if args.texts == "wikiqa":
+        rows = [json.loads(line) for line in open(paths.shared_data_dir() / "dev" / "wikiqa_dev.jsonl",
+                                                  encoding="utf-8")]
+        texts = ([r["query"] for r in rows] + [x for r in rows for x in r["pos"] + r["neg"]])[: args.n]
+    else:
+        rows = [json.loads(line) for line in open(paths.shared_data_dir() / "dev" / "stsb_dev.jsonl",
+                                                  encoding="utf-8")]
+        texts = ([r["sentence1"] for r in rows] + [r["sentence2"] for r in rows])[: args.n]
 
     ours = load_encoder(model_dir)
     st = SentenceTransformer(model_dir, device="cuda" if torch.cuda.is_available() else "cpu")
@@ -67,11 +77,12 @@ def main():
 
     with torch.inference_mode():
         times = _time_interleaved({
-            "jaxembed": lambda: ours.encode(texts, batch_size=args.batch_size, progress=False),
+            "jaxembed": lambda: ours.encode(texts, batch_size=args.batch_size, progress=False, packing=args.packing),
             "sentence_transformers": lambda: st.encode(texts, batch_size=args.batch_size, convert_to_numpy=True),
         }, args.repeats)
     t_ours, t_st = statistics.median(times["jaxembed"]), statistics.median(times["sentence_transformers"])
-    a = ours.encode(texts[:256], batch_size=args.batch_size, progress=False)
+    stats = dict(ours.last_stats)  # token slots computed vs real tokens, of the last timed pass
+    a = ours.encode(texts[:256], batch_size=args.batch_size, progress=False, packing=args.packing)
     b = st.encode(texts[:256], batch_size=args.batch_size, convert_to_numpy=True)
 
     dev = jax.devices()[0]
@@ -86,6 +97,10 @@ def main():
         "n_texts": len(texts),
         "n_tokens": n_tokens,
         "batch_size": args.batch_size,
+        "texts": args.texts,
+        "packing": args.packing,
+        "jaxembed_real_token_fraction": stats.get("real_fraction"),
+        "jaxembed_shapes": [list(x) for x in stats.get("shapes", [])],
         "precision": "float32",
         "jaxembed_texts_per_s": len(texts) / t_ours,
         "sentence_transformers_texts_per_s": len(texts) / t_st,
@@ -99,11 +114,14 @@ def main():
         "versions": {"jax": jax.__version__, "torch": torch.__version__},
         "command": "python benchmarks/encode_throughput.py " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in (("n", args.n), ("batch_size", args.batch_size),
-                                                        ("repeats", args.repeats))),
+                                                        ("repeats", args.repeats), ("texts", args.texts)))
+        + ("" if args.packing else " --no-packing"),
     }
-    save_result(f"encode_throughput_{dev.platform}", result)
+    save_result(f"encode_throughput_{dev.platform}" + ("" if args.texts == "stsb" else f"_{args.texts}")
+                + ("" if args.packing else "_padded"), result)
     line = (f"| {result['date']} | encode_throughput | {device} ({result['cpu_count']} cores) | {result['model']}, "
-            f"{len(texts)} STS-B dev texts, batch {args.batch_size}, fp32 | jaxembed {result['jaxembed_texts_per_s']:.0f}"
+            f"{len(texts)} {'STS-B' if args.texts == 'stsb' else 'WikiQA'} dev texts, batch {args.batch_size}, fp32, "
+            f"{'packed' if args.packing else 'padded'} | jaxembed {result['jaxembed_texts_per_s']:.0f}"
             f" texts/s vs sentence-transformers {result['sentence_transformers_texts_per_s']:.0f} texts/s: "
             f"**{result['ratio_jaxembed_over_st']:.2f}x** (first pass, compilation included: "
             f"{result['ratio_with_compile_jaxembed_over_st']:.2f}x) | `{result['command']}` |")
