@@ -55,8 +55,9 @@ print(json.dumps({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxr
 """
 IMPORT_ONLY = r"""
 import json, resource
-import jaxembed.data.store  # noqa: F401
-print(json.dumps({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+import jaxembed.data.store
+print(json.dumps({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "module": jaxembed.data.store.__file__}))
 """
 
 
@@ -82,11 +83,13 @@ def write_data(path: Path, n: int, seed: int = 0, ids: bool = True) -> dict:
     return {"records": n, "invalid": invalid, "identical": identical, "bytes": path.stat().st_size}
 
 
-def run(code: str, pythonpath: str | None, *args) -> dict:
+def run(code: str, pythonpath: str | None, cwd: Path, *args) -> dict:
+    """``code`` in a fresh Python process with ``pythonpath`` first on the path, run in ``cwd`` (not the repository:
+    ``python -c`` puts its working folder before PYTHONPATH, which would import the current jaxembed)."""
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=cwd)
     if out.returncode != 0:
         raise SystemExit(f"prepare failed ({pythonpath or 'current'}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -132,11 +135,14 @@ def main():
     try:
         for variant, (data, meta) in files.items():
             for label, path in revisions.items():
-                base = run(IMPORT_ONLY, path)
+                base = run(IMPORT_ONLY, path, work)
+                want = Path(path) if path else ROOT
+                if not Path(base["module"]).resolve().is_relative_to(want.resolve()):
+                    raise SystemExit(f"{label}: imported {base['module']}, not the code under {want}")
                 runs = []
                 for r in range(args.repeats):
                     out = work / f"store_{r}"
-                    res = run(RUNNER, path, str(data), str(out))
+                    res = run(RUNNER, path, work, str(data), str(out))
                     shutil.rmtree(out, ignore_errors=True)
                     runs.append(res)
                     print(f"{variant}, {label}: peak RSS {res['maxrss_kib'] / 2**20:.2f} GiB, {res['seconds']:.0f} s,"

@@ -1,6 +1,7 @@
 """A sentence-transformers user's run through `jaxembed train` with a config file: their datasets as they are (an
 ST triplet Parquet file and a save_to_disk pair-score folder, as ST's dict of datasets) and their own dev sets in
-eval.tasks (an STS CSV and a BEIR folder) feeding eval.best_metric and the best checkpoint; a bad dev file stops
+eval.tasks (an STS CSV and a BEIR folder, beside a registered task) feeding eval.best_metric and the best
+checkpoint (the trainer's dev-evaluation hook: evaluations at eval.every, the best step kept); a bad dev file stops
 the run with one line before any work."""
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ def get_config(arg=None):
     c.eval.tasks = (
         dict(name="my-sts", type="sts", path={sts!r}, columns={{"score": "similarity"}}),
         dict(name="my-ir", type="retrieval", path={beir!r}),
+        "STSBenchmark-dev",
     )
     c.eval.every = 2
+    c.eval.max_examples = 40
     c.eval.best_metric = "my-sts/main_score"
     return c
 '''
@@ -94,6 +97,7 @@ def test_st_data_and_own_dev_sets_through_jaxembed_train(st_run_files, tmp_path,
     for x in evals:
         assert -100 <= x["my-sts/main_score"] <= 100 and x["my-sts/main_score"] == x["my-sts/cosine_spearman"]
         assert 0 <= x["my-ir/ndcg_at_10"] <= 100 and "my-ir/recall_at_100" in x
+        assert -100 <= x["STSBenchmark-dev/main_score"] <= 100
     scores = {x["step"]: x["my-sts/main_score"] for x in evals}
     summary = json.loads((wd / "summary.json").read_text())
     assert summary["best_step"] == max(scores, key=scores.get)
@@ -107,8 +111,8 @@ def test_st_data_and_own_dev_sets_through_jaxembed_train(st_run_files, tmp_path,
                  f"--config.eval.tasks=({{'name': 'x', 'type': 'sts', 'path': {str(d / 'bad.csv')!r}}},)",
                  "--config.eval.best_metric=x/main_score"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and re.search(r"bad\.csv:2: field 'score': missing \(keys present: sentence1, sentence2\)",
-                                       err[0]), err
+    assert len(err) == 1 and re.search(r"eval\.tasks\[0\]: .*bad\.csv:2: field 'score': missing \(keys present: "
+                                       r"sentence1, sentence2\)", err[0]), err
     assert not (bad / "store").exists() and not (bad / "checkpoints").exists()
     assert main(["train", "--config", str(cfg), "--workdir", str(bad), "--config.eval.best_metric=my-st/main_score"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

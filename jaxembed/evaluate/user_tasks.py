@@ -136,7 +136,10 @@ def user_task(spec, where: str = "eval.tasks[0]") -> Task:
                 document_instruction=spec.get("document_instruction") or "",
                 description=f"user set ({mtype})", score_range=(float(rng[0]), float(rng[1])), params=params,
                 columns=cols, user=True)
-    check_first_rows(task)
+    try:
+        check_first_rows(task)
+    except InputError as e:
+        raise UserError(f"{where}: {e}") from None
     return task
 
 
