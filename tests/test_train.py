@@ -4,6 +4,7 @@ corrupted or truncated latest checkpoint, a full disk while writing a checkpoint
 during a dev evaluation and during the export. kill -9 during an async save, and resuming after it: tests/test_pod.py
 (on a pod of two processes)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -319,14 +320,6 @@ def _copy_run(src: Path, dst: Path, *drop: str) -> Path:
     return dst
 
 
-def _fault_run(config_file, wd, log, *extra, fault="", marker=None):
-    """The real `jaxembed train` with a fault of tests/faults (one CPU device, as the in-process runs here)."""
-    import runs
-
-    return runs.start(["train", "--config", str(config_file), "--workdir", str(wd), *extra],
-                      runs.env(1, Path(config_file).parent / "jaxcache", fault, marker), log)
-
-
 def test_checkpointer_skips_unreadable_checkpoints(tmp_path):
     """Corrupted metadata (3) and a truncated array file (2): restore falls back to 1 and says so; the unreadable
     ones move to checkpoints_unreadable/; with none readable, a UserError and nothing moved."""
@@ -381,11 +374,29 @@ def test_truncated_latest_checkpoint_resumes_from_previous(straight_run, config_
     _assert_bitwise_equal(_params_at(wd, 8)[1], _params_at(wd_straight, 8)[1])
 
 
-def test_disk_full_is_one_line_and_keeps_earlier_checkpoints(straight_run, config_file, tmp_path):
-    """Writes past a size limit fail (RLIMIT_FSIZE, tests/faults fsize: what a full disk does to a writer) while
-    the checkpoint of step 8, the export, or the dataset store is written: exit 2, the last line is one error line
-    naming the path and the fix, the earlier checkpoints are intact and nothing half-written is left."""
+@contextlib.contextmanager
+def _file_size_limit(limit: int):
+    """RLIMIT_FSIZE in this process: every write past ``limit`` bytes of one file fails (EFBIG), as writes do on a
+    full disk (SIGXFSZ ignored meanwhile, so the write fails instead of killing the process)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+
+
+def test_disk_full_is_one_line_and_keeps_earlier_checkpoints(straight_run, config_file, tmp_path, capsys):
+    """Writes past a size limit fail (what a full disk does to a writer) while the checkpoint of step 8, the
+    export, or the dataset store is written: `jaxembed train` exits 2, its last line is one error line naming the
+    path and the fix, the earlier checkpoints are intact and nothing half-written is left."""
     import runs
+
+    from jaxembed.cli import main
 
     wd_straight, _ = straight_run
     cases = {  # run directory -> (size limit, the error line's start)
@@ -396,17 +407,18 @@ def test_disk_full_is_one_line_and_keeps_earlier_checkpoints(straight_run, confi
             1_000_000, "export: writing the export failed: [Errno 27] File too large (fix: free space on that disk"),
         tmp_path / "store": (500_000, "store: preparing the dataset store failed: [Errno 27] File too large"),
     }
-    procs = {wd: _fault_run(config_file, wd, tmp_path / f"{wd.name}.log", fault=f"fsize={limit}")
-             for wd, (limit, _) in cases.items()}
-    for wd, (_, line) in cases.items():
-        (out,) = runs.wait_ended([procs[wd]])
-        assert procs[wd].returncode == 2, out[-3000:]
-        last = out.strip().splitlines()[-1]
+    for wd, (limit, line) in cases.items():
+        with _file_size_limit(limit):
+            rc = main(["train", "--config", str(config_file), "--workdir", str(wd)])
+        err = capsys.readouterr().err
+        assert rc == 2, err[-3000:]
+        last = err.strip().splitlines()[-1]
         assert last.startswith(f"error: {wd}/{line}"), last
+        if wd.name == "ckpt":
+            assert last.endswith("it resumes from the latest intact checkpoint (intact: 6))"), last
     ckpt, export, store = cases
     assert runs.steps_of(ckpt) == [6] and runs.steps_of(export) == [6, 8]
     _assert_bitwise_equal(_params_at(ckpt, 6)[1], _params_at(wd_straight, 6)[1])
-    assert "intact: 6" in (tmp_path / "ckpt.log").read_text()
     assert not (export / "export").exists() and runs.leftovers(export) == []
     assert not (store / "store").exists() and runs.leftovers(store) == []
 

@@ -1,4 +1,4 @@
-"""Fault injection for the subprocess tests (tests/test_pod.py, the disk-full test of tests/test_train.py).
+"""Fault injection for the subprocess tests of a pod (tests/test_pod.py).
 
 Python imports ``sitecustomize`` at start-up from the first folder of sys.path that has one; the tests put this
 folder on PYTHONPATH, so the real ``jaxembed`` console script runs with the faults named in
@@ -7,8 +7,6 @@ a held fault is reached, so that a test acts on an event, not after a sleep:
 
 - ``hold_save=STEP``: Orbax's final rename of checkpoint STEP (its ``*.orbax-checkpoint-tmp*`` folder is
   written) never happens: the marker is touched and the saving thread waits forever (kill -9 during an async save).
-- ``fsize=BYTES``: RLIMIT_FSIZE: every write past BYTES in one file fails (EFBIG), as on a full disk; SIGXFSZ is
-  ignored so the write fails instead of killing the process.
 - ``slow_writes=SECONDS``: a slow shared disk: the first write to a run file (config.json / config.txt, the plan,
   the length table, the store's manifest) writes half, flushes, sleeps SECONDS, writes the rest, so a reader that
   does not wait for the writer sees half a file.
@@ -34,13 +32,6 @@ def _touch_marker(what: str) -> None:
 
 
 def _install(faults: dict) -> None:
-    if "fsize" in faults:
-        import resource
-        import signal
-
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (int(faults["fsize"]), hard))
     if "slow_writes" in faults:
         _slow_writes(float(faults["slow_writes"]))
     hooks = {}
