@@ -132,10 +132,8 @@ def validate_eval(eval_cfg, where: str = "config.eval") -> DevTasks:
     tasks = eval_cfg.get("tasks") if hasattr(eval_cfg, "get") else eval_cfg.tasks
     dev = parse_eval_tasks(tasks, f"{where}.tasks")
     best = eval_cfg.get("best_metric", "") if hasattr(eval_cfg, "get") else ""
-    if best and not dev.names:
-        raise UserError(f"{where}.best_metric = {best!r}: eval.tasks is empty, nothing is evaluated (fix: add the "
-                        "task to eval.tasks, or set best_metric='')")
-    check_best_metric(best, dev, f"{where}.best_metric")
+    if dev.names:  # without dev tasks nothing is evaluated and best_metric is not used (as before)
+        check_best_metric(best, dev, f"{where}.best_metric")
     return dev
 
 
