@@ -20,8 +20,8 @@ from jaxembed.tokenizer import Tokenizer, bucket_for
 KEYS = {"query_input_ids": np.int32, "query_attention_mask": np.int32, "query_prompt_length": np.int32,
         "doc_input_ids": np.int32, "doc_attention_mask": np.int32, "doc_prompt_length": np.int32,
         "doc_valid": np.bool_, "doc_hash": np.uint32, "query_hash": np.uint32, "task_id": np.int32,
-        "dataset_id": np.int32, "weight": np.float32, "example_index": np.int64, "temperature": np.float32,
-        "step": np.int64}
+        "dataset_id": np.int32, "weight": np.float32, "example_index": np.int64, "teacher_score": np.float32,
+        "pair_score": np.float32, "temperature": np.float32, "step": np.int64}
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,7 @@ def test_batch_layout_and_content(tok):
         assert b["query_input_ids"].shape == (8, Lq) and b["doc_input_ids"].shape == (8 * K, Ld)
         assert b["doc_valid"].shape == (8 * K,) and b["doc_hash"].shape == (8 * K, 2)
         assert b["query_hash"].shape == (8, 2)
+        assert b["teacher_score"].shape == (8 * K,) and b["pair_score"].shape == (8,)
         assert Lq in qb and Ld in db
         np.testing.assert_array_equal(b["dataset_id"], plan.dataset_ids[s])
         np.testing.assert_array_equal(b["example_index"], plan.example_ids[s])

@@ -13,6 +13,9 @@ Host-local batch (b = global_batch_size / process_count, K = 1 + max num_negativ
     doc_hash             uint32 [b*K, 2]     64-bit blake2b of the document text without instruction (0 if empty)
     query_hash           uint32 [b, 2]
     task_id int32 [b], dataset_id int32 [b], weight float32 [b], example_index int64 [b]
+    teacher_score        float32 [b*K]       the example's teacher score of each candidate (``pos_scores`` /
+                                             ``neg_scores``, for distillation), NaN where none or empty
+    pair_score           float32 [b]         a scored pair's ``score`` (CoSENT / AnglE), NaN where none
     temperature          float32 []          the batch's task temperature, NaN = run default
     step                 int64 []
 
@@ -72,18 +75,45 @@ def text_hash(text: str) -> tuple[int, int]:
 def choose_docs(example: dict, num_negatives: int, key: int, negatives: str = "first") -> tuple[str, list[str]]:
     """(positive, negatives) of one row: the positive is pos[key % len(pos)]; the negatives are the first
     ``num_negatives`` of ``neg`` ('first') or a sample of them seeded by key ('sample'), fewer if ``neg`` is short."""
+    pi, ni = choose_indices(example, num_negatives, key, negatives)
+    neg = example.get("neg") or []
+    return example["pos"][pi], [neg[i] for i in ni]
+
+
+def choose_indices(example: dict, num_negatives: int, key: int, negatives: str = "first") -> tuple[int, list[int]]:
+    """The indices into ``pos`` and ``neg`` that ``choose_docs`` takes."""
     pos = example.get("pos") or []
     if not pos:
         raise UserError(f"example '{example.get('id')}' has no positive (fix: every example needs pos: [text, ...])")
-    p = pos[key % len(pos)]
-    neg = list(example.get("neg") or [])
-    n = min(int(num_negatives), len(neg))
+    pi = key % len(pos)
+    n_neg = len(example.get("neg") or [])
+    n = min(int(num_negatives), n_neg)
     if n <= 0:
-        return p, []
-    if negatives == "first" or n == len(neg):
-        return p, neg[:n]
-    idx = np.random.default_rng(key).choice(len(neg), n, replace=False)
-    return p, [neg[i] for i in idx]
+        return pi, []
+    if negatives == "first" or n == n_neg:
+        return pi, list(range(n))
+    return pi, [int(i) for i in np.random.default_rng(key).choice(n_neg, n, replace=False)]
+
+
+def row_scores(tables: "_Tables", examples: list[dict], ds: np.ndarray, rows: np.ndarray, step: int, seed: int,
+               negatives: str) -> tuple[np.ndarray, np.ndarray]:
+    """(teacher_score float32 [len*K], pair_score float32 [len]) of the rows (module docstring): the teacher scores
+    of the very candidates ``_row_items`` chose (same keys), NaN where an example has none."""
+    K = tables.K
+    teacher = np.full((len(examples), K), np.nan, np.float32)
+    pair = np.full(len(examples), np.nan, np.float32)
+    for r, (e, d, row) in enumerate(zip(examples, ds, rows)):
+        if "score" in e:
+            pair[r] = e["score"]
+        ps, ns = e.get("pos_scores"), e.get("neg_scores")
+        if ps is None and ns is None:
+            continue
+        pi, ni = choose_indices(e, tables.num_neg[int(d)], row_key(seed, step, int(row)), negatives)
+        if ps is not None:
+            teacher[r, 0] = ps[pi]
+        if ns is not None:
+            teacher[r, 1:1 + len(ni)] = [ns[i] for i in ni]
+    return teacher.reshape(-1), pair
 
 
 class _Tables:
@@ -269,6 +299,7 @@ class StepBatcher:
         q_pl = np.array([min(t.q_plen[int(d)], len(x)) for d, x in zip(ds, q_ids)], np.int32)
         d_pl = np.array([min(t.d_plen[int(d)], len(x)) if v else 0 for d, x, v in zip(row_ds, d_ids, valid)],
                         np.int32)
+        teacher, pair = row_scores(t, examples, ds, rows, step, self.seed, self.negatives)
         q_hash = np.array([text_hash(s) for s in q_raw], np.uint32).reshape(b, 2)
         d_hash = np.array([text_hash(s) if s is not None else (0, 0) for s in d_raw], np.uint32).reshape(b * K, 2)
         return {
@@ -277,6 +308,7 @@ class StepBatcher:
             "doc_valid": valid, "doc_hash": d_hash, "query_hash": q_hash,
             "task_id": self.dataset_tasks[ds].astype(np.int32), "dataset_id": ds.astype(np.int32),
             "weight": self.w[i].astype(np.float32), "example_index": ex.astype(np.int64),
+            "teacher_score": teacher, "pair_score": pair,
             "temperature": np.array(self.temps[i], np.float32), "step": np.array(step, np.int64),
         }
 
@@ -452,5 +484,5 @@ def batch_stats(batch: dict) -> dict:
             "padded_tokens": int(batch["query_input_ids"].size + batch["doc_input_ids"].size)}
 
 
-__all__ = ["make_loader", "to_global", "step_lengths", "cached_step_lengths", "choose_docs", "row_key",
-           "text_hash", "Loader", "StepBatcher", "batch_stats"]
+__all__ = ["make_loader", "to_global", "step_lengths", "cached_step_lengths", "choose_docs", "choose_indices",
+           "row_scores", "row_key", "text_hash", "Loader", "StepBatcher", "batch_stats"]
