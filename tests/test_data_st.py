@@ -199,20 +199,25 @@ def test_dataset_dict_and_per_dataset_loss(tmp_path, minilm_dir):
         dc.datasets_from_dict({"x": str(p)}, tempreature=0.1)
     with pytest.raises(UserError, match=r"datasets_from_dict\['x'\]: dataset_config: unknown key\(s\) lost"):
         dc.datasets_from_dict({"x": dict(path=str(p), lost="infonce")})
-    bad = _data([dc.dataset_config(name="a", path=str(p), task_type="nli", loss="cosent")])
-    with pytest.raises(UserError, match=r"data\.datasets\[0\]\.loss: 'cosent' is not one of infonce, peg"):
-        dc.validate_data_config(bad, where="data")
-    # a run trains one loss for now: a dataset asking for another is refused up front, naming it
-    from jaxembed.config import default_config, validate
+    # a dataset's loss is one of the losses jaxembed has (jaxembed.config.LOSSES), checked before any work
+    from jaxembed.config import LOSSES, default_config, validate
 
+    bad = _data([dc.dataset_config(name="a", path=str(p), task_type="nli", loss="focal")])
+    with pytest.raises(UserError, match=rf"data\.datasets\[0\]\.loss: 'focal' is not one of {', '.join(LOSSES)}"):
+        dc.validate_data_config(bad, where="data")
     c = default_config()
     c.model.name = str(minilm_dir)
-    c.data.datasets = dc.datasets_from_dict({"a": str(p), "b": dict(path=str(p), loss="peg")}, task_type="nli")
-    with pytest.raises(UserError, match=r"config\.data\.datasets\[1\]\.loss: dataset 'b' asks for 'peg' but the "
-                                        r"run trains loss\.type='infonce'.*--config\.loss\.type=peg"):
-        validate(c)
     c.loss.type = "peg"
+    c.data.datasets = dc.datasets_from_dict({"a": str(p), "b": dict(path=str(p), loss="peg")}, task_type="nli")
     validate(c)
+    c.data.datasets[1].loss = "focal"
+    with pytest.raises(UserError, match=r"config\.data\.datasets\[1\]\.loss: 'focal' is not one of"):
+        validate(c)
+    # ... and goes into the store with the dataset, where the trainer reads it
+    rep = write_store(_data(list(c.data.datasets[:1]) + [dc.dataset_config(name="b", path=str(p), task_type="nli",
+                                                                           loss="peg")]), tmp_path / "store")
+    assert rep.written == 12
+    assert [d.loss for d in Store.open(tmp_path / "store").datasets] == [None, "peg"]
 
 
 def test_bad_values_of_the_new_fields_name_their_key(tmp_path):
