@@ -1,5 +1,6 @@
-"""An independent, loop-based float64 reference of the contrastive loss (DESIGN.md 2.1, PEG Eq. 3-6), its gradient
-by central finite differences with PEG's weights held constant, and test batches."""
+"""An independent, loop-based float64 reference of the contrastive loss (DESIGN.md 2.1, PEG Eq. 3-6, GIST's guided
+mask), its gradient by central finite differences with PEG's weights held constant, the distillation losses (KL,
+MarginMSE), the scored-pair losses (CoSENT, AnglE through complex numbers), and test batches."""
 
 import numpy as np
 
@@ -30,12 +31,27 @@ def peg_constants(q, c, pos, weights=None, peg=(0.0, 0.5, 0.1)):
     return wq, a, t, sigma
 
 
+def gist_limits(gq, gc, pos, margin=0.0, strategy="absolute"):
+    """GIST (Solatorio 2024): per query, the guide similarity above which a candidate is masked, by loops."""
+    gq, gc = _unit(gq), _unit(gc)
+    out = []
+    for i in range(len(gq)):
+        p = float(gq[i] @ gc[pos[i]])
+        out.append(p - margin if strategy == "absolute" else p - abs(p) * margin)
+    return np.array(out)
+
+
 def reference_loss(q, c, pos, tau, weights=None, valid=None, hashes=None, qtask=None, ctask=None, same_task=False,
-                   peg=None, symmetric=False, qhashes=None, frozen=None):
+                   peg=None, symmetric=False, qhashes=None, frozen=None, guide=None):
     """peg: None or (t_prev, alpha, beta). frozen: None or (w_q [B], a [B, N]) to use instead of the ones computed
     from q and c (PEG's stop-gradient: for the gradient they are constants). qhashes [B, 2]: the query texts' hashes
     (symmetric term: query j is not a negative of positive i when q_j = q_i or p_j = p_i as texts).
-    Returns (loss, t_new or None)."""
+    guide: None or (gq [B, G], gc [N, G], margin, strategy): GIST masks candidate j of query i when the guide's
+    cosine g(q_i, c_j) exceeds its limit (``gist_limits``); in the symmetric term, query j of positive i when
+    g(p_i, q_j) does. Returns (loss, t_new or None)."""
+    if guide is not None:
+        gq, gc = _unit(guide[0]), _unit(guide[1])
+        limit = gist_limits(gq, gc, pos, guide[2], guide[3])
     q, c = _unit(q), _unit(c)
     B, N = len(q), len(c)
     w = np.ones(B) if weights is None else np.asarray(weights, np.float64)
@@ -56,6 +72,8 @@ def reference_loss(q, c, pos, tau, weights=None, valid=None, hashes=None, qtask=
                     continue
                 if same_task and ctask[j] != qtask[i]:
                     continue
+                if guide is not None and gq[i] @ gc[j] > limit[i]:
+                    continue
             terms.append(a[i, j] * (q[i] @ c[j]) / tau)
         losses[i] = np.log(np.sum(np.exp(terms))) - ps[i] / tau
     total = np.sum(w * wq * losses)
@@ -71,6 +89,8 @@ def reference_loss(q, c, pos, tau, weights=None, valid=None, hashes=None, qtask=
                     if hashes is not None and tuple(hashes[pos[j]]) == tuple(hashes[pos[i]]):
                         continue
                     if same_task and qtask[j] != qtask[i]:
+                        continue
+                    if guide is not None and gc[pos[i]] @ gq[j] > limit[i]:
                         continue
                 terms.append(P[i] @ q[j] / tau)
             sym[i] = np.log(np.sum(np.exp(terms))) - P[i] @ q[i] / tau
@@ -152,3 +172,95 @@ def peg_batch(seed=0, **kw):
     0.3 to 0.97, so sigma > 0 and several w_q < 1) and, for every third row, a hard negative closer to the query than
     its positive (a_n != 1 where that row is active)."""
     return random_batch(seed, close_positives=True, **kw)
+
+
+# ------------------------------------------------------------------------------------------ distillation
+
+def reference_distill(kind, q, c, pos, teacher, valid, weights=None, tau=0.05, teacher_tau=None):
+    """KL(p_teacher || p_student) over each query's own slots (RocketQAv2 / FlagEmbedding), or MarginMSE
+    (Hofstätter et al. 2020), by loops in float64. teacher, valid: [B, K] (NaN = no score). A query (KL) or a
+    (query, negative) pair (MarginMSE) takes part when every score it needs is there; the mean is over those."""
+    q, c = _unit(q), _unit(c)
+    B, K = np.asarray(teacher).shape
+    w = np.ones(B) if weights is None else np.asarray(weights, np.float64)
+    tt = tau if teacher_tau is None else teacher_tau
+    total, count = 0.0, 0
+    for i in range(B):
+        if w[i] <= 0:
+            continue
+        slots = [k for k in range(K) if valid[i][k]]
+        s = {k: float(q[i] @ c[pos[i] + k]) for k in slots}
+        t = {k: float(teacher[i][k]) for k in slots}
+        if kind == "kl":
+            if not slots or slots[0] != 0 or len(slots) < 2 or any(not np.isfinite(t[k]) for k in slots):
+                continue
+            zs = sum(np.exp(s[k] / tau) for k in slots)
+            zt = sum(np.exp(t[k] / tt) for k in slots)
+            kl = 0.0
+            for k in slots:
+                pt, ps = np.exp(t[k] / tt) / zt, np.exp(s[k] / tau) / zs
+                kl += pt * np.log(pt / ps)
+            total += w[i] * kl
+            count += 1
+        else:
+            if 0 not in slots or not np.isfinite(t[0]):
+                continue
+            for k in slots:
+                if k == 0 or not np.isfinite(t[k]):
+                    continue
+                total += w[i] * ((s[0] - s[k]) - (t[0] - t[k])) ** 2
+                count += 1
+    return total / max(count, 1)
+
+
+# ------------------------------------------------------------------------------------------ scored pairs
+
+def angle_similarity(u, v):
+    """AnglE (Li & Li 2023): u, v as complex vectors z_u, z_v (first half real, second half imaginary parts; an odd
+    width padded with a zero); the reference code's quotient of the two, with the norm scaling it applies, is
+    sum_d z_u[d] * conj(z_v[d]) / (|u| |v|); the similarity is |Re + Im| of it. Python complex numbers, float64."""
+    u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
+    if len(u) % 2:
+        u, v = np.append(u, 0.0), np.append(v, 0.0)
+    h = len(u) // 2
+    zu = [complex(u[d], u[h + d]) for d in range(h)]
+    zv = [complex(v[d], v[h + d]) for d in range(h)]
+    nu = np.sqrt(sum(abs(z) ** 2 for z in zu))
+    nv = np.sqrt(sum(abs(z) ** 2 for z in zv))
+    total = sum(a * b.conjugate() for a, b in zip(zu, zv)) / (nu * nv)
+    return abs(total.real + total.imag)
+
+
+def reference_scored(kind, u, v, scores, weights=None, scale=20.0, cosine_weight=0.0):
+    """CoSENT (Su 2022) / AnglE (Li & Li 2023): log(1 + sum_{y_i > y_j} exp(scale (sim_j - sim_i))) by loops."""
+    u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
+    B = len(u)
+    w = np.ones(B) if weights is None else np.asarray(weights, np.float64)
+    members = [i for i in range(B) if w[i] > 0 and np.isfinite(scores[i])]
+
+    def rank(sim):
+        terms = [scale * (sim[j] - sim[i]) for i in members for j in members if scores[i] > scores[j]]
+        return float(np.log(1.0 + sum(np.exp(x) for x in terms)))
+
+    cos = [float(_unit(u[i:i + 1])[0] @ _unit(v[i:i + 1])[0]) for i in range(B)]
+    if kind == "cosent":
+        return rank(cos)
+    ang = [angle_similarity(u[i], v[i]) for i in range(B)]
+    return rank(ang) + (cosine_weight * rank(cos) if cosine_weight else 0.0)
+
+
+def numeric_grad(f, xs, h=1e-6):
+    """Central differences of a float64 scalar function f(*xs) with respect to each array of xs."""
+    xs = [np.asarray(x, np.float64) for x in xs]
+    out = []
+    for a in range(len(xs)):
+        g = np.zeros_like(xs[a])
+        for idx in np.ndindex(*xs[a].shape):
+            vals = []
+            for sign in (1, -1):
+                ys = [x.copy() for x in xs]
+                ys[a][idx] += sign * h
+                vals.append(f(*ys))
+            g[idx] = (vals[0] - vals[1]) / (2 * h)
+        out.append(g)
+    return out

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxembed.losses import (CandidateInfo, LossOptions, QueryInfo, contrastive_loss, layout_pos_index,
+from jaxembed.losses import (CandidateInfo, LossOptions, QueryInfo, contrastive_loss, layout_pos_index, normalize,
                              peg_statistics, query_terms, tiled_terms)
 from jaxembed.losses.matryoshka import KALM_DIMS, KALM_WEIGHTS, matryoshka_loss
 from loss_reference import peg_batch, peg_constants, random_batch, reference_grad, reference_loss
@@ -220,3 +220,195 @@ def test_matryoshka_is_weighted_sum_of_truncated_losses():
     assert set(m) >= {"loss_dim24", "loss_dim16", "loss_dim8", "accuracy"}
     with pytest.raises(ValueError, match="exceed"):
         matryoshka_loss(q, c, pos, dims=KALM_DIMS, dim_weights=KALM_WEIGHTS, temperature=0.05)
+
+
+# ------------------------------------------------------------------------------- GIST, distillation, scored pairs
+
+def _guided_batch(seed=3, B=10, K=3, D=12, G=8):
+    """random_batch plus guide embeddings near the student's (so that the guide finds some negatives closer to the
+    query than its positive) from an independent projection (G dims)."""
+    b = random_batch(seed, B=B, K=K, D=D, close_positives=True, **(DUPS if B >= 12 else {}))
+    rng = np.random.default_rng(seed + 100)
+    proj = rng.normal(size=(D, G))
+    b["gq"] = (b["q"] @ proj + 0.3 * rng.normal(size=(B, G))).astype(np.float32)
+    b["gc"] = (b["c"] @ proj + 0.3 * rng.normal(size=(B * K, G))).astype(np.float32)
+    return b
+
+
+@pytest.mark.parametrize("strategy,margin,symmetric", [("absolute", 0.1, False), ("relative", 0.2, True)])
+def test_gist_guided_mask_equals_reference(strategy, margin, symmetric):
+    """GIST (Solatorio 2024): plain and tiled losses with the guide's mask equal the float64 reference that skips
+    every candidate the guide finds above g(q, p) - margin (both directions with the symmetric term); the mask
+    really removes candidates (the loss without it differs), never a query's own positive."""
+    from jaxembed.losses.gist import guide_infos
+
+    b = _guided_batch(B=12)
+    qi, ci = _infos(b)
+    pos = jnp.asarray(b["pos"])
+    gq, gc, limit = guide_infos(jnp.asarray(b["gq"]), jnp.asarray(b["gc"]), pos, margin, strategy)
+    qi, ci = qi._replace(guide=gq, guide_limit=limit), ci._replace(guide=gc)
+    kw = dict(temperature=0.05, weights=jnp.asarray(b["weights"]), qi=qi, ci=ci, symmetric=symmetric)
+    ref, _ = reference_loss(b["q"], b["c"], b["pos"], 0.05, b["weights"], b["valid"], b["hashes"], symmetric=symmetric,
+                            qhashes=b["qhashes"], guide=(b["gq"], b["gc"], margin, strategy))
+    plain_ref, _ = reference_loss(b["q"], b["c"], b["pos"], 0.05, b["weights"], b["valid"], b["hashes"],
+                                  symmetric=symmetric, qhashes=b["qhashes"])
+    assert abs(ref - plain_ref) > 1e-3  # the guide masks something that matters
+    grads, masked = [], []
+    for terms_fn in (query_terms, tiled_terms(5, 7)):
+        f = lambda q, c: contrastive_loss(q, c, pos, terms_fn=terms_fn, **kw)
+        (loss, m), g = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(jnp.asarray(b["q"]),
+                                                                                    jnp.asarray(b["c"]))
+        assert float(loss) == pytest.approx(ref, rel=1e-5, abs=1e-5)
+        grads.append(g)
+        masked.append(float(m["masked_candidates"]))
+    for a, r in zip(*grads):
+        np.testing.assert_allclose(a, r, atol=1e-5)
+    terms = query_terms(normalize(jnp.asarray(b["q"])), normalize(jnp.asarray(b["c"])), pos, 0.05, qi, ci)
+    n = len(b["c"])
+    assert masked[0] == masked[1] and 0 < masked[0] < 0.5 * n * len(b["q"])
+    assert np.all(np.isfinite(np.asarray(terms.loss)))  # a positive is never masked (a masked one would be -inf)
+
+
+def _distill_batch(seed=5, B=6, K=3, D=5):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(B, D)).astype(np.float32)
+    c = rng.normal(size=(B * K, D)).astype(np.float32)
+    teacher = rng.uniform(-0.2, 0.9, size=(B, K)).astype(np.float32)
+    valid = np.ones((B, K), bool)
+    valid[1, 2] = False            # an empty slot (fewer negatives): its score is NaN, the query still counts
+    teacher[1, 2] = np.nan
+    teacher[3, 1] = np.nan         # a missing score on a filled slot: KL leaves the query out, MarginMSE the pair
+    weights = rng.uniform(0.3, 1.0, size=B).astype(np.float32)
+    weights[4] = 0.0               # a masked query
+    return q, c, np.arange(B, dtype=np.int32) * K, teacher, valid, weights
+
+
+@pytest.mark.parametrize("kind", ["kl", "margin_mse"])
+def test_distillation_equals_float64_reference(kind):
+    """KL (RocketQAv2 / FlagEmbedding) and MarginMSE (Hofstätter et al. 2020): loss and gradients against the
+    float64 loop reference and its central differences, with an empty slot, a missing score and a masked query."""
+    from jaxembed.losses.distill import distill_loss
+    from loss_reference import numeric_grad, reference_distill
+
+    q, c, pos, teacher, valid, weights = _distill_batch()
+    tau, tt = 0.1, 0.2
+    f = lambda q, c: distill_loss(kind, q, c, jnp.asarray(pos), jnp.asarray(teacher), jnp.asarray(valid),
+                                  jnp.asarray(weights), temperature=tau, teacher_temperature=tt)[0]
+    loss, g = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(jnp.asarray(q), jnp.asarray(c))
+    ref = lambda q, c: reference_distill(kind, q, c, pos, teacher, valid, weights, tau, tt)
+    assert float(loss) == pytest.approx(ref(q, c), rel=1e-5)
+    for a, r in zip(g, numeric_grad(ref, [q, c])):
+        np.testing.assert_allclose(np.asarray(a), r, atol=2e-5 * max(np.abs(r).max(), 1e-3), rtol=0)
+    _, count = distill_loss(kind, jnp.asarray(q), jnp.asarray(c), jnp.asarray(pos), jnp.asarray(teacher),
+                            jnp.asarray(valid), jnp.asarray(weights), temperature=tau)
+    # KL: queries 0, 1 (its empty slot aside), 2, 5; 3 lacks a score, 4 is masked. MarginMSE: 2 + 1 + 2 + 1 + 2 pairs
+    assert float(count) == (4 if kind == "kl" else 8)
+
+
+def test_distillation_of_a_perfect_student_is_zero():
+    from jaxembed.losses.distill import distill_loss
+
+    q = np.eye(4, dtype=np.float32)[:2]                    # 2 queries, K = 2
+    c = np.array([[0.8, 0.6, 0, 0], [0.6, 0.8, 0, 0], [0, 0.6, 0.8, 0], [0, 1.0, 0, 0]], np.float32)
+    s = np.array([[0.8, 0.6], [0.6, 1.0]], np.float32)     # the student's cosines of each query's two slots
+    f = jax.jit(lambda q, c, s: [distill_loss(kind, q, c, jnp.asarray([0, 2]), s, jnp.ones((2, 2), bool), None,
+                                              temperature=0.1) for kind in ("kl", "margin_mse")])
+    for loss, n in f(jnp.asarray(q), jnp.asarray(c), jnp.asarray(s)):
+        assert float(loss) == pytest.approx(0.0, abs=1e-6) and float(n) == 2
+
+
+def test_cosent_three_pairs_hand_computed():
+    """CoSENT (Su 2022) by hand: scores 3 > 2 > 1 with cosines 0.6, 0.8, 0.0 (pairs as unit vectors)."""
+    from jaxembed.losses.scored import scored_loss
+
+    u = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]], np.float32)
+    v = np.array([[0.6, 0.8], [0.8, 0.6], [0.0, 1.0]], np.float32)
+    y = np.array([3.0, 2.0, 1.0], np.float32)
+    lam = 20.0
+    # ordered pairs (i, j) with y_i > y_j: (0,1), (0,2), (1,2): exp(lam (cos_j - cos_i))
+    expected = math.log(1 + math.exp(lam * (0.8 - 0.6)) + math.exp(lam * (0.0 - 0.6)) + math.exp(lam * (0.0 - 0.8)))
+    loss, n = jax.jit(lambda u, v, y: scored_loss("cosent", u, v, y, None, scale=lam))(jnp.asarray(u), jnp.asarray(v),
+                                                                                      jnp.asarray(y))
+    assert float(loss) == pytest.approx(expected, rel=1e-6) and float(n) == 3
+
+
+@pytest.mark.parametrize("kind,D,cw", [("cosent", 6, 0.0), ("angle", 7, 0.0), ("angle", 6, 0.5)])
+def test_scored_losses_equal_float64_reference(kind, D, cw):
+    """CoSENT and AnglE (the angle similarity through Python complex numbers; an odd width is padded) against the
+    float64 reference: loss and gradients, with tied scores, a NaN score and a masked pair."""
+    from jaxembed.losses.scored import scored_loss
+    from loss_reference import numeric_grad, reference_scored
+
+    rng = np.random.default_rng(11)
+    B = 7
+    u = rng.normal(size=(B, D)).astype(np.float32)
+    v = (u + 0.8 * rng.normal(size=(B, D))).astype(np.float32)
+    y = np.array([4.0, 1.5, 3.2, 1.5, np.nan, 0.2, 2.8], np.float32)
+    w = np.array([1, 1, 1, 1, 1, 1, 0], np.float32)
+    f = lambda u, v: scored_loss(kind, u, v, jnp.asarray(y), jnp.asarray(w), scale=5.0, cosine_weight=cw)[0]
+    loss, g = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(jnp.asarray(u), jnp.asarray(v))
+    ref = lambda u, v: reference_scored(kind, u, v, y, w, scale=5.0, cosine_weight=cw)
+    assert float(loss) == pytest.approx(ref(u, v), rel=1e-5)
+    for a, r in zip(g, numeric_grad(ref, [u, v])):
+        np.testing.assert_allclose(np.asarray(a), r, atol=2e-5 * np.abs(r).max(), rtol=0)
+
+
+def test_angle_similarity_is_the_reference_codes():
+    """The closed form |cos + sin_term| equals the complex-quotient form (float64 reference) on random vectors."""
+    from jaxembed.losses.scored import angle_pairs
+    from loss_reference import angle_similarity
+
+    rng = np.random.default_rng(2)
+    u, v = rng.normal(size=(5, 9)), rng.normal(size=(5, 9))
+    got = np.asarray(angle_pairs(jnp.asarray(u, jnp.float32), jnp.asarray(v, jnp.float32)))
+    np.testing.assert_allclose(got, [angle_similarity(a, b) for a, b in zip(u, v)], atol=1e-6)
+
+
+def test_objective_selects_each_rows_loss():
+    """objective.total_loss with InfoNCE, CoSENT and KL distillation in one batch: each kind on its own rows (the
+    others' weights 0, the scored rows' candidates out of the contrastive ones); a one-kind batch is that kind's loss
+    alone; a single-kind objective is exactly the plain contrastive loss."""
+    from jaxembed.losses import objective as ob
+    from jaxembed.losses.distill import distill_loss
+    from jaxembed.losses.scored import scored_loss
+
+    b = random_batch(seed=4, B=8, K=3, D=10, dup_pairs=(), invalid=())
+    q, c, pos, w = (jnp.asarray(b[k]) for k in ("q", "c", "pos", "weights"))
+    K = 3
+    rng = np.random.default_rng(0)
+    teacher = jnp.asarray(rng.uniform(0, 1, size=(8, K)), jnp.float32)
+    pair = jnp.asarray(rng.uniform(0, 5, size=8), jnp.float32)
+    valid = jnp.ones(8 * K, bool)
+    kind = jnp.asarray([0, 0, 2, 2, 0, 2, 0, 2], jnp.int32)  # infonce / cosent rows
+    obj = ob.Objective(kinds=("infonce", "cosent"), distill="kl", distill_weight=0.5)
+    cv = ob.candidate_valid(obj, valid, kind, K)
+    is_nce = np.asarray(kind) == 0
+
+    def contrastive(q, c, pos, weights, k):
+        return contrastive_loss(q, c, pos, temperature=0.05, weights=weights, ci=CandidateInfo(valid=cv))
+
+    @jax.jit  # one compilation for all the values compared below
+    def values(q, c, w, teacher, pair):
+        kw = dict(objective=obj, contrastive=contrastive, weights=w, temperature=0.05, teacher=teacher,
+                  cand_valid=valid, pair_score=pair)
+        loss, m = ob.total_loss(q, c, pos, row_kind=kind, **kw)
+        w_nce, w_cos = jnp.where(is_nce, w, 0.0), jnp.where(~is_nce, w, 0.0)
+        exp_nce = contrastive_loss(q, c, pos, temperature=0.05, weights=w_nce,
+                                   ci=CandidateInfo(valid=jnp.repeat(jnp.asarray(is_nce), K)))[0]
+        exp_d = distill_loss("kl", q, c, pos, teacher, valid.reshape(8, K), w_nce, temperature=0.05)[0]
+        exp_c = scored_loss("cosent", q, c[pos], pair, w_cos)[0]
+        # a batch of CoSENT rows only: the CoSENT loss alone
+        only = ob.total_loss(q, c, pos, row_kind=jnp.full((8,), 2, jnp.int32), **kw)[0]
+        only_exp = scored_loss("cosent", q, c[pos], pair, w)[0]
+        # one kind, no distillation: the contrastive loss, bit for bit
+        plain = ob.total_loss(q, c, pos, objective=ob.Objective(kinds=("infonce",)), contrastive=contrastive,
+                              weights=w, temperature=0.05)[0]
+        return loss, m, exp_nce, exp_d, exp_c, only, only_exp, plain, contrastive(q, c, pos, w, "infonce")[0]
+
+    loss, m, exp_nce, exp_d, exp_c, only, only_exp, plain, plain_exp = values(q, c, w, teacher, pair)
+    assert float(loss) == pytest.approx(float(exp_nce + 0.5 * exp_d + exp_c), rel=1e-6)
+    assert float(m["cosent_loss"]) == pytest.approx(float(exp_c)) and float(m["distill_loss"]) == pytest.approx(
+        float(exp_d))
+    assert float(exp_d) > 0 and float(exp_c) > 0
+    assert float(only) == pytest.approx(float(only_exp), rel=1e-6)
+    assert float(plain) == float(plain_exp)

@@ -12,6 +12,11 @@ masking -- belongs to query i's task. Query i's own positive is always allowed. 
 (hash [..., H, 2], e.g. the symmetric term's (query text, positive text) of a row): then a candidate is a duplicate
 when any of its identities equals the same identity of the query's positive.
 
+GISTEmbed (Solatorio 2024, arXiv:2402.16829; sentence-transformers' GISTEmbedLoss): with guide embeddings (a
+frozen guide model's, normalised) a candidate j is also masked for query i when its guide similarity to the query
+exceeds the guide's query-positive similarity minus a margin: g(q_i, c_j) > QueryInfo.guide_limit[i] (see
+``gist.guide_infos``).
+
 PEG (Eq. 3-5) multiplies the logit of a negative by a_n = t + sim(q, p) when sim(q, p) >= sigma and
 sim(q, n) >= sim(q, p), else 1; the positive keeps scale 1. sim(q, p), sigma and t are stop-gradient constants.
 """
@@ -31,24 +36,29 @@ class CandidateInfo(NamedTuple):
     """Per-candidate attributes; every field may be None (= not used).
 
     valid: bool [N] (False = empty slot); hash: uint32 [N, 2] (text identity; or [N, H, 2]: H identities, see the
-    module docstring); task: int32 [N]."""
+    module docstring); task: int32 [N]; guide: float32 [N, G] the guide model's normalised embedding (GIST)."""
 
     valid: jax.Array | None = None
     hash: jax.Array | None = None
     task: jax.Array | None = None
+    guide: jax.Array | None = None
 
 
 class QueryInfo(NamedTuple):
     """Per-query attributes. pos_hash: uint32 [B, 2] hash of the query's own positive (or [B, H, 2], matching
     CandidateInfo.hash); task: int32 [B]; pos_sim: float32 [B] sim(q, p) (stop-gradient; used by PEG);
     peg_active: bool [B] sim(q, p) >= sigma; hash: uint32 [B, 2] hash of the query text itself (used by the
-    symmetric term, where the queries are the candidates: a repeated query is not a negative of itself)."""
+    symmetric term, where the queries are the candidates: a repeated query is not a negative of itself);
+    guide: float32 [B, G] the guide model's normalised query embedding and guide_limit: float32 [B] the guide
+    similarity above which a candidate is masked (GIST; both or neither)."""
 
     pos_hash: jax.Array | None = None
     task: jax.Array | None = None
     pos_sim: jax.Array | None = None
     peg_active: jax.Array | None = None
     hash: jax.Array | None = None
+    guide: jax.Array | None = None
+    guide_limit: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +96,9 @@ def block_logits(q: jax.Array, c: jax.Array, pos_index: jax.Array, col_start: in
         allowed = allowed & ~dup
     if opts.same_task and ci.task is not None and qi.task is not None:
         allowed = allowed & (ci.task[None, :] == qi.task[:, None])
+    if ci.guide is not None and qi.guide is not None:  # GIST: the guide says j is as close as the positive
+        guide_sims = jnp.einsum("bg,ng->bn", qi.guide, ci.guide, preferred_element_type=jnp.float32)
+        allowed = allowed & ~(guide_sims > qi.guide_limit[:, None])
     allowed = allowed | is_pos
     scale = 1.0
     if opts.peg:

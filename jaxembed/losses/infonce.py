@@ -13,7 +13,8 @@ The symmetric variant adds the same loss with positives as queries and queries a
 (the same v_i w_i weigh its terms). Its identity mask mirrors the forward one: for positive p_i, query q_j (j != i)
 is masked when q_j is the same text as q_i (a repeated query) or p_j the same text as p_i (another query of the same
 positive); either pair is a positive pair, not a negative (without the mask a repeated row puts a floor of log 2
-under its term).
+under its term). With GIST guide embeddings (``core``), query q_j is also masked for positive p_i when the guide
+finds g(p_i, q_j) above query i's limit g(q_i, p_i) - margin.
 """
 
 from __future__ import annotations
@@ -144,8 +145,12 @@ def _symmetric_total(q, c, pos_index, temperature, qi: QueryInfo, ci: CandidateI
     ids = [h for h in (qi.hash, qi.pos_hash) if h is not None]
     ident = jnp.stack(ids, axis=1) if ids else None
     same = opts.same_task and ci.task is not None and qi.task is not None
-    sym_qi = QueryInfo(pos_hash=ident, task=qi.task if same else None)
-    sym_ci = CandidateInfo(hash=None if ident is None else gather(ident), task=gather(qi.task) if same else None)
+    # GIST: positive p_i against query q_j, masked when g(p_i, q_j) > g(q_i, p_i) - margin (the same limit)
+    guided = qi.guide is not None and ci.guide is not None
+    sym_qi = QueryInfo(pos_hash=ident, task=qi.task if same else None,
+                       guide=ci.guide[pos_index] if guided else None, guide_limit=qi.guide_limit if guided else None)
+    sym_ci = CandidateInfo(hash=None if ident is None else gather(ident), task=gather(qi.task) if same else None,
+                           guide=gather(qi.guide) if guided else None)
     own = jnp.arange(q.shape[0], dtype=jnp.int32)
     if axis_name is not None:  # candidates = the queries of every shard
         own = own + jax.lax.axis_index(axis_name) * q.shape[0]

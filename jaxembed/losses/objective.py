@@ -1,0 +1,146 @@
+"""The training objective of a batch whose rows may follow different losses (a dataset names its loss).
+
+Each row of the batch has a loss kind (``KINDS``: its dataset's ``loss``, else the run's ``loss.type``); each kind
+present in the run is computed on its rows only, and the batch loss is their sum::
+
+    L = sum_{k in contrastive kinds} L_k(rows of k)  +  w_d * L_distill(contrastive rows)
+        + sum_{k in scored kinds} L_k(rows of k)
+
+- contrastive kinds (``infonce``, ``peg``): ``infonce.contrastive_loss`` with the instance weights of the other
+  rows set to 0 (their candidates are left out by the caller, see ``candidate_valid``);
+- distillation (``distill.py``, ``none`` / ``kl`` / ``margin_mse``): on the contrastive rows with teacher scores;
+- scored kinds (``cosent``, ``angle``, ``scored.py``): on the rows of the kind with a pair score, the pair being
+  (query, positive).
+
+The set of kinds is static (the run's datasets), the selection per row is data: one compiled step serves a batch of
+any dataset, and a batch mixing datasets of different losses gets each row's own loss. In a one-task batch (the
+default batching) exactly one kind has rows, so the batch's loss is its task's. A run with a single contrastive kind
+and no distillation computes exactly the plain contrastive loss (the weights are not touched).
+
+The contrastive part is a callable (plain / tiled / shard_map, with the run's masks and GIST guide), so this module
+does not depend on how the batch is sharded; the other terms are small ([B, K] and [B, B]) and run on global arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxembed.losses import distill as distill_lib
+from jaxembed.losses import scored as scored_lib
+
+CONTRASTIVE = ("infonce", "peg")
+SCORED = scored_lib.KINDS
+KINDS = CONTRASTIVE + SCORED
+DISTILL = ("none",) + distill_lib.KINDS
+
+
+def kind_id(kind: str) -> int:
+    return KINDS.index(kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """Static settings. kinds: the loss kinds present in the run (a subset of ``KINDS``); distill / distill_weight /
+    distill_temperature (0: the batch's temperature); scale: lambda of the scored losses; angle_cosine_weight: AnglE's
+    w1 (L_cos added to L_angle)."""
+
+    kinds: tuple[str, ...] = ("infonce",)
+    distill: str = "none"
+    distill_weight: float = 1.0
+    distill_temperature: float = 0.0
+    scale: float = 20.0
+    angle_cosine_weight: float = 0.0
+
+    def __post_init__(self):
+        bad = [k for k in self.kinds if k not in KINDS]
+        if bad or not self.kinds:
+            raise ValueError(f"loss kinds {self.kinds} must be a non-empty subset of {KINDS}")
+        if self.distill not in DISTILL:
+            raise ValueError(f"distill {self.distill!r} is not one of {DISTILL}")
+
+    @property
+    def contrastive(self) -> tuple[str, ...]:
+        return tuple(k for k in KINDS if k in self.kinds and k in CONTRASTIVE)
+
+    @property
+    def scored(self) -> tuple[str, ...]:
+        return tuple(k for k in KINDS if k in self.kinds and k in SCORED)
+
+    @property
+    def mixed(self) -> bool:
+        """Several kinds: rows are selected by their kind."""
+        return len(self.kinds) > 1
+
+
+def contrastive_rows(obj: Objective, row_kind: jax.Array | None, batch_rows: int) -> jax.Array:
+    """bool [B]: the rows trained by a contrastive kind."""
+    if not obj.mixed or row_kind is None:
+        return jnp.full((batch_rows,), bool(obj.contrastive))
+    return jnp.isin(row_kind, jnp.asarray([kind_id(k) for k in obj.contrastive] or [-1], jnp.int32))
+
+
+def candidate_valid(obj: Objective, valid: jax.Array, row_kind: jax.Array | None, K: int) -> jax.Array:
+    """valid [B*K] without the candidates of rows trained by a scored loss: in a batch mixing kinds, a scored pair's
+    second text is no positive of anything, so it is no negative of the contrastive queries either."""
+    if not (obj.mixed and obj.scored and obj.contrastive) or row_kind is None:
+        return valid
+    return valid & jnp.repeat(contrastive_rows(obj, row_kind, row_kind.shape[0]), K)
+
+
+ContrastiveFn = Callable[..., tuple[jax.Array, dict]]
+
+
+def total_loss(q: jax.Array, c: jax.Array, pos_index: jax.Array, *, objective: Objective,
+               contrastive: ContrastiveFn | None, weights: jax.Array, temperature, row_kind: jax.Array | None = None,
+               teacher: jax.Array | None = None, cand_valid: jax.Array | None = None,
+               pair_score: jax.Array | None = None, peg_t_prev=None) -> tuple[jax.Array, dict]:
+    """The batch loss (module docstring) and its metrics, on global arrays (the contrastive callable may shard).
+
+    q: [B, D], c: [N, D] raw embeddings (N = B * K); pos_index: [B]; weights: [B] instance weights; temperature: the
+    batch's tau; row_kind: int32 [B] index into ``KINDS`` (needed when several kinds are present); teacher: [B, K]
+    teacher scores (NaN: none; needed with distillation); cand_valid: bool [B*K] filled slots; pair_score: [B]
+    (NaN: none; needed with scored kinds); peg_t_prev: PEG's momentum.
+    contrastive(q, c, pos_index, weights, kind) -> (loss, metrics): the contrastive loss of one kind.
+
+    Metrics: the contrastive kind's metrics (with several contrastive kinds, the second's are prefixed by its
+    name), ``distill_loss``, ``<kind>_loss`` for each scored kind, and ``loss``."""
+    obj = objective
+    B = q.shape[0]
+    weights = jnp.asarray(weights, jnp.float32)
+    total = jnp.zeros((), jnp.float32)
+    metrics: dict = {}
+    for n, kind in enumerate(obj.contrastive):
+        w = weights
+        if obj.mixed:
+            w = jnp.where(row_kind == kind_id(kind), weights, 0.0)
+        loss_k, m = contrastive(q, c, pos_index, w, kind)
+        if kind == "peg" and obj.mixed and "peg_t" in m:  # a batch without PEG rows leaves the momentum as it was
+            prev = jnp.asarray(0.0 if peg_t_prev is None else peg_t_prev, jnp.float32)
+            m = dict(m, peg_t=jnp.where(m["active_queries"] > 0, m["peg_t"], prev))
+        total = total + loss_k
+        metrics.update(m if n == 0 else {f"{kind}_{k}": v for k, v in m.items()})
+    if obj.distill != "none":
+        if teacher is None or cand_valid is None:
+            raise ValueError("distillation needs the teacher scores and the filled slots")
+        K = teacher.shape[1]
+        rows = contrastive_rows(obj, row_kind, B)
+        tt = obj.distill_temperature or None
+        d_loss, _ = distill_lib.distill_loss(obj.distill, q, c, pos_index, teacher, cand_valid.reshape(B, K),
+                                             jnp.where(rows, weights, 0.0), temperature=temperature,
+                                             teacher_temperature=tt)
+        total = total + obj.distill_weight * d_loss
+        metrics["distill_loss"] = d_loss
+    for kind in obj.scored:
+        if pair_score is None:
+            raise ValueError(f"{kind} needs the pair scores")
+        w = weights if not obj.mixed else jnp.where(row_kind == kind_id(kind), weights, 0.0)
+        s_loss, _ = scored_lib.scored_loss(kind, q, c[pos_index], pair_score, w, scale=obj.scale,
+                                           cosine_weight=obj.angle_cosine_weight if kind == "angle" else 0.0)
+        total = total + s_loss
+        metrics[f"{kind}_loss"] = s_loss
+    metrics["loss"] = total
+    return total, jax.tree.map(jax.lax.stop_gradient, metrics)
