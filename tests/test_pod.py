@@ -21,15 +21,18 @@ import runs
 
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory, shared_data, minilm_dir):
-    """The uninterrupted pod run (shared by the tests below)."""
+    """The uninterrupted pod run (shared by the tests below), and beside it the same run in one process on the
+    same total device count (4)."""
     root = tmp_path_factory.mktemp("pod")
     cfg = runs.tiny_config(root / "tiny_train.py", runs.tiny_model(root / "model", minilm_dir), shared_data)
     cache = root / "jaxcache"
-    wd = root / "pod"
+    wd, single = root / "pod", root / "single"
     procs = runs.start_pod(2, 2, ["train", "--config", str(cfg), "--workdir", str(wd)], root / "pod", cache,
                            fault="slow_writes=0.5")
+    procs.append(runs.start(["train", "--config", str(cfg), "--workdir", str(single)], runs.env(4, cache),
+                            root / "single.log"))
     outs = runs.wait_all(procs)
-    return {"root": root, "config": cfg, "cache": cache, "wd": wd, "outs": outs}
+    return {"root": root, "config": cfg, "cache": cache, "wd": wd, "single": single, "outs": outs[:2]}
 
 
 def test_pod_started_at_once_on_one_workdir_equals_one_process(pod):
@@ -40,10 +43,7 @@ def test_pod_started_at_once_on_one_workdir_equals_one_process(pod):
     assert runs.steps_of(wd) == [6, 8]
     assert runs.leftovers(wd) == []  # every temporary file was renamed into place or removed
     # the same run in one process on the same total device count (4)
-    single = pod["root"] / "single"
-    p = runs.start(["train", "--config", str(pod["config"]), "--workdir", str(single)],
-                   runs.env(4, pod["cache"]), pod["root"] / "single.log")
-    runs.wait_all([p])
+    single = pod["single"]
     a, b = runs.export_tensors(wd / "export"), runs.export_tensors(single / "export")
     assert a.keys() == b.keys()
     for k in a:
