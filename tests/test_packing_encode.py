@@ -53,9 +53,18 @@ def test_cli_no_packing_pads(minilm_dir, texts, tmp_path, monkeypatch):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:20]), encoding="utf-8")
     calls = []
-    for name in ("_encode_packed", "_encode_padded"):
+
+    def spy(name):
         orig = getattr(Encoder, name)
-        monkeypatch.setattr(Encoder, name, lambda self, *a, _o=orig, _n=name, **k: (calls.append(_n), _o(self, *a, **k))[1])
+
+        def wrapped(self, *a, **k):
+            calls.append(name)
+            return orig(self, *a, **k)
+
+        return wrapped
+
+    for name in ("_encode_packed", "_encode_padded"):
+        monkeypatch.setattr(Encoder, name, spy(name))
     assert main(["encode", "--model", str(minilm_dir), "--input", str(src), "--out", str(tmp_path / "a.npy"),
                  "-q"]) == 0
     assert main(["encode", "--model", str(minilm_dir), "--input", str(src), "--out", str(tmp_path / "b.npy"),

@@ -188,9 +188,9 @@ def _mote_model(arch):
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
-@pytest.mark.parametrize("arch", ["bert", "qwen2"])
-def test_mote_rows_mix_experts_per_text(arch):
-    model = _mote_model(arch)
+def test_mote_rows_mix_experts_per_text():
+    """The routing is architecture-independent (jaxembed.mote): one backbone suffices."""
+    model = _mote_model("bert")
     texts = _texts(2)
     experts = np.array([0, 1, 2, 1, 0, 2, 2, 1, 0, 1], np.int32)
     ids, mask = _padded(texts, 0)
