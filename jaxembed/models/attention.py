@@ -51,7 +51,8 @@ _PLATFORM = {"cudnn": "gpu", "te": "gpu", "pallas": "gpu", "splash": "tpu"}
 class Segments:
     """Which tokens may attend to which. ids: [B, L] int32, 0 = padding, 1, 2, ... = the text of each token within
     its row (a padded batch: the attention mask); positions: [B, L] int32 position of each token within its text,
-    or None (derived from the ids when a kernel needs them)."""
+    or None (derived from the ids when a kernel needs them). Each text's tokens are contiguous, as
+    ``jaxembed.packing`` and padding lay them out: cudnn and te see segments as runs of equal ids."""
 
     ids: jax.Array
     positions: jax.Array | None = None
