@@ -21,7 +21,11 @@ from ml_collections import config_dict
 
 from jaxembed.errors import UserError, in_file, with_file
 
-LOSSES = ("infonce", "peg")
+LOSSES = ("infonce", "peg", "cosent", "angle")  # jaxembed.losses.objective.KINDS
+CONTRASTIVE_LOSSES = ("infonce", "peg")
+SCORED_LOSSES = ("cosent", "angle")  # scored pairs: every pair is kept with its score
+DISTILL = ("none", "kl", "margin_mse")
+GIST_MARGIN_STRATEGIES = ("absolute", "relative")
 LOSS_IMPLS = ("jit", "shard_map")
 PARAM_SHARDINGS = ("replicate", "fsdp", "fsdp_tp")
 DTYPES = ("float32", "bfloat16")
@@ -58,7 +62,8 @@ def default_config() -> mc.ConfigDict:
     c.data.store = ""           # an existing store (jaxembed data prepare); '' = prepare into <workdir>/store
     c.plan = default_plan_config()
     c.loss = mc.ConfigDict(dict(
-        type="infonce",         # 'infonce' | 'peg' (PEG progressive loss, DESIGN.md 2.4)
+        type="infonce",         # 'infonce' | 'peg' (PEG progressive loss, DESIGN.md 2.4) | 'cosent' | 'angle' (scored
+                                # pairs); a dataset's `loss` overrides it for its rows (docs/losses.md)
         temperature=0.05,       # default tau; a dataset's `temperature` overrides it for its batches
         symmetric=False,        # add the positive -> query term
         same_task_mask=False,   # in mixed batches, a candidate of another task is not a negative
@@ -66,6 +71,14 @@ def default_config() -> mc.ConfigDict:
         matryoshka_dims=(), matryoshka_weights=(),  # e.g. (384, 256, 128, 64) and (1, .3, .2, .1)
         tiled=False, block_q=1024, block_c=8192,    # memory-bounded loss (never builds the [B, N] logits)
         impl="jit",             # 'jit' (global arrays, XLA collectives) | 'shard_map' (explicit all_gather)
+        distill="none",         # 'kl' | 'margin_mse': distil the teacher scores (pos_scores / neg_scores) of each
+        distill_weight=1.0,     # contrastive query's candidates, added to its loss with this weight
+        distill_temperature=0.0,  # KL: the teacher scores' temperature (0 = the batch's; FE reranker scores: 1.0)
+        scored_scale=20.0,      # cosent / angle: lambda (sentence-transformers' scale)
+        angle_cosine_weight=0.0,  # angle: + this weight x the CoSENT loss (AnglE's w1)
+        gist_guide="",          # GISTEmbed: a guide model (folder / hub id, the same tokenizer) that masks false
+        gist_margin=0.0,        # negatives: candidates it finds closer to the query than g(q, p) - margin
+        gist_margin_strategy="absolute",  # 'absolute' | 'relative' (margin x |g(q, p)|)
     ))
     c.optim = mc.ConfigDict(dict(
         lr=2e-5, schedule="linear", warmup_steps=-1, warmup_ratio=0.1, end_factor=0.0,
@@ -108,6 +121,10 @@ def data_section(c: mc.ConfigDict) -> mc.ConfigDict:
     if "store" in d:
         with d.unlocked():
             del d["store"]
+    if "loss" in c and c.loss.type in SCORED_LOSSES:  # a scored-pair run decides what the store keeps: every pair
+        for ds in d.datasets:
+            if ds.get("loss") is None:
+                ds.loss = c.loss.type
     return d
 
 
@@ -206,10 +223,11 @@ def validate(c: mc.ConfigDict) -> None:
         mote.validate_config(c.model.mote, types)
     validate_plan_config(c.plan)
     _choice(c, "loss.type", LOSSES)
+    _choice(c, "loss.impl", LOSS_IMPLS)
+    _check_loss_settings(c)
     from jaxembed.data.config import check_dataset_losses
 
-    check_dataset_losses(c)  # a dataset's own loss (data config `loss`) must be the run's, for now
-    _choice(c, "loss.impl", LOSS_IMPLS)
+    check_dataset_losses(c)  # each dataset's loss: its data (scores, teacher scores) and the run's settings
     _positive(c, "loss.temperature")
     _positive(c, "loss.block_q", integer=True)
     _positive(c, "loss.block_c", integer=True)
@@ -264,6 +282,27 @@ def validate(c: mc.ConfigDict) -> None:
     from jaxembed.evaluate.dev import validate_eval
 
     validate_eval(c.eval)  # task names, a user's own sets (their files), mteb:NAME; best_metric names one of them
+
+
+def _check_loss_settings(c) -> None:
+    """The loss section's distillation, scored-pair and GIST settings (the data they need: check_dataset_losses)."""
+    _choice(c, "loss.distill", DISTILL)
+    _positive(c, "loss.distill_weight")
+    _positive(c, "loss.distill_temperature", allow_zero=True)
+    _positive(c, "loss.scored_scale")
+    _positive(c, "loss.angle_cosine_weight", allow_zero=True)
+    _choice(c, "loss.gist_margin_strategy", GIST_MARGIN_STRATEGIES)
+    if not _number(c.loss.gist_margin):
+        raise _err("loss.gist_margin", c.loss.gist_margin, "a number (0: mask what the guide finds at least as close "
+                                                             "as the positive)")
+    guide = c.loss.gist_guide
+    if guide:
+        p = Path(os.path.expanduser(str(guide)))
+        hub_id = not str(guide).startswith((".", "/", "~")) and str(guide).count("/") == 1 and not p.exists()
+        if not (p.is_dir() and (p / "config.json").is_file()) and not hub_id:
+            raise UserError(f"config.loss.gist_guide = {str(guide)!r}: no model folder there (fix: a model folder or "
+                            "hub id with the same tokenizer as model.name, e.g. the model itself or a larger one of "
+                            "its family; '' = no guide)")
 
 
 def _check_store_task_types(store: str) -> None:

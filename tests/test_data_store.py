@@ -188,8 +188,11 @@ def test_bge_fixtures_store(shared_data, tmp_path):
     assert arx.task_type == "clustering" and st.labels("arxiv")[1] == "astro-ph gr-qc"
     assert nli.task_type == "nli" and nli.query_instruction == ""
     row = json.loads((fx / "retrieval" / "msmarco.jsonl").read_text().splitlines()[3])
+    # FlagEmbedding's teacher scores are kept (for distillation, jaxembed.losses.distill)
     assert st.example("msmarco", 3) == {"id": "msmarco:4", "query": row["query"], "pos": row["pos"],
-                                        "neg": row["neg"]}
+                                        "neg": row["neg"], "pos_scores": row["pos_scores"],
+                                        "neg_scores": row["neg_scores"]}
+    assert st.manifest["datasets"][0]["counts"]["teacher_scores"] == 10
 
 
 def test_hf_dataset_store(tmp_path):

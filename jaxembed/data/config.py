@@ -27,9 +27,10 @@ split               for hf / tfds / save_to_disk folders: the split to read (def
 subset              for hf: the dataset's configuration (``load_dataset(path, subset)``, e.g. ``triplet``)
 streaming           for hf: read rows as they stream (``load_dataset(..., streaming=True)``), nothing
                     materialised on disk or in memory
-loss                the loss of this dataset's batches (``None``: the run's ``loss.type``); one of
-                    ``jaxembed.config.LOSSES``. A run takes one loss for now: a value other than the
-                    run's is refused by ``jaxembed.config.validate`` until the trainer picks a loss per batch
+loss                the loss of this dataset's rows (``None``: the run's ``loss.type``); one of
+                    ``jaxembed.config.LOSSES`` (infonce, peg, cosent, angle). Datasets of one run may differ:
+                    each batch row follows its dataset's loss (docs/losses.md). cosent / angle keep every
+                    scored pair with its score (no ``score_threshold``)
 task                task name (default: ``name``); datasets with the same task form one task
 task_type           retrieval | reranking | sts | pair_classification | classification | clustering | nli;
                     ``None`` only for triplets in the BGE format, whose ``type`` field then decides
@@ -45,7 +46,7 @@ weight, epochs      sampling weight, or passes over the dataset (at most one of 
 max_query_length,   token limits (``None``: the run's default)
 max_doc_length
 score_threshold     scored pairs: a pair with score >= threshold is a positive, the others are skipped
-                    (counted, reason "score below threshold")
+                    (counted, reason "score below threshold"); not with a scored-pair loss
 text_field,         classification: the fields holding the text and the label (default text / label)
 label_field
 columns             mapping our field name -> the source's field name (e.g. {"query": "question"})
@@ -391,7 +392,7 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
             raise UserError(f"{w}.score_threshold: {thr!r} must be a number")
         if rec not in ("auto", "scored_pairs", "st"):
             raise UserError(f"{w}.score_threshold: only used by scored_pairs and st pairs (this dataset is {rec})")
-    elif rec == "scored_pairs":
+    elif rec == "scored_pairs" and _get(ds, "loss") not in ("cosent", "angle"):  # those keep every pair
         raise UserError(f"{w}.score_threshold: required for scored_pairs (pairs with score >= threshold "
                         "become positives)")
     for k in ("text_field", "label_field"):
@@ -484,28 +485,113 @@ def validate_data_config(cfg, where: str = "config") -> None:
                        _get(ds, "task_type")) for i, ds in enumerate(dss)])
 
 
-def check_dataset_losses(run_config) -> None:
-    """Each dataset's ``loss`` (None: the run's) against the run's ``loss.type``: a run trains one loss for now, so
-    a dataset naming another is a UserError. (When the trainer picks a loss per batch, this check goes and the
-    field selects it; ``loss`` is validated against ``jaxembed.config.LOSSES`` here and in the data config.)"""
-    run_loss = run_config.loss.type
-    if run_config.data.get("store"):
+def check_dataset_losses(run_config, store_dir=None) -> None:
+    """Each dataset's loss (its ``loss``, else the run's ``loss.type``) against its data, before any work: a scored-pair
+    loss (CoSENT / AnglE) needs scored pairs, all of them (no ``score_threshold``); distillation (``loss.distill``)
+    needs teacher scores (``pos_scores`` / ``neg_scores``) on every dataset trained by a contrastive loss (the first
+    record of its first file is read; a store's counts); distillation and a GIST guide need a contrastive dataset.
+    Datasets of one run may name different losses: each batch row follows its dataset's (docs/losses.md).
+    store_dir: check this store's datasets (default: ``data.store`` when set, else the config's datasets)."""
+    from jaxembed.config import CONTRASTIVE_LOSSES, SCORED_LOSSES
+
+    loss_cfg = run_config.loss
+    run_loss, distill = loss_cfg.type, loss_cfg.get("distill", "none")
+    entries = []  # (where, name, effective loss, record format, score_threshold, dataset config or None, counts)
+    store_dir = store_dir or run_config.data.get("store")
+    if store_dir:
         import json
 
-        mf = Path(run_config.data.store) / "manifest.json"
+        mf = Path(store_dir) / "manifest.json"
         try:
-            entries = [(f"{mf}: datasets[{i}]", d.get("name"), d.get("loss"))
-                       for i, d in enumerate(json.loads(mf.read_text(encoding="utf-8")).get("datasets", []))]
+            manifest = json.loads(mf.read_text(encoding="utf-8"))
+            cfgs = {d.get("name"): d for d in (manifest.get("config") or {}).get("datasets", [])}
+            for i, d in enumerate(manifest.get("datasets", [])):
+                entries.append((f"{mf}: datasets[{i}]", d.get("name"), d.get("loss") or run_loss,
+                                d.get("record_format"), (cfgs.get(d.get("name")) or {}).get("score_threshold"), None,
+                                d.get("counts") or {}))
         except (OSError, ValueError, AttributeError):
             return  # an unreadable manifest is reported by the store checks
     else:
-        entries = [(f"config.data.datasets[{i}]", _get(d, "name"), _get(d, "loss"))
-                   for i, d in enumerate(run_config.data.datasets)]
-    for w, name, loss in entries:
-        if loss is not None and loss != run_loss:
-            raise UserError(f"{w}.loss: dataset {name!r} asks for {loss!r} but the run trains loss.type="
-                            f"{run_loss!r}; one loss per run for now (fix: loss=None on the dataset, or "
-                            f"--config.loss.type={loss} for the whole run)")
+        for i, d in enumerate(run_config.data.datasets):
+            entries.append((f"config.data.datasets[{i}]", _get(d, "name"), _get(d, "loss") or run_loss,
+                            effective_record_format(d), _get(d, "score_threshold"), d, None))
+    contrastive = [e for e in entries if e[2] in CONTRASTIVE_LOSSES]
+    for w, name, loss, rec, thr, ds, counts in entries:
+        if loss in SCORED_LOSSES:
+            if rec not in ("auto", "scored_pairs", "st", None):
+                raise UserError(f"{w}.loss: dataset {name!r} trains with {loss!r}, which learns from scored pairs "
+                                f"(sentence1, sentence2, score), but its records are {rec} (fix: loss='infonce' on "
+                                "the dataset, or give it scored pairs)")
+            if thr is not None:
+                raise UserError(f"{w}.score_threshold: dataset {name!r} trains with {loss!r}, which learns from every "
+                                f"pair and its score; score_threshold={thr!r} would drop the low-scored pairs (fix: "
+                                "remove score_threshold from the dataset" + (" and prepare the store again)"
+                                                                             if counts is not None else ")"))
+            first = _first_record(ds) if ds is not None else None
+            if first is not None:
+                _check_scored_record(first, w, name, loss, rec, ds)
+            if counts is not None and counts.get("scores", 0) < counts.get("written", 0):
+                raise UserError(f"{w}: dataset {name!r} trains with {loss!r} but the store holds "
+                                f"{counts.get('scores', 0)} pair scores for {counts.get('written', 0)} examples (fix: "
+                                "prepare the store again with this jaxembed, the dataset's loss set)")
+        elif distill != "none":
+            fix = (f"score it with the teacher: jaxembed teacher-score --model TEACHER --input FILE --out "
+                   f"FILE.scored.jsonl and train on that file; or give {name!r} loss='cosent' / 'angle' if it is "
+                   "scored pairs; or --config.loss.distill=none")
+            if rec not in ("auto", "triplets", None):
+                raise UserError(f"{w}: loss.distill={distill!r} distils teacher scores (pos_scores / neg_scores of "
+                                f"triplets) but dataset {name!r} is {rec} (fix: {fix})")
+            if counts is not None and not counts.get("teacher_scores"):
+                raise UserError(f"{w}: loss.distill={distill!r} needs teacher scores (pos_scores / neg_scores) but "
+                                f"dataset {name!r} has none in the store (fix: {fix}, then prepare the store again)")
+            if ds is not None:
+                first = _first_record(ds)
+                if first is not None and first[1].get("pos_scores") is None:
+                    raise UserError(f"{first[0]}: loss.distill={distill!r} needs teacher scores (pos_scores / "
+                                    f"neg_scores) but dataset {name!r} has none (fix: {fix})")
+    if not contrastive:
+        for key, on in (("distill", distill != "none"), ("gist_guide", bool(loss_cfg.get("gist_guide")))):
+            if on:
+                raise UserError(f"config.loss.{key} = {loss_cfg[key]!r}: no dataset trains a contrastive loss "
+                                f"(infonce / peg), which {key} acts on (fix: --config.loss.{key}="
+                                f"{'none' if key == 'distill' else chr(39) * 2})")
+
+
+def _check_scored_record(first: tuple[str, dict], w: str, name, loss: str, rec: str, ds) -> None:
+    """The first record of a dataset trained by a scored-pair loss is a scored pair (or an st pair with a score /
+    label column)."""
+    from jaxembed.data import formats
+
+    where, obj = first
+    fields = formats.read_options(ds).fields
+    fmt = formats.detect_format(obj, fields) if rec == "auto" else rec
+    scored = fmt == "scored_pairs" or (fmt == "st" and (fields["score"] in obj or fields["label"] in obj))
+    if not scored:
+        raise UserError(f"{where}: dataset {name!r} trains with {loss!r}, which learns from scored pairs (sentence1, "
+                        f"sentence2, score), but its records are {fmt or 'of an unknown format'}"
+                        f"{' without a score column' if fmt == 'st' else ''} ({w}) (fix: loss='infonce' on the "
+                        "dataset, or give it scored pairs)")
+
+
+def _first_record(ds) -> tuple[str, dict] | None:
+    """(``file:line``, the first JSON object) of a dataset's first file, when it is a local file (JSON Lines,
+    Parquet, CSV / TSV, a save_to_disk folder); None otherwise (hub and TFDS datasets are checked in the store)."""
+    from jaxembed.data import formats, sources
+
+    if _get(ds, "format", "auto") in SOURCE_FORMATS:
+        return None
+    paths = dataset_paths(ds)
+    try:
+        kind = sources.source_kind(paths[0])
+        if kind == "folder":
+            return None
+        for line, obj in formats._file_rows(paths[0], kind, formats.DEFAULT_FIELDS, _get(ds, "split", "train")):
+            if isinstance(obj, dict):
+                return f"{paths[0]}:{line}", obj
+            break
+    except (UserError, OSError):
+        return None  # the data checks name what is wrong with the file
+    return None
 
 
 def check_task_types(entries) -> None:

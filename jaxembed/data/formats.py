@@ -5,9 +5,11 @@ An ``Example`` is a dict ``{"id": str, "query": str, "pos": list[str] (>= 1), "n
 
 - ``triplets``: ``query``, ``pos`` (list), ``neg`` (list, optional); also the BGE / FlagEmbedding fine-tuning
   format, whose ``prompt`` is the query instruction and ``type`` the task type (``BGE_TYPES``); ``pos_scores``,
-  ``neg_scores`` are ignored; ``category`` (BGE clustering) becomes the label.
+  ``neg_scores`` (a teacher's score of each positive / negative, for distillation) are kept in the Example when
+  present (numbers, one per text); ``category`` (BGE clustering) becomes the label.
 - ``scored_pairs``: ``sentence1``, ``sentence2``, ``score``: a positive pair when score >= threshold, otherwise
-  skipped with reason "score below threshold".
+  skipped with reason "score below threshold". A dataset trained by a scored-pair loss (``ReadOptions.keep_scores``:
+  CoSENT, AnglE) keeps every pair, with its ``score`` in the Example, and has no threshold.
 - ``labelled_pairs``: ``sentence1``, ``sentence2``, ``label`` (1 / 0, true / false, "1" / "0"): label 1 is a
   positive pair, label 0 is skipped with reason "negative pair".
 - ``classification``: ``text``, ``label`` -> query = text, pos = [description of its label], neg = [descriptions of
@@ -49,7 +51,7 @@ from jaxembed.data.hashindex import HashIndex, HashLog, example_hash, key_of
 from jaxembed.data.jsonl import BadLine, check_input_file, iter_text_lines, parse_object
 from jaxembed.errors import InputError, UserError
 
-Example = dict  # {"id": str, "query": str, "pos": list[str], "neg": list[str], "label"?: str}
+Example = dict  # {"id", "query", "pos": list[str], "neg": list[str], "label"?, "score"?, "pos_scores"?, "neg_scores"?}
 
 #: BGE / FlagEmbedding ``type`` values -> our task types (our own task type names are accepted as well).
 BGE_TYPES = {
@@ -70,8 +72,10 @@ FORMAT_FIELDS = {
     "classification": ("id", "text", "label"),
     "st": ("id", "label", "score"),  # and every other column, as a text in column order
 }
-#: BGE / FlagEmbedding keys of triplets that are read and ignored (teacher scores for distillation).
-BGE_IGNORED = ("pos_scores", "neg_scores")
+#: BGE / FlagEmbedding keys of triplets beyond the text fields: a teacher's scores of the positives / negatives, kept
+#: in the Example for distillation.
+TEACHER_FIELDS = ("pos_scores", "neg_scores")
+BGE_IGNORED = TEACHER_FIELDS  # the former name
 
 #: our field name -> the default source key; ``columns`` / text_field / label_field override them.
 DEFAULT_FIELDS = {
@@ -257,6 +261,7 @@ class ReadOptions:
     use_prompt: bool = True
     extra_fields: frozenset = frozenset()
     need_threshold: bool = False  # scored pairs (also st score columns) without score_threshold are an error
+    keep_scores: bool = False  # a scored-pair loss: every pair is kept, with its score (no threshold)
 
 
 def _renamed(f: dict, key: str) -> bool:
@@ -342,7 +347,25 @@ def parse_triplet(obj: dict, f: dict, rid: str, opts: ReadOptions, info: ReadInf
         if key in obj:
             ex["label"] = _label_str(obj[key], key)
             break
+    for key, texts in (("pos_scores", "pos"), ("neg_scores", "neg")):
+        if key in obj and obj[key] is not None:
+            ex[key] = _teacher_scores(obj[key], key, len(ex[texts]), texts)
     return ex
+
+
+def _teacher_scores(v: Any, key: str, n: int, texts: str) -> list[float]:
+    """A list of ``n`` finite numbers (one teacher score per text of ``texts``); a single number for one text."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and n == 1:
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        raise _Bad(key, f"expected a list of numbers, got {_type(v)}", f'write "{key}": [0.9, ...], one score per '
+                                                                      f"text of {texts}")
+    if len(v) != n:
+        raise _Bad(key, f"{len(v)} scores for {n} {texts} texts", f"one teacher score per text of {texts}, in "
+                                                                  "order (jaxembed teacher-score writes them)")
+    if not all(math.isfinite(x) for x in v):
+        raise _Bad(key, "a score is not a finite number", "give every text a real score")
+    return [float(x) for x in v]
 
 
 def _short(s: str, n: int = 40) -> str:
@@ -353,8 +376,12 @@ def parse_scored_pair(obj: dict, f: dict, rid: str, opts: ReadOptions) -> Exampl
     """sentence1 / sentence2 / score -> Example when score >= threshold (else _Filtered)."""
     s1 = _check_text(_get(obj, f["sentence1"]), f["sentence1"])
     s2 = _check_text(_get(obj, f["sentence2"]), f["sentence2"])
-    _keep_by_score(_get(obj, f["score"]), f["score"], opts)
-    return {"id": rid, "query": s1, "pos": [s2], "neg": []}
+    sc = _get(obj, f["score"])
+    _keep_by_score(sc, f["score"], opts)
+    ex = {"id": rid, "query": s1, "pos": [s2], "neg": []}
+    if opts.keep_scores:
+        ex["score"] = float(sc)
+    return ex
 
 
 def _keep_by_score(sc: Any, key: str, opts: ReadOptions) -> None:
@@ -411,6 +438,9 @@ def parse_st(obj: dict, f: dict, rid: str, opts: ReadOptions) -> Example:
     for k, v in texts:
         _check_text(v, k)
     if not label_keys:
+        if opts.keep_scores:
+            raise _Config(None, "a scored-pair loss (CoSENT / AnglE) needs a score column, these rows have none",
+                          "give the dataset a score / label column, or train it with loss='infonce'")
         if len(texts) < 2:
             raise _Bad(texts[0][0] if texts else None,
                        f"{len(texts)} text column{'s' if len(texts) != 1 else ''}: an (anchor, positive, "
@@ -424,13 +454,16 @@ def parse_st(obj: dict, f: dict, rid: str, opts: ReadOptions) -> Example:
         raise _Bad(key, f"a {key!r} column with {len(texts)} text columns ({names}): a labelled row is a pair "
                         f"(sentence1, sentence2, {key})",
                    f"for (anchor, positive, negatives) rows, ignore the column: extra_fields=[{key!r}]")
-    if key == f["score"] or opts.score_threshold is not None:
-        if opts.score_threshold is None and opts.need_threshold:
+    if key == f["score"] or opts.score_threshold is not None or opts.keep_scores:
+        if opts.score_threshold is None and opts.need_threshold and not opts.keep_scores:
             raise _Config(key, f"scored pairs need score_threshold (pairs with {key} >= threshold are positives)",
                           "set score_threshold in the dataset config, e.g. 0.8 for scores in [0, 1]")
         _keep_by_score(obj[key], key, opts)
-    else:
-        _keep_by_label(obj[key], key, st=True)
+        ex = {"id": rid, "query": texts[0][1], "pos": [texts[1][1]], "neg": []}
+        if opts.keep_scores:
+            ex["score"] = float(obj[key])
+        return ex
+    _keep_by_label(obj[key], key, st=True)
     return {"id": rid, "query": texts[0][1], "pos": [texts[1][1]], "neg": []}
 
 
@@ -450,7 +483,7 @@ def known_keys(fmt: str, opts: ReadOptions) -> frozenset:
     """The record keys a dataset of record format ``fmt`` may have."""
     keys = {opts.fields[k] for k in FORMAT_FIELDS[fmt]} | set(opts.extra_fields)
     if fmt == "triplets":
-        keys |= set(BGE_IGNORED)
+        keys |= set(TEACHER_FIELDS)
     return frozenset(keys)
 
 
@@ -540,7 +573,12 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
                 if fmt is None:
                     keys = ", ".join(sorted(obj)) or "none"
                     raise InputError(path, line, f"cannot tell the format from the keys ({keys})", _FORMAT_HELP)
-                if fmt == "scored_pairs" and opts.need_threshold and opts.score_threshold is None:
+                if opts.keep_scores and fmt not in ("scored_pairs", "st"):
+                    raise InputError(path, line, f"a scored-pair loss (CoSENT / AnglE) trains on scored pairs "
+                                                 f"(sentence1, sentence2, score) but the records are {fmt}",
+                                     "train this dataset with loss='infonce', or give it scored pairs")
+                if (fmt == "scored_pairs" and opts.need_threshold and opts.score_threshold is None
+                        and not opts.keep_scores):
                     raise InputError(path, line, "the records are scored pairs (sentence1, sentence2, score), which "
                                                  "need score_threshold", "set score_threshold in the dataset config: "
                                                                          "pairs with score >= it are positives")
@@ -919,11 +957,15 @@ def read_options(ds) -> ReadOptions:
     if ds.get("columns") is not None:
         fields.update(dict(pairs_of(ds["columns"], "columns")))
     ld = ds.get("label_descriptions")
+    from jaxembed.config import SCORED_LOSSES
+
+    scored = ds.get("loss") in SCORED_LOSSES  # every pair with its score (config.data_section resolves loss None)
     return ReadOptions(name=ds["name"], format=effective_record_format(ds), fields=fields,
                        score_threshold=ds.get("score_threshold"),
                        label_descriptions=pairs_of(ld, "label_descriptions") if ld is not None else None,
                        use_type=ds.get("task_type") is None, use_prompt=ds.get("query_instruction") is None,
-                       extra_fields=frozenset(ds.get("extra_fields") or ()), need_threshold=True)
+                       extra_fields=frozenset(ds.get("extra_fields") or ()), need_threshold=not scored,
+                       keep_scores=scored)
 
 
 def read_dataset(ds, info: ReadInfo | None = None) -> Iterator[Item]:

@@ -278,6 +278,7 @@ def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str, progr
     info = ReadInfo()
     labels = _Labels()
     nneg_min, nneg_max, npos_max, few_neg = None, 0, 0, 0
+    n_scores = n_teacher = 0  # examples with a pair score (scored-pair losses) / with teacher scores (distillation)
     want_neg = int(ds.get("num_negatives", 1))
     task_type_cfg = ds.get("task_type")
     bar = _progress(progress, source_size(ds) if progress is not False else None, name)
@@ -293,6 +294,8 @@ def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str, progr
             nneg_min = n if nneg_min is None else min(nneg_min, n)
             nneg_max, npos_max = max(nneg_max, n), max(npos_max, len(ex["pos"]))
             few_neg += n < want_neg
+            n_scores += "score" in ex
+            n_teacher += "pos_scores" in ex
             writer.write(json.dumps(ex, ensure_ascii=False).encode("utf-8"))
             if bar is not None and tally.read - bar.n >= 1000:
                 bar.update(tally.read - bar.n)
@@ -316,13 +319,17 @@ def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str, progr
     entry = {"file": f"{name}.array_record", "format": ds.get("format", "auto"), "record_format": info.format,
              "labels_file": None, "label_names": info.labels,
              "counts": {"read": tally.read, "written": tally.written, "invalid": tally.invalid,
-                        "filtered": tally.filtered, "neg_min": nneg_min, "neg_max": nneg_max, "pos_max": npos_max}}
+                        "filtered": tally.filtered, "neg_min": nneg_min, "neg_max": nneg_max, "pos_max": npos_max,
+                        "scores": n_scores, "teacher_scores": n_teacher}}
     if labels.names and not labels.missing:
         labels.write(tmp / f"{name}.labels.json", info.labels)
         entry["labels_file"] = f"{name}.labels.json"
     notes = []
     if tally.identical_note():
         notes.append(tally.identical_note())
+    if n_teacher and n_teacher < tally.written:
+        notes.append(f"{tally.written - n_teacher} of {tally.written} examples have no teacher scores (pos_scores): "
+                     "distillation leaves them out")
     if few_neg and want_neg > 0:
         notes.append(f"{few_neg} of {tally.written} examples have fewer than num_negatives={want_neg} negatives "
                      f"(min {nneg_min})")
