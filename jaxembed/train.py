@@ -304,9 +304,17 @@ def init_state(run: Run) -> dict:
 
 
 def make_train_step(run: Run) -> Callable:
+    """step(state, batch, single_task=False) -> (state, metrics), jitted. The batch's loss: each row follows its
+    dataset's loss kind (jaxembed.losses.objective; jaxembed.loss_setup says how that stays static under jit), with
+    distillation and the GIST guide's mask when configured."""
+    from jaxembed.loss_setup import make_loss_setup
+    from jaxembed.losses import objective as objlib
+    from jaxembed.losses.gist import guide_infos
+
     c = run.config
     K = run.K
-    opts = LossOptions(same_task=c.loss.same_task_mask, peg=c.loss.type == "peg")
+    setup_ = make_loss_setup(run)
+    objective, kind_table, guide = setup_.objective, setup_.kind_of_dataset, setup_.guide
     terms_fn = tiled_terms(c.loss.block_q, c.loss.block_c) if c.loss.tiled else query_terms
     chunk = c.train.gradcache_chunk or None
     default_temp = float(c.loss.temperature)
@@ -316,9 +324,10 @@ def make_train_step(run: Run) -> Callable:
     inject = tuple(int(s) for s in c.train.inject_nonfinite_steps)
     dims, dim_ws = tuple(c.loss.matryoshka_dims), tuple(c.loss.matryoshka_weights)
     mesh = run.mesh
-    sharded_loss = parallel.shard_map_loss(mesh, terms_fn=terms_fn, opts=opts, symmetric=c.loss.symmetric,
-                                           peg_alpha=c.loss.peg_alpha, peg_beta=c.loss.peg_beta
-                                           ) if c.loss.impl == "shard_map" else None
+    opts = {k: LossOptions(same_task=c.loss.same_task_mask, peg=k == "peg") for k in objective.contrastive}
+    sharded_loss = {k: parallel.shard_map_loss(mesh, terms_fn=terms_fn, opts=opts[k], symmetric=c.loss.symmetric,
+                                               peg_alpha=c.loss.peg_alpha, peg_beta=c.loss.peg_beta)
+                    for k in objective.contrastive} if c.loss.impl == "shard_map" else None
 
     def encode(params, x, key, one_expert=False):
         model = nnx.merge(graphdef, params, rest)
@@ -333,14 +342,27 @@ def make_train_step(run: Run) -> Callable:
         t = batch["task_id"]
         return jnp.asarray(routes[0])[t], jnp.repeat(jnp.asarray(routes[1])[t], K)
 
-    def loss_fn(params, batch, key, peg_t, single_task=False):
+    def inputs(batch):
+        return ({"ids": batch["query_input_ids"], "mask": batch["query_attention_mask"],
+                 "prompt": batch["query_prompt_length"]},
+                {"ids": batch["doc_input_ids"], "mask": batch["doc_attention_mask"],
+                 "prompt": batch["doc_prompt_length"]})
+
+    def guide_embeddings(guide_params, batch):
+        """GIST: the frozen guide's embeddings of the queries [B, G] and candidates [B*K, G] (no gradient)."""
+        def enc(p, x, _key):
+            return nnx.merge(guide[0], p)(x["ids"], x["mask"], x["prompt"], deterministic=True)
+
+        q_in, d_in = inputs(batch)
+        gq = gradcache.encode_chunked(enc, guide_params, q_in, chunk, None)
+        gd = gradcache.encode_chunked(enc, guide_params, d_in, None if chunk is None else chunk * K, None)
+        return jax.lax.stop_gradient(gq), jax.lax.stop_gradient(gd)
+
+    def loss_fn(params, batch, key, peg_t, single_task=False, guide_emb=None):
         kq = kd = None
         if c.train.dropout:
             kq, kd = jax.random.split(key)
-        q_in = {"ids": batch["query_input_ids"], "mask": batch["query_attention_mask"],
-                "prompt": batch["query_prompt_length"]}
-        d_in = {"ids": batch["doc_input_ids"], "mask": batch["doc_attention_mask"],
-                "prompt": batch["doc_prompt_length"]}
+        q_in, d_in = inputs(batch)
         if routes is not None:
             q_in["experts"], d_in["experts"] = expert_ids(batch)
         enc = functools.partial(encode, one_expert=single_task)
@@ -350,28 +372,44 @@ def make_train_step(run: Run) -> Callable:
         pos = layout_pos_index(b, K)
         t = batch["temperature"]
         temp = jnp.where(jnp.isnan(t), default_temp, t)
-        ci = CandidateInfo(batch["doc_valid"], batch["doc_hash"], jnp.repeat(batch["task_id"], K))
+        row_kind = jnp.asarray(kind_table)[batch["dataset_id"]] if objective.mixed else None
+        valid = objlib.candidate_valid(objective, batch["doc_valid"], row_kind, K)  # scored rows: no candidates
+        ci = CandidateInfo(valid, batch["doc_hash"], jnp.repeat(batch["task_id"], K))
         qi = QueryInfo(pos_hash=batch["doc_hash"][::K], task=batch["task_id"], hash=batch["query_hash"])
+        if guide_emb is not None:  # GIST: candidates the guide finds as close as the positive are masked
+            gq, gc, limit = guide_infos(guide_emb[0], guide_emb[1], pos, float(c.loss.gist_margin),
+                                        c.loss.gist_margin_strategy)
+            qi, ci = qi._replace(guide=gq, guide_limit=limit), ci._replace(guide=gc)
         weights = batch["weight"]
-        if sharded_loss is not None:
-            loss, metrics = sharded_loss(eq, ed, pos, weights, qi, ci, peg_t, temp)
+
+        def contrastive(q, d, pos_, w, kind):
+            if sharded_loss is not None:
+                return sharded_loss[kind](q, d, pos_, w, qi, ci, peg_t, temp)
+            return contrastive_loss(q, d, pos_, temperature=temp, weights=w, qi=qi, ci=ci, opts=opts[kind],
+                                    symmetric=c.loss.symmetric, peg_t_prev=peg_t, peg_alpha=c.loss.peg_alpha,
+                                    peg_beta=c.loss.peg_beta, terms_fn=terms_fn)
+
+        kw = dict(objective=objective, contrastive=contrastive, weights=weights, temperature=temp, row_kind=row_kind,
+                  teacher=batch["teacher_score"].reshape(b, K) if objective.distill != "none" else None,
+                  cand_valid=batch["doc_valid"], pair_score=batch["pair_score"] if objective.scored else None,
+                  peg_t_prev=peg_t)
+        if dims:
+            loss, metrics = matryoshka_loss(eq, ed, pos, dims=dims, dim_weights=dim_ws, loss_fn=objlib.total_loss,
+                                            **kw)
         else:
-            kw = dict(temperature=temp, weights=weights, qi=qi, ci=ci, opts=opts, symmetric=c.loss.symmetric,
-                      peg_t_prev=peg_t, peg_alpha=c.loss.peg_alpha, peg_beta=c.loss.peg_beta, terms_fn=terms_fn)
-            if dims:
-                loss, metrics = matryoshka_loss(eq, ed, pos, dims=dims, dim_weights=dim_ws, **kw)
-            else:
-                loss, metrics = contrastive_loss(eq, ed, pos, **kw)
+            loss, metrics = objlib.total_loss(eq, ed, pos, **kw)
         if inject:  # a real non-finite step: loss and every gradient NaN (nan * dloss), as a bf16 overflow gives
             bad = jnp.any(jnp.asarray(inject) == batch["step"])
             loss = loss * jnp.where(bad, jnp.nan, 1.0)
         return loss, metrics
 
-    def step(state, batch, single_task=False):
-        """single_task (static): every row of the batch has one task (MoTE: one expert per encode call)."""
+    def step(state, batch, single_task=False, guide_params=None):
+        """single_task (static): every row of the batch has one task (MoTE: one expert per encode call);
+        guide_params: the GIST guide's (frozen: an input, not in the optimizer)."""
         key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+        guide_emb = None if guide_params is None else guide_embeddings(guide_params, batch)
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch, key,
-                                                                           state["peg_t"], single_task)
+                                                                           state["peg_t"], single_task, guide_emb)
         gnorm = optax.global_norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         extra = {}
@@ -400,7 +438,8 @@ def make_train_step(run: Run) -> Callable:
         t = batch["temperature"]
         return jnp.where(jnp.isnan(t), default_temp, t)
 
-    return jax.jit(step, donate_argnums=(0,), static_argnames=("single_task",))
+    jitted = jax.jit(step, donate_argnums=(0,), static_argnames=("single_task",))
+    return jitted if guide is None else functools.partial(jitted, guide_params=guide[1])
 
 
 # --------------------------------------------------------------------------------------------------- loop

@@ -1,5 +1,6 @@
 """On 8 simulated CPU devices: the sharded losses equal the single-device reference (loss and gradients)."""
 
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +58,74 @@ def test_sharded_losses_equal_single_device(case, mesh_shape):
             np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=1e-5, err_msg=name)
         for k in m0:
             assert float(m[k]) == pytest.approx(float(m0[k]), abs=1e-5), (name, k)
+
+
+def test_gist_distill_and_scored_losses_sharded_equal_single_device():
+    """The batch objective with every new part on 8 devices (a 2 x 4 data x fsdp mesh: the batch over both axes)
+    equals one device (loss, gradients, metrics): GIST's
+    guided mask (guide embeddings sharded with the batch) through jit_loss, shard_map_loss and the tiled shard_map
+    loss; rows of InfoNCE / PEG and CoSENT / AnglE mixed in one batch (each row its own loss); KL or MarginMSE
+    distillation with missing teacher scores and empty slots."""
+    from jaxembed.losses import objective as ob
+    from jaxembed.losses.gist import guide_infos
+
+    B, K, D, G = 16, 3, 16, 8
+    b = random_batch(seed=2, B=B, K=K, D=D, dup_pairs=((5, 0), (30, 9)), invalid=(4, 20),
+                     repeated_rows=((7, 1),), close_positives=True)
+    rng = np.random.default_rng(7)
+    proj = rng.normal(size=(D, G))
+    gq = jnp.asarray(b["q"] @ proj + 0.3 * rng.normal(size=(B, G)), jnp.float32)
+    gc = jnp.asarray(b["c"] @ proj + 0.3 * rng.normal(size=(B * K, G)), jnp.float32)
+    teacher = rng.uniform(0.0, 1.0, size=(B, K)).astype(np.float32)
+    teacher[~b["valid"].reshape(B, K)] = np.nan
+    teacher[3, 2] = np.nan
+    pair = jnp.asarray(rng.uniform(0, 5, size=B), jnp.float32)
+    mesh = parallel.make_mesh(data=2, fsdp=4)
+    put = lambda x: jax.device_put(x, parallel.batch_sharding(mesh, x.ndim))
+    pos, w = jnp.asarray(b["pos"]), jnp.asarray(b["weights"])
+    base = (jnp.asarray(b["valid"]), jnp.asarray(b["hashes"]), jnp.asarray(b["ctask"]),
+            jnp.asarray(b["hashes"][b["pos"]]), jnp.asarray(b["qtask"]), jnp.asarray(b["qhashes"]))
+    kw = dict(temperature=0.05, symmetric=True)
+    cases = [  # each case through two of the three sharded contrastive losses (one compilation each)
+        (ob.Objective(kinds=("infonce", "cosent"), distill="kl", distill_temperature=0.1), "infonce", "cosent",
+         (("jit", parallel.jit_loss), ("shard_map_tiled", functools.partial(parallel.shard_map_loss,
+                                                                            terms_fn=tiled_terms(1, 4))))),
+        (ob.Objective(kinds=("peg", "angle"), distill="margin_mse", angle_cosine_weight=0.5), "peg", "angle",
+         (("shard_map", parallel.shard_map_loss),)),
+    ]
+    for obj, ckind, skind, impls in cases:
+        # rows alternate between the case's contrastive and scored kinds: both on every shard
+        rk = jnp.asarray([ob.kind_id(ckind if i % 2 == 0 else skind) for i in range(B)], jnp.int32)
+        opts = LossOptions(same_task=True, peg=ckind == "peg")
+
+        def objective(q, c, pos, w, gq, gc, teacher, pair, rk, valid, hashes, ctask, phash, qtask, qhash, fn):
+            g_q, g_c, limit = guide_infos(gq, gc, pos, 0.05, "absolute")
+            cv = ob.candidate_valid(obj, valid, rk, K)
+            ci = CandidateInfo(cv, hashes, ctask, g_c)
+            qi = QueryInfo(pos_hash=phash, task=qtask, hash=qhash, guide=g_q, guide_limit=limit)
+            contrastive = lambda q, c, pos, w_, kind: fn(q, c, pos, w_, qi, ci, 0.25)
+            return ob.total_loss(q, c, pos, objective=obj, contrastive=contrastive, weights=w, temperature=0.05,
+                                 row_kind=rk, teacher=teacher.reshape(-1, K), cand_valid=valid, pair_score=pair,
+                                 peg_t_prev=0.25)
+
+        single = lambda q, c, pos, w, qi, ci, t: contrastive_loss(q, c, pos, weights=w, qi=qi, ci=ci, peg_t_prev=t,
+                                                                  opts=opts, **kw)
+        args = (pos, w, gq, gc, jnp.asarray(teacher).reshape(-1), pair, rk) + base
+        q, c = jnp.asarray(b["q"]), jnp.asarray(b["c"])
+        (l0, m0), g0 = jax.jit(jax.value_and_grad(lambda q, c: objective(q, c, *args, single), argnums=(0, 1),
+                                                  has_aux=True))(q, c)
+        assert float(m0["masked_candidates"]) > 0 and float(m0["distill_loss"]) > 0
+        assert float(m0[f"{skind}_loss"]) > 0
+        sargs = tuple(put(x) for x in args)
+        for name, make in impls:
+            fn = make(mesh, opts=opts, **kw)
+            f = jax.jit(jax.value_and_grad(lambda q, c: objective(q, c, *sargs, fn), argnums=(0, 1), has_aux=True))
+            (l, m), g = f(put(q), put(c))
+            assert abs(float(l) - float(l0)) <= 1e-5, (obj, name)
+            for a, r in zip(g, g0):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=1e-5, err_msg=f"{obj} {name}")
+            for k in m0:
+                assert float(m[k]) == pytest.approx(float(m0[k]), abs=1e-5), (obj, name, k)
 
 
 def _tiny_bert():
