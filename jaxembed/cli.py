@@ -4,7 +4,8 @@ Commands: ``encode`` (texts -> .npy), ``export`` (any supported folder -> HF / s
 ``data validate`` / ``data prepare`` (dataset store), ``plan build`` / ``plan show`` (batch plans),
 ``train`` (run or resume training), ``eval`` (local evaluators, MTEB), ``synth personas`` / ``judge`` (LLM data
 tools), ``pretrain retromae`` (RetroMAE), ``score`` / ``curriculum`` / ``mine`` (reference-model
-scores, Data-CUBE task order, hard-negative mining), ``sweep`` / ``sweep report`` (hyperparameter sweeps: local, SLURM array, TPU command list), ``demo`` (the built-in default job). User errors print one line naming file, line, field and fix (exit 2).
+scores, Data-CUBE task order, hard-negative mining), ``teacher-score`` (a teacher's pos_scores / neg_scores for
+distillation), ``sweep`` / ``sweep report`` (hyperparameter sweeps: local, SLURM array, TPU command list), ``demo`` (the built-in default job). User errors print one line naming file, line, field and fix (exit 2).
 """
 
 from __future__ import annotations
@@ -257,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_synth_parsers(sub)
     add_pretrain_parsers(sub)
+    from jaxembed.teacher_cli import add_parser as add_teacher_parser
+
+    add_teacher_parser(sub)
 
     p = sub.add_parser("demo", help="the main job on the built-in default: fine-tune all-MiniLM-L6-v2 on the "
                                     "shared multi-task data, evaluate before / after, export")
