@@ -137,7 +137,7 @@ def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
     from jaxembed import flops
 
     monkeypatch.setattr(flops, "peak_flops_per_device", lambda: PEAK)  # MFU is logged only with a known peak
-    # the resumed run compiles the same programs: tests/conftest.py's persistent compilation cache shares them
+    # the resumed run compiles the same programs: the session's persistent compilation cache (tests/conftest.py)
     wd = tmp_path / "run"
     summary = train(cfg.copy_and_resolve_references(), wd)
     assert summary["status"] == "completed" and summary["step"] == STEPS and summary["skipped"] == 0
