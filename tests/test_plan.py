@@ -281,7 +281,7 @@ def test_curriculum_walks_the_task_order_cyclically_and_sorts_instances():
     of its E2D-sorted instances; exhausted tasks are skipped; one task per batch."""
     store = _curriculum_store()
     scores = _scores(store)
-    cfg = {"global_batch_size": 8, "curriculum": {"enabled": True, "instance_order": "e2d"}}
+    cfg = {"global_batch_size": 8, "curriculum": {"enabled": True, "unit": "task", "instance_order": "e2d"}}
     plan = build_plan(store, cfg, scores=scores, task_order=["C", "A", "B"])
     names = plan.task_names
     expect = ["C", "A", "B", "C", "A", "B", "A", "B", "A", "B", "A", "B", "A", "A", "A"]
@@ -295,7 +295,8 @@ def test_curriculum_walks_the_task_order_cyclically_and_sorts_instances():
     # every instance exactly once (the sizes are multiples of 8)
     assert np.unique(_key(plan)).size == plan.steps * 8 == sum(i.size for i in store.datasets)
     # D2E reverses the order inside each task
-    rev = build_plan(store, dict(cfg, curriculum={"enabled": True, "instance_order": "d2e"}), scores=scores,
+    rev = build_plan(store, dict(cfg, curriculum={"enabled": True, "unit": "task", "instance_order": "d2e"}),
+                     scores=scores,
                      task_order=["C", "A", "B"])
     phi_r = np.vectorize(lambda d, e: flat[rev.dataset_names[d]][e])(rev.dataset_ids, rev.example_ids)
     assert all(np.all(np.diff(phi_r[rev.task_ids == t].ravel()) >= 0) for t in range(3))
@@ -310,7 +311,8 @@ def test_curriculum_with_fewer_steps_than_a_pass_compresses_the_whole_curriculum
     store = make_store([("a1", "A", 400, {}), ("a2", "A", 240, {}), ("b", "B", 400, {}), ("c", "C", 160, {})])
     scores = _scores(store, 3)
     flat = {i.name: s for i, s in zip(store.datasets, scores.values())}
-    cfg = {"global_batch_size": 8, "steps": 30, "curriculum": {"enabled": True, "instance_order": "e2d"}}
+    cfg = {"global_batch_size": 8, "steps": 30, "curriculum": {"enabled": True, "unit": "task",
+                                                               "instance_order": "e2d"}}
     plan = build_plan(store, cfg, scores=scores, task_order=["C", "A", "B"])
     assert plan.steps == 30 and summarize(plan)["curriculum"]["truncated_batches"] == 0
     names = [plan.task_names[t] for t in plan.task_ids]
@@ -342,7 +344,7 @@ def test_curriculum_from_files_with_remainder_random_and_given_orders(tmp_path):
     np.savez(tmp_path / "scores.npz", **scores)
     (tmp_path / "order.json").write_text(json.dumps(["B", "A"]))
     cfg = {"global_batch_size": 4, "scores": str(tmp_path / "scores.npz"),
-           "curriculum": {"enabled": True, "task_order": str(tmp_path / "order.json")}}
+           "curriculum": {"enabled": True, "unit": "task", "task_order": str(tmp_path / "order.json")}}
     plan = build_plan(store, cfg)
     assert [plan.task_names[t] for t in plan.task_ids] == ["B", "A"] * 3 + ["A", "A"]
     assert plan.dropped.shape == (1, 2) and plan.dropped[0, 0] == 1  # b: 13 = 3 batches + 1 dropped
@@ -351,13 +353,14 @@ def test_curriculum_from_files_with_remainder_random_and_given_orders(tmp_path):
     np.save(tmp_path / "order.npy", np.array([1, 0]))  # indices into the task table (A, B)
     same = build_plan(store, dict(cfg, curriculum=dict(cfg["curriculum"], task_order=str(tmp_path / "order.npy"))))
     assert same.fingerprint() == plan.fingerprint()
-    rnd = build_plan(store, {"global_batch_size": 4, "curriculum": {"enabled": True, "instance_order": "random",
+    rnd = build_plan(store, {"global_batch_size": 4, "curriculum": {"enabled": True, "unit": "task",
+                                                                   "instance_order": "random",
                                                                    "task_order": str(tmp_path / "order.json")}})
     assert [rnd.task_names[t] for t in rnd.task_ids] == ["B", "A"] * 3 + ["A", "A"]
     orders = {"A": [["a", i] for i in range(19, -1, -1)], "B": [["b", i] for i in range(13)]}
     (tmp_path / "orders.json").write_text(json.dumps(orders))
     giv = build_plan(store, {"global_batch_size": 4, "drop_remainder": False, "curriculum": {
-        "enabled": True, "instance_order": "given", "instance_orders": str(tmp_path / "orders.json"),
+        "enabled": True, "unit": "task", "instance_order": "given", "instance_orders": str(tmp_path / "orders.json"),
         "task_order": ["A", "B"]}})
     a_rows = giv.example_ids[giv.task_ids == 0].ravel()
     np.testing.assert_array_equal(a_rows, np.arange(19, -1, -1))
@@ -371,8 +374,99 @@ def test_curriculum_from_files_with_remainder_random_and_given_orders(tmp_path):
 def test_bad_task_orders_are_named(order, match):
     store = make_store([("a", "A", 8, {}), ("b", "B", 8, {})])
     with pytest.raises(UserError, match=match):
-        build_plan(store, {"global_batch_size": 4, "curriculum": {"enabled": True, "instance_order": "random"}},
-                   task_order=order)
+        build_plan(store, {"global_batch_size": 4, "curriculum": {"enabled": True, "unit": "task",
+                                                                  "instance_order": "random"}}, task_order=order)
+
+
+def _window_deviation(pos: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """max over every window of W consecutive batches of |count_k - W s_k| - (1 + U s_k + 2 n_k / max n): the
+    bound walk_order's docstring proves for the balanced walk is that this is < 0 for every unit k. -> [U]."""
+    U, N = n.size, int(n.sum())
+    s = n / N
+    cum = np.vstack([np.zeros(U), np.cumsum(np.eye(U)[pos], 0)])  # [N + 1, U]
+    worst = np.full(U, -np.inf)
+    for W in range(1, N + 1):
+        dev = np.abs(cum[W:] - cum[:-W] - W * s)
+        worst = np.maximum(worst, dev.max(0) - (1 + U * s + 2 * n / n.max()))
+    return worst
+
+
+def test_walk_order_cyclic_and_balanced_properties():
+    """walk_order (DESIGN.md 2.2, Algorithm 1 lines 18-25, and the balanced walk), on random unit sizes: both walks
+    take every batch once, each unit's batches in their order, and visit the units first in the task order; equal
+    sizes give identical walks; the balanced walk keeps every unit's share of every window of W batches within
+    1 + U s_k + 2 n_k / R of W s_k, which Algorithm 1 breaks when one unit is large (it owns the end)."""
+    rng = np.random.default_rng(0)
+    for trial in range(120):
+        U = int(rng.integers(1, 9))
+        n = rng.integers(1, 12, size=U)
+        if trial % 2:
+            n[rng.integers(U)] *= 12  # one dominant unit, as SST-2 in the shared data
+        for walk in ("cyclic", "balanced"):
+            pos, j = P.walk_order(n, walk)
+            assert pos.size == n.sum() and np.unique(pos * 1000 + j).size == n.sum()  # every batch once
+            for k in range(U):
+                np.testing.assert_array_equal(j[pos == k], np.arange(n[k]))  # a unit's batches in order
+            np.testing.assert_array_equal(pos[:U], np.arange(U))  # cycle 0: every unit, in the task order
+            again = P.walk_order(n.tolist(), walk)
+            assert np.array_equal(again[0], pos) and np.array_equal(again[1], j)  # deterministic
+        bal = P.walk_order(n, "balanced")[0]
+        assert (_window_deviation(bal, n) < 0).all(), n
+        same = np.full(U, int(n[0]))
+        for a, b in zip(P.walk_order(same, "cyclic"), P.walk_order(same, "balanced")):
+            np.testing.assert_array_equal(a, b)
+    n = np.array([3, 80, 2, 5])
+    cyc = P.walk_order(n, "cyclic")[0]
+    assert (cyc[-75:] == 1).all() and _window_deviation(cyc, n).max() > 1  # Algorithm 1: unit 1 alone at the end
+    assert (_window_deviation(P.walk_order(n, "balanced")[0], n) < 0).all()
+    with pytest.raises(UserError, match="curriculum.walk"):
+        P.walk_order(n, "zigzag")
+
+
+def test_curriculum_unit_is_the_dataset_and_the_balanced_walk_in_a_plan(tmp_path):
+    """Plans: the default curriculum unit is the dataset (Data-CUBE's task is a MEDI dataset); the balanced walk
+    interleaves the same batches as Algorithm 1 (each unit's batches identical and in the same order, E2D inside),
+    keeps every unit's share of every window within the bound, and ends with every unit instead of the largest;
+    the same holds for a short run (step mode, the compressed curriculum)."""
+    store = make_store([("big", "S", 400, {}), ("small", "S", 48, {}), ("b", "B", 64, {}), ("c", "C", 40, {})])
+    scores = _scores(store, 5)
+    order = ["c", "small", "big", "b"]
+    cfg = {"global_batch_size": 8, "curriculum": {"enabled": True, "instance_order": "e2d"}}
+    assert default_plan_config().curriculum.unit == "dataset"
+    for steps in (0, 30):
+        plans = {w: build_plan(store, dict(cfg, steps=steps, curriculum=dict(cfg["curriculum"], walk=w)),
+                               scores=scores, task_order=order) for w in ("cyclic", "balanced")}
+        cyc, bal = plans["cyclic"], plans["balanced"]
+        assert bal.meta["curriculum"]["walk"] == "balanced" and "walk balanced" in P.format_summary(summarize(bal))
+        assert bal.steps == cyc.steps == (steps or 69)
+        units = [u["name"] for u in bal.meta["units"]]
+        assert units == ["big", "small", "b", "c"]  # one unit per dataset (big and small share task S)
+        for plan in (cyc, bal):
+            assert np.all(plan.dataset_ids == plan.dataset_ids[:, :1])  # one dataset per batch
+            walked = [units[u] for u in plan.unit_ids]
+            assert [u for k, u in enumerate(walked) if u not in walked[:k]] == order  # first visits: the order
+        for k, name in enumerate(units):  # the same batches of each unit, in the same order (E2D inside)
+            np.testing.assert_array_equal(bal.example_ids[bal.unit_ids == k], cyc.example_ids[cyc.unit_ids == k])
+            phi = scores[name][bal.example_ids[bal.unit_ids == k]].ravel()
+            assert np.all(np.diff(phi) <= 0)
+        n = np.array([int((bal.unit_ids == units.index(u)).sum()) for u in order])
+        pos_of = np.array([order.index(units[u]) for u in bal.unit_ids])
+        assert (_window_deviation(pos_of, n) < 0).all()
+        half = bal.steps // 2
+        assert {units[u] for u in bal.unit_ids[-half:]} == set(units)  # every unit reaches the second half
+        assert {units[u] for u in cyc.unit_ids[-half:]} == {"big"}     # Algorithm 1: the largest owns it
+    # an order over tasks given to a dataset-unit plan: the file says so, in one line with the fix
+    (tmp_path / "order.json").write_text(json.dumps({"order": ["S", "B", "C"], "unit": "task"}))
+    with pytest.raises(UserError, match=r"order.json: field 'unit': the order is over tasks, but the plan's "
+                                        r"curriculum.unit is 'dataset' \(fix: set curriculum.unit='task'"):
+        build_plan(store, {"global_batch_size": 8, "curriculum": {"enabled": True, "instance_order": "random",
+                                                                  "task_order": str(tmp_path / "order.json")}})
+    with pytest.raises(UserError, match="curriculum.unit='dataset' orders the dataset names"):
+        build_plan(store, {"global_batch_size": 8, "curriculum": {"enabled": True, "instance_order": "random"}},
+                   task_order=["S", "B", "C"])
+    with pytest.raises(UserError, match=r"curriculum.walk.*'cyclic' \(Algorithm 1\) or 'balanced'"):
+        build_plan(store, {"global_batch_size": 8, "curriculum": {"enabled": True, "instance_order": "random",
+                                                                  "walk": "zigzag"}}, task_order=order)
 
 
 # ------------------------------------------------------------------------------------------------ mask

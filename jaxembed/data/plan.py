@@ -20,9 +20,12 @@ Strategies (per task; a task's strategy comes from its datasets' ``batching`` un
 - ``semi_homogeneous`` (KaLM Fig. 3): homogeneous batches, then ``semi_homogeneous_proportion`` of each batch's
   rows (the same positions count in every batch) are pulled out, shuffled across all semi-homogeneous batches
   and put back.
-- curriculum (Data-CUBE Algorithm 1, lines 18-25; ``curriculum.enabled``): every unit's (task's) instances
-  sorted by difficulty; walk the task order cyclically, each visit takes that unit's next batch, a unit that
-  runs out is skipped; every batch holds one task.
+- curriculum (Data-CUBE Algorithm 1, lines 18-25; ``curriculum.enabled``): every unit's instances sorted by
+  difficulty (a unit is a dataset by default -- the paper's task is a MEDI dataset -- or a task of the data config,
+  ``curriculum.unit='task'``); walk the task order cyclically, each visit takes that unit's next batch, a unit
+  that runs out is skipped; every batch holds one unit. ``curriculum.walk='balanced'`` (jaxembed's extension):
+  the same cycles over the task order, but each unit is visited in a share of them proportional to its size,
+  spread evenly, so that all units end together instead of the largest owning the end (``walk_order``).
 
 Two modes:
 
@@ -59,6 +62,8 @@ SAMPLING = ("size", "weights", "temperature")
 INSTANCE_ORDERS = ("e2d", "d2e", "random", "given")
 MASK_DIRECTIONS = ("text", "printed")
 NEGATIVES = ("first", "sample")
+CURRICULUM_UNITS = ("dataset", "task")
+WALKS = ("cyclic", "balanced")
 FORMAT = "jaxembed-plan"
 VERSION = 1
 
@@ -87,7 +92,10 @@ def default_plan_config():
     mask.direction     'text': alpha = 0 where phi < delta (the paper's text); 'printed': alpha = 0 where
                        phi >= delta (Eq. 9 as printed)
     curriculum.enabled       build a Data-CUBE curriculum plan instead of a sampled one
-    curriculum.unit          'task' | 'dataset': what the task order orders
+    curriculum.unit          'dataset' (default; Data-CUBE's task = a MEDI dataset) | 'task' (the data
+                             config's tasks, their datasets pooled): what the task order orders
+    curriculum.walk          'cyclic' (Algorithm 1, default) | 'balanced' (jaxembed: every unit visited in
+                             proportion to its size, all units ending together; see ``walk_order``)
     curriculum.task_order    .json (list of names) / .npy (names or indices) / .txt (one name a line)
     curriculum.instance_order  'e2d' (phi descending) | 'd2e' | 'random' | 'given' (from instance_orders)
     curriculum.instance_orders .json {unit: [[dataset, index], ...]} / .npz {unit: int64 [n, 2]}
@@ -109,8 +117,8 @@ def default_plan_config():
     c.seed = config_dict.placeholder(int)
     c.scores = ""
     c.mask = mc.ConfigDict({"delta": config_dict.placeholder(float), "direction": "text"})
-    c.curriculum = mc.ConfigDict({"enabled": False, "unit": "task", "task_order": "", "instance_order": "e2d",
-                                  "instance_orders": ""})
+    c.curriculum = mc.ConfigDict({"enabled": False, "unit": "dataset", "walk": "cyclic", "task_order": "",
+                                  "instance_order": "e2d", "instance_orders": ""})
     return c
 
 
@@ -171,8 +179,11 @@ def validate_plan_config(cfg) -> None:
         raise _bad("mask.delta", "the mask needs per-example scores", "set scores=<file> or mask.delta=None")
     cur = _get(cfg, "curriculum", {}) or {}
     if _get(cur, "enabled", False):
-        if _get(cur, "unit", "task") not in ("task", "dataset"):
-            raise _bad("curriculum.unit", f"unknown value {_get(cur, 'unit')!r}", "'task' or 'dataset'")
+        if _get(cur, "unit", "dataset") not in CURRICULUM_UNITS:
+            raise _bad("curriculum.unit", f"unknown value {_get(cur, 'unit')!r}", "'dataset' or 'task'")
+        if _get(cur, "walk", "cyclic") not in WALKS:
+            raise _bad("curriculum.walk", f"unknown value {_get(cur, 'walk')!r}",
+                       "'cyclic' (Algorithm 1) or 'balanced'")
         io = _get(cur, "instance_order", "e2d")
         if io not in INSTANCE_ORDERS:
             raise _bad("curriculum.instance_order", f"unknown value {io!r}", f"one of {', '.join(INSTANCE_ORDERS)}")
@@ -471,12 +482,18 @@ def load_scores(source, datasets) -> dict[str, np.ndarray]:
     return out
 
 
-def load_task_order(source, units: Sequence[str]) -> list[str]:
+def load_task_order(source, units: Sequence[str], unit: str | None = None) -> list[str]:
     """A task order (list of unit names) from a list / array or a .json / .npy / .txt file; integers index
-    ``units``. Every unit must appear exactly once."""
+    ``units``. Every unit must appear exactly once. unit: the plan's ``curriculum.unit``; a JSON order that
+    records another unit (``jaxembed curriculum`` writes ``{"order": [...], "unit": ...}``) is an error."""
     where = str(source) if isinstance(source, (str, os.PathLike)) else "task order"
     obj = _read_named_arrays(Path(source), "task order") if isinstance(source, (str, os.PathLike)) else source
     if isinstance(obj, Mapping):
+        got = obj.get("unit")
+        if unit is not None and got is not None and got != unit:
+            raise UserError(f"{where}: field 'unit': the order is over {got}s, but the plan's curriculum.unit is "
+                            f"{unit!r} (fix: set curriculum.unit={got!r}, or run `jaxembed score --unit {unit}` "
+                            "and `jaxembed curriculum` again)")
         obj = obj.get("order", obj.get("task_order"))
         if obj is None:
             raise UserError(f"{where}: expected a list of task names or {{\"order\": [...]}}")
@@ -492,8 +509,10 @@ def load_task_order(source, units: Sequence[str]) -> list[str]:
             names.append(str(it))
     unknown = [n for n in names if n not in units]
     if unknown:
-        raise UserError(f"{where}: unknown names {unknown} (known: {list(units)}) (fix: use the data config's "
-                        "task names, or set curriculum.unit)")
+        kind = {"dataset": "the dataset names", "task": "the data config's task names"}.get(unit or "", "")
+        raise UserError(f"{where}: unknown names {unknown} (known: {list(units)}) (fix: "
+                        + (f"curriculum.unit={unit!r} orders {kind}; " if kind else "")
+                        + "name those, or set curriculum.unit)")
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise UserError(f"{where}: {dup} appear more than once (fix: each task once)")
@@ -854,6 +873,41 @@ def build_plan(datasets, config=None, *, scores=None, task_order=None, instance_
     return plan
 
 
+def walk_order(batches: Sequence[int], walk: str = "cyclic") -> tuple[np.ndarray, np.ndarray]:
+    """The order in which a curriculum takes its units' batches (DESIGN.md 2.2; Data-CUBE Algorithm 1, lines
+    18-25). batches: int [U], n_k = the batches of the unit at position k of the task order (its instances already
+    sorted, E2D etc.). -> (position int64 [N], batch int64 [N]), N = sum n_k: the t-th batch of the plan is batch
+    ``batch[t]`` of the unit at ``position[t]``. Both walks go round the task order in cycles (Eq. 6 scores the
+    order as a cycle), visit at most one batch of a unit per cycle, and take each unit's batches in their order.
+
+    - ``cyclic`` (Algorithm 1): cycle c visits every unit in the order and takes its c-th batch; a unit that has
+      run out is skipped. Sort key (j, k) for batch j of the unit at position k. With one unit much larger than
+      the others, the last cycles visit that unit alone: it owns the end of training (its most difficult
+      instances, while the learning rate decays).
+    - ``balanced`` (jaxembed's extension, not the paper's): the same R = max_k n_k cycles, but unit k is visited in
+      n_k of them spread evenly -- batch j in cycle floor(j R / n_k) -- and inside a cycle the units follow the
+      task order: sort key (floor(j R / n_k), k). Unit k's last batch comes in cycle R - ceil(R / n_k): the
+      largest unit is alone only in the last few cycles (R / n_2 - 1, n_2 the second-largest n_k).
+
+    Properties (tests/test_plan.py): cycle 0 visits every unit with a batch, in the task order, so the first visits
+    follow the task order in both walks; each unit's batches keep their order (R >= n_k, so the cycles of one unit
+    strictly increase); equal n_k give R = n_k and identical walks. Balanced: over any m consecutive cycles unit k
+    is visited floor or ceil of m n_k / R times; in any W consecutive batches its count c_k satisfies
+    |c_k - W s_k| < 1 + U s_k + 2 n_k / R (s_k = n_k / N). Proof: the walk sorts by T = cycle + k / U, so a window
+    is the batches with T in some [a, a + L) inside [0, R); unit k's cycles there form an integer range of length
+    within 1 of L, so |c_k - L n_k / R| < 1 + n_k / R; summing, |W - L N / R| < U + N / R; combine the two."""
+    n = np.asarray(batches, np.int64).reshape(-1)
+    if walk not in WALKS:
+        raise _bad("curriculum.walk", f"unknown value {walk!r}", "'cyclic' (Algorithm 1) or 'balanced'")
+    if n.size == 0 or n.sum() == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    pos = np.repeat(np.arange(n.size, dtype=np.int64), n)
+    j = np.concatenate([np.arange(x, dtype=np.int64) for x in n])
+    cycle = j if walk == "cyclic" else (j * int(n.max())) // n[pos]
+    o = np.lexsort((pos, cycle))  # the last key is the primary one: cycle, then the position in the order
+    return pos[o], j[o]
+
+
 def _compressed_batches(rows: np.ndarray, steps: int, G: int) -> np.ndarray | None:
     """Batches per curriculum unit when ``steps`` batches of G cover less than one pass of the units' ``rows``
     [U]: shares proportional to rows (largest remainders), at most rows // G each; sums to ``steps``. None when the
@@ -995,7 +1049,8 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
         units = {infos[d].name: [d] for d in range(len(infos))}
     units = {u: m for u, m in units.items() if any(epochs[d] > 0 and sizes[d] > 0 for d in m)}
     unit_names = list(units)
-    order = load_task_order(task_order if task_order is not None else cur["task_order"], unit_names)
+    order = load_task_order(task_order if task_order is not None else cur["task_order"], unit_names, cur["unit"])
+    walk = cur["walk"]
     io = cur["instance_order"]
     given = None
     if io == "given":
@@ -1075,15 +1130,15 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
                 dropped.append(np.stack([ds[nb * G:], ex[nb * G:]], 1))
             per_unit.append((ds[:nb * G].reshape(nb, G), ex[:nb * G].reshape(nb, G)))
             batches_per_unit[u] += nb
-        # cyclic walk: batch j of the unit at position k lands at sort key (j, k); exhausted units are skipped
-        j_key = np.concatenate([np.arange(b[0].shape[0]) for b in per_unit])
-        k_key = np.concatenate([np.full(b[0].shape[0], k) for k, b in enumerate(per_unit)])
-        o = np.lexsort((k_key, j_key))
+        # the walk over the task order (Algorithm 1's cyclic walk, or the balanced one): see walk_order
+        k_pos, j_idx = walk_order([b[0].shape[0] for b in per_unit], walk)
+        start = np.concatenate([[0], np.cumsum([b[0].shape[0] for b in per_unit])]).astype(np.int64)
+        o = start[k_pos] + j_idx
         bd = np.concatenate([b[0] for b in per_unit])[o]
         be = np.concatenate([b[1] for b in per_unit])[o]
         all_d.append(bd)
         all_e.append(be)
-        all_u.append(np.array([unit_names.index(order[k]) for k in k_key[o]], np.int32))
+        all_u.append(np.array([unit_names.index(order[k]) for k in k_pos], np.int32))
         total += bd.shape[0]
         r += 1
         if (steps == 0 and r >= rounds) or (steps and total >= steps) or (bd.shape[0] == 0) or quota is not None:
@@ -1095,7 +1150,7 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
         DS, EX, UI = DS[:steps], EX[:steps], UI[:steps]
     d_all = np.concatenate(dropped) if dropped else np.zeros((0, 2), np.int64)
     info = {"mode": "curriculum", "strategies": {t: "curriculum" for t in task_names},
-            "curriculum": {"unit": cur["unit"], "order": order, "instance_order": io, "rounds": r,
+            "curriculum": {"unit": cur["unit"], "walk": walk, "order": order, "instance_order": io, "rounds": r,
                            "fraction_of_one_pass": fraction, "truncated_batches": int(truncated)},
             "units": [{"name": u, "strategy": "curriculum", "datasets": [infos[d].name for d in units[u]]}
                       for u in unit_names],
@@ -1206,7 +1261,8 @@ def format_summary(s: dict) -> str:
     if "curriculum" in s:
         c = s["curriculum"]
         short = c.get("fraction_of_one_pass", 1.0)
-        lines.append(f"curriculum: unit {c['unit']}, instance order {c['instance_order']}, rounds {c['rounds']}, "
+        lines.append(f"curriculum: unit {c['unit']}, walk {c.get('walk', 'cyclic')}, instance order "
+                     f"{c['instance_order']}, rounds {c['rounds']}, "
                      + (f"{short:.1%} of one pass (a random subset of each unit, in curriculum order), "
                         if short < 1.0 else "")
                      + f"order {' -> '.join(c['order'][:12])}{' ...' if len(c['order']) > 12 else ''}")
