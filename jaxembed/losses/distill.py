@@ -38,12 +38,17 @@ from jaxembed.losses.core import normalize
 KINDS = ("kl", "margin_mse")
 
 
-def group_sims(q: jax.Array, c: jax.Array, pos_index: jax.Array, K: int) -> jax.Array:
+def group_sims(q: jax.Array, c: jax.Array, pos_index: jax.Array | None, K: int) -> jax.Array:
     """Cosine similarity of each query with its own K candidate slots. q: [B, D], c: [N, D] (raw; normalised
-    here), pos_index: [B] (slot 0 of query i is column pos_index[i], its slots are the next K columns) -> [B, K]."""
+    here); pos_index: [B] (slot 0 of query i is column pos_index[i], its slots are the next K columns), or None for
+    the loader's layout (N = B * K, query i's slots are rows [iK, (i+1)K): a reshape, which keeps a batch-sharded c
+    sharded) -> [B, K]."""
     q, c = normalize(q), normalize(c)
-    cols = pos_index[:, None] + jnp.arange(K, dtype=pos_index.dtype)[None, :]
-    return jnp.einsum("bd,bkd->bk", q, c[cols], preferred_element_type=jnp.float32)
+    if pos_index is None:
+        group = c.reshape(q.shape[0], K, c.shape[-1])
+    else:
+        group = c[pos_index[:, None] + jnp.arange(K, dtype=pos_index.dtype)[None, :]]
+    return jnp.einsum("bd,bkd->bk", q, group, preferred_element_type=jnp.float32)
 
 
 def kl_terms(s: jax.Array, teacher: jax.Array, valid: jax.Array, temperature, teacher_temperature
@@ -80,7 +85,7 @@ def distill_loss(kind: str, q: jax.Array, c: jax.Array, pos_index: jax.Array, te
                  ) -> tuple[jax.Array, jax.Array]:
     """The distillation loss on global arrays: (loss, count of the queries (KL) or pairs (MarginMSE) it averages).
 
-    q: [B, D], c: [N, D] raw embeddings; pos_index: [B]; teacher, valid: [B, K]; weights: [B] (a query with weight 0
+    q: [B, D], c: [N, D] raw embeddings; pos_index: [B] or None (``group_sims``); teacher, valid: [B, K]; weights: [B] (a query with weight 0
     takes no part); temperature: the student's tau; teacher_temperature: T (None: tau)."""
     K = teacher.shape[1]
     s = group_sims(q, c, pos_index, K)

@@ -100,7 +100,8 @@ def total_loss(q: jax.Array, c: jax.Array, pos_index: jax.Array, *, objective: O
                pair_score: jax.Array | None = None, peg_t_prev=None) -> tuple[jax.Array, dict]:
     """The batch loss (module docstring) and its metrics, on global arrays (the contrastive callable may shard).
 
-    q: [B, D], c: [N, D] raw embeddings (N = B * K); pos_index: [B]; weights: [B] instance weights; temperature: the
+    q: [B, D], c: [N, D] raw embeddings in the loader's layout (N = B * K, query i's candidates are rows
+    [iK, (i+1)K), its positive first: pos_index[i] = iK); weights: [B] instance weights; temperature: the
     batch's tau; row_kind: int32 [B] index into ``KINDS`` (needed when several kinds are present); teacher: [B, K]
     teacher scores (NaN: none; needed with distillation); cand_valid: bool [B*K] filled slots; pair_score: [B]
     (NaN: none; needed with scored kinds); peg_t_prev: PEG's momentum.
@@ -129,7 +130,7 @@ def total_loss(q: jax.Array, c: jax.Array, pos_index: jax.Array, *, objective: O
         K = teacher.shape[1]
         rows = contrastive_rows(obj, row_kind, B)
         tt = obj.distill_temperature or None
-        d_loss, _ = distill_lib.distill_loss(obj.distill, q, c, pos_index, teacher, cand_valid.reshape(B, K),
+        d_loss, _ = distill_lib.distill_loss(obj.distill, q, c, None, teacher, cand_valid.reshape(B, K),
                                              jnp.where(rows, weights, 0.0), temperature=temperature,
                                              teacher_temperature=tt)
         total = total + obj.distill_weight * d_loss
