@@ -177,7 +177,7 @@ def test_instance_orders_match_the_plan_and_the_mask_weights():
     for io in ("e2d", "d2e", "random"):
         given = dif.instance_orders(units, sizes, names, io, scores, seed=0)
         cfg = {"global_batch_size": 4, "scores": "x", "mask": {"delta": 0.0},
-               "curriculum": {"enabled": True, "task_order": ["T2", "T1"], "instance_order": "given",
+               "curriculum": {"enabled": True, "unit": "task", "task_order": ["T2", "T1"], "instance_order": "given",
                               "instance_orders": "x"}}
         p_given = build_plan(infos, cfg, scores=scores, instance_orders=given)
         if io != "random":
@@ -284,7 +284,7 @@ def test_score_curriculum_plan_build_end_to_end_with_minilm(small_store, minilm_
     store_dir = str(small_store.path)
     sc = tmp_path / "score"
     assert main(["score", "--model", str(minilm_dir), *REAL_ARGS, "--store", store_dir, "--out", str(sc),
-                 "--n-task-queries", "16", "-q"]) == 0
+                 "--unit", "task", "--n-task-queries", "16", "-q"]) == 0
     out = capsys.readouterr().out
     assert "phi mean" in out and "task similarity over 9 tasks" in out
     for f in ("task_similarity.npz", "task_similarity.png", "scores.npz", "score_summary.json"):
@@ -344,16 +344,17 @@ def test_score_curriculum_plan_build_end_to_end_with_minilm(small_store, minilm_
     cs = json.loads((cur / "curriculum_summary.json").read_text())
     assert cs["mask_counts"]["0"]["masked"] == sum(int((v < 0).sum()) for v in scores.values())
 
-    # dataset units from the cached embeddings (nothing is encoded again), MQMin, the exact solver
+    # dataset units (the default, Data-CUBE's task = a dataset) from the cached embeddings (nothing is encoded
+    # again), MQMin, the exact solver, the balanced walk
     calls = []
     real_encode = enc.encode
     monkeypatch.setattr(enc, "encode", lambda *a, **k: calls.append(1) or real_encode(*a, **k))
     assert main(["score", "--model", str(minilm_dir), *REAL_ARGS, "--store", store_dir, "--out", str(sc),
-                 "--unit", "dataset", "--n-task-queries", "16", "-q"]) == 0
+                 "--n-task-queries", "16", "-q"]) == 0
     assert calls == []
     cur2 = tmp_path / "cur2"
     assert main(["curriculum", "--scores-dir", str(sc), "--out", str(cur2), "--objective", "min", "--solver",
-                 "exact", "--instance-order", "d2e"]) == 0
+                 "exact", "--instance-order", "d2e", "--walk", "balanced"]) == 0
     o2 = json.loads((cur2 / "task_order.json").read_text())
     S2, _, _, _ = sim.load_similarity(sc / "task_similarity.npz")
     assert o2["unit"] == "dataset" and sorted(o2["order"]) == sorted(d.name for d in small_store.datasets)
@@ -362,6 +363,7 @@ def test_score_curriculum_plan_build_end_to_end_with_minilm(small_store, minilm_
                  "--set", "global_batch_size=8", "--out", str(tmp_path / "plan2.npz"), "-q"]) == 0
     p2 = Plan.load(tmp_path / "plan2.npz")
     assert p2.meta["curriculum"]["unit"] == "dataset" and (p2.weights == 1).all()
+    assert p2.meta["curriculum"]["walk"] == "balanced" and p2.meta["curriculum"]["order"] == o2["order"]
 
     # --config: the run config's store and model (the same encoder: nothing is loaded or compiled again)
     cfg = tmp_path / "run.py"
@@ -370,6 +372,7 @@ def test_score_curriculum_plan_build_end_to_end_with_minilm(small_store, minilm_
                    "    c = default_config()\n"
                    f"    c.model.name = {str(minilm_dir)!r}\n"
                    "    c.model.max_length = 32\n"
+                   "    c.plan.curriculum.unit = 'task'\n"  # the config's unit is score's default unit
                    f"    c.data.store = {store_dir!r}\n"
                    "    return c\n", encoding="utf-8")
     n_loaded = len(_LOADED)

@@ -5,7 +5,7 @@ a reference model and write files the batch plan (``jaxembed plan build``) consu
 line by the main CLI, exit status 2). The jobs are also Python functions: ``run_score``, ``run_curriculum`` and
 ``run_mine``.
 
-- ``score --model M --store DIR | --config FILE[:VARIANT] --out DIR [--unit task|dataset] [--n-task-queries N]
+- ``score --model M --store DIR | --config FILE[:VARIANT] --out DIR [--unit dataset|task] [--n-task-queries N]
   [--seed S] [--negatives min|mean]``: encodes every instructed query and document of the store with the reference
   model (cached per shard under DIR/cache: a killed run resumes), and writes::
 
@@ -72,8 +72,10 @@ def add_parsers(subparsers) -> None:
                    help="a run config: its data.store, or its data config prepared into OUT/store; its model "
                         "(name, max_length, dtype) when --model is not given")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
-    p.add_argument("--unit", default="task", choices=["task", "dataset"],
-                   help="what the curriculum orders: the data config's tasks (default) or single datasets")
+    p.add_argument("--unit", default=None, choices=["dataset", "task"],
+                   help="what the curriculum orders: single datasets (Data-CUBE's task is a MEDI dataset) or the "
+                        "data config's tasks, their datasets pooled (default: the --config's "
+                        "plan.curriculum.unit, else dataset)")
     p.add_argument("--n-task-queries", type=int, default=1000, metavar="N",
                    help="n_t of Eq. 4: queries sampled per unit for its representation (default 1000)")
     p.add_argument("--seed", type=int, default=0)
@@ -110,6 +112,10 @@ def add_parsers(subparsers) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--instance-order", default="e2d", choices=["e2d", "d2e", "random"],
                    help="instances per unit: easy to difficult (phi descending, default), difficult to easy, random")
+    c.add_argument("--walk", default="cyclic", choices=["cyclic", "balanced"],
+                   help="plan.curriculum.walk of the written plan config: Algorithm 1's cyclic walk (default) or "
+                        "the balanced walk (each unit visited in proportion to its size; see "
+                        "jaxembed.data.plan.walk_order)")
     c.add_argument("--delta", type=float, default=None,
                    help="Eq. 9 mask threshold: an example with phi < delta gets loss weight 0 (default: no mask)")
     c.add_argument("--mask-direction", default="text", choices=["text", "printed"],
@@ -238,7 +244,7 @@ def _dataset_texts(store, d: int, indices: np.ndarray | None, need_docs: bool):
     return np.array(q_rows, np.int64), q_texts, d_texts, pos_ids, neg_ids
 
 
-def run_score(encoder, store, out, *, unit: str = "task", n_task_queries: int = 1000, seed: int = 0,
+def run_score(encoder, store, out, *, unit: str = "dataset", n_task_queries: int = 1000, seed: int = 0,
               negatives: str = "min", sampled_negatives: int = 7, similarity_only: bool = False,
               shard_size: int = 2048, batch_size: int = 64, model_key: str | None = None, model_name: str = "",
               progress: bool | None = None) -> dict:
@@ -394,8 +400,12 @@ def cmd_score(args) -> int:
     name = args.model or (config.model.name if config is not None else "")
     if not name:
         raise UserError("score: --model is required (or a --config whose model.name is set)")
+    unit = args.unit
+    if unit is None:  # the unit the config's plan orders, so that its curriculum finds its units
+        cur = (config.get("plan") or {}).get("curriculum") or {} if config is not None else {}
+        unit = str(cur.get("unit") or "dataset")
     loaded, enc = _load_model(name, args, config)
-    s = run_score(enc, store, args.out, unit=args.unit, n_task_queries=args.n_task_queries, seed=args.seed,
+    s = run_score(enc, store, args.out, unit=unit, n_task_queries=args.n_task_queries, seed=args.seed,
                   negatives=args.negatives, sampled_negatives=args.sampled_negatives,
                   similarity_only=args.similarity_only, shard_size=args.shard_size, batch_size=args.batch_size,
                   model_key=_model_key(loaded, enc), model_name=str(name), progress=not args.quiet)
@@ -429,7 +439,7 @@ def _plan_units(store, unit: str) -> dict[str, list[int]]:
 def run_curriculum(scores_dir, out, *, store=None, objective: str = "max", solver: str = "anneal",
                    iterations: int = 2_000_000, tau0: float | None = None, cooling: float | None = None,
                    patience: int = 0, kicks: int = 200, seed: int = 0, instance_order: str = "e2d",
-                   delta: float | None = None, mask_direction: str = "text") -> dict:
+                   delta: float | None = None, mask_direction: str = "text", walk: str = "cyclic") -> dict:
     """The ``jaxembed curriculum`` job: reads ``scores_dir`` (jaxembed score), writes task_order.json,
     instance_orders.json, plan_curriculum.json and curriculum_summary.json into ``out``. -> the summary."""
     from jaxembed.curriculum import difficulty as dif
@@ -438,6 +448,10 @@ def run_curriculum(scores_dir, out, *, store=None, objective: str = "max", solve
     from jaxembed.data.plan import load_scores
     from jaxembed.data.store import Store
 
+    from jaxembed.data.plan import WALKS
+
+    if walk not in WALKS:
+        raise UserError(f"--walk {walk!r}: one of {', '.join(WALKS)}")
     scores_dir, out = Path(scores_dir), Path(out)
     S, names, unit, meta = load_similarity(scores_dir / "task_similarity.npz")
     if store is None:
@@ -486,7 +500,8 @@ def run_curriculum(scores_dir, out, *, store=None, objective: str = "max", solve
                 for x in deltas}
     snippet = {"scores": str(scores_path.resolve()) if scores is not None else "",
                "mask": {"delta": delta, "direction": mask_direction},
-               "curriculum": {"enabled": True, "unit": unit, "task_order": str(task_order_path.resolve()),
+               "curriculum": {"enabled": True, "unit": unit, "walk": walk,
+                              "task_order": str(task_order_path.resolve()),
                               "instance_order": "given", "instance_orders": str(io_path.resolve())}}
     _write_json(out / "plan_curriculum.json", snippet)
     summary = {"unit": unit, "units": len(names), "order": order, "objective": objective, "solver": res.solver,
@@ -517,7 +532,7 @@ def cmd_curriculum(args) -> int:
     s = run_curriculum(args.scores_dir, args.out, store=args.store, objective=args.objective, solver=args.solver,
                        iterations=args.iterations, tau0=args.tau0, cooling=args.cooling, patience=args.patience,
                        kicks=args.kicks, seed=args.seed, instance_order=args.instance_order, delta=args.delta,
-                       mask_direction=args.mask_direction)
+                       mask_direction=args.mask_direction, walk=args.walk)
     v = s["values"]
     out = Path(args.out)
     print(f"task order ({s['units']} {s['unit']}s, objective {s['objective']}, solver {s['solver']}, "

@@ -5,8 +5,8 @@
   every query weighs the same (the reference models of the paper normalise anyway).
 - Eq. 5: task similarity = cosine of two task representations (the interference risk is its negative).
 
-A "task" is a unit of the curriculum: a task of the data config (its datasets pooled) or a single dataset
-(``unit='dataset'``), matching ``plan.curriculum.unit``.
+A "task" is a unit of the curriculum: a single dataset (``unit='dataset'``, the default: Data-CUBE's task is a MEDI
+dataset) or a task of the data config (``unit='task'``, its datasets pooled), matching ``plan.curriculum.unit``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import numpy as np
 from jaxembed.errors import UserError
 
 
-def curriculum_units(infos, unit: str = "task") -> dict[str, list[int]]:
-    """{unit name: dataset ids (store order)}: the tasks of the data config in order of first appearance, or
-    every dataset (``unit='dataset'``) -- the units ``jaxembed.data.plan`` orders."""
+def curriculum_units(infos, unit: str = "dataset") -> dict[str, list[int]]:
+    """{unit name: dataset ids (store order)}: every dataset (``unit='dataset'``), or the tasks of the data config
+    in order of first appearance (``unit='task'``) -- the units ``jaxembed.data.plan`` orders."""
     if unit not in ("task", "dataset"):
         raise UserError(f"--unit {unit!r}: 'task' or 'dataset'")
     out: dict[str, list[int]] = {}
