@@ -1,11 +1,12 @@
 """Model registry: Hugging Face ``model_type`` -> our Flax NNX implementation and its mapping table.
 
-Every architecture package (``bert``, ``qwen2``, ``t5``) exports ``<Name>Config`` (with ``from_hf``, ``to_hf``,
-``num_layers``), ``<Name>Model`` (``__call__(input_ids, attention_mask, token_type_ids=None, *, deterministic,
-rngs, experts=None, segment_ids=None, positions=None) -> [B, L, H]``: padded rows with ``attention_mask``, or
-packed rows (``jaxembed.packing``) with ``segment_ids`` and per-text ``positions``; attention through
-``jaxembed.models.attention``, chosen by the config's ``attention``), ``rules(config)``, ``PREFIXES`` (stripped from checkpoint keys), ``IGNORE`` (regexes of keys
-that are not encoder weights) and optionally ``adapt(hf_config, keys) -> dict`` (config overrides read off the
+Every architecture package (``bert``, ``qwen2``, ``llama``, ``gemma``, ``t5``; the decoders share
+``jaxembed.models.decoder``) exports ``<Name>Config`` (with ``from_hf``, ``to_hf``, ``num_layers``),
+``<Name>Model`` (``__call__(input_ids, attention_mask, token_type_ids=None, *, deterministic, rngs, experts=None,
+segment_ids=None, positions=None) -> [B, L, H]``: padded rows with ``attention_mask``, or packed rows
+(``jaxembed.packing``) with ``segment_ids`` and per-text ``positions``; attention through
+``jaxembed.models.attention``, chosen by the config's ``attention``), ``rules(config)``, ``PREFIXES`` (stripped
+from checkpoint keys), ``IGNORE`` (regexes of keys that are not encoder weights) and optionally ``adapt(hf_config, keys) -> dict`` (config overrides read off the
 checkpoint, e.g. whether BERT has a pooler).
 
 Every architecture config also carries ``mote`` (a ``jaxembed.mote.MoTESpec`` or None): with it, the listed
@@ -58,6 +59,10 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "camembert": ArchSpec("bert", "BertConfig", "BertModel", uses_token_types=True),
     "qwen2": ArchSpec("qwen2", "Qwen2Config", "Qwen2Model"),
     "qwen3": ArchSpec("qwen2", "Qwen2Config", "Qwen2Model"),
+    "llama": ArchSpec("llama", "LlamaConfig", "LlamaModel"),
+    "mistral": ArchSpec("llama", "LlamaConfig", "LlamaModel"),
+    "gemma2": ArchSpec("gemma", "GemmaConfig", "GemmaModel"),
+    "gemma3_text": ArchSpec("gemma", "GemmaConfig", "GemmaModel"),
     "t5": ArchSpec("t5", "T5Config", "T5EncoderModel"),
     "mt5": ArchSpec("t5", "T5Config", "T5EncoderModel"),
 }

@@ -21,7 +21,14 @@ Implementations (``model.attention``; ``IMPLEMENTATIONS``):
 - ``te``: Transformer Engine's JAX fused attention (``transformer_engine.jax.attention.fused_attn``) with a
   ``SequenceDescriptor`` from segment ids and positions (CUDA GPU; imported only when asked for).
 - ``auto``: per platform: TPU -> splash; CUDA GPU (Hopper+, half precision, head_dim % 8 == 0 and <= 256) ->
-  cudnn; otherwise xla. Calls the fast kernels cannot serve (the T5 bias, attention dropout in training) use xla.
+  cudnn; otherwise xla. Calls the fast kernels cannot serve (the T5 bias, attention dropout in training; on GPU a
+  sliding window shorter than the row and attention logit soft-capping) use xla.
+
+Sliding windows (Mistral, Gemma's local layers) and attention logit soft-capping (Gemma 2) are applied by xla
+(in the mask / on the logits) and by splash (``LocalMask``, ``attn_logits_soft_cap``). A window at least as long
+as the row is no window, so every kernel serves it; cudnn, pallas and te asked for a shorter one, or for
+soft-capping, are a one-line ``UserError`` (soft-capping when the model is built, the window when the step is
+traced, since it depends on the row length).
 
 An explicit request that cannot run (wrong platform, missing package, T5's position bias) is a one-line
 ``UserError`` when the model is built (``check``), before any work; a fused kernel asked to apply attention
@@ -44,6 +51,8 @@ from jaxembed.errors import UserError
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "te", "pallas", "splash")
 _PLATFORM = {"cudnn": "gpu", "te": "gpu", "pallas": "gpu", "splash": "tpu"}
+# Kernels that apply a sliding window / attention logit soft-capping themselves (besides xla).
+_WINDOW = _SOFTCAP = ("splash",)
 
 
 @jax.tree_util.register_dataclass
@@ -72,12 +81,17 @@ def positions_from_segments(ids: jax.Array) -> jax.Array:
     return col - start
 
 
-def segment_mask(ids: jax.Array, causal: bool) -> jax.Array:
-    """ids [B, L] -> bool [B, 1, L, L]: query t may attend key s (same segment; and s <= t when causal)."""
+def segment_mask(ids: jax.Array, causal: bool, window: int | None = None) -> jax.Array:
+    """ids [B, L] -> bool [B, 1, L, L]: query t may attend key s (same segment; and s <= t when causal; and
+    t - s < window when causal, |t - s| < window when not, with a sliding ``window``)."""
     m = ids[:, :, None] == ids[:, None, :]
-    if causal:
+    if causal or window is not None:
         l = ids.shape[1]
-        m = m & jnp.tril(jnp.ones((l, l), bool))[None]
+        d = jnp.arange(l)[:, None] - jnp.arange(l)[None, :]  # t - s
+        keep = d >= 0 if causal else jnp.ones((l, l), bool)
+        if window is not None:
+            keep = keep & (jnp.abs(d) < window)
+        m = m & keep[None]
     return m[:, None]
 
 
@@ -117,9 +131,10 @@ def _fix(name: str) -> str:
     return f"(fix: model.attention='auto' or 'xla'; got model.attention={name!r})"
 
 
-def check(name: str, *, dtype, head_dim: int, bias: bool = False) -> None:
+def check(name: str, *, dtype, head_dim: int, bias: bool = False, softcap: bool = False) -> None:
     """Raise a one-line UserError when implementation ``name`` cannot run this model here: unknown name, wrong
-    platform, missing package, an unsupported feature (the T5 position bias). Called when a model is built."""
+    platform, missing package, an unsupported feature (the T5 position bias, Gemma 2's logit soft-capping).
+    Called when a model is built. (A sliding window depends on the row length: see ``resolve``.)"""
     if name not in IMPLEMENTATIONS:
         raise UserError(f"model.attention={name!r} is not valid (fix: one of {', '.join(IMPLEMENTATIONS)})")
     if name in ("auto", "xla"):
@@ -127,6 +142,9 @@ def check(name: str, *, dtype, head_dim: int, bias: bool = False) -> None:
     if bias:
         raise UserError(f"model.attention={name!r} has no additive position bias, which this model (T5) needs "
                         f"{_fix(name)}")
+    if softcap and name not in _SOFTCAP:
+        raise UserError(f"model.attention={name!r} has no attention logit soft-capping, which this model (Gemma) "
+                        f"needs {_fix(name)}")
     if name == "te":
         try:
             import transformer_engine.jax  # noqa: F401
@@ -142,20 +160,30 @@ def check(name: str, *, dtype, head_dim: int, bias: bool = False) -> None:
             raise UserError(f"model.attention='cudnn' {why} {_fix(name)}")
 
 
-def resolve(name: str, *, dtype, head_dim: int, bias: bool, dropout: bool) -> str:
+def resolve(name: str, *, dtype, head_dim: int, bias: bool, dropout: bool, window: bool = False,
+            softcap: bool = False) -> str:
     """The implementation that runs a call: ``name``, or for ``auto`` the platform's fast kernel when it supports
-    the call (no bias, no active dropout), else ``xla``. A fused kernel asked for attention dropout raises."""
+    the call (no bias, no active dropout; a sliding window shorter than the row and soft-capping only where the
+    kernel has them), else ``xla``. A fused kernel asked for what it lacks raises a one-line UserError (when the
+    step is traced: a window matters only for rows longer than it)."""
     if name == "auto":
         if bias or dropout:
             return "xla"
         if _platform() == "tpu":
             return "splash"
-        if _platform() == "gpu" and _cudnn_ok(dtype, head_dim) is None:
+        if _platform() == "gpu" and _cudnn_ok(dtype, head_dim) is None and not window and not softcap:
             return "cudnn"
         return "xla"
     if name != "xla" and dropout:
         raise UserError(f"model.attention={name!r} has no attention dropout, which this training step uses (fix: "
                         "model.attention='auto' (xla while dropout is on) or train.dropout=False)")
+    if name != "xla" and window and name not in _WINDOW:
+        raise UserError(f"model.attention={name!r} has no sliding-window attention, which this model needs for rows "
+                        "longer than its window (fix: model.attention='auto' or 'xla', or rows no longer than the "
+                        "window)")
+    if name != "xla" and softcap and name not in _SOFTCAP:
+        raise UserError(f"model.attention={name!r} has no attention logit soft-capping, which this model (Gemma) "
+                        f"needs {_fix(name)}")
     return name
 
 
@@ -169,24 +197,35 @@ def _expand_kv(k, v, n: int):
     return jnp.repeat(k, n // kh, axis=2), jnp.repeat(v, n // kh, axis=2)
 
 
+def softcap_logits(logits: jax.Array, cap: float) -> jax.Array:
+    """Attention logit soft-capping (Gemma 2, Gemma Team 2024, section 2): cap * tanh(logits / cap)."""
+    return cap * jnp.tanh(logits / cap)
+
+
 def xla_attention(q, k, v, seg: Segments, *, causal=False, bias=None, scale=None, dropout_rate=0.0,
-                  deterministic=True, rngs=None):
-    """The reference. q: [B, T, N, D]; k, v: [B, S, K, D]; bias: additive [1 or B, N, T, S] -> [B, T, N, D]."""
+                  deterministic=True, rngs=None, window=None, softcap=None):
+    """The reference. q: [B, T, N, D]; k, v: [B, S, K, D]; bias: additive [1 or B, N, T, S]; window: sliding
+    window (``segment_mask``); softcap: logits = softcap * tanh(scaled logits / softcap), before the mask (as
+    transformers' Gemma) -> [B, T, N, D]."""
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    mask = segment_mask(seg.ids, causal)
-    if dropout_rate <= 0.0 or deterministic:
+    mask = segment_mask(seg.ids, causal, window)
+    dropout = dropout_rate > 0.0 and not deterministic
+    if not dropout and softcap is None:
         return jax.nn.dot_product_attention(q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
                                             scale=scale, implementation="xla")
     k, v = _expand_kv(k, v, q.shape[2])
     logits = jnp.einsum("btnd,bsnd->bnts", q, k, preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        logits = softcap_logits(logits, softcap)
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1)
-    keep = jax.random.bernoulli(rngs.dropout(), 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0).astype(v.dtype)
-    return jnp.einsum("bnts,bsnd->btnd", probs, v)
+    if dropout:
+        keep = jax.random.bernoulli(rngs.dropout(), 1.0 - dropout_rate, probs.shape)
+        probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    return jnp.einsum("bnts,bsnd->btnd", probs.astype(v.dtype), v)
 
 
 def segment_runs(ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -242,8 +281,10 @@ def pallas_attention(q, k, v, seg: Segments, *, causal=False, scale=None, interp
     return out[:, :l]
 
 
-def splash_attention(q, k, v, seg: Segments, *, causal=False, scale=None, interpret: bool = False):
-    """TPU splash attention with ``SegmentIds`` (``interpret`` runs it on CPU)."""
+def splash_attention(q, k, v, seg: Segments, *, causal=False, scale=None, window=None, softcap=None,
+                     interpret: bool = False):
+    """TPU splash attention with ``SegmentIds``, a sliding ``window`` as a ``LocalMask`` and soft-capping as
+    ``attn_logits_soft_cap`` (``interpret`` runs it on CPU)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     b, l, n, d = q.shape
@@ -253,8 +294,13 @@ def splash_attention(q, k, v, seg: Segments, *, causal=False, scale=None, interp
     ids = _pad_rows(seg.ids, lp, -1)
     qp, kp, vp = (jnp.swapaxes(_pad_rows(t, lp, 0), 1, 2) for t in (q * jnp.asarray(scale, q.dtype), k, v))
     shape = (lp, lp)
-    mask = sa.MultiHeadMask([sa.CausalMask(shape) if causal else sa.FullMask(shape) for _ in range(n)])
-    kernel = sa.make_splash_mha(mask, head_shards=1, q_seq_shards=1, interpret=interpret)
+    if window is not None:  # keys s with t - (window - 1) <= s <= t (+ window - 1 when not causal)
+        one = sa.LocalMask(shape, (window - 1, 0 if causal else window - 1), 0)
+    else:
+        one = sa.CausalMask(shape) if causal else sa.FullMask(shape)
+    mask = sa.MultiHeadMask([one for _ in range(n)])
+    kernel = sa.make_splash_mha(mask, head_shards=1, q_seq_shards=1, attn_logits_soft_cap=softcap,
+                                interpret=interpret)
     out = jax.vmap(lambda qq, kk, vv, s: kernel(qq, kk, vv, segment_ids=sa.SegmentIds(q=s, kv=s)))(qp, kp, vp, ids)
     return jnp.swapaxes(out, 1, 2)[:, :l]
 
@@ -277,23 +323,30 @@ def te_attention(q, k, v, seg: Segments, *, causal=False, scale=None):
 
 
 def attention(q, k, v, segments, *, causal: bool = False, bias=None, scale: float | None = None,
-              dropout_rate: float = 0.0, deterministic: bool = True, rngs=None, implementation: str = "xla"):
+              dropout_rate: float = 0.0, deterministic: bool = True, rngs=None, implementation: str = "xla",
+              window: int | None = None, softcap: float | None = None):
     """Multi-head (or grouped-query) scaled dot-product attention, block-diagonal by segment.
 
     q: [B, T, N, D]; k, v: [B, T, K, D] with N a multiple of K; segments: ``Segments`` or an attention mask
     [B, T] (1 = token, 0 = padding); causal: also only keys at or before the query; bias: additive
     [1 or B, N, T, T] (T5's position bias; xla only); scale: default 1/sqrt(D) (T5: 1.0); dropout on the attention
-    probabilities when ``dropout_rate > 0`` and not ``deterministic`` (xla only). implementation: one of
-    ``IMPLEMENTATIONS`` (module docstring). -> [B, T, N, D]."""
+    probabilities when ``dropout_rate > 0`` and not ``deterministic`` (xla only); window: sliding window (Mistral,
+    Gemma): causal, keys s with 0 <= t - s < window; bidirectional, |t - s| < window. Distances are columns of
+    the row, which within a text (contiguous) are distances of positions; a window of T or more is no limit.
+    softcap: attention logit soft-capping (Gemma 2). implementation: one of ``IMPLEMENTATIONS`` (module
+    docstring). -> [B, T, N, D]."""
     seg = as_segments(segments)
     use_dropout = dropout_rate > 0.0 and not deterministic
+    if window is not None and window >= q.shape[1]:
+        window = None  # no row is longer than the window: full attention (any kernel)
     impl = resolve(implementation, dtype=q.dtype, head_dim=q.shape[-1], bias=bias is not None,
-                   dropout=use_dropout)
+                   dropout=use_dropout, window=window is not None, softcap=softcap is not None)
     if impl == "xla":
         return xla_attention(q, k, v, seg, causal=causal, bias=bias, scale=scale, dropout_rate=dropout_rate,
-                             deterministic=deterministic, rngs=rngs)
+                             deterministic=deterministic, rngs=rngs, window=window, softcap=softcap)
     if bias is not None:
         raise UserError(f"model.attention={impl!r} has no additive position bias (T5) {_fix(impl)}")
-    fn = {"cudnn": cudnn_attention, "pallas": pallas_attention, "splash": splash_attention,
-          "te": te_attention}[impl]
+    if impl == "splash":
+        return splash_attention(q, k, v, seg, causal=causal, scale=scale, window=window, softcap=softcap)
+    fn = {"cudnn": cudnn_attention, "pallas": pallas_attention, "te": te_attention}[impl]
     return fn(q, k, v, seg, causal=causal, scale=scale)

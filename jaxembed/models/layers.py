@@ -101,24 +101,30 @@ def layer_norm(features: int, eps: float, *, opts: RuntimeOptions, rngs: nnx.Rng
 
 
 class RMSNorm(nnx.Module):
-    """Root-mean-square norm without mean subtraction or bias (T5 LayerNorm, Qwen2 RMSNorm).
+    """Root-mean-square norm without mean subtraction or bias (T5 LayerNorm, Qwen2 / Llama RMSNorm).
 
     y = x / sqrt(mean(x^2) + eps) * scale, computed in float32 and cast back to the compute dtype,
     like the PyTorch references (which cast to the weight dtype before multiplying).
+
+    unit_offset (Gemma): the stored scale w is centred on 0 (initialised to 0) and y = x / sqrt(mean(x^2) + eps)
+    * (1 + w), all in float32, cast at the end (transformers' Gemma2RMSNorm / Gemma3RMSNorm).
     """
 
     def __init__(self, features: int, eps: float, *, opts: RuntimeOptions, rngs: nnx.Rngs,
-                 axis_name: str = "embed"):
+                 axis_name: str | None = "embed", unit_offset: bool = False):
         self.eps = eps
+        self.unit_offset = unit_offset
         self.dtype = to_dtype(opts.dtype)
-        self.scale = nnx.Param(
-            _init(nnx.initializers.ones_init(), (axis_name,))(rngs.params(), (features,), to_dtype(opts.param_dtype))
-        )
+        init = nnx.initializers.zeros_init() if unit_offset else nnx.initializers.ones_init()
+        self.scale = nnx.Param(_init(init, (axis_name,))(rngs.params(), (features,), to_dtype(opts.param_dtype)))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [..., features] -> [..., features]."""
         x32 = x.astype(jnp.float32)
         var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        if self.unit_offset:
+            return (x32 * jax.lax.rsqrt(var + self.eps) * (1.0 + self.scale[...].astype(jnp.float32))).astype(
+                self.dtype)
         y = (x32 * jax.lax.rsqrt(var + self.eps)).astype(self.dtype)
         return y * self.scale[...].astype(self.dtype)
 
@@ -149,7 +155,7 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
 
 def attention(q, k, v, segments, *, causal: bool = False, bias=None, scale: float | None = None,
               dropout_rate: float = 0.0, deterministic: bool = True, rngs: nnx.Rngs | None = None,
-              implementation: str = "xla") -> jax.Array:
+              implementation: str = "xla", window: int | None = None, softcap: float | None = None) -> jax.Array:
     """Multi-head (or grouped-query) scaled dot-product attention, block-diagonal by segment: the one attention
     interface of every architecture (kernels in ``jaxembed.models.attention``).
 
@@ -157,10 +163,12 @@ def attention(q, k, v, segments, *, causal: bool = False, bias=None, scale: floa
     segments: ``Segments`` (segment ids [B, T], 0 = padding, 1.. = the text of each token within its row) or an
     attention mask [B, T] (1 = real token, 0 = padding); causal: only keys at or before the query, within its
     text; bias: additive [1 or B, N, T, T] (T5 position bias); scale defaults to 1/sqrt(D) (T5 uses 1.0);
-    implementation: ``model.attention`` (auto / xla / cudnn / te / pallas / splash). Returns [B, T, N, D].
+    implementation: ``model.attention`` (auto / xla / cudnn / te / pallas / splash); window: sliding window within
+    a text (Mistral, Gemma); softcap: attention logit soft-capping (Gemma 2). Returns [B, T, N, D].
     """
     return _attn.attention(q, k, v, segments, causal=causal, bias=bias, scale=scale, dropout_rate=dropout_rate,
-                           deterministic=deterministic, rngs=rngs, implementation=implementation)
+                           deterministic=deterministic, rngs=rngs, implementation=implementation, window=window,
+                           softcap=softcap)
 
 
 def segments_for(attention_mask: jax.Array | None, segment_ids: jax.Array | None,
@@ -178,10 +186,10 @@ def segments_for(attention_mask: jax.Array | None, segment_ids: jax.Array | None
     return Segments(ids, pos), pos
 
 
-def check_attention(c: "RuntimeOptions", *, head_dim: int, bias: bool = False) -> None:
+def check_attention(c: "RuntimeOptions", *, head_dim: int, bias: bool = False, softcap: bool = False) -> None:
     """A one-line UserError when ``c.attention`` cannot run this model here (see ``jaxembed.models.attention``);
     called when a model is built, before any work."""
-    _attn.check(c.attention, dtype=to_dtype(c.dtype), head_dim=head_dim, bias=bias)
+    _attn.check(c.attention, dtype=to_dtype(c.dtype), head_dim=head_dim, bias=bias, softcap=softcap)
 
 
 def run_layers(layers, x: jax.Array, remat: bool, *args, rngs: nnx.Rngs | None = None, **kwargs) -> jax.Array:
