@@ -14,6 +14,8 @@ PEAK_FLOPS = {
     "H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "V100": 125e12,
     "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12,
 }
+# Decoders with q/k/v/o projections and a gated (3-matrix) MLP: jaxembed.models.decoder.
+DECODERS = ("qwen2", "qwen3", "llama", "mistral", "gemma2", "gemma3_text")
 
 
 def layer_matrix_params(config) -> int:
@@ -23,7 +25,7 @@ def layer_matrix_params(config) -> int:
     t = config.model_type
     if t in ("bert", "roberta", "xlm-roberta", "camembert"):
         return L * (4 * h * h + 2 * h * config.intermediate_size)
-    if t in ("qwen2", "qwen3"):
+    if t in DECODERS:
         q = config.num_attention_heads * config.head_dim
         kv = config.num_key_value_heads * config.head_dim
         return L * (h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size)
@@ -35,7 +37,7 @@ def layer_matrix_params(config) -> int:
 
 
 def attention_width(config) -> int:
-    if config.model_type in ("qwen2", "qwen3"):
+    if config.model_type in DECODERS:
         return config.num_attention_heads * config.head_dim
     if config.model_type in ("t5", "mt5"):
         return config.num_heads * config.d_kv
