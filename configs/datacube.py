@@ -25,18 +25,27 @@ Variants (combine with commas, e.g. ``configs/datacube.py:tiny,mqmin``):
   for both: instances E2D, task order shuffled): ``curriculum_dir``/random/task_order.json.
 - ``no_instance_curriculum``: Table 3 "w/o Inst" = Table 7 Random: the SA task order, instances shuffled.
 - ``d2e``: Table 7 D2E, instances difficult to easy.
-- ``random``: Table 3 "Vanilla", no curriculum at all: the same data and one-task batches (as INSTRUCTOR trains),
-  in random order. Mixed-task batches instead: --config.plan.strategy=random.
+- ``random``: Table 3 "Vanilla", no curriculum at all: the same data and one-unit batches (one dataset per batch;
+  one task per batch with ``task_unit``; as INSTRUCTOR trains), in random order. Mixed-task batches instead:
+  --config.plan.strategy=random.
+- ``task_unit``: the curriculum orders the data config's tasks (datasets sharing an instruction pooled) instead of
+  single datasets; its files live in ``curriculum_dir`` + ``_task`` (``jaxembed score`` reads the unit from this
+  config).
+- ``balanced``: jaxembed's balanced walk (``plan.curriculum.walk='balanced'``, not the paper's): the same cycles over
+  the task order as Algorithm 1, but each unit is visited in proportion to its size, so that all units end together
+  instead of the largest one owning the end of training (``jaxembed.data.plan.walk_order``).
 - ``mask``: the Eq. 9 instance mask, alpha = 0 where phi < delta (the paper's text; delta 0.0: the reference
   model ranks the negative above the positive); --config.plan.mask.delta=X changes delta,
   --config.plan.mask.direction=printed takes Eq. 9 as printed.
 
-``get_hyper`` below is the ablation sweep of Tables 3, 6 and 7 (``jaxembed sweep --config configs/datacube.py
---root runs/datacube_ablations``; needs all three task orders).
+``get_hyper`` below is the ablation sweep of Tables 3, 6 and 7 plus the balanced walk (``jaxembed sweep --config
+configs/datacube.py --root runs/datacube_ablations``; needs all three task orders).
 
 Our data is not the paper's: the shared training data has 14 datasets, 11 tasks and 6 task types (124k examples),
-where MEDI has 330 tasks and 1.4M instances. A curriculum unit is a task of the data config (datasets sharing an
-instruction, e.g. sst2 + mr), as a MEDI task is an instruction with its data.
+where MEDI has 330 tasks and 1.4M instances. A curriculum unit is a dataset, as the paper's task is a MEDI dataset
+(330 tasks = 330 datasets, each with its instruction); ``task_unit`` pools the datasets of a task (e.g. sst2 + mr).
+SST-2 alone is 54 % of the data: Algorithm 1's walk then ends with a long run of SST-2 batches, which the
+``balanced`` walk spreads over the whole run.
 """
 
 from pathlib import Path
@@ -48,7 +57,8 @@ from jaxembed.config import default_config
 from jaxembed.data.config import shared_train_config
 from jaxembed.errors import UserError
 
-VARIANTS = ("tiny", "mqmin", "mqrand", "no_task_curriculum", "no_instance_curriculum", "d2e", "random", "mask")
+VARIANTS = ("tiny", "mqmin", "mqrand", "no_task_curriculum", "no_instance_curriculum", "d2e", "random", "mask",
+            "task_unit", "balanced")
 OBJECTIVES = ("max", "min", "random")  # jaxembed curriculum --objective; 'max' is Data-CUBE (MQMax)
 TINY_DATASETS = ("stsb", "sick_nli", "trecqa")
 
@@ -93,9 +103,9 @@ def _variants(arg):
         raise UserError("configs/datacube.py: variants d2e and no_instance_curriculum choose different instance "
                         "orders; pick one")
     if "random" in variants and set(variants) & {"mqmin", "mqrand", "no_task_curriculum", "no_instance_curriculum",
-                                                 "d2e"}:
+                                                 "d2e", "balanced"}:
         raise UserError("configs/datacube.py: variant 'random' has no curriculum; it does not combine with a "
-                        "task-order or instance-order variant")
+                        "task-order, instance-order or walk variant")
     return variants
 
 
@@ -173,7 +183,9 @@ def get_config(arg=None):
     c.optim.schedule = "linear"                     # not stated; INSTRUCTOR's (HF Trainer) linear decay
 
     # ---- curriculum (paper 4.2-4.3, Algorithm 1 lines 18-25): files from `jaxembed score` + `jaxembed curriculum`
-    c.curriculum_dir = "runs/datacube_tiny/curriculum" if tiny else "runs/datacube/curriculum"
+    task_unit = "task_unit" in variants
+    c.curriculum_dir = ("runs/datacube_tiny/curriculum" if tiny else "runs/datacube/curriculum") + (
+        "_task" if task_unit else "")                # the task order is over the units: one folder per unit
     c.task_order_objective = "max"                  # Table 6: MQMax (ours); 'min' = MQMin, 'random' = MQRand
     if "mqmin" in variants:
         c.task_order_objective = "min"
@@ -181,20 +193,23 @@ def get_config(arg=None):
         c.task_order_objective = "random"           # Table 3 w/o Task = Table 6 MQRand (identical rows)
     cur = c.plan.curriculum
     cur.enabled = "random" not in variants          # Table 3 Vanilla: no curriculum
-    cur.unit = "task"                               # a MEDI task = an instruction and its data
+    cur.unit = "task" if task_unit else "dataset"   # paper: a MEDI task = one dataset with its instruction
+    cur.walk = "balanced" if "balanced" in variants else "cyclic"  # Algorithm 1 lines 18-25: cyclic
     cur.instance_order = "e2d"                      # paper 4.3.2: phi descending = easy to difficult (Table 7 E2D)
     if "d2e" in variants:
         cur.instance_order = "d2e"                  # Table 7 D2E
     if "no_instance_curriculum" in variants:
         cur.instance_order = "random"               # Table 7 Random = Table 3 w/o Inst (shuffled with the plan
         #                                             seed; the paper used seed 42)
-    if "random" in variants:
-        c.plan.strategy = "heterogeneous"           # one task per batch, in random order (Vanilla)
+    if "random" in variants:                        # Vanilla: one unit per batch, as the curriculum's, in random
+        c.plan.strategy = "heterogeneous" if task_unit else "homogeneous"  # order
     mask = "mask" in variants
     if mask:
         c.plan.mask.delta = 0.0                     # Eq. 9 (paper: delta not given); alpha = 0 where phi < 0
         c.plan.mask.direction = "text"              # DESIGN.md 2.2: the text's reading; 'printed' = Eq. 9 as printed
-    spec = "configs/datacube.py" + (":tiny" if tiny else "")  # the data the two offline jobs must see
+    # the data (and the unit) the two offline jobs must see
+    spec = "configs/datacube.py" + (":" + ",".join(v for v in ("tiny", "task_unit") if v in variants)
+                                    if tiny or task_unit else "")
     d_ref = c.get_ref("curriculum_dir")
     args = (c.get_ref("task_order_objective"), cur.get_ref("enabled"), cur.get_ref("instance_order"), mask, spec)
     _lazy(cur, "task_order", _task_order_file, d_ref, *args)
@@ -232,9 +247,11 @@ def get_config(arg=None):
 
 def get_hyper(arg=None):
     """The curriculum ablations as one sweep: Data-CUBE, Table 6 (MQMin, MQRand = Table 3 w/o Task), Table 7 (D2E,
-    Random = Table 3 w/o Inst) and Table 3 Vanilla (no curriculum). Needs the three task orders (module docstring)."""
-    run = lambda objective, order, enabled=True, strategy=None: {
+    Random = Table 3 w/o Inst), the balanced walk (jaxembed) and Table 3 Vanilla (no curriculum, one unit per batch).
+    Needs the three task orders (module docstring)."""
+    vanilla = "heterogeneous" if "task_unit" in _variants(arg) else "homogeneous"
+    run = lambda objective, order, enabled=True, strategy=None, walk="cyclic": {
         "task_order_objective": objective, "plan.curriculum.instance_order": order,
-        "plan.curriculum.enabled": enabled, "plan.strategy": strategy}
+        "plan.curriculum.enabled": enabled, "plan.strategy": strategy, "plan.curriculum.walk": walk}
     return [run("max", "e2d"), run("min", "e2d"), run("random", "e2d"), run("max", "d2e"), run("max", "random"),
-            run("max", "e2d", False, "heterogeneous")]
+            run("max", "e2d", walk="balanced"), run("max", "e2d", False, vanilla)]

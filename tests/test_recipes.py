@@ -37,7 +37,8 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 VARIANTS = {
     "datacube": ["", "mqmin", "mqrand", "no_task_curriculum", "no_instance_curriculum", "d2e", "random", "mask",
                  "mqmin,d2e,mask", "random,mask", "tiny", "tiny,mqmin", "tiny,mqrand", "tiny,no_task_curriculum",
-                 "tiny,no_instance_curriculum", "tiny,d2e", "tiny,random", "tiny,mask"],
+                 "tiny,no_instance_curriculum", "tiny,d2e", "tiny,random", "tiny,mask", "task_unit", "balanced",
+                 "random,task_unit", "task_unit,balanced,mqmin", "tiny,balanced", "tiny,task_unit,random"],
     "peg": ["", "infonce", "retromae", "mined", "infonce,retromae,mined", "tiny", "tiny,infonce", "tiny,mined"],
     "kalm": ["", "stage1", "stage2", "stage1,semi50", "stage2,semi25,no_mrl,no_instructions", "no_instructions",
              "tiny", "tiny,stage1", "tiny,stage2", "tiny,stage1,semi0", "tiny,stage2,semi100", "tiny,stage2,no_mrl",
@@ -109,6 +110,11 @@ def _check_recipe(recipe, variants, c, dirs):
         needs_phi = "mask" in variants or (cur.enabled and order != "random")
         assert c.plan.scores == (str(Path(dirs["curriculum_dir"], "scores.npz")) if needs_phi else "")
         assert c.plan.mask.delta == (0.0 if "mask" in variants else None)
+        # the unit is the dataset (a MEDI task); Vanilla batches hold one unit, as the curriculum's do
+        assert cur.unit == ("task" if "task_unit" in variants else "dataset")
+        assert cur.walk == ("balanced" if "balanced" in variants else "cyclic")
+        assert c.plan.strategy == (None if cur.enabled else "heterogeneous" if "task_unit" in variants
+                                   else "homogeneous")
         assert all(d.query_instruction.startswith("Represent the ") and d.doc_instruction.startswith("Represent the ")
                    for d in c.data.datasets)  # INSTRUCTOR-style, both sides
     elif recipe == "peg":
@@ -169,7 +175,7 @@ def test_every_config_and_variant_validates(recipe, variant, tiny_cache, offline
 
 @pytest.mark.parametrize("recipe,bad", [("datacube", "tiny,mqmni"), ("peg", "infonse"), ("kalm", "semi150"),
                                         ("kalm", "stage1,stage2"), ("datacube", "random,d2e"),
-                                        ("datacube", "mqmin,mqrand")])
+                                        ("datacube", "mqmin,mqrand"), ("datacube", "random,balanced")])
 def test_bad_variants_are_clear_errors(recipe, bad):
     with pytest.raises(UserError) as e:
         cfglib.load_config_file(_spec(recipe, bad))
@@ -189,6 +195,13 @@ def test_missing_offline_files_name_the_commands(tmp_path, offline, shared_data)
     assert (f"{nowhere}/min/task_order.json, {nowhere}/scores.npz are missing" in str(e.value)
             and f"`jaxembed score --config configs/datacube.py --out {nowhere}` then `jaxembed curriculum --scores-dir "
                 f"{nowhere} --out {nowhere}/min --objective min`" in str(e.value))
+    c = _load("datacube", "tiny,task_unit")   # its unit's files, and score sees the unit (the variant)
+    with pytest.raises(UserError) as e:
+        cfglib.validate(c)
+    assert ("runs/datacube_tiny/curriculum_task/task_order.json" in str(e.value)
+            and "`jaxembed score --config configs/datacube.py:tiny,task_unit --out runs/datacube_tiny/curriculum_task`"
+            in str(e.value))
+    c = _load("datacube", "mqmin", {"curriculum_dir": nowhere})
     c.curriculum_dir = offline["curriculum_dir"]   # an override moves every derived path
     cfglib.validate(c)
     c.task_order_objective = "max"
@@ -231,10 +244,13 @@ def test_get_hyper_sweeps_expand_and_validate(tmp_path, tiny_cache, offline):
         s = sweep.plan_sweep(_spec(recipe, "tiny"), tmp_path / recipe, fixed=fixed)
         names[recipe] = [r.name for r in s.runs]
         if recipe == "datacube":
+            s_datacube = s
             orders = [r.config.plan.curriculum.task_order for r in s.runs]
             assert orders[1] == f"{offline['curriculum_dir']}/min/task_order.json"
             assert not s.runs[-1].config.plan.curriculum.enabled and s.runs[-1].config.plan.scores == ""
-    assert len(names["datacube"]) == 6 and len(names["peg"]) == 4 and len(names["kalm"]) == 4
+    assert len(names["datacube"]) == 7 and len(names["peg"]) == 4 and len(names["kalm"]) == 4
+    assert s_datacube.runs[5].config.plan.curriculum.walk == "balanced"
+    assert s_datacube.runs[-1].config.plan.strategy == "homogeneous"  # Vanilla: one dataset per batch
     assert names["kalm"][0] == "semi_homogeneous_proportion=0.0"
     c = _load("datacube", "", offline)
     d = copy.deepcopy(c)
@@ -312,7 +328,7 @@ def _run_datacube(d: Path):
     store = Store.open(cur / "store")
     plan = build_plan(store, cfg.plan, data_config=cfglib.data_section(cfg))
     first = json.loads((cur / "task_order.json").read_text())["order"][0]
-    assert plan.task_names[plan.task_ids[0]] == first
+    assert plan.meta["units"][plan.unit_ids[0]]["name"] == first and plan.meta["curriculum"]["unit"] == "dataset"
     with np.load(cur / "scores.npz") as z:
         phi = np.array([z[plan.dataset_names[k]][e] for k, e in zip(plan.dataset_ids[0], plan.example_ids[0])])
     assert np.all(np.diff(phi) <= 0)  # E2D
@@ -430,12 +446,12 @@ def test_datacube_tiny_curriculum_run(runs):
     assert plan.meta["mode"] == "curriculum" and plan.meta["curriculum"]["order"] == order, plan.meta
     assert set(plan.meta["strategies"].values()) == {"curriculum"}
     delta = json.loads((run / "config.json").read_text())["plan"]["mask"]["delta"]
-    # Algorithm 1: the walk follows the task order (among the tasks whose share of the 2 steps is a batch: 2 steps
-    # are a compressed curriculum, a random subset of each task), one task per batch
-    walked = [plan.task_names[t] for t in plan.task_ids]
+    # Algorithm 1: the walk follows the task order over datasets (among the datasets whose share of the 2 steps is
+    # a batch: 2 steps are a compressed curriculum, a random subset of each dataset), one dataset per batch
+    walked = [plan.meta["units"][u]["name"] for u in plan.unit_ids]
     first_visits = [order.index(t) for k, t in enumerate(walked) if t not in walked[:k]]
     assert first_visits == sorted(first_visits) and plan.meta["curriculum"]["fraction_of_one_pass"] < 0.1
-    assert all(len({plan.dataset_tasks[d] for d in row}) == 1 for row in plan.dataset_ids)
+    assert all(len(set(row)) == 1 for row in plan.dataset_ids)
     # E2D: every task's rows run from easy to difficult (phi descending, Eq. 8)
     with np.load(cur / "scores.npz") as z:
         phi = {k: z[k] for k in z.files}
