@@ -6,23 +6,30 @@
     jaxembed train --config configs/mote.py:cpu,ic --workdir runs/ic_cpu     # the instruction-conditioning baseline
 
 Variants, combined with commas (``tiny,static``):
-- ``tiny``: 4 steps of 8 queries on CPU with the real all-MiniLM-L6-v2 up-cycled, on 5 of the real shared sets
-  (retrieval, reranking, two classification sets, STS: 3 of the 4 experts train), queries <= 48 tokens,
-  documents <= 32.
+- ``tiny``: 4 steps of 8 queries on CPU with the real all-MiniLM-L6-v2 up-cycled, on 6 of the real shared sets
+  (retrieval, reranking, two classification sets, STS, TREC clustering), queries <= 48 tokens, documents <= 32.
 - ``cpu``: 100 steps of 16 queries on CPU, evaluated on the dev tasks (the benchmark's setting).
 - ``ic``: instruction conditioning only (MoTE's IC baseline): the dense model, with the same data, instructions
   and TA-CL.
 - ``static``: the static baseline of MoTE Table 4: heterogeneous batches and temperature 0.03 for every task.
 - ``eob``: MoTE blocks in every other transformer block (EOB) instead of every block (EB).
+- ``no_clustering``: without the clustering sets below (the clustering expert then never trains).
+
+Clustering data: the shared training data has no clustering set, so the clustering expert would stay the
+up-cycled dense block. Two clustering sets are built from the shared train/ classification files
+(``jaxembed.data.clustering``: query = a text with a clustering instruction, positive = another text of its label,
+negatives = texts of other labels, seeded; TREC question types and SST-5 sentiment levels), task type clustering:
+MoTE routes them to the clustering expert, TA-CL gives them heterogeneous batches and temperature 0.06.
 
 Every value below says where it comes from. "Paper" is the MoTE paper: section 4 and App. D.
 """
 
 from jaxembed import mote, paths
 from jaxembed.config import default_config
+from jaxembed.data.clustering import shared_clustering_datasets
 from jaxembed.data.config import shared_train_config
 
-VARIANTS = ("tiny", "cpu", "ic", "static", "eob")
+VARIANTS = ("tiny", "cpu", "ic", "static", "eob", "no_clustering")
 
 
 def get_config(arg=None):
@@ -47,6 +54,8 @@ def get_config(arg=None):
     # classification (paper 5.3, after Nussbaum et al. 2024).
 
     c.data = shared_train_config(paths.shared_data_dir())  # the 14 shared training sets (jaxembed.data.config)
+    if "no_clustering" not in variants:              # + clustering sets from train/ classification files (above)
+        c.data.datasets = list(c.data.datasets) + shared_clustering_datasets(paths.shared_data_dir())
     c.data.store = ""
     for d in c.data.datasets:
         d.max_query_length = 32                      # jaxembed demo (the shared data's queries are short)
@@ -83,9 +92,11 @@ def get_config(arg=None):
         c.eval.every = 50
         c.eval.before = True
     if "tiny" in variants:                           # CI: a few steps, still the real data and model
-        keep = {"wikiqa", "trecqa", "trec", "sst5", "stsb"}  # retrieval, reranking, 2 classification sets, STS:
-        c.data.datasets = [d for d in c.data.datasets if d.name in keep]  # 3 of the 4 experts get trained
+        keep = {"wikiqa", "trecqa", "trec", "sst5", "stsb", "trec_clustering"}  # retrieval, reranking, 2
+        c.data.datasets = [d for d in c.data.datasets if d.name in keep]  # classification sets, STS, clustering
         c.data.sampling = "weights"                  # every kept dataset equally likely
+        c.data.seed = 4                              # jaxembed: a plan whose 4 steps train every expert (clustering,
+        #                                              search query / document, classification)
         c.plan.global_batch_size = 8
         c.plan.steps = 4
         c.model.max_length = 64

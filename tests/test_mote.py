@@ -417,6 +417,7 @@ def test_train_step_updates_only_routed_experts(tiny_run):
     a, b = _ckpt(wd, 2), _ckpt(wd, 4)
     routed = {int(x) for t in plan.task_ids[2:4] for x in (q[t], d[t])}
     assert routed and len(routed) < 4  # the check below has both kinds of expert
+    assert spec.index("clustering") in routed  # the clustering sets (from classification files) train it
     leaves_a, leaves_b = _expert_leaves(a), _expert_leaves(b)
     kinds = {"['mu']": 0, "['nu']": 0, "['params']": 0}
     for key, x in leaves_a.items():

@@ -43,7 +43,8 @@ VARIANTS = {
     "kalm": ["", "stage1", "stage2", "stage1,semi50", "stage2,semi25,no_mrl,no_instructions", "no_instructions",
              "tiny", "tiny,stage1", "tiny,stage2", "tiny,stage1,semi0", "tiny,stage2,semi100", "tiny,stage2,no_mrl",
              "tiny,stage1,no_instructions"],
-    "mote": ["", "tiny", "cpu", "ic", "static", "eob", "tiny,static", "tiny,ic", "tiny,eob", "cpu,ic,eob"],
+    "mote": ["", "tiny", "cpu", "ic", "static", "eob", "tiny,static", "tiny,ic", "tiny,eob", "cpu,ic,eob",
+             "no_clustering", "cpu,ic,no_clustering"],
 }
 DIR_KEYS = ("curriculum_dir", "stage1_dir", "mined_dir", "retromae_dir")
 
@@ -163,6 +164,12 @@ def _check_recipe(recipe, variants, c, dirs):
             assert all(d.query_instruction.startswith("Instruct: ") for d in instructed)
     elif recipe == "mote":
         assert c.model.mote.enabled == ("ic" not in variants)
+        clu = {d.name: (d.task, d.batching, d.temperature) for d in c.data.datasets if d.task_type == "clustering"}
+        want = set() if "no_clustering" in variants else {"trec_clustering"} if tiny else {"trec_clustering",
+                                                                                          "sst5_clustering"}
+        assert set(clu) == want  # clustering sets from train/ classification files, under TA-CL (or static)
+        assert set(clu.values()) <= {("clustering", "heterogeneous", 0.06 if "static" not in variants else 0.03)}
+        assert all(Path(d.path).parent.name == "clustering" for d in c.data.datasets if d.name in clu)
 
 
 @pytest.mark.parametrize("recipe,variant", [(r, v) for r, vs in VARIANTS.items() for v in vs])
@@ -510,8 +517,9 @@ def test_kalm_tiny_two_stages(runs, tmp_path):
 
 
 def test_mote_tiny_run_routes_experts(runs):
-    """The trained experts are those the plan's tasks route to; an expert no task routes to (clustering: the shared
-    data has none) still equals the dense model's feed-forward weights it was up-cycled from."""
+    """The trained experts are those the plan's tasks route to (the clustering expert among them: the clustering
+    sets built from the classification files reach it); an expert no task routes to still equals the dense
+    model's feed-forward weights it was up-cycled from."""
     from safetensors.numpy import load_file
 
     from jaxembed.data.plan import Plan
@@ -531,7 +539,7 @@ def test_mote_tiny_run_routes_experts(runs):
         _, name, hf_key = key.split(".", 2)
         changed[name] = changed.get(name, False) or not np.array_equal(w, dense[hf_key])
     assert used and {e for e, c in changed.items() if c} == used, (used, changed)
-    assert not changed["clustering"]
+    assert changed["clustering"] and not changed["classification"]  # 2 steps: clustering, then re-ranking
 
 
 if __name__ == "__main__":  # a worker of the `runs` fixture

@@ -10,6 +10,8 @@ the exit status; a UserError is printed on one line by the main CLI, exit status
   (``jaxembed.data.store.write_store``). ``--config`` is a Python file whose ``get_config()`` (or
   ``get_config(VARIANT)``) returns a ConfigDict with a ``data`` field (or a data config itself), or ``shared``: every
   file of the shared training data (``jaxembed.data.config.shared_train_config``).
+- ``data clustering --input FILE --out FILE [--instruction TEXT] [--num-negatives K]``: clustering triplets from a
+  classification file (``jaxembed.data.clustering``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def add_parsers(subparsers) -> None:
     """Add ``data validate`` and ``data prepare`` to an argparse sub-parsers object."""
     p = subparsers.add_parser("data", help="validate training files; prepare the dataset store",
                               description="Validate training files and prepare the random-access dataset store.")
-    sub = p.add_subparsers(dest="data_command", required=True, metavar="{validate,prepare}")
+    sub = p.add_subparsers(dest="data_command", required=True, metavar="{validate,prepare,clustering}")
 
     v = sub.add_parser("validate", help="check every record of JSON Lines files (exit 0 only if all are valid)",
                        description="Check every record: valid UTF-8 and JSON, required fields, types, empty texts. "
@@ -60,6 +62,10 @@ def add_parsers(subparsers) -> None:
                     help="override the config: stop at the first bad record, or skip and count bad records")
     pp.add_argument("-q", "--quiet", action="store_true", help="print only the totals")
     pp.set_defaults(func=cmd_prepare)
+
+    from jaxembed.data.clustering import add_parser as add_clustering
+
+    add_clustering(sub)  # data clustering: clustering triplets from a classification file (MoTE's clustering expert)
 
 
 # ----------------------------------------------------------------------------------------------------- validate
