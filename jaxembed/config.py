@@ -60,6 +60,7 @@ def default_config() -> mc.ConfigDict:
     ))
     c.data = default_data_config()
     c.data.store = ""           # an existing store (jaxembed data prepare); '' = prepare into <workdir>/store
+    c.data.packing = True       # pack several texts per row (no compute on padding); False = pad one text per row
     c.plan = default_plan_config()
     c.loss = mc.ConfigDict(dict(
         type="infonce",         # 'infonce' | 'peg' (PEG progressive loss, DESIGN.md 2.4) | 'cosent' | 'angle' (scored
@@ -116,16 +117,22 @@ def default_config() -> mc.ConfigDict:
 
 
 def data_section(c: mc.ConfigDict) -> mc.ConfigDict:
-    """The data config proper (``config.data`` without the run-level ``store`` key)."""
+    """The data config proper (``config.data`` without the run-level ``store`` and ``packing`` keys)."""
     d = c.data.copy_and_resolve_references()
-    if "store" in d:
-        with d.unlocked():
-            del d["store"]
+    for run_key in ("store", "packing"):
+        if run_key in d:
+            with d.unlocked():
+                del d[run_key]
     if "loss" in c and c.loss.type in SCORED_LOSSES:  # a scored-pair run decides what the store keeps: every pair
         for ds in d.datasets:
             if ds.get("loss") is None:
                 ds.loss = c.loss.type
     return d
+
+
+def packing_enabled(c: mc.ConfigDict) -> bool:
+    """``data.packing`` (True when a config file replaced ``config.data`` without it)."""
+    return bool(c.data.get("packing", True))
 
 
 def _err(key: str, value: Any, allowed: str) -> UserError:
@@ -210,6 +217,8 @@ def validate(c: mc.ConfigDict) -> None:
     if c.model.pooling:
         _choice(c, "model.pooling", ("mean", "cls", "lasttoken", "max", "mean_sqrt_len"))
     _positive(c, "model.max_length", allow_zero=True, integer=True)
+    if not isinstance(c.data.get("packing", True), bool):
+        raise _err("data.packing", c.data.packing, "True (pack several texts per row) or False (pad one per row)")
     if not c.data.store:
         validate_data_config(data_section(c), where="config.data")  # incl. one task type per task (MoTE routing)
     elif not (Path(c.data.store) / "manifest.json").exists():

@@ -8,6 +8,11 @@ expressed with JAX transforms, at the same cost: one extra forward pass.
 The loss is never split into micro-batches, because that would shrink the pool of negatives. Dropout in
 sub-batch k uses ``fold_in(key, k)``, so the recomputation draws the same masks as the forward pass. Sub-batch k is
 the strided row set {k, k + n, k + 2n, ...} (n sub-batches), so that a data-sharded batch stays sharded.
+
+Packed rows (``pool_packed_chunked``; jaxembed.train_encode): the sub-batches are the strided *rows* of the pack,
+sized in tokens by the loader (``jaxembed.data.pipeline.Packing.sub_tokens``). A text lies in one row, so each
+sub-batch pools the texts of its rows; the pooled vectors [T, H] are merged into one array in the pack's text
+order (a text takes the values of its row's sub-batch), which then goes through the Dense head once.
 """
 
 from __future__ import annotations
@@ -48,3 +53,33 @@ def encode_chunked(encode_fn: Callable[[Any, dict, jax.Array | None], jax.Array]
 
     _, out = jax.lax.scan(step, None, (xs, jnp.arange(n, dtype=jnp.int32)))
     return out.swapaxes(0, 1).reshape((m,) + out.shape[2:])  # back to the input row order
+
+
+def pool_packed_chunked(pool_fn: Callable[[Any, dict, jax.Array, jax.Array | None], jax.Array], params: Any,
+                        rows: dict, text_row: jax.Array, n: int, key: jax.Array | None = None) -> jax.Array:
+    """Pooled vectors [T, H] of packed texts computed in ``n`` sub-batches of rows.
+
+    rows: dict of row arrays [S*R, ...] (S shards of R rows; R a multiple of n); text_row: [T] each text's row
+    within its shard. Sub-batch k = the rows k, k + n, ... of every shard (as ``encode_chunked``: each device keeps
+    R/n rows of every sub-batch). pool_fn(params, sub_rows, sub_text_row, sub_key) -> [T, H]: the pooled vector of
+    every text whose row is in the sub-batch (``text_row // n`` within it; other texts: anything finite);
+    sub_key = fold_in(key, k) (None without dropout)."""
+    m = jax.tree.leaves(rows)[0].shape[0]
+    if m % n:
+        raise ValueError(f"gradient cache: {m} packed rows are not a multiple of {n} sub-batches")
+    xs = jax.tree.map(lambda x: x.reshape((m // n, n) + x.shape[1:]).swapaxes(0, 1), rows)
+    sub_row, which = text_row // n, text_row % n
+
+    def body(p, x, k):
+        return pool_fn(p, x, sub_row, None if key is None else jax.random.fold_in(key, k))
+
+    body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+
+    def step(acc, xk):
+        x, k = xk
+        return jnp.where((which == k)[:, None], body(params, x, k), acc), None
+
+    x0 = jax.tree.map(lambda x: x[0], xs)
+    out = jax.eval_shape(lambda: body(params, x0, jnp.int32(0)))
+    acc, _ = jax.lax.scan(step, jnp.zeros(out.shape, out.dtype), (xs, jnp.arange(n, dtype=jnp.int32)))
+    return acc

@@ -37,7 +37,7 @@ from flax import nnx
 
 from jaxembed import config as cfglib
 from jaxembed import flops as flopslib
-from jaxembed import gradcache, hf, optim, parallel, runfiles
+from jaxembed import hf, optim, parallel, runfiles, train_encode
 from jaxembed.checkpointing import Checkpointer
 from jaxembed.errors import UserError
 from jaxembed.losses import CandidateInfo, LossOptions, QueryInfo, layout_pos_index, tiled_terms
@@ -66,6 +66,7 @@ class Run:
     schedule: Callable
     K: int
     routes: tuple[np.ndarray, np.ndarray] | None = None  # MoTE: expert of each plan task's queries / documents [T]
+    packing: Any = None  # jaxembed.data.pipeline.Packing of the run's batches (data.packing), None = padded
 
     @property
     def task_names(self) -> list[str]:
@@ -221,7 +222,14 @@ def setup(config, workdir: str | Path) -> Run:
         weight_decay=config.optim.weight_decay, b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps,
         grad_clip=config.optim.grad_clip, freeze=tuple(config.optim.freeze), end_factor=config.optim.end_factor,
         routed=spec is not None)
-    return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes)
+    packing = None
+    if cfglib.packing_enabled(config):
+        from jaxembed.data.pipeline import packing_for
+
+        packing = packing_for(store, plan, loaded.tokenizer, shards=train_encode.row_shards(mesh),
+                              lengths=config.train.length_buckets, gradcache_chunk=config.train.gradcache_chunk,
+                              num_candidates=K)
+    return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes, packing)
 
 
 def init_source(config, workdir: str | Path) -> str:
@@ -329,45 +337,30 @@ def make_train_step(run: Run) -> Callable:
                                                peg_alpha=c.loss.peg_alpha, peg_beta=c.loss.peg_beta)
                     for k in objective.contrastive} if c.loss.impl == "shard_map" else None
 
-    def encode(params, x, key, one_expert=False):
-        model = nnx.merge(graphdef, params, rest)
-        rngs = None if key is None else nnx.Rngs(dropout=key)
-        experts = x.get("experts")
-        if experts is not None and one_expert:  # every row has the same expert: MoTE's fast path (jaxembed.mote)
-            experts = experts[0]
-        return model(x["ids"], x["mask"], x["prompt"], deterministic=key is None, rngs=rngs, experts=experts)
+    sub_tokens = run.packing.sub_tokens if run.packing is not None else (0, 0)
+
+    def embed(merge, params, batch, keys=(None, None), experts=(None, None), one_expert=False):
+        """Queries [B, D] and candidates [B*K, D] of a padded or packed batch (jaxembed.train_encode); one_expert:
+        every row has the same expert (MoTE's fast path, jaxembed.mote)."""
+        return train_encode.embed_batch(merge, params, batch, K=K, mesh=mesh, keys=keys, experts=experts,
+                                        one_expert=one_expert, chunk=chunk, sub_tokens=sub_tokens)
 
     def expert_ids(batch):
         """MoTE: the expert of each query [B] and each candidate [B * K], by the row's task (MoTE 3.1)."""
         t = batch["task_id"]
         return jnp.asarray(routes[0])[t], jnp.repeat(jnp.asarray(routes[1])[t], K)
 
-    def inputs(batch):
-        return ({"ids": batch["query_input_ids"], "mask": batch["query_attention_mask"],
-                 "prompt": batch["query_prompt_length"]},
-                {"ids": batch["doc_input_ids"], "mask": batch["doc_attention_mask"],
-                 "prompt": batch["doc_prompt_length"]})
-
     def guide_embeddings(guide_params, batch):
         """GIST: the frozen guide's embeddings of the queries [B, G] and candidates [B*K, G] (no gradient)."""
-        def enc(p, x, _key):
-            return nnx.merge(guide[0], p)(x["ids"], x["mask"], x["prompt"], deterministic=True)
-
-        q_in, d_in = inputs(batch)
-        gq = gradcache.encode_chunked(enc, guide_params, q_in, chunk, None)
-        gd = gradcache.encode_chunked(enc, guide_params, d_in, None if chunk is None else chunk * K, None)
+        gq, gd = embed(lambda p: nnx.merge(guide[0], p), guide_params, batch)
         return jax.lax.stop_gradient(gq), jax.lax.stop_gradient(gd)
 
     def loss_fn(params, batch, key, peg_t, single_task=False, guide_emb=None):
         kq = kd = None
         if c.train.dropout:
             kq, kd = jax.random.split(key)
-        q_in, d_in = inputs(batch)
-        if routes is not None:
-            q_in["experts"], d_in["experts"] = expert_ids(batch)
-        enc = functools.partial(encode, one_expert=single_task)
-        eq = gradcache.encode_chunked(enc, params, q_in, chunk, kq)
-        ed = gradcache.encode_chunked(enc, params, d_in, None if chunk is None else chunk * K, kd)
+        experts = expert_ids(batch) if routes is not None else (None, None)
+        eq, ed = embed(lambda p: nnx.merge(graphdef, p, rest), params, batch, (kq, kd), experts, single_task)
         b = eq.shape[0]
         pos = layout_pos_index(b, K)
         t = batch["temperature"]
@@ -582,17 +575,35 @@ def _host_metrics(pending: list, run: Run, t_start: float, flops_per_step: list)
     return out, rows
 
 
-def step_lengths(run: Run, cache: Path) -> tuple[np.ndarray, np.ndarray]:
-    """The plan's per-step text lengths: process 0 computes them (tokenizing the plan) and writes the cache; the
-    others read it when it is complete."""
-    from jaxembed.data.pipeline import cached_step_lengths
+def step_table(run: Run, cache: Path) -> dict[str, np.ndarray]:
+    """The plan's per-step text lengths (and packed rows, ``data.packing``): process 0 computes them (tokenizing
+    the plan) and writes the cache; the others read it when it is complete."""
+    from jaxembed.data.pipeline import cached_step_table
 
     def compute():
         with runfiles.writing("writing the length table", cache):
-            return cached_step_lengths(run.store, run.plan, run.loaded.tokenizer, cache)
+            return cached_step_table(run.store, run.plan, run.loaded.tokenizer, cache, packing=run.packing,
+                                     num_candidates=run.K)
 
     out = runfiles.main_first("lengths", compute)
-    return out if out is not None else cached_step_lengths(run.store, run.plan, run.loaded.tokenizer, cache)
+    return out if out is not None else cached_step_table(run.store, run.plan, run.loaded.tokenizer, cache,
+                                                         packing=run.packing, num_candidates=run.K)
+
+
+def step_flops(run: Run, host_batch: dict) -> float:
+    """FLOPs of the step on the global batch (jaxembed.flops): the computed token slots, padded rows or packed
+    rows (a packed row of L slots costs a padded row of L)."""
+    n = jax.process_count()
+    if train_encode.is_packed(host_batch):
+        q, d = host_batch["query_pack_input_ids"], host_batch["doc_pack_input_ids"]
+        b = host_batch["query_prompt_length"].shape[0] * n
+        enc = flopslib.forward_flops(run.loaded.model.config, q.shape[0] * n, q.shape[1]) + \
+            flopslib.forward_flops(run.loaded.model.config, d.shape[0] * n, d.shape[1])
+        cached = bool(run.config.train.gradcache_chunk)
+        return enc * (4.0 if cached else 3.0) + 3 * 2.0 * b * (b * run.K) * run.loaded.model.dim
+    q, d = host_batch["query_input_ids"], host_batch["doc_input_ids"]
+    return flopslib.train_step_flops(run.loaded.model.config, q.shape[0] * n, q.shape[1], d.shape[0] * n, d.shape[1],
+                                     run.loaded.model.dim, bool(run.config.train.gradcache_chunk))
 
 
 def _eval_logged(workdir: Path, step: int) -> bool:
@@ -639,12 +650,14 @@ def train(config, workdir: str | Path) -> dict:
         step_fn = make_train_step(run)
         from jaxembed.data.pipeline import batch_stats, make_loader, to_global
 
-        lengths = step_lengths(run, workdir / "plan_lengths.npz")
+        table = step_table(run, workdir / "plan_lengths.npz")
+        lengths = table["query_len"], table["doc_len"]
         if c.train.length_buckets == "pow2":  # fewer shapes, fewer compilations, a little more padding
             lengths = tuple(pow2_lengths(x) for x in lengths)
         loader = make_loader(run.store, run.plan, run.loaded.tokenizer, process_index=jax.process_index(),
                              process_count=jax.process_count(), start_step=start, workers=c.train.loader_workers,
-                             lengths=lengths, num_candidates=run.K)
+                             lengths=lengths, num_candidates=run.K, packing=run.packing,
+                             pack_table=table if run.packing is not None else None)
         rows_sharding = parallel.batch_sharding(run.mesh)
         evaluator = make_evaluator(run)
     except BaseException:  # set-up failed: close what was opened (Orbax's threads, the metrics file)
@@ -704,11 +717,7 @@ def train(config, workdir: str | Path) -> dict:
                     hs = batch_stats(host_batch)
                     hs["task"] = int(run.plan.task_ids[step]) if hasattr(run.plan, "task_ids") else -1
                     pending.append((step, m, hs))
-                    flops_per_step.append(flopslib.train_step_flops(
-                        run.loaded.model.config, host_batch["query_input_ids"].shape[0] * jax.process_count(),
-                        host_batch["query_input_ids"].shape[1],
-                        host_batch["doc_input_ids"].shape[0] * jax.process_count(),
-                        host_batch["doc_input_ids"].shape[1], run.loaded.model.dim, bool(c.train.gradcache_chunk)))
+                    flops_per_step.append(step_flops(run, host_batch))
                     monitor.advance()
                     done = step + 1
                     last = done == total

@@ -29,10 +29,49 @@ in chunks of steps, optionally cached in a file) and maps them to ``length_bucke
 the same table from the same plan, so no host ever waits for another and no step tokenizes the global batch.
 Empty negative slots hold the tokenizer's encoding of the empty text (special tokens only, attention mask 1) so
 that the model sees a well-formed sequence; ``doc_valid`` marks them for the loss.
+
+Packed batches (``packing=Packing(...)``; the trainer's default, ``data.packing``; DESIGN.md 3, jaxembed.packing)
+------------------------------------------------------------------------------------------------------------------
+
+The padded arrays ``query_input_ids`` / ``query_attention_mask`` / ``doc_input_ids`` / ``doc_attention_mask`` are
+replaced by two packs, one of the queries and one of the candidates (every other key stays as above)::
+
+    query_pack_input_ids, _segment_ids, _positions, _token_text   int32 [s*Rq, L]   (jaxembed.packing, per slot)
+    query_pack_text_row, _text_start, _text_len, _text_prompt     int32 [b]         (per query, in row order)
+    doc_pack_input_ids, ...                                       int32 [s*Rd, L]
+    doc_pack_text_row, ...                                        int32 [b*K]       (per candidate, in row order)
+
+Shards. The global batch's rows are split over ``Packing.shards`` row shards (the devices along the mesh's batch
+axes, every host's); this host holds s = shards / process_count of them, shard j = its rows
+[j*b/s, (j+1)*b/s) (the rows ``to_global`` puts on its j-th device). Each shard's queries and each shard's
+candidates (in row order, row-major over K) are packed on their own, best-fit decreasing (``jaxembed.packing.pack``)
+into Rq (Rd) rows of L token slots, and the packs are stacked (``packing.stack``): shard j's rows are
+[j*Rq, (j+1)*Rq) and its indices (``text_row``, ``token_text``) are local, so a device pools only its own rows and
+the embeddings come back in the plan's order (query i of shard j = global row j*b/s + i): the loss sees the [B, D]
+and [B*K, D] it sees unpacked. Empty candidate slots are packed as the encoding of the empty text (as above), so
+every text slot is real and the number of texts per shard is fixed (b/s and b*K/s).
+
+Shapes. Like the padded lengths, a step's shapes are equal on every shard and host and fixed before training:
+the length table computes, once, for every step over the *whole* global batch, the longest text and the rows that
+best-fit decreasing needs on the fullest shard (``step_pack_table``; cached like the lengths). The row length L is
+the bucket of max(longest query or candidate, ``min_row_length``) (one L for both packs: 'pow2' 64, 128, ...;
+'fine' ``length_buckets``). The row counts (Rq, Rd) come from a few shapes chosen for the whole plan
+(``choose_rows``: greedily, a shape is added while it saves more padding than ``COMPILE_STEPS`` steps' worth, so
+the step compiles a handful of times; the demo plan: 2-3 shapes with 7-10 % empty slots). With the gradient cache
+(``Packing.sub_tokens``), a pack's rows are split into sub-batches of about that many token slots per shard
+(``sub_rows``, ``sub_batches``), and a row count above one sub-batch is a multiple of the sub-batch's rows. A text
+never spans two rows, so it is never cut (L >= the longest text); the loader checks that the table still fits (a
+stale table is a UserError naming the cache file).
+
+Choices, measured (benchmarks/train_throughput.py): queries and candidates are two packs rather than one, so that
+MoTE keeps one expert per encode call (a pack of queries and documents of different experts runs every used
+expert on all its rows, jaxembed.mote) and the gradient cache keeps separate query / candidate sub-batches; best fit
+already fills rows to ~90 %, so one shared pack would save little.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -43,6 +82,7 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxembed import packing as packlib
 from jaxembed.data.plan import Plan
 from jaxembed.errors import UserError
 from jaxembed.tokenizer import Tokenizer, bucket_for, length_buckets
@@ -202,18 +242,12 @@ def _row_items(tables: _Tables, examples: list[dict], ds: np.ndarray, rows: np.n
     return q_items, d_items, q_raw, d_raw
 
 
-def step_lengths(store, plan: Plan, tokenizer: Tokenizer, *, seed: int | None = None, negatives: str | None = None,
-                 start_step: int = 0, end_step: int | None = None, chunk_steps: int = 256,
-                 tables: _Tables | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Longest tokenized query and document of every step over the whole global batch:
-    -> (query_len int32 [S], doc_len int32 [S]) (0 outside [start_step, end_step))."""
-    seed = plan.seed if seed is None else seed
-    negatives = negatives or plan.config.get("negatives", "first")
-    tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist())
-    end_step = plan.steps if end_step is None else end_step
+def _step_text_lengths(store, plan: Plan, tokenizer: Tokenizer, tables: _Tables, seed: int, negatives: str,
+                       start_step: int, end_step: int, chunk_steps: int):
+    """Yield (step, query lengths int64 [G], candidate lengths int64 [G*K]) of every step in [start_step, end_step)
+    over the whole global batch: tokens of each tokenized text (instruction included), -1 for an empty candidate
+    slot. Each distinct text of a chunk of steps is tokenized once."""
     G = plan.global_batch_size
-    qlen = np.zeros(plan.steps, np.int32)
-    dlen = np.zeros(plan.steps, np.int32)
     for s0 in range(start_step, end_step, chunk_steps):
         s1 = min(end_step, s0 + chunk_steps)
         ds = plan.dataset_ids[s0:s1].reshape(-1)
@@ -227,16 +261,196 @@ def step_lengths(store, plan: Plan, tokenizer: Tokenizer, *, seed: int | None = 
             sl = slice(i * G, (i + 1) * G)
             q, d, _, _ = _row_items(tables, examples[sl], ds[sl], np.arange(G), s, seed, negatives)
             q_all.append(q)
-            d_all.append([x for x in d if x is not None])
+            d_all.append(d)
         q_ids = _tokenize_unique(tokenizer, [x for q in q_all for x in q])
-        d_ids = _tokenize_unique(tokenizer, [x for d in d_all for x in d])
+        d_ids = _tokenize_unique(tokenizer, [x for d in d_all for x in d if x is not None])
         qo = do = 0
         for i, s in enumerate(range(s0, s1)):
-            nq, nd = len(q_all[i]), len(d_all[i])
-            qlen[s] = max((len(t) for t in q_ids[qo:qo + nq]), default=1)
-            dlen[s] = max((len(t) for t in d_ids[do:do + nd]), default=1)
+            nq = len(q_all[i])
+            q_len = np.array([len(t) for t in q_ids[qo:qo + nq]], np.int64)
+            d_len = np.full(len(d_all[i]), -1, np.int64)
+            real = np.array([x is not None for x in d_all[i]], bool)
+            nd = int(real.sum())
+            d_len[real] = [len(t) for t in d_ids[do:do + nd]]
             qo, do = qo + nq, do + nd
+            yield s, q_len, d_len
+
+
+def step_lengths(store, plan: Plan, tokenizer: Tokenizer, *, seed: int | None = None, negatives: str | None = None,
+                 start_step: int = 0, end_step: int | None = None, chunk_steps: int = 256,
+                 tables: _Tables | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Longest tokenized query and document of every step over the whole global batch:
+    -> (query_len int32 [S], doc_len int32 [S]) (0 outside [start_step, end_step))."""
+    seed = plan.seed if seed is None else seed
+    negatives = negatives or plan.config.get("negatives", "first")
+    tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist())
+    end_step = plan.steps if end_step is None else end_step
+    qlen = np.zeros(plan.steps, np.int32)
+    dlen = np.zeros(plan.steps, np.int32)
+    for s, q, d in _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, start_step, end_step,
+                                      chunk_steps):
+        qlen[s] = max(int(q.max(initial=0)), 1)
+        dlen[s] = max(int(d.max(initial=0)), 1)
     return qlen, dlen
+
+
+# ------------------------------------------------------------------------------------------------ packing
+
+#: a packed row holds at least this many token slots (several short texts per row; jaxembed.encode.ROW_TEXTS)
+MIN_ROW_LENGTH = 64
+ROW_LENGTHS = ("pow2", "fine")
+
+
+def row_count_bucket(needed: int) -> int:
+    """A candidate row count for ``needed`` rows: 1, ..., 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ... (four per
+    doubling; ``choose_rows`` then keeps a few of them)."""
+    n = max(int(needed), 1)
+    if n <= 8:
+        return n
+    top = 1 << (n - 1).bit_length()  # the power of two >= n
+    return next(top * f // 8 for f in (5, 6, 7, 8) if top * f // 8 >= n)
+
+
+def sub_rows(sub_tokens: int, row_length: int) -> int:
+    """Rows of a gradient-cache sub-batch (per shard): ``sub_tokens`` token slots of rows of ``row_length``, at
+    least one row; 0 = no cache."""
+    return max(1, int(sub_tokens) // int(row_length)) if sub_tokens else 0
+
+
+def sub_batches(rows: int, row_length: int, sub_tokens: int) -> int:
+    """How many gradient-cache sub-batches a pack of ``rows`` rows (per shard) is encoded in (1 = at once)."""
+    r = sub_rows(sub_tokens, row_length)
+    if not r or rows <= r:
+        return 1
+    if rows % r:
+        raise ValueError(f"gradient cache: {rows} packed rows are not a multiple of the sub-batch's {r} rows")
+    return rows // r
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """How the loader packs a step (module docstring).
+
+    shards: row shards of the global batch (devices along the mesh's batch axes, all hosts); lengths: 'pow2' or
+    'fine' row lengths (``train.length_buckets``); min_row_length: the shortest row; sub_tokens: gradient cache,
+    token slots per shard of a query / candidate sub-batch (0: no cache)."""
+
+    shards: int = 1
+    lengths: str = "pow2"
+    min_row_length: int = MIN_ROW_LENGTH
+    sub_tokens: tuple[int, int] = (0, 0)
+
+    def __post_init__(self):
+        if self.lengths not in ROW_LENGTHS:
+            raise ValueError(f"lengths={self.lengths!r}: allowed {', '.join(ROW_LENGTHS)}")
+        if self.shards < 1 or self.min_row_length < 1:
+            raise ValueError(f"shards ({self.shards}) and min_row_length ({self.min_row_length}) must be >= 1")
+
+    def row_length(self, longest: int, cap: int) -> int:
+        """L for a step whose longest text has ``longest`` tokens (cap: the longest any text may have)."""
+        n = max(int(longest), self.min_row_length, 1)
+        if self.lengths == "pow2":
+            return 1 << (n - 1).bit_length()
+        return bucket_for(n, length_buckets(max(int(cap), self.min_row_length)))
+
+    def rows(self, needed: int, row_length: int, side: int) -> int:
+        """The row count of a pack (per shard) that needs ``needed`` rows; side 0 = queries, 1 = candidates: with
+        the gradient cache, a multiple of its sub-batch rows when it takes more than one sub-batch."""
+        R = row_count_bucket(needed)
+        r = sub_rows(self.sub_tokens[side], row_length)
+        if r and R > r:
+            R = -(-R // r) * r
+        return R
+
+    def key(self) -> list:
+        return [self.shards, self.lengths, self.min_row_length]
+
+
+def packing_for(store, plan: Plan, tokenizer: Tokenizer, *, shards: int, lengths: str = "pow2",
+                gradcache_chunk: int = 0, num_candidates: int | None = None) -> Packing:
+    """The trainer's ``Packing``: ``shards`` devices along the batch axes; with the gradient cache
+    (``gradcache_chunk`` queries per sub-batch of the padded path), sub-batches of as many token slots as that
+    many padded queries (chunk / shards x the longest query length) and their candidates (x K x the longest
+    document length) take per shard: the padded sub-batch's memory bound, spent on real tokens."""
+    t = _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
+    per_shard = -(-int(gradcache_chunk) // int(shards)) if gradcache_chunk else 0
+    return Packing(shards=int(shards), lengths=lengths,
+                   sub_tokens=(per_shard * t.Lq_max, per_shard * t.K * t.Ld_max))
+
+
+#: a new packed shape is worth its compilation when it saves the token slots of this many average steps
+COMPILE_STEPS = 20
+#: at most this many (query rows, candidate rows) shapes per row length
+MAX_SHAPES = 8
+
+
+def choose_rows(table: dict[str, np.ndarray], packing: Packing, compile_steps: int = COMPILE_STEPS,
+                max_shapes: int = MAX_SHAPES) -> tuple[np.ndarray, np.ndarray]:
+    """The row counts of every step (query rows Rq [S], candidate rows Rd [S] per shard) from the whole plan's
+    table: a few (Rq, Rd) shapes per row length, chosen greedily. Start with the shape that fits every step; add
+    the bucketed (``Packing.rows``) shape of some step that saves the most token slots (each step takes the
+    smallest chosen shape it fits), as long as it saves at least ``compile_steps`` average steps' slots (a
+    compilation costs about that much) and there are fewer than ``max_shapes``. A pure function of the table, so
+    every host and every restart get the same shapes."""
+    L = np.asarray(table["row_length"])
+    S = len(L)
+    need_q = np.asarray(table["query_rows"])
+    need_d = np.asarray(table["doc_rows"])
+    Rq = np.zeros(S, np.int32)
+    Rd = np.zeros(S, np.int32)
+    for length in np.unique(L[L > 0]):
+        idx = np.flatnonzero(L == length)
+        cq = np.array([packing.rows(n, int(length), 0) for n in need_q[idx]], np.int64)
+        cd = np.array([packing.rows(n, int(length), 1) for n in need_d[idx]], np.int64)
+        cands = sorted(set(zip(cq.tolist(), cd.tolist())))
+        chosen = [(int(cq.max()), int(cd.max()))]
+        cost = np.full(len(idx), chosen[0][0] + chosen[0][1], np.int64)  # rows of each step under the chosen shapes
+        while len(chosen) < max_shapes:
+            best, best_cost = None, None
+            for q, d in cands:
+                if (q, d) in chosen:
+                    continue
+                fits = (cq <= q) & (cd <= d)
+                new = np.where(fits, np.minimum(cost, q + d), cost)
+                if best_cost is None or new.sum() < best_cost.sum():
+                    best, best_cost = (q, d), new
+            if best is None or (cost.sum() - best_cost.sum()) < compile_steps * cost.mean():
+                break
+            chosen.append(best)
+            cost = best_cost
+        for k, (q_need, d_need) in enumerate(zip(cq, cd)):
+            fit = [(q + d, q, d) for q, d in chosen if q >= q_need and d >= d_need]
+            _, Rq[idx[k]], Rd[idx[k]] = min(fit)
+    return Rq, Rd
+
+
+def step_pack_table(store, plan: Plan, tokenizer: Tokenizer, packing: Packing, *, seed: int | None = None,
+                    negatives: str | None = None, start_step: int = 0, end_step: int | None = None,
+                    chunk_steps: int = 256, tables: _Tables | None = None) -> dict[str, np.ndarray]:
+    """The packed shapes of every step over the whole global batch (module docstring), int32 [S] each (0 outside
+    [start_step, end_step)): row_length (L), query_rows / doc_rows (rows best-fit decreasing needs on the fullest
+    shard, before bucketing), query_len / doc_len (the longest texts, as ``step_lengths``)."""
+    seed = plan.seed if seed is None else seed
+    negatives = negatives or plan.config.get("negatives", "first")
+    tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist())
+    end_step = plan.steps if end_step is None else end_step
+    G, S = plan.global_batch_size, packing.shards
+    if G % S:
+        raise UserError(f"global_batch_size {G} is not divisible by the {S} devices of the batch axes (fix: a "
+                        f"global batch size that is a multiple of {S})")
+    n_empty = len(tokenizer.tokenize([""], max_length=tables.Ld_max)[0])
+    cap = max(tables.Lq_max, tables.Ld_max)
+    out = {k: np.zeros(plan.steps, np.int32) for k in ("row_length", "query_rows", "doc_rows", "query_len",
+                                                       "doc_len")}
+    for s, q, d in _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, start_step, end_step,
+                                      chunk_steps):
+        d = np.where(d < 0, n_empty, d)
+        L = packing.row_length(max(int(q.max()), int(d.max())), cap)
+        out["row_length"][s] = L
+        out["query_len"][s], out["doc_len"][s] = max(int(q.max()), 1), max(int(d.max()), 1)
+        out["query_rows"][s] = max(packlib.rows_needed(x, L) for x in np.split(q, S))
+        out["doc_rows"][s] = max(packlib.rows_needed(x, L) for x in np.split(d, S))
+    return out
 
 
 def _tokenizer_id(tokenizer: Tokenizer) -> str:
@@ -255,7 +469,8 @@ class StepBatcher:
 
     def __init__(self, store, plan: Plan, tokenizer: Tokenizer, *, process_index: int, process_count: int,
                  seed: int, negatives: str, tables: _Tables, qlen: np.ndarray, dlen: np.ndarray,
-                 first_step: int, end_step: int):
+                 first_step: int, end_step: int, packing: Packing | None = None,
+                 pack_table: dict[str, np.ndarray] | None = None, table_file: str | os.PathLike | None = None):
         G = plan.global_batch_size
         b = G // process_count
         self.store, self.tokenizer, self.tables = store, tokenizer, tables
@@ -272,6 +487,40 @@ class StepBatcher:
         self.Lq = np.array([bucket_for(max(int(x), 1), tables.q_buckets) for x in qlen[sl]], np.int32)
         self.Ld = np.array([bucket_for(max(int(x), 1), tables.d_buckets) for x in dlen[sl]], np.int32)
         self.empty_doc = tokenizer.tokenize([""], max_length=tables.Ld_max)[0]
+        self.packing, self.table_file = packing, table_file
+        if packing is not None:
+            self.shards = packing.shards // process_count  # this host's row shards (its devices)
+            Rq, Rd = choose_rows(pack_table, packing)  # over the whole plan: the same shapes after a restart
+            self.L = pack_table["row_length"][sl].astype(np.int32)
+            self.Rq, self.Rd = Rq[sl], Rd[sl]
+
+    def shape(self, step: int) -> tuple[int, int, int] | tuple[int, int]:
+        """The step's static shapes: packed (query rows per shard, candidate rows per shard, row length L);
+        padded (query length, document length)."""
+        i = int(step) - self.first_step
+        if self.packing is not None:
+            return int(self.Rq[i]), int(self.Rd[i]), int(self.L[i])
+        return int(self.Lq[i]), int(self.Ld[i])
+
+    def _packs(self, step: int, prefix: str, ids: list, prompt: np.ndarray, rows: int, L: int) -> dict:
+        """Each of this host's shards' texts packed on their own into ``rows`` rows of L, stacked
+        (``packing.stack``: local indices), under ``{prefix}_pack_*`` keys (module docstring)."""
+        n = len(ids) // self.shards
+        packs = []
+        for j in range(self.shards):
+            sl = slice(j * n, (j + 1) * n)
+            try:
+                packs.append(packlib.pack(ids[sl], rows, L, prompt_lengths=prompt[sl], pad_id=self.tokenizer.pad_id))
+            except packlib.DoesNotFit as e:
+                where = f" (fix: delete {self.table_file})" if self.table_file else ""
+                raise UserError(f"step {step}: the {prefix} texts of a shard need {e.needed} packed rows of {L} "
+                                f"tokens, the length table allows {rows}: the table is stale{where}") from None
+        if any(bool(p["text_truncated"].any()) for p in packs):
+            raise UserError(f"step {step}: a {prefix} text is longer than the step's row length {L}: the length "
+                            "table is stale" + (f" (fix: delete {self.table_file})" if self.table_file else ""))
+        stacked = packlib.stack(packs)
+        keys = packlib.ROW_KEYS + ("text_row", "text_start", "text_len", "text_prompt")
+        return {f"{prefix}_pack_{k}": stacked[k].astype(np.int32) for k in keys}
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         step = int(step)
@@ -289,22 +538,28 @@ class StepBatcher:
         d_tok = _tokenize_unique(tok, [x for x in d_items if x is not None])
         it = iter(d_tok)
         d_ids = [next(it) if v else self.empty_doc for v in valid]
-        longest_q, longest_d = max(len(x) for x in q_ids), max(len(x) for x in d_ids)
-        if longest_q > Lq or longest_d > Ld:
-            raise UserError(f"step {step}: a text is longer than the step's length bucket ({longest_q} > {Lq} or "
-                            f"{longest_d} > {Ld}): the length table is stale (fix: delete the lengths cache file)")
-        qi, qm = tok.pad(q_ids, Lq)
-        di, dm = tok.pad(d_ids, Ld)
         row_ds = np.repeat(ds, K)
         q_pl = np.array([min(t.q_plen[int(d)], len(x)) for d, x in zip(ds, q_ids)], np.int32)
         d_pl = np.array([min(t.d_plen[int(d)], len(x)) if v else 0 for d, x, v in zip(row_ds, d_ids, valid)],
                         np.int32)
+        if self.packing is not None:
+            Rq, Rd, L = self.shape(step)
+            texts = {**self._packs(step, "query", q_ids, q_pl, Rq, L), **self._packs(step, "doc", d_ids, d_pl, Rd, L)}
+        else:
+            longest_q, longest_d = max(len(x) for x in q_ids), max(len(x) for x in d_ids)
+            if longest_q > Lq or longest_d > Ld:
+                raise UserError(f"step {step}: a text is longer than the step's length bucket ({longest_q} > {Lq} "
+                                f"or {longest_d} > {Ld}): the length table is stale (fix: delete the lengths cache "
+                                "file)")
+            qi, qm = tok.pad(q_ids, Lq)
+            di, dm = tok.pad(d_ids, Ld)
+            texts = {"query_input_ids": qi, "query_attention_mask": qm, "doc_input_ids": di,
+                     "doc_attention_mask": dm}
         teacher, pair = row_scores(t, examples, ds, rows, step, self.seed, self.negatives)
         q_hash = np.array([text_hash(s) for s in q_raw], np.uint32).reshape(b, 2)
         d_hash = np.array([text_hash(s) if s is not None else (0, 0) for s in d_raw], np.uint32).reshape(b * K, 2)
         return {
-            "query_input_ids": qi, "query_attention_mask": qm, "query_prompt_length": q_pl,
-            "doc_input_ids": di, "doc_attention_mask": dm, "doc_prompt_length": d_pl,
+            **texts, "query_prompt_length": q_pl, "doc_prompt_length": d_pl,
             "doc_valid": valid, "doc_hash": d_hash, "query_hash": q_hash,
             "task_id": self.dataset_tasks[ds].astype(np.int32), "dataset_id": ds.astype(np.int32),
             "weight": self.w[i].astype(np.float32), "example_index": ex.astype(np.int64),
@@ -355,8 +610,12 @@ class Loader:
     @property
     def shapes(self) -> dict:
         b, K = self.batcher.b, self.batcher.K
-        return {"rows": b, "candidates": K, "query_buckets": self.batcher.tables.q_buckets,
-                "doc_buckets": self.batcher.tables.d_buckets}
+        out = {"rows": b, "candidates": K, "query_buckets": self.batcher.tables.q_buckets,
+               "doc_buckets": self.batcher.tables.d_buckets}
+        if self.batcher.packing is not None:  # the (query rows, candidate rows, row length) per shard of the steps
+            bt = self.batcher
+            out["packed_shapes"] = sorted(set(zip(bt.Rq.tolist(), bt.Rd.tolist(), bt.L.tolist())))
+        return out
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         return self.batcher(step)
@@ -391,7 +650,8 @@ def make_loader(store, plan: Plan, tokenizer: Tokenizer, *, process_index: int =
                 start_step: int = 0, end_step: int | None = None, workers: int = 0, threads: int = 1,
                 buffer: int = 4, seed: int | None = None, lengths: tuple[np.ndarray, np.ndarray] | None = None,
                 lengths_cache: str | os.PathLike | None = None, worker_tokenizer_parallelism: bool = False,
-                num_candidates: int | None = None) -> Loader:
+                num_candidates: int | None = None, packing: Packing | None = None,
+                pack_table: dict[str, np.ndarray] | None = None) -> Loader:
     """An iterator over host-local batches of steps [start_step, end_step) (end: the plan's last step).
 
     store: the dataset store the plan was built on (checked by name and size); tokenizer: a jaxembed Tokenizer;
@@ -402,7 +662,9 @@ def make_loader(store, plan: Plan, tokenizer: Tokenizer, *, process_index: int =
     lengths: precomputed ``step_lengths`` (query_len, doc_len); lengths_cache: a .npz file where the length table
     is read from or written to (keyed by plan fingerprint, tokenizer and settings);
     num_candidates: K, the candidate rows per query (default 1 + the largest num_negatives of the plan's datasets;
-    set it to keep K fixed across plans / stages of one run)."""
+    set it to keep K fixed across plans / stages of one run);
+    packing: packed batches (module docstring; None = padded); pack_table: its precomputed ``step_pack_table``
+    (else computed, or read from / written to lengths_cache)."""
     plan.check_datasets(store)
     G = plan.global_batch_size
     if process_count < 1 or not 0 <= process_index < process_count:
@@ -420,6 +682,22 @@ def make_loader(store, plan: Plan, tokenizer: Tokenizer, *, process_index: int =
     seed = plan.seed if seed is None else int(seed)
     negatives = plan.config.get("negatives", "first")
     tables = _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
+    if packing is not None:
+        S = packing.shards
+        if S % process_count or G % S:
+            raise UserError(f"packing over {S} devices: the global batch size {G} and the {process_count} hosts "
+                            f"must divide evenly (fix: a global batch size that is a multiple of {S}, and the same "
+                            "number of devices on every host)")
+        if pack_table is None:  # of the whole plan: the shapes of a step depend on every step (choose_rows)
+            if lengths_cache is None:
+                pack_table = step_pack_table(store, plan, tokenizer, packing, seed=seed, negatives=negatives,
+                                             tables=tables)
+            else:
+                pack_table = cached_step_table(store, plan, tokenizer, lengths_cache, packing=packing, seed=seed,
+                                               tables=tables)
+        if any(np.asarray(pack_table[k]).shape != (plan.steps,) for k in ("row_length", "query_rows", "doc_rows")):
+            raise UserError(f"pack_table must hold arrays of shape [{plan.steps}] (one entry per plan step)")
+        lengths = (pack_table["query_len"], pack_table["doc_len"])
     if lengths is None:
         if lengths_cache is None:
             lengths = step_lengths(store, plan, tokenizer, seed=seed, negatives=negatives, start_step=start_step,
@@ -431,7 +709,8 @@ def make_loader(store, plan: Plan, tokenizer: Tokenizer, *, process_index: int =
         raise UserError(f"lengths must be two arrays of shape [{plan.steps}] (one entry per plan step)")
     batcher = StepBatcher(store, plan, tokenizer, process_index=process_index, process_count=process_count,
                           seed=seed, negatives=negatives, tables=tables, qlen=qlen, dlen=dlen,
-                          first_step=start_step, end_step=end_step)
+                          first_step=start_step, end_step=end_step, packing=packing, pack_table=pack_table,
+                          table_file=lengths_cache)
     return Loader(batcher, start_step, end_step, workers, threads, buffer, worker_tokenizer_parallelism)
 
 
@@ -439,30 +718,45 @@ def cached_step_lengths(store, plan: Plan, tokenizer: Tokenizer, cache: str | os
                         seed: int | None = None, tables: _Tables | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``step_lengths`` of the whole plan, read from ``cache`` (.npz) when it was written for the same plan,
     tokenizer and settings, else computed and written there (atomically). Every host may share one file."""
+    t = cached_step_table(store, plan, tokenizer, cache, seed=seed, tables=tables)
+    return t["query_len"], t["doc_len"]
+
+
+def cached_step_table(store, plan: Plan, tokenizer: Tokenizer, cache: str | os.PathLike, *,
+                      packing: Packing | None = None, seed: int | None = None, tables: _Tables | None = None,
+                      num_candidates: int | None = None) -> dict[str, np.ndarray]:
+    """The length table of the whole plan (``step_lengths`` as query_len / doc_len; with ``packing``,
+    ``step_pack_table``), read from ``cache`` (.npz) when it was written for the same plan, tokenizer and settings,
+    else computed and written there (atomically). Every host may share one file. num_candidates: K (as
+    ``make_loader``; packing counts the empty candidate slots)."""
     seed = plan.seed if seed is None else int(seed)
     negatives = plan.config.get("negatives", "first")
-    tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist())
+    tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
     key = hashlib.sha256(json.dumps([plan.fingerprint(), _tokenizer_id(tokenizer), seed, negatives, tables.K,
-                                     tables.max_q, tables.max_d, tables.q_instr, tables.d_instr]).encode()
+                                     tables.max_q, tables.max_d, tables.q_instr, tables.d_instr]
+                                    + ([] if packing is None else [packing.key()])).encode()
                          ).hexdigest()[:16]
     cache = Path(cache)
     if cache.is_file():
         try:
             with np.load(cache, allow_pickle=False) as z:
                 if str(z["key"]) == key:
-                    return z["query_len"], z["doc_len"]
+                    return {k: z[k] for k in z.files if k != "key"}
                 log.info("%s: lengths cache is for another plan/tokenizer; recomputing", cache)
         except (ValueError, OSError, KeyError):
             log.warning("%s: unreadable lengths cache; recomputing", cache)
     t0 = time.time()
-    qlen, dlen = step_lengths(store, plan, tokenizer, seed=seed, negatives=negatives, tables=tables)
+    if packing is None:
+        qlen, dlen = step_lengths(store, plan, tokenizer, seed=seed, negatives=negatives, tables=tables)
+        table = {"query_len": qlen, "doc_len": dlen}
+    else:
+        table = step_pack_table(store, plan, tokenizer, packing, seed=seed, negatives=negatives, tables=tables)
     log.info("length table for %d steps in %.1fs", plan.steps, time.time() - t0)
     from jaxembed import runfiles
 
     # a temporary name unique across hosts (a pid alone repeats across containers), renamed into place
-    runfiles.write_with(cache, lambda t: np.savez(t, key=np.array(key), query_len=qlen, doc_len=dlen),
-                        suffix=".npz")
-    return qlen, dlen
+    runfiles.write_with(cache, lambda t: np.savez(t, key=np.array(key), **table), suffix=".npz")
+    return table
 
 
 # --------------------------------------------------------------------------------------------------- device
@@ -478,11 +772,18 @@ def to_global(batch: dict, sharding, *, keys: Sequence[str] | None = None) -> di
 
 
 def batch_stats(batch: dict) -> dict:
-    """Examples, real tokens and padded tokens of a host-local batch (for throughput figures)."""
+    """Examples, real tokens (valid texts) and computed token slots of a host-local batch, padded or packed (for
+    throughput figures)."""
+    if "query_pack_input_ids" in batch:
+        return {"examples": int(batch["query_prompt_length"].shape[0]),
+                "tokens": int(batch["query_pack_text_len"].sum()
+                              + batch["doc_pack_text_len"][batch["doc_valid"]].sum()),
+                "padded_tokens": int(batch["query_pack_input_ids"].size + batch["doc_pack_input_ids"].size)}
     return {"examples": int(batch["query_input_ids"].shape[0]),
             "tokens": int(batch["query_attention_mask"].sum() + batch["doc_attention_mask"][batch["doc_valid"]].sum()),
             "padded_tokens": int(batch["query_input_ids"].size + batch["doc_input_ids"].size)}
 
 
-__all__ = ["make_loader", "to_global", "step_lengths", "cached_step_lengths", "choose_docs", "choose_indices",
-           "row_scores", "row_key", "text_hash", "Loader", "StepBatcher", "batch_stats"]
+__all__ = ["make_loader", "to_global", "step_lengths", "cached_step_lengths", "cached_step_table", "step_pack_table",
+           "Packing", "packing_for", "choose_rows", "sub_batches", "sub_rows", "row_count_bucket", "choose_docs",
+           "choose_indices", "row_scores", "row_key", "text_hash", "Loader", "StepBatcher", "batch_stats"]
