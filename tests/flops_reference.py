@@ -36,11 +36,12 @@ def layer_forward_flops(hf: dict, seq: int) -> int:
 
 
 def train_step_flops(hf: dict, q_rows: int, q_len: int, d_rows: int, d_len: int, dim: int,
-                     gradcache: bool) -> int:
-    """Forward of every query and document, the backward at twice the forward (one product for the input
+                     gradcache: bool, n_queries: int | None = None, n_candidates: int | None = None) -> int:
+    """Forward of every query and document row, the backward at twice the forward (one product for the input
     gradient, one for the weight gradient, per forward product), the gradient cache's second forward; plus the
-    [q_rows, d_rows] similarity: forward and its two gradient products."""
+    [n_queries, n_candidates] similarity: forward and its two gradient products. The rows are the computed rows:
+    one text each when padded (the default: n_queries = q_rows, n_candidates = d_rows), several when packed."""
     layers = hf.get("num_hidden_layers", hf.get("num_layers"))
     forward = layers * (q_rows * layer_forward_flops(hf, q_len) + d_rows * layer_forward_flops(hf, d_len))
-    sim = _matmul(q_rows, dim, d_rows)
+    sim = _matmul(q_rows if n_queries is None else n_queries, dim, d_rows if n_candidates is None else n_candidates)
     return (4 if gradcache else 3) * forward + 3 * sim
