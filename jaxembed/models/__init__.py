@@ -6,8 +6,8 @@ Every architecture package (``bert``, ``qwen2``, ``llama``, ``gemma``, ``t5``; t
 segment_ids=None, positions=None) -> [B, L, H]``: padded rows with ``attention_mask``, or packed rows
 (``jaxembed.packing``) with ``segment_ids`` and per-text ``positions``; attention through
 ``jaxembed.models.attention``, chosen by the config's ``attention``), ``rules(config)``, ``PREFIXES`` (stripped
-from checkpoint keys), ``IGNORE`` (regexes of keys that are not encoder weights) and optionally ``adapt(hf_config, keys) -> dict`` (config overrides read off the
-checkpoint, e.g. whether BERT has a pooler).
+from checkpoint keys), ``IGNORE`` (regexes of keys that are not encoder weights) and optionally
+``adapt(hf_config, keys) -> dict`` (config overrides read off the checkpoint, e.g. whether BERT has a pooler).
 
 Every architecture config also carries ``mote`` (a ``jaxembed.mote.MoTESpec`` or None): with it, the listed
 layers' feed-forward sublayers are MoTE task-expert blocks, and ``__call__`` takes ``experts=`` (see

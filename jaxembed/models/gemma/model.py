@@ -7,8 +7,10 @@ section 2):
 - token embeddings times sqrt(hidden_size) (rounded to the weights' dtype first, as transformers);
 - GeGLU feed-forward (``hidden_activation``, gelu_pytorch_tanh); a norm after the attention output and after the
   MLP output, before each residual, besides the pre-norms (``pre_feedforward_layernorm`` for the MLP);
-- attention logits scaled by query_pre_attn_scalar^-1/2, then soft-capped: c * tanh(logits / c) with
-  c = attn_logit_softcapping (Gemma 2's default 50; Gemma 3: none unless the config sets it);
+- attention logits scaled by query_pre_attn_scalar^-1/2, then (Gemma 2) soft-capped: c * tanh(logits / c) with
+  c = attn_logit_softcapping (default 50). Gemma 3 replaced soft-capping by the q/k norms (Gemma 3 report,
+  section 2): transformers' Gemma3TextModel ignores ``attn_logit_softcapping``, and so does jaxembed (it is kept
+  for ``to_hf``);
 - ``layer_types``: sliding-window layers (window ``sliding_window``) and global ones; Gemma 2 alternates (even
   layers slide), Gemma 3 has five sliding layers per global one (``sliding_window_pattern`` 6), and its sliding
   layers use their own RoPE base (``rope_local_base_freq`` / ``rope_parameters.sliding_attention``; the global
@@ -37,6 +39,8 @@ _WINDOW = 4096
 _ATTN_SOFTCAP = {"gemma2": 50.0, "gemma3_text": None}
 _FINAL_SOFTCAP = {"gemma2": 30.0, "gemma3_text": None}
 _PATTERN = {"gemma2": 2, "gemma3_text": 6}  # one global layer in every PATTERN (the last of each group)
+# Gemma 3's defaults that differ from Gemma 2's (GemmaConfig's own field defaults)
+_DEFAULTS = {"gemma2": {}, "gemma3_text": dict(vocab_size=262208, max_position_embeddings=131072)}
 _GEMMA3_THETA, _GEMMA3_LOCAL_THETA = 1_000_000.0, 10_000.0
 
 
@@ -115,7 +119,8 @@ class GemmaConfig(DecoderConfig):
 
     @property
     def attn_softcap(self) -> float | None:
-        return self.attn_logit_softcapping
+        """Gemma 2 only (module docstring)."""
+        return self.attn_logit_softcapping if self.model_type == "gemma2" else None
 
     def layer_window(self, i: int) -> int | None:
         if self.layer_types[i] != SLIDING or self.sliding_window is None:
@@ -134,7 +139,7 @@ class GemmaConfig(DecoderConfig):
     def from_hf(cls, hf: dict[str, Any], **overrides) -> "GemmaConfig":
         model_type = hf.get("model_type", "gemma2")
         where = f"{model_type} config"
-        kw = hf_kwargs(hf, cls.HF_FIELDS)
+        kw = {**_DEFAULTS.get(model_type, {}), **hf_kwargs(hf, cls.HF_FIELDS)}
         for k, default in (("attn_logit_softcapping", _ATTN_SOFTCAP), ("final_logit_softcapping", _FINAL_SOFTCAP)):
             kw[k] = hf[k] if k in hf else default.get(model_type)
         kw["hidden_act"] = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"

@@ -24,6 +24,8 @@ _MISTRAL_WINDOW = 4096  # transformers' MistralConfig default
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LlamaConfig(DecoderConfig):
     model_type: str = "llama"
+    bos_token_id: int | None = 1
+    eos_token_id: int | tuple[int, ...] | None = 2
     rope: RopeSpec = RopeSpec()
     sliding_window: int | None = None  # Mistral only
 
