@@ -88,7 +88,9 @@ def _write_dense(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, hf_c
                  model_card: str | None) -> None:
     """The dense export's files, written into the (temporary) folder ``out``."""
     config = model.config
-    if getattr(config, "causal", True) is False:
+    # Gemma 3's use_bidirectional_attention is honoured by transformers (EmbeddingGemma); the others' is_causal: false
+    # is not by every attention implementation (sdpa without padding runs causally)
+    if getattr(config, "causal", True) is False and not config.to_hf().get("use_bidirectional_attention"):
         log.warning("exporting a bidirectional %s: PyTorch transformers will run it with causal attention, so its "
                     "embeddings there differ from jaxembed's", config.model_type)
     cfg = {k: v for k, v in (hf_config or {}).items() if k not in ("architectures", "auto_map")}
