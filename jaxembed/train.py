@@ -227,8 +227,8 @@ def setup(config, workdir: str | Path) -> Run:
         from jaxembed.data.pipeline import packing_for
 
         packing = packing_for(store, plan, loaded.tokenizer, shards=train_encode.row_shards(mesh),
-                              lengths=config.train.length_buckets, gradcache_chunk=config.train.gradcache_chunk,
-                              num_candidates=K)
+                              hidden_size=int(getattr(loaded.model.config, "hidden_size", 0) or 0),
+                              gradcache_chunk=config.train.gradcache_chunk, num_candidates=K)
     return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes, packing)
 
 

@@ -298,17 +298,8 @@ def step_lengths(store, plan: Plan, tokenizer: Tokenizer, *, seed: int | None = 
 
 #: a packed row holds at least this many token slots (several short texts per row; jaxembed.encode.ROW_TEXTS)
 MIN_ROW_LENGTH = 64
-ROW_LENGTHS = ("pow2", "fine")
-
-
-def row_count_bucket(needed: int) -> int:
-    """A candidate row count for ``needed`` rows: 1, ..., 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ... (four per
-    doubling; ``choose_rows`` then keeps a few of them)."""
-    n = max(int(needed), 1)
-    if n <= 8:
-        return n
-    top = 1 << (n - 1).bit_length()  # the power of two >= n
-    return next(top * f // 8 for f in (5, 6, 7, 8) if top * f // 8 >= n)
+#: the row lengths a run may take: powers of two from MIN_ROW_LENGTH up to this many times the longest text allowed
+ROW_LENGTH_SPAN = 4
 
 
 def sub_rows(sub_tokens: int, row_length: int) -> int:
@@ -331,50 +322,57 @@ def sub_batches(rows: int, row_length: int, sub_tokens: int) -> int:
 class Packing:
     """How the loader packs a step (module docstring).
 
-    shards: row shards of the global batch (devices along the mesh's batch axes, all hosts); lengths: 'pow2' or
-    'fine' row lengths (``train.length_buckets``); min_row_length: the shortest row; sub_tokens: gradient cache,
-    token slots per shard of a query / candidate sub-batch (0: no cache)."""
+    shards: row shards of the global batch (devices along the mesh's batch axes, all hosts); min_row_length: the
+    shortest row; attention_cost: the relative cost of a token's attention per slot of its row (a slot of a row of
+    L costs 1 + attention_cost * L: attention is 4 L H of a layer's ~24 H^2 FLOPs per token, so 1 / (6 H)); the row
+    length with the least total cost is chosen; sub_tokens: gradient cache, token slots per shard of a query /
+    candidate sub-batch (0: no cache)."""
 
     shards: int = 1
-    lengths: str = "pow2"
     min_row_length: int = MIN_ROW_LENGTH
+    attention_cost: float = 0.0
     sub_tokens: tuple[int, int] = (0, 0)
 
     def __post_init__(self):
-        if self.lengths not in ROW_LENGTHS:
-            raise ValueError(f"lengths={self.lengths!r}: allowed {', '.join(ROW_LENGTHS)}")
         if self.shards < 1 or self.min_row_length < 1:
             raise ValueError(f"shards ({self.shards}) and min_row_length ({self.min_row_length}) must be >= 1")
 
-    def row_length(self, longest: int, cap: int) -> int:
-        """L for a step whose longest text has ``longest`` tokens (cap: the longest any text may have)."""
-        n = max(int(longest), self.min_row_length, 1)
-        if self.lengths == "pow2":
-            return 1 << (n - 1).bit_length()
-        return bucket_for(n, length_buckets(max(int(cap), self.min_row_length)))
+    def row_lengths(self, cap: int) -> list[int]:
+        """The candidate row lengths for texts of at most ``cap`` tokens: powers of two from min_row_length up to
+        ROW_LENGTH_SPAN x the power of two >= cap."""
+        top = ROW_LENGTH_SPAN * (1 << (max(int(cap), self.min_row_length, 1) - 1).bit_length())
+        out, L = [], 1 << (max(self.min_row_length, 1) - 1).bit_length()
+        while L <= top:
+            out.append(L)
+            L *= 2
+        return out
 
     def rows(self, needed: int, row_length: int, side: int) -> int:
-        """The row count of a pack (per shard) that needs ``needed`` rows; side 0 = queries, 1 = candidates: with
-        the gradient cache, a multiple of its sub-batch rows when it takes more than one sub-batch."""
-        R = row_count_bucket(needed)
+        """The smallest row count of a pack (per shard) that holds ``needed`` rows; side 0 = queries, 1 =
+        candidates: with the gradient cache, a multiple of its sub-batch rows when it takes more than one."""
+        R = max(int(needed), 1)
         r = sub_rows(self.sub_tokens[side], row_length)
         if r and R > r:
             R = -(-R // r) * r
         return R
 
+    def slot_cost(self, row_length: int) -> float:
+        return 1.0 + self.attention_cost * row_length
+
     def key(self) -> list:
-        return [self.shards, self.lengths, self.min_row_length]
+        return [self.shards, self.min_row_length, round(self.attention_cost, 9), list(self.sub_tokens)]
 
 
-def packing_for(store, plan: Plan, tokenizer: Tokenizer, *, shards: int, lengths: str = "pow2",
+def packing_for(store, plan: Plan, tokenizer: Tokenizer, *, shards: int, hidden_size: int = 0,
                 gradcache_chunk: int = 0, num_candidates: int | None = None) -> Packing:
-    """The trainer's ``Packing``: ``shards`` devices along the batch axes; with the gradient cache
-    (``gradcache_chunk`` queries per sub-batch of the padded path), sub-batches of as many token slots as that
-    many padded queries (chunk / shards x the longest query length) and their candidates (x K x the longest
-    document length) take per shard: the padded sub-batch's memory bound, spent on real tokens."""
+    """The trainer's ``Packing``: ``shards`` devices along the batch axes; attention cost 1 / (6 hidden_size) (0:
+    none); with the gradient cache (``gradcache_chunk`` queries per sub-batch of the padded path), sub-batches of
+    as many token slots as that many padded queries (chunk / shards x the longest query length) and their
+    candidates (x K x the longest document length) take per shard: the padded sub-batch's memory bound, spent on
+    real tokens."""
     t = _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
     per_shard = -(-int(gradcache_chunk) // int(shards)) if gradcache_chunk else 0
-    return Packing(shards=int(shards), lengths=lengths,
+    return Packing(shards=int(shards), attention_cost=1.0 / (6 * hidden_size) if hidden_size else 0.0,
                    sub_tokens=(per_shard * t.Lq_max, per_shard * t.K * t.Ld_max))
 
 
@@ -388,68 +386,77 @@ def choose_rows(table: dict[str, np.ndarray], packing: Packing, compile_steps: i
                 max_shapes: int = MAX_SHAPES) -> tuple[np.ndarray, np.ndarray]:
     """The row counts of every step (query rows Rq [S], candidate rows Rd [S] per shard) from the whole plan's
     table: a few (Rq, Rd) shapes per row length, chosen greedily. Start with the shape that fits every step; add
-    the bucketed (``Packing.rows``) shape of some step that saves the most token slots (each step takes the
-    smallest chosen shape it fits), as long as it saves at least ``compile_steps`` average steps' slots (a
-    compilation costs about that much) and there are fewer than ``max_shapes``. A pure function of the table, so
-    every host and every restart get the same shapes."""
+    the shape some step needs (``Packing.rows``) that saves the most token slots (each step takes the smallest
+    chosen shape it fits), as long as it saves at least ``compile_steps`` average steps' slots (a compilation
+    costs about that much) and there are fewer than ``max_shapes``. A pure function of the table, so every host
+    and every restart get the same shapes."""
     L = np.asarray(table["row_length"])
-    S = len(L)
-    need_q = np.asarray(table["query_rows"])
-    need_d = np.asarray(table["doc_rows"])
-    Rq = np.zeros(S, np.int32)
-    Rd = np.zeros(S, np.int32)
+    Rq = np.zeros(len(L), np.int32)
+    Rd = np.zeros(len(L), np.int32)
     for length in np.unique(L[L > 0]):
         idx = np.flatnonzero(L == length)
-        cq = np.array([packing.rows(n, int(length), 0) for n in need_q[idx]], np.int64)
-        cd = np.array([packing.rows(n, int(length), 1) for n in need_d[idx]], np.int64)
-        cands = sorted(set(zip(cq.tolist(), cd.tolist())))
-        chosen = [(int(cq.max()), int(cd.max()))]
-        cost = np.full(len(idx), chosen[0][0] + chosen[0][1], np.int64)  # rows of each step under the chosen shapes
-        while len(chosen) < max_shapes:
-            best, best_cost = None, None
-            for q, d in cands:
-                if (q, d) in chosen:
-                    continue
-                fits = (cq <= q) & (cd <= d)
-                new = np.where(fits, np.minimum(cost, q + d), cost)
-                if best_cost is None or new.sum() < best_cost.sum():
-                    best, best_cost = (q, d), new
-            if best is None or (cost.sum() - best_cost.sum()) < compile_steps * cost.mean():
+        need = np.array([(packing.rows(q, int(length), 0), packing.rows(d, int(length), 1))
+                         for q, d in zip(table["query_rows"][idx], table["doc_rows"][idx])], np.int64)
+        pairs, inv, count = np.unique(need, axis=0, return_inverse=True, return_counts=True)
+        inv = inv.reshape(-1)
+        size = pairs.sum(axis=1)                       # rows of each distinct need, as a shape of its own
+        top = pairs.max(axis=0)
+        shapes = [tuple(int(x) for x in top)]          # fits every step
+        cost = np.full(len(pairs), int(top.sum()), np.int64)  # rows each need takes under the chosen shapes
+        fits = (pairs[None, :, 0] <= pairs[:, None, 0]) & (pairs[None, :, 1] <= pairs[:, None, 1])  # [shape, need]
+        while len(shapes) < max_shapes:
+            new = np.where(fits, np.minimum(cost[None, :], size[:, None]), cost[None, :])  # [candidate, need]
+            saved = (cost[None, :] - new) @ count
+            best = int(np.argmax(saved))
+            if saved[best] <= 0 or saved[best] < compile_steps * (cost @ count) / count.sum():
                 break
-            chosen.append(best)
-            cost = best_cost
-        for k, (q_need, d_need) in enumerate(zip(cq, cd)):
-            fit = [(q + d, q, d) for q, d in chosen if q >= q_need and d >= d_need]
-            _, Rq[idx[k]], Rd[idx[k]] = min(fit)
+            shapes.append(tuple(int(x) for x in pairs[best]))
+            cost = new[best]
+        for k, (q_need, d_need) in enumerate(pairs):
+            _, q, d = min((q + d, q, d) for q, d in shapes if q >= q_need and d >= d_need)
+            sel = idx[inv == k]
+            Rq[sel], Rd[sel] = q, d
     return Rq, Rd
 
 
 def step_pack_table(store, plan: Plan, tokenizer: Tokenizer, packing: Packing, *, seed: int | None = None,
-                    negatives: str | None = None, start_step: int = 0, end_step: int | None = None,
-                    chunk_steps: int = 256, tables: _Tables | None = None) -> dict[str, np.ndarray]:
-    """The packed shapes of every step over the whole global batch (module docstring), int32 [S] each (0 outside
-    [start_step, end_step)): row_length (L), query_rows / doc_rows (rows best-fit decreasing needs on the fullest
-    shard, before bucketing), query_len / doc_len (the longest texts, as ``step_lengths``)."""
+                    negatives: str | None = None, chunk_steps: int = 256,
+                    tables: _Tables | None = None) -> dict[str, np.ndarray]:
+    """The packed shapes of every step of the plan over the whole global batch (module docstring), int32 [S]
+    each: row_length (L, one for the run: of the candidates ``Packing.row_lengths`` that hold the longest text,
+    the one with the least total cost, rows x L x ``Packing.slot_cost``), query_rows / doc_rows (rows best-fit
+    decreasing needs at L on the fullest shard, before ``choose_rows``), query_len / doc_len (the longest texts, as
+    ``step_lengths``)."""
     seed = plan.seed if seed is None else seed
     negatives = negatives or plan.config.get("negatives", "first")
     tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist())
-    end_step = plan.steps if end_step is None else end_step
     G, S = plan.global_batch_size, packing.shards
     if G % S:
         raise UserError(f"global_batch_size {G} is not divisible by the {S} devices of the batch axes (fix: a "
                         f"global batch size that is a multiple of {S})")
     n_empty = len(tokenizer.tokenize([""], max_length=tables.Ld_max)[0])
-    cap = max(tables.Lq_max, tables.Ld_max)
+    cands = packing.row_lengths(max(tables.Lq_max, tables.Ld_max))
+    rows = np.full((len(cands), 2, plan.steps), -1, np.int64)  # -1: the row length is below the step's longest
     out = {k: np.zeros(plan.steps, np.int32) for k in ("row_length", "query_rows", "doc_rows", "query_len",
                                                        "doc_len")}
-    for s, q, d in _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, start_step, end_step,
-                                      chunk_steps):
+    for s, q, d in _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, 0, plan.steps, chunk_steps):
         d = np.where(d < 0, n_empty, d)
-        L = packing.row_length(max(int(q.max()), int(d.max())), cap)
-        out["row_length"][s] = L
         out["query_len"][s], out["doc_len"][s] = max(int(q.max()), 1), max(int(d.max()), 1)
-        out["query_rows"][s] = max(packlib.rows_needed(x, L) for x in np.split(q, S))
-        out["doc_rows"][s] = max(packlib.rows_needed(x, L) for x in np.split(d, S))
+        longest = max(int(q.max()), int(d.max()))
+        for i, L in enumerate(cands):
+            if L >= longest:
+                rows[i, 0, s] = max(packlib.rows_needed(x, L) for x in np.split(q, S))
+                rows[i, 1, s] = max(packlib.rows_needed(x, L) for x in np.split(d, S))
+    best, best_cost = None, None
+    for i, L in enumerate(cands):
+        if (rows[i] < 0).any():
+            continue
+        n = sum(packing.rows(r, L, side) for side in (0, 1) for r in rows[i, side])
+        cost = n * L * packing.slot_cost(L)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = i, cost
+    out["row_length"][:] = cands[best]
+    out["query_rows"][:], out["doc_rows"][:] = rows[best, 0], rows[best, 1]
     return out
 
 
@@ -785,5 +792,5 @@ def batch_stats(batch: dict) -> dict:
 
 
 __all__ = ["make_loader", "to_global", "step_lengths", "cached_step_lengths", "cached_step_table", "step_pack_table",
-           "Packing", "packing_for", "choose_rows", "sub_batches", "sub_rows", "row_count_bucket", "choose_docs",
+           "Packing", "packing_for", "choose_rows", "sub_batches", "sub_rows", "choose_docs",
            "choose_indices", "row_scores", "row_key", "text_hash", "Loader", "StepBatcher", "batch_stats"]
