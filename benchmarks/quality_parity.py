@@ -37,19 +37,34 @@ encoder for both models, and mteb through sentence-transformers' own encoder for
 Ablations (``--ablations``, jaxembed only, compared with this script's jaxembed baseline runs of the same seeds):
   peg                   loss.type='peg' vs plain InfoNCE
   mrl                   loss.matryoshka_dims=(384,256,128,64) (weights --mrl-weights) vs none; scores at 64/128/256
-  curriculum            Data-CUBE curriculum (needs --curriculum-task-order and --curriculum-scores) vs the random
-                        (sampled) order of the baseline; also an arm with the same task walk but random instance
-                        order ('curriculum_shuffled', Table 3 w/o Inst) and the paper's Vanilla on the same data mix
-                        ('curriculum_vanilla': no curriculum, one task per batch, datasets drawn by size, as the
-                        curriculum's compressed pass takes them); both curriculum arms are also compared with it.
-                        --curriculum-mask-delta D adds 'curriculum_masked': the curriculum with the Eq. 9 mask
+  curriculum            Data-CUBE curriculum (needs --curriculum-task-order and --curriculum-scores; the unit is the
+                        order file's, a dataset by default) with Algorithm 1's cyclic walk ('curriculum') and with
+                        the balanced walk ('curriculum_balanced', jaxembed's: each unit visited in proportion to its
+                        size), vs the random (sampled) order of the baseline; also an arm with the same walk but
+                        random instance order ('curriculum_shuffled', Table 3 w/o Inst) and the paper's Vanilla on
+                        the same data mix ('curriculum_vanilla': no curriculum, one unit per batch, datasets drawn by
+                        size, as the curriculum's compressed pass takes them); every curriculum arm is also compared
+                        with Vanilla, the balanced walk with the cyclic one. --curriculum-mask-delta D adds
+                        'curriculum_masked': the curriculum with the Eq. 9 mask
   mote                  MoTE (config overrides --mote KEY=VALUE ..., eval routing --mote-experts JSON) vs the
                         instruction-conditioned baseline
+  mote_clustering       the same with clustering training data for the clustering expert (TREC / SST-5 clustering
+                        sets built from the train/ classification files, jaxembed.data.clustering; heterogeneous
+                        batches, temperature 0.06 as TA-CL): 'mote_clustering' vs 'ic_clustering' (the baseline with
+                        the same data), and 'ic_clustering' vs the baseline
+Every comparison reports the average over the eval tasks, the STS average (Data-CUBE's measure: STSBenchmark,
+SICK-R), the average per task type (MoTE's), per seed and as the mean with the spread over seeds.
 Finished runs are reused (a run directory whose recorded config matches), so adding an ablation later reruns
 nothing; a finished run of another config stops the script with the differing keys (it is never deleted).
 
+One run at a time (background jobs, resumable): ``--job ARM:SEED`` trains and evaluates that jaxembed run only and
+writes <workdir>/jaxembed_<ARM>_s<SEED>/result.json (a finished run is reused, an interrupted one starts again);
+``--summarize`` then compares every finished run of the workdir (the same comparisons, over the seeds both arms
+have) and writes the result file. Give both the same options (steps, batch, eval sample, curriculum files).
+
     python benchmarks/quality_parity.py [--steps 200] [--batch-size 16] [--seeds 0 1] [--ablations peg,mrl]
                                         [--ablation-seeds 0] [--workdir runs/quality_parity] [--no-readme]
+    python benchmarks/quality_parity.py --job curriculum_balanced:0 --steps 400 ... ; ... --summarize --steps 400 ...
 """
 
 from __future__ import annotations
@@ -70,7 +85,22 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from _record import record_line, save_result  # noqa: E402
 
-ABLATIONS = ("peg", "mrl", "curriculum", "mote")
+ABLATIONS = ("peg", "mrl", "curriculum", "mote", "mote_clustering")
+#: the arms each --ablations entry runs (besides the baseline)
+ABLATION_ARMS = {"curriculum": ("curriculum", "curriculum_balanced", "curriculum_shuffled", "curriculum_vanilla"),
+                 "mote_clustering": ("ic_clustering", "mote_clustering")}
+#: arms compared with another arm than the baseline too: arm -> [(key prefix, reference arm)]
+REFERENCES = {**{a: [("vanilla", "curriculum_vanilla")] for a in ("curriculum", "curriculum_shuffled",
+                                                                   "curriculum_masked")},
+              "curriculum_balanced": [("vanilla", "curriculum_vanilla"), ("cyclic", "curriculum")],
+              "mote_clustering": [("ic_clustering", "ic_clustering")]}
+#: arms trained with the clustering sets added to the recipe's data (their own store)
+CLUSTERING_ARMS = ("ic_clustering", "mote_clustering")
+#: every jaxembed arm (--job ARM:SEED)
+ARMS = ("base", "peg", "mrl", "curriculum", "curriculum_balanced", "curriculum_shuffled", "curriculum_vanilla",
+        "curriculum_masked", "mote", "ic_clustering", "mote_clustering")
+#: Data-CUBE's measure: the average over the STS tasks
+STS_TASKS = ("STSBenchmark", "SICK-R")
 DIMS = (256, 128, 64)
 
 
@@ -110,6 +140,11 @@ def parse_args(argv=None):
                                                   "runs/quality_parity_<recipe>_<variant>")
     ap.add_argument("--name", default="quality_parity_cpu", help="result file benchmarks/results/<name>.json")
     ap.add_argument("--no-readme", action="store_true")
+    ap.add_argument("--job", action="append", default=[], metavar="ARM:SEED",
+                    help="train and evaluate this jaxembed run only (repeat for several), writing its "
+                         "result.json in the workdir; then --summarize")
+    ap.add_argument("--summarize", action="store_true",
+                    help="compare the finished runs of the workdir and write the result file (no training)")
     ap.add_argument("--_train", default="", help=argparse.SUPPRESS)  # internal: TOOL:ARM:SEED in a subprocess
     args = ap.parse_args(argv)
     if not args.workdir:
@@ -156,15 +191,18 @@ def arm_config(args, arm: str, seed: int, store_dir: Path | None):
     elif arm == "mrl":
         c.loss.matryoshka_dims = (384, 256, 128, 64)
         c.loss.matryoshka_weights = tuple(float(x) for x in args.mrl_weights.split(","))
-    elif arm == "curriculum_vanilla":  # Data-CUBE Table 3 Vanilla: the curriculum's data mix, random order
-        c.plan.strategy = "heterogeneous"
+    elif arm == "curriculum_vanilla":  # Data-CUBE Table 3 Vanilla: the curriculum's data mix, random order,
+        #                                one unit per batch as the curriculum's batches
+        c.plan.strategy = "heterogeneous" if curriculum_unit(args) == "task" else "homogeneous"
         c.plan.sampling = "size"
-    elif arm in ("curriculum", "curriculum_shuffled", "curriculum_masked"):
+    elif arm in ("curriculum", "curriculum_balanced", "curriculum_shuffled", "curriculum_masked"):
         if not args.curriculum_task_order:
             raise SystemExit("error: --ablations curriculum needs --curriculum-task-order FILE (and "
                              "--curriculum-scores FILE for e2d / d2e)")
         c.plan.curriculum.enabled = True
         c.plan.curriculum.task_order = str(Path(args.curriculum_task_order).resolve())
+        c.plan.curriculum.unit = curriculum_unit(args)
+        c.plan.curriculum.walk = "balanced" if arm == "curriculum_balanced" else "cyclic"
         if arm == "curriculum_shuffled":
             c.plan.curriculum.instance_order = "random"
         else:
@@ -183,9 +221,44 @@ def arm_config(args, arm: str, seed: int, store_dir: Path | None):
             raise SystemExit("error: --ablations mote needs the MoTE config overrides, e.g. --mote "
                              "model.mote.num_experts=4 (see the MoTE section of the README)")
         cfglib.apply_overrides(c, list(args.mote))
+    elif arm in CLUSTERING_ARMS:
+        add_clustering_sets(c)
+        if store_dir is not None:  # another data config: its own store beside the recipe's
+            c.data.store = str(Path(store_dir).parent / "clustering" / "store")
+        if arm == "mote_clustering":
+            c.model.mote.enabled = True
+            cfglib.apply_overrides(c, list(args.mote))
     else:
         raise ValueError(arm)
     return c
+
+
+def curriculum_unit(args) -> str:
+    """The curriculum unit of --curriculum-task-order: its recorded "unit" (jaxembed curriculum writes it), else
+    dataset (the plan's default)."""
+    path = Path(args.curriculum_task_order) if args.curriculum_task_order else None
+    if path is not None and path.suffix == ".json" and path.is_file():
+        obj = json.loads(path.read_text())
+        if isinstance(obj, dict) and obj.get("unit"):
+            return str(obj["unit"])
+    return "dataset"
+
+
+def add_clustering_sets(c) -> None:
+    """The clustering sets (TREC question types, SST-5 sentiment levels, from train/ classification files) added to
+    the recipe's data, with the recipe's per-dataset settings (negatives, lengths) and TA-CL's clustering batching
+    and temperature (heterogeneous, 0.06; MoTE App. D.2)."""
+    from jaxembed import mote, paths
+    from jaxembed.data.clustering import shared_clustering_datasets
+
+    like = c.data.datasets[0]
+    batching, temperature = mote.TA_CL["clustering"]
+    extra = shared_clustering_datasets(paths.shared_data_dir())
+    for d in extra:
+        d.num_negatives = min(int(d.num_negatives), max(int(x.num_negatives) for x in c.data.datasets))
+        d.max_query_length, d.max_doc_length = like.max_query_length, like.max_doc_length
+        d.batching, d.temperature = batching, temperature
+    c.data.datasets = list(c.data.datasets) + extra
 
 
 def run_record(c, tool: str, args) -> dict:
@@ -686,9 +759,74 @@ def summarize(runs: dict, tool: str, arm: str, seeds, dim: str | None = None) ->
     per_task = {t: {"mean": statistics.mean(score(r, t) for r in got), "seeds": [score(r, t) for r in got]}
                 for t in tasks}
     avgs = [statistics.mean(score(r, t) for t in tasks) for r in got]
-    return {"per_task": per_task, "average": statistics.mean(avgs), "average_seeds": avgs,
-            "spread": (max(avgs) - min(avgs)) if len(avgs) > 1 else 0.0, "seeds": [s for s in seeds
-                                                                                    if (tool, arm, s) in runs]}
+    out = {"per_task": per_task, "average": statistics.mean(avgs), "average_seeds": avgs,
+           "spread": (max(avgs) - min(avgs)) if len(avgs) > 1 else 0.0, "seeds": [s for s in seeds
+                                                                                   if (tool, arm, s) in runs]}
+    for key, group in task_groups(tasks).items():  # the STS average (Data-CUBE) and each task type's (MoTE)
+        vals = [statistics.mean(score(r, t) for t in group) for r in got]
+        out.setdefault("groups", {})[key] = {"tasks": group, "average": statistics.mean(vals), "seeds": vals,
+                                             "spread": (max(vals) - min(vals)) if len(vals) > 1 else 0.0}
+    return out
+
+
+def task_groups(tasks) -> dict[str, list[str]]:
+    """{"sts_average": the STS tasks of STS_TASKS (Data-CUBE's measure), "type:<Type>": the tasks of each MTEB task
+    type (MoTE's per-type averages)}, over the evaluated tasks."""
+    from jaxembed.evaluate.tasks import get_task
+
+    out = {"sts_average": [t for t in tasks if t in STS_TASKS]} if any(t in STS_TASKS for t in tasks) else {}
+    for t in tasks:
+        out.setdefault(f"type:{get_task(t).type}", []).append(t)
+    return out
+
+
+def _diff_row(runs, arm: str, ref: str, seeds, dim: str | None = None) -> dict | None:
+    """arm vs ref over the seeds both have: averages, the difference per seed, its mean and spread, and the same for
+    the STS average and each task type."""
+    both = [s for s in seeds if ("jaxembed", arm, s) in runs and ("jaxembed", ref, s) in runs]
+    a, b = (summarize(runs, "jaxembed", x, both, dim) for x in (arm, ref))
+    if not both or a is None or b is None:
+        return None
+
+    def diff(x, y):
+        d = [p - q for p, q in zip(x, y)]
+        return {"difference": statistics.mean(d), "difference_seeds": d,
+                "difference_spread": (max(d) - min(d)) if len(d) > 1 else 0.0}
+
+    row = {"seeds": both, "reference": ref, "baseline_average": b["average"], "arm_average": a["average"],
+           "baseline_average_seeds": b["average_seeds"], "arm_average_seeds": a["average_seeds"],
+           "baseline_spread": b["spread"], "arm_spread": a["spread"], **diff(a["average_seeds"], b["average_seeds"]),
+           "per_task": {t: {"baseline": b["per_task"][t]["mean"], "arm": a["per_task"][t]["mean"]}
+                        for t in a["per_task"]}}
+    row["groups"] = {k: {"baseline": b["groups"][k]["average"], "arm": g["average"], "tasks": g["tasks"],
+                         "baseline_seeds": b["groups"][k]["seeds"], "arm_seeds": g["seeds"],
+                         **diff(g["seeds"], b["groups"][k]["seeds"])}
+                     for k, g in a.get("groups", {}).items()}
+    return row
+
+
+def ablation_rows(runs: dict, arms, seeds) -> dict:
+    """Each arm vs the baseline ('base'; at 384 dims and every Matryoshka view), plus its REFERENCES (the curriculum
+    arms vs Vanilla, the balanced walk vs the cyclic one, MoTE with clustering data vs the baseline with it) as
+    ``difference_vs_<key>`` / ``vs_<key>``. Arms or references without a finished run are left out."""
+    out = {}
+    for a in arms:
+        row = _diff_row(runs, a, "base", seeds)
+        if row is None:
+            continue
+        for d in DIMS:
+            x = _diff_row(runs, a, "base", seeds, str(d))
+            row[f"dim{d}"] = {"baseline_average": x["baseline_average"], "arm_average": x["arm_average"],
+                              "difference": x["difference"]}
+        for key, ref in REFERENCES.get(a, []):
+            v = _diff_row(runs, a, ref, seeds)
+            if v is not None:
+                row[f"{key}_average"] = v["baseline_average"]
+                row[f"difference_vs_{key}"] = v["difference"]
+                row[f"difference_vs_{key}_seeds"] = v["difference_seeds"]
+                row[f"vs_{key}"] = v
+        out[a] = row
+    return out
 
 
 def _public_argv(argv: list[str]) -> list[str]:
@@ -722,22 +860,14 @@ def main():
     wd = Path(args.workdir)
     wd.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
+    if args.job or args.summarize:
+        return run_jobs(args) if args.job else summarize_workdir(args)
 
-    # the dataset store, once for every run (same data config for all arms)
-    from jaxembed.train import prepare_store
-
-    from jaxembed import config as cfglib
-
-    c0 = recipe_config(args, args.seeds[0], None)
-    data = json.loads(cfglib.to_json(cfglib.data_section(c0)))
-    data.pop("seed", None)  # the store does not depend on it (the plan does)
-    stamp = wd / "store_data_config.json"
-    if (wd / "store" / "manifest.json").exists() and stamp.exists() and json.loads(stamp.read_text()) != data:
-        raise SystemExit(f"error: {wd / 'store'} was prepared from another data config (fix: another --workdir)")
-    if not (wd / "store" / "manifest.json").exists():
-        log("preparing the dataset store")
-    prepare_store(c0, wd)
-    stamp.write_text(json.dumps(data, indent=1) + "\n")
+    arms = []
+    for a in abl:
+        arms += list(ABLATION_ARMS.get(a, [a])) + (["curriculum_masked"] if a == "curriculum" and
+                                                  args.curriculum_mask_delta is not None else [])
+    prepare_stores(args, ["base", *arms])  # once for every run of each data config
 
     jobs = []  # (tool, arm, seed)
     for s in args.seeds:
@@ -745,10 +875,6 @@ def main():
         for t in ("st", "st_stock"):
             if t in tools and not args.only_ablations:
                 jobs.append((t, "base", s))
-    arms = []
-    for a in abl:
-        arms += {"curriculum": ["curriculum", "curriculum_shuffled", "curriculum_vanilla"]
-                 + (["curriculum_masked"] if args.curriculum_mask_delta is not None else [])}.get(a, [a])
     for a in arms:
         for s in args.ablation_seeds:
             if ("jaxembed", "base", s) not in jobs:
@@ -759,7 +885,8 @@ def main():
     runs = {}
     for tool, arm, s in jobs:
         r = run_training(args, tool, arm, s)
-        r["eval"] = run_eval(args, wd / f"{tool}_{arm}_s{s}", r["model_dir"], experts if arm == "mote" else None)
+        r["eval"] = run_eval(args, wd / f"{tool}_{arm}_s{s}", r["model_dir"],
+                             experts if arm.startswith("mote") else None)
         runs[(tool, arm, s)] = r
     mteb_res = mteb_check(args, runs)
 
@@ -788,25 +915,7 @@ def main():
         result["parity"]["target_met"] = diff >= -0.3
     if par["jaxembed"] and par["st_stock"]:
         result["parity"]["difference_jaxembed_minus_st_stock"] = par["jaxembed"]["average"] - par["st_stock"]["average"]
-    ablation = {}
-    for a in arms:
-        base = summarize(runs, "jaxembed", "base", args.ablation_seeds)
-        arm = summarize(runs, "jaxembed", a, args.ablation_seeds)
-        row = {"seeds": args.ablation_seeds, "baseline_average": base["average"], "arm_average": arm["average"],
-               "difference": arm["average"] - base["average"], "baseline_average_seeds": base["average_seeds"],
-               "arm_average_seeds": arm["average_seeds"],
-               "per_task": {t: {"baseline": base["per_task"][t]["mean"], "arm": arm["per_task"][t]["mean"]}
-                            for t in arm["per_task"]}}
-        for d in DIMS:
-            b, x = (summarize(runs, "jaxembed", n, args.ablation_seeds, str(d)) for n in ("base", a))
-            row[f"dim{d}"] = {"baseline_average": b["average"], "arm_average": x["average"],
-                              "difference": x["average"] - b["average"]}
-        if a in ("curriculum", "curriculum_shuffled", "curriculum_masked"):
-            van = summarize(runs, "jaxembed", "curriculum_vanilla", args.ablation_seeds)
-            row["vanilla_average"] = van["average"]
-            row["difference_vs_vanilla"] = arm["average"] - van["average"]
-            row["difference_vs_vanilla_seeds"] = [x - v for x, v in zip(arm["average_seeds"], van["average_seeds"])]
-        ablation[a] = row
+    ablation = ablation_rows(runs, arms, args.ablation_seeds)
     result["ablations"] = ablation
     name = args.name
     path = save_result(name, result)
@@ -822,11 +931,7 @@ def main():
         j, s = par["jaxembed"], par["st_stock"]
         parts.append(f"vs stock sentence-transformers (Trainer, MNRL, no masks) {s['average']:.2f} (spread "
                      f"{s['spread']:.2f}): **{j['average'] - s['average']:+.2f}** points")
-    for a, row in ablation.items():
-        parts.append(f"{a} vs base (seeds {row['seeds']}): {row['difference']:+.2f} at 384, "
-                     + ", ".join(f"{row[f'dim{d}']['difference']:+.2f} at {d}" for d in DIMS)
-                     + (f"; vs curriculum_vanilla {row['difference_vs_vanilla']:+.2f}"
-                        if "difference_vs_vanilla" in row else ""))
+    parts += ablation_parts(ablation)
     if parts:
         line = (f"| {result['date']} | quality_parity | cpu ({result['cpu_count']} cores) | all-MiniLM-L6-v2, "
                 f"demo recipe, {args.steps} steps x batch {args.batch_size}"
@@ -835,6 +940,151 @@ def main():
                 + f" | {'; '.join(parts)} | `{result['command']}` |")
         record_line(line, append=not args.no_readme)
     log(f"done in {(time.time() - t_start) / 60:.1f} min; results in {path}")
+
+
+def ablation_parts(ablation: dict) -> list[str]:
+    """One phrase per arm for the README line: vs base at every dimension, then vs its references."""
+    return [f"{a} vs base (seeds {row['seeds']}): {row['difference']:+.2f} at 384, "
+            + ", ".join(f"{row[f'dim{d}']['difference']:+.2f} at {d}" for d in DIMS)
+            + "".join(f"; vs {ref} {row[f'difference_vs_{key}']:+.2f}" for key, ref in REFERENCES.get(a, [])
+                      if f"difference_vs_{key}" in row)
+            for a, row in ablation.items()]
+
+
+def markdown_table(ablation: dict) -> str:
+    """The comparisons as a markdown table: the average over the eval tasks, the STS average and each task type,
+    difference as mean over seeds (spread over seeds), per seed."""
+    lines = []
+    for a, row in ablation.items():
+        for key, r in [("base", row)] + [(k, row[f"vs_{k}"]) for k, _ in REFERENCES.get(a, [])
+                                         if f"vs_{k}" in row]:
+            if not lines:
+                groups = list(r["groups"])
+                lines.append("| arm | vs | seeds | all tasks | " + " | ".join(
+                    g.replace("type:", "") for g in groups) + " | all tasks per seed |")
+                lines.append("|" + "---|" * (len(groups) + 5))
+            cell = lambda x: f"{x['difference']:+.2f} ({x['difference_spread']:.2f})"  # noqa: E731
+            lines.append(f"| {a} | {r['reference']} | {len(r['seeds'])} | {cell(r)} | "
+                         + " | ".join(cell(r["groups"][g]) if g in r["groups"] else "" for g in groups)
+                         + " | " + " / ".join(f"{x:+.2f}" for x in r["difference_seeds"]) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- one run at a time
+
+
+def _lock(wd: Path):
+    """An exclusive lock on <workdir>/.quality_parity.lock (jobs started side by side prepare a store once)."""
+    import fcntl
+
+    f = open(wd / ".quality_parity.lock", "w")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f
+
+
+def prepare_stores(args, arms) -> None:
+    """The dataset store of each data config the arms train on (the recipe's; with the clustering sets), written
+    once; a store prepared from another data config stops the script."""
+    from jaxembed import config as cfglib
+    from jaxembed.train import prepare_store
+
+    wd = Path(args.workdir)
+    wd.mkdir(parents=True, exist_ok=True)
+    with _lock(wd):
+        for arm in dict.fromkeys("ic_clustering" if a in CLUSTERING_ARMS else "base" for a in arms):
+            c = arm_config(args, arm, args.seeds[0], None)
+            where = wd if arm == "base" else wd / "clustering"
+            data = json.loads(cfglib.to_json(cfglib.data_section(c)))
+            data.pop("seed", None)  # the store does not depend on it (the plan does)
+            stamp = where / "store_data_config.json"
+            done = (where / "store" / "manifest.json").exists()
+            if done and stamp.exists() and json.loads(stamp.read_text()) != data:
+                raise SystemExit(f"error: {where / 'store'} was prepared from another data config (fix: another "
+                                 "--workdir)")
+            if not done:
+                log(f"preparing the dataset store {where / 'store'}")
+            where.mkdir(parents=True, exist_ok=True)
+            prepare_store(c, where)
+            stamp.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def run_jobs(args) -> None:
+    """--job ARM:SEED ...: train (or reuse) and evaluate each jaxembed run; write its result.json."""
+    jobs = []
+    for j in args.job:
+        arm, _, seed = j.partition(":")
+        if not seed.isdigit():
+            raise SystemExit(f"error: --job {j!r}: expected ARM:SEED, e.g. curriculum_balanced:0")
+        if arm not in ARMS:
+            raise SystemExit(f"error: --job {j!r}: unknown arm (arms: {', '.join(ARMS)})")
+        arm_config(args, arm, int(seed), None)  # a missing option (curriculum files, --mote) stops here
+        jobs.append((arm, int(seed)))
+    prepare_stores(args, [a for a, _ in jobs])
+    experts = json.loads(args.mote_experts) if args.mote_experts else None
+    for arm, seed in jobs:
+        rundir = Path(args.workdir) / f"jaxembed_{arm}_s{seed}"
+        t0 = time.time()
+        r = run_training(args, "jaxembed", arm, seed)
+        t1 = time.time()
+        r["eval"] = run_eval(args, rundir, r["model_dir"], experts if arm.startswith("mote") else None)
+        one = summarize({("jaxembed", arm, seed): r}, "jaxembed", arm, [seed])
+        res = {"arm": arm, "seed": seed, "steps": args.steps, "global_batch_size": args.batch_size,
+               "eval": {"tasks": args.eval_tasks, "max_examples": args.eval_max_examples},
+               "average": one["average"], "groups": {k: g["average"] for k, g in one.get("groups", {}).items()},
+               "scores": {t: v["mean"] for t, v in one["per_task"].items()}, "train_s": r["train_s"],
+               "eval_s": time.time() - t1, "job_s": time.time() - t0, "plan": r["plan"],
+               "command": "python benchmarks/quality_parity.py " + " ".join(_public_argv(sys.argv[1:]))}
+        (rundir / "result.json").write_text(json.dumps(res, indent=1) + "\n")
+        log(f"{arm} seed {seed}: average {res['average']:.2f}, STS {res['groups'].get('sts_average', float('nan')):.2f}"
+            f" -> {rundir / 'result.json'}")
+
+
+def summarize_workdir(args) -> None:
+    """--summarize: every finished jaxembed run of the workdir (train.json + eval.json of the current eval
+    settings) compared as in the all-in-one mode; the result file, a markdown table, a README line."""
+    import re
+
+    wd = Path(args.workdir)
+    key = f"{args.eval_tasks}|{args.eval_max_examples}|{DIMS}"
+    runs, seeds, stale = {}, set(), []
+    for d in sorted(wd.glob("jaxembed_*_s*")):
+        m = re.fullmatch(r"jaxembed_(.+)_s(\d+)", d.name)
+        if not m or not (d / "train.json").exists() or not (d / "eval.json").exists():
+            continue
+        ev = json.loads((d / "eval.json").read_text())
+        if not ev.get("key", "").startswith(key):
+            stale.append(d.name)
+            continue
+        r = json.loads((d / "train.json").read_text())
+        r["eval"] = ev["results"]
+        runs[("jaxembed", m.group(1), int(m.group(2)))] = r
+        seeds.add(int(m.group(2)))
+    if stale:
+        log(f"left out (evaluated with other settings): {', '.join(stale)}")
+    arms = [a for a in dict.fromkeys(arm for _, arm, _ in sorted(runs)) if a != "base"]
+    if not runs:
+        raise SystemExit(f"error: no finished run in {wd} (fix: run --job ARM:SEED first)")
+    ablation = ablation_rows(runs, arms, sorted(seeds))
+    per_arm = {a: summarize(runs, "jaxembed", a, sorted(seeds)) for a in ["base", *arms]}
+    result = {"benchmark": "quality_parity", "mode": "summarize", "date": datetime.date.today().isoformat(),
+              "device": "cpu", "host": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+              "recipe": {"config": args.recipe, "steps": args.steps, "global_batch_size": args.batch_size},
+              "eval": {"tasks": args.eval_tasks, "max_examples": args.eval_max_examples, "dims": list(DIMS)},
+              "arms": {a: v for a, v in per_arm.items() if v}, "ablations": ablation,
+              "runs": {f"{t}_{a}_s{s}": {k: v for k, v in r.items() if k not in ("key", "record")}
+                       for (t, a, s), r in runs.items()},
+              "train_s_total": sum(r["train_s"] for r in runs.values()),
+              "command": "python benchmarks/quality_parity.py " + " ".join(_public_argv(sys.argv[1:]))}
+    path = save_result(args.name, result)
+    table = markdown_table(ablation)
+    print(table)
+    parts = ablation_parts(ablation)
+    if parts:
+        record_line(f"| {result['date']} | quality_parity | cpu ({result['cpu_count']} cores) | all-MiniLM-L6-v2, "
+                    f"{args.recipe}, {args.steps} steps x batch {args.batch_size}, eval sample "
+                    f"{args.eval_max_examples or 'full'} | {'; '.join(parts)} | `{result['command']}` |",
+                    append=not args.no_readme)
+    log(f"results in {path}")
 
 
 if __name__ == "__main__":
