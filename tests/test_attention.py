@@ -1,6 +1,8 @@
 """The attention interface (jaxembed.models.attention): every kernel against the XLA reference on packed rows,
 and a one-line error for a kernel that cannot run. Pallas kernels run in interpret mode on CPU; the GPU checks
-(``-m gpu``) run them, and cuDNN / Transformer Engine, on the accelerator."""
+(``-m gpu``) run them, and cuDNN / Transformer Engine, on the accelerator. Sliding windows and logit soft-capping
+(Mistral, Gemma): xla and splash against a numpy loop; the kernels without them refuse a window shorter than the
+row in one line and serve a longer one; ``auto`` falls back to xla on GPU."""
 
 import dataclasses
 
@@ -34,8 +36,9 @@ def _real(x):
     return np.asarray(x, np.float32)[SEGMENTS > 0]
 
 
-def _naive(q, k, v, causal):
-    """Attention of each text alone, in numpy."""
+def _naive(q, k, v, causal, window=None, softcap=None):
+    """Attention of each text alone, in numpy: logits scaled, soft-capped, then the causal / sliding-window mask
+    (causal: t - s < window; bidirectional: |t - s| < window)."""
     q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
     rep = q.shape[2] // k.shape[2]
     k, v = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)
@@ -44,8 +47,13 @@ def _naive(q, k, v, causal):
         for s in set(SEGMENTS[b]) - {0}:
             idx = np.flatnonzero(SEGMENTS[b] == s)
             logits = np.einsum("tnd,snd->nts", q[b, idx], k[b, idx]) / np.sqrt(q.shape[-1])
-            if causal:
-                logits = np.where(np.tril(np.ones((len(idx), len(idx)), bool)), logits, -np.inf)
+            if softcap is not None:
+                logits = softcap * np.tanh(logits / softcap)
+            d = idx[:, None] - idx[None, :]  # t - s
+            keep = (d >= 0) if causal else np.ones_like(d, bool)
+            if window is not None:
+                keep &= np.abs(d) < window
+            logits = np.where(keep, logits, -np.inf)
             p = np.exp(logits - logits.max(-1, keepdims=True))
             p /= p.sum(-1, keepdims=True)
             out[b, idx] = np.einsum("nts,snd->tnd", p, v[b, idx])
@@ -219,3 +227,65 @@ def test_auto_packed_model_matches_xla_on_the_accelerator():
     a = ref_model(ids, segment_ids=jnp.asarray(SEGMENTS), positions=pos)
     b = auto_model(ids, segment_ids=jnp.asarray(SEGMENTS), positions=pos)
     np.testing.assert_allclose(_real(b), _real(a), atol=5e-2)
+
+
+# ------------------------------------------------------------------------- sliding window, logit soft-capping
+
+WINDOW, CAP = 5, 1.0
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_xla_window_and_softcap_are_each_text_alone(causal):
+    q, k, v = _qkv()
+    seg = attn.Segments(jnp.asarray(SEGMENTS))
+    plain = _naive(q, k, v, causal)[SEGMENTS > 0]
+    for window, softcap in ((WINDOW, None), (None, CAP), (WINDOW, CAP)):
+        out = attn.attention(q, k, v, seg, causal=causal, window=window, softcap=softcap, implementation="xla")
+        ref = _naive(q, k, v, causal, window, softcap)[SEGMENTS > 0]
+        np.testing.assert_allclose(_real(out), ref, atol=2e-5, err_msg=f"window={window} softcap={softcap}")
+        assert np.abs(ref - plain).max() > 1e-2  # each setting changes the result
+    # a window as long as the row is no window
+    full = attn.attention(q, k, v, seg, causal=causal, window=SEGMENTS.shape[1], implementation="xla")
+    np.testing.assert_allclose(_real(full), plain, atol=2e-5)
+
+
+def test_splash_window_and_softcap_interpreted_match_the_reference():
+    q, k, v = _qkv()
+    seg = attn.Segments(jnp.asarray(SEGMENTS))
+    for causal in (True, False):
+        out = attn.splash_attention(q, k, v, seg, causal=causal, window=WINDOW, softcap=CAP, interpret=True)
+        np.testing.assert_allclose(_real(out), _naive(q, k, v, causal, WINDOW, CAP)[SEGMENTS > 0], atol=5e-5)
+
+
+def test_kernels_without_window_or_softcap_refuse_in_one_line(monkeypatch):
+    kw = dict(dtype=jnp.bfloat16, head_dim=64, bias=False, dropout=False)
+    for name in ("cudnn", "pallas", "te"):
+        with pytest.raises(UserError) as e:
+            attn.resolve(name, window=True, **kw)  # when the step is traced (the window vs the row length)
+        assert "sliding-window" in _one_line(e)
+        with pytest.raises(UserError) as e:
+            attn.check(name, dtype=jnp.bfloat16, head_dim=64, softcap=True)  # when the model is built
+        assert "soft-capping" in _one_line(e)
+    assert attn.resolve("splash", window=True, softcap=True, **kw) == "splash"
+    # auto on a Hopper GPU: cudnn, but xla for a window shorter than the row or soft-capping
+    monkeypatch.setattr(attn, "_platform", lambda: "gpu")
+    monkeypatch.setattr(attn, "_cudnn_ok", lambda dtype, head_dim: None)
+    assert attn.resolve("auto", **kw) == "cudnn"
+    assert attn.resolve("auto", window=True, **kw) == attn.resolve("auto", softcap=True, **kw) == "xla"
+
+
+def test_a_window_as_long_as_the_row_reaches_any_kernel(monkeypatch):
+    """Mistral's 4096-token window on 512-token rows: the fused kernel runs (no window), nothing refuses."""
+    q, k, v = _qkv()
+    calls = []
+
+    def fake_pallas(q, k, v, seg, *, causal=False, scale=None):
+        calls.append(causal)
+        return attn.xla_attention(q, k, v, seg, causal=causal, scale=scale)
+
+    monkeypatch.setattr(attn, "pallas_attention", fake_pallas)
+    seg = attn.Segments(jnp.asarray(SEGMENTS))
+    attn.attention(q, k, v, seg, causal=True, window=4096, implementation="pallas")
+    assert calls == [True]
+    with pytest.raises(UserError, match="sliding-window"):
+        attn.attention(q, k, v, seg, causal=True, window=WINDOW, implementation="pallas")

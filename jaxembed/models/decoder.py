@@ -30,7 +30,7 @@ right-padded row.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -70,7 +70,14 @@ class DecoderConfig(RuntimeOptions):
     eos_token_id: int | tuple[int, ...] | None = None
     causal: bool = True  # False: bidirectional attention
 
+    ARCHITECTURES: ClassVar[dict[str, str]] = {}  # model_type -> transformers class, set by each subclass
+    HF_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "max_position_embeddings",
+                 "attention_dropout", "tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id")
+
     def __post_init__(self):
+        if self.model_type not in self.ARCHITECTURES:
+            raise ValueError(f"model_type={self.model_type!r}; expected one of {', '.join(self.ARCHITECTURES)}")
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None:

@@ -33,7 +33,6 @@ from typing import Any
 from jaxembed.models.decoder import FULL, SLIDING, DecoderConfig, DecoderModel, hf_kwargs, is_causal
 from jaxembed.models.rope import RopeSpec, from_hf as rope_from_hf, from_params
 
-_ARCHITECTURES = {"gemma2": "Gemma2Model", "gemma3_text": "Gemma3TextModel"}
 # transformers' defaults where config.json has no such key
 _WINDOW = 4096
 _ATTN_SOFTCAP = {"gemma2": 50.0, "gemma3_text": None}
@@ -74,14 +73,12 @@ class GemmaConfig(DecoderConfig):
     rope: RopeSpec = RopeSpec()  # Gemma 3: the global layers'
     rope_local: RopeSpec | None = None  # Gemma 3: the sliding layers' (None: base 10000)
 
-    HF_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "attention_dropout",
-                 "attention_bias", "tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id",
-                 "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")
+    ARCHITECTURES = {"gemma2": "Gemma2Model", "gemma3_text": "Gemma3TextModel"}
+    HF_FIELDS = tuple(f for f in DecoderConfig.HF_FIELDS if f != "hidden_act") + (  # hidden_act: hidden_activation
+        "attention_bias", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")
 
     def __post_init__(self):
-        if self.model_type not in _ARCHITECTURES:
-            raise ValueError(f"model_type={self.model_type!r}; expected one of {', '.join(_ARCHITECTURES)}")
+        super().__post_init__()
         gemma3 = self.model_type == "gemma3_text"
         object.__setattr__(self, "qk_norm", gemma3)
         if gemma3 and self.rope_local is None:
@@ -97,7 +94,6 @@ class GemmaConfig(DecoderConfig):
             raise ValueError(f"sliding_window={self.sliding_window} must be a positive number of tokens (or null)")
         if self.attn_logit_softcapping is not None and self.attn_logit_softcapping <= 0:
             raise ValueError(f"attn_logit_softcapping={self.attn_logit_softcapping} must be positive (or null)")
-        super().__post_init__()
 
     # ---- the shared decoder's switches (jaxembed.models.decoder)
 
@@ -164,7 +160,7 @@ class GemmaConfig(DecoderConfig):
 
     def to_hf(self) -> dict[str, Any]:
         d = self.base_hf(self.HF_FIELDS)
-        d.update(model_type=self.model_type, architectures=[_ARCHITECTURES[self.model_type]],
+        d.update(model_type=self.model_type, architectures=[self.ARCHITECTURES[self.model_type]],
                  hidden_activation=self.hidden_act, sliding_window=self.sliding_window,
                  layer_types=list(self.layer_types))
         if self.model_type == "gemma3_text":

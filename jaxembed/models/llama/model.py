@@ -17,7 +17,6 @@ from typing import Any
 from jaxembed.models.decoder import DecoderConfig, DecoderModel, hf_kwargs, is_causal
 from jaxembed.models.rope import RopeSpec, from_hf as rope_from_hf
 
-_ARCHITECTURES = {"llama": "LlamaModel", "mistral": "MistralModel"}
 _MISTRAL_WINDOW = 4096  # transformers' MistralConfig default
 
 
@@ -29,20 +28,16 @@ class LlamaConfig(DecoderConfig):
     rope: RopeSpec = RopeSpec()
     sliding_window: int | None = None  # Mistral only
 
-    HF_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "max_position_embeddings",
-                 "attention_dropout", "tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id")
+    ARCHITECTURES = {"llama": "LlamaModel", "mistral": "MistralModel"}
 
     def __post_init__(self):
-        if self.model_type not in _ARCHITECTURES:
-            raise ValueError(f"model_type={self.model_type!r}; expected one of {', '.join(_ARCHITECTURES)}")
+        super().__post_init__()
         if self.model_type == "llama" and self.sliding_window is not None:
             raise ValueError("sliding_window is a Mistral setting; transformers' Llama has none")
         if self.model_type == "mistral" and (self.attention_bias or self.mlp_bias):
             raise ValueError("Mistral has no attention or MLP biases")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window={self.sliding_window} must be a positive number of tokens (or null)")
-        super().__post_init__()
 
     def layer_window(self, i: int) -> int | None:
         if self.sliding_window is None:
@@ -65,7 +60,7 @@ class LlamaConfig(DecoderConfig):
 
     def to_hf(self) -> dict[str, Any]:
         d = self.base_hf(self.HF_FIELDS)
-        d.update(model_type=self.model_type, architectures=[_ARCHITECTURES[self.model_type]],
+        d.update(model_type=self.model_type, architectures=[self.ARCHITECTURES[self.model_type]],
                  rope_parameters=self.rope.to_hf())
         if self.model_type == "mistral":
             d["sliding_window"] = self.sliding_window

@@ -16,9 +16,6 @@ from typing import Any
 from jaxembed.models.decoder import FULL, DecoderConfig, DecoderModel, hf_kwargs, is_causal
 from jaxembed.models.rope import RopeSpec, from_hf as rope_from_hf
 
-_ARCHITECTURES = {"qwen2": "Qwen2Model", "qwen3": "Qwen3Model"}
-
-
 def _rope_theta(hf: dict[str, Any]) -> float:
     """RoPE base from a transformers 5 ``rope_parameters`` dict or a transformers 4 ``rope_theta`` (+
     ``rope_scaling``) config. Only the default (unscaled) RoPE is supported."""
@@ -42,14 +39,7 @@ class Qwen2Config(DecoderConfig):
     max_position_embeddings: int = 32768
     attention_bias: bool = True  # q/k/v bias (Qwen2: always; Qwen3: attention_bias, also on o_proj)
 
-    HF_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "max_position_embeddings",
-                 "attention_dropout", "tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id")
-
-    def __post_init__(self):
-        if self.model_type not in _ARCHITECTURES:
-            raise ValueError(f"model_type={self.model_type!r}; expected one of {', '.join(_ARCHITECTURES)}")
-        super().__post_init__()
+    ARCHITECTURES = {"qwen2": "Qwen2Model", "qwen3": "Qwen3Model"}
 
     @property
     def o_bias(self) -> bool:
@@ -84,7 +74,7 @@ class Qwen2Config(DecoderConfig):
             del d["head_dim"]  # not a Qwen2Config field; transformers derives it
         d.update(
             model_type=self.model_type,
-            architectures=[_ARCHITECTURES[self.model_type]],
+            architectures=[self.ARCHITECTURES[self.model_type]],
             rope_parameters=self.rope.to_hf(),
             use_sliding_window=False,
             layer_types=[FULL] * self.num_hidden_layers,
