@@ -85,7 +85,8 @@ def contrastive_rows(obj: Objective, row_kind: jax.Array | None, batch_rows: int
 
 def candidate_valid(obj: Objective, valid: jax.Array, row_kind: jax.Array | None, K: int) -> jax.Array:
     """valid [B*K] without the candidates of rows trained by a scored loss: in a batch mixing kinds, a scored pair's
-    second text is no positive of anything, so it is no negative of the contrastive queries either."""
+    second text is no positive of anything, so it is no negative of the contrastive queries either. (With
+    ``loss.symmetric``, the positive -> query term still sees every query of the batch, as its candidates.)"""
     if not (obj.mixed and obj.scored and obj.contrastive) or row_kind is None:
         return valid
     return valid & jnp.repeat(contrastive_rows(obj, row_kind, row_kind.shape[0]), K)
