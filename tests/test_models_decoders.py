@@ -6,7 +6,8 @@ trip, and the export reloaded by sentence-transformers.
 Every feature is exercised where it changes the result: Llama 3 RoPE scaling with original_max_position_embeddings
 8 (the test rows are 12 tokens), a sliding window of 4 tokens, Gemma 2's attention soft-capping at 2, Gemma 3's
 local RoPE base and linear scaling of the global one; ``test_matches_transformers`` also checks that switching
-each feature off moves the output away from transformers' (so the comparison would catch it missing)."""
+each feature off in the transformers reference moves its output beyond the tolerance (so the comparison would
+catch the feature missing on our side)."""
 
 import copy
 import dataclasses
