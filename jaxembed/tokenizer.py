@@ -6,10 +6,15 @@ to ``max_length``, plus ``max_length`` itself) and to a fixed number of rows.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 def length_buckets(max_length: int, smallest: int = 16) -> tuple[int, ...]:
@@ -28,6 +33,41 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
         if n <= b:
             return b
     return buckets[-1]
+
+
+def _file_model_type(folder: str | os.PathLike) -> str | None:
+    """The tokenization model that the folder's tokenizer.json holds ('WordPiece', 'BPE', 'Unigram', 'WordLevel'),
+    or None without a readable tokenizer.json."""
+    try:
+        return json.loads((Path(folder) / "tokenizer.json").read_text(encoding="utf-8"))["model"]["type"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_hf_tokenizer(folder: str | os.PathLike):
+    """The folder's Hugging Face tokenizer, as ``AutoTokenizer`` (and so sentence-transformers) loads it, unless
+    that tokenizer no longer is the folder's tokenizer.json: transformers 5 picks the tokenizer class from
+    config.json's ``model_type`` for some families (qwen2 -> Qwen2Tokenizer, whatever tokenizer_config.json says)
+    and rebuilds the tokenizer around that class's own algorithm, so a WordPiece tokenizer.json beside a qwen2
+    config became a byte-level BPE with no merges (one token per character, the first letter dropped). When the
+    loaded tokenizer's model (BPE, WordPiece, ...) differs from tokenizer.json's, the file is loaded as it is
+    (``PreTrainedTokenizerFast``, special tokens from tokenizer_config.json), with a warning: sentence-transformers
+    would still feed such a folder's model the rebuilt tokenizer's ids."""
+    from transformers import AutoTokenizer  # tokenizers only; transformers needs no torch for this
+
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    want = _file_model_type(folder)
+    backend = getattr(hf, "backend_tokenizer", None)
+    got = type(backend.model).__name__ if backend is not None else None
+    if want is None or got is None or got == want:
+        return hf
+    from transformers import PreTrainedTokenizerFast
+
+    log.warning("%s: transformers loads this folder's %s tokenizer.json as %s (a %s tokenizer: config.json's "
+                "model_type picks the class); jaxembed uses tokenizer.json as it is, but sentence-transformers and "
+                "AutoTokenizer will not (fix: give the folder a tokenizer of its model's family)",
+                folder, want, type(hf).__name__, got)
+    return PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
 class Tokenizer:
@@ -51,9 +91,7 @@ class Tokenizer:
     @classmethod
     def from_folder(cls, folder: str | os.PathLike, max_length: int | None = None,
                     padding_side: str | None = None, lowercase: bool = False) -> "Tokenizer":
-        from transformers import AutoTokenizer  # tokenizers only; transformers needs no torch for this
-
-        hf = AutoTokenizer.from_pretrained(str(folder))
+        hf = load_hf_tokenizer(folder)
         if max_length is None:
             ml = getattr(hf, "model_max_length", 512)
             max_length = ml if ml and ml < 1_000_000 else 512

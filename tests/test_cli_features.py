@@ -95,12 +95,13 @@ def test_encode_options(bert_dir, qwen_dir, tmp_path, monkeypatch):
     assert np.abs(bf - base).max() > 1e-4
     assert (np.sum(_unit(bf) * _unit(base), axis=1) > 0.99).all()
 
-    # --bidirectional (Qwen2): causally, the first token ([CLS] for every text here) sees only itself, so its
-    # pooled state is the same for every text; with bidirectional attention it sees the whole text
-    causal = _encode(qwen_dir, tmp_path, "--input", str(plain), "--format", "text", "--pooling", "cls")
+    # --bidirectional (Qwen2): causally, the first token (the prompt's, the same for every text here) sees only
+    # itself, so its pooled state is the same for every text; with bidirectional attention it sees the whole text
+    causal = _encode(qwen_dir, tmp_path, "--input", str(plain), "--format", "text", "--pooling", "cls",
+                     "--prompt", "query: ")
     np.testing.assert_allclose(causal, np.broadcast_to(causal[0], causal.shape), atol=1e-6)
     both = _encode(qwen_dir, tmp_path, "--input", str(plain), "--format", "text", "--pooling", "cls",
-                   "--bidirectional")
+                   "--prompt", "query: ", "--bidirectional")
     assert np.abs(both - both[0]).max() > 1e-3
 
 
@@ -195,14 +196,48 @@ def test_eval_mteb_prefix_runs_the_mteb_task(bert_dir, shared_data, tmp_path, mo
     assert score == pytest.approx(ours["main_score"], abs=0.01)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: jaxembed/tokenizer.py Tokenizer.from_folder (AutoTokenizer) loads the tiny "
-                   "Qwen2 folder's WordPiece tokenizer (jaxembed/models/tiny.py: all-MiniLM-L6-v2's, tokenizer_class "
-                   "BertTokenizer) as Qwen2Tokenizer under transformers 5 (config.json's model_type wins): one token per "
-                   "character and the first letter dropped, so every tiny-Qwen2 run trains on garbage ids. Remove this "
-                   "marker with the fix.")
-def test_tiny_qwen2_tokenizes_like_its_wordpiece_tokenizer(bert_dir, qwen_dir):
-    """The tiny models all carry all-MiniLM-L6-v2's tokenizer (jaxembed/models/tiny.py), so they must give its ids."""
+def test_tiny_qwen2_tokenizes_as_sentence_transformers_does_into_words(qwen_dir):
+    """transformers 5 loads every qwen2 folder's tokenizer as Qwen2Tokenizer, so the tiny qwen2 folder carries a
+    Qwen2-layout byte-level BPE (jaxembed/models/tiny.py): jaxembed and AutoTokenizer (what sentence-transformers
+    feeds the model) give the same ids, and words are tokens, not characters."""
+    from transformers import AutoTokenizer
+
     from jaxembed.tokenizer import Tokenizer
 
+    texts = ["Instruct: Retrieve semantically similar text.\nQuery: a man plays the guitar", "héllo wörld 1234"]
+    ours = Tokenizer.from_folder(qwen_dir, 64)
+    ref = AutoTokenizer.from_pretrained(str(qwen_dir))
+    assert type(ref).__name__ == "Qwen2Tokenizer"
+    assert ours.tokenize(texts) == [ref(t)["input_ids"] for t in texts]
+    assert ours.pad_id == ref.pad_token_id == ref.convert_tokens_to_ids("<|endoftext|>")
+    words = ours.tokenize([" ".join(WORDS)])[0]
+    assert len(words) <= len(WORDS) + 2, ours.hf.convert_ids_to_tokens(words)  # common words: ~one token each
+    assert len(ours.tokenize(texts)[0]) < len(texts[0]) / 3  # not one token per character
+    assert ours.hf.decode(ours.tokenize(texts)[0]) == texts[0]
+
+
+def test_tokenizer_json_is_loaded_as_it_is_whatever_the_model_type(minilm_dir, tmp_path, caplog):
+    """A WordPiece tokenizer.json beside a qwen2 config.json: transformers 5 rebuilds it as Qwen2Tokenizer (one token
+    per character, the first letter dropped); jaxembed loads the file as it is (MiniLM's ids) and warns that
+    sentence-transformers would not."""
+    from jaxembed.models.tiny import tiny_hf_config
+    from jaxembed.tokenizer import Tokenizer
+
+    folder = tmp_path / "qwen2-wordpiece"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (minilm_dir / name).is_file():
+            shutil.copy(minilm_dir / name, folder / name)
+    (folder / "config.json").write_text(json.dumps(tiny_hf_config("qwen2")))
     text = ["Instruct: Retrieve semantically similar text. a man plays"]
-    assert Tokenizer.from_folder(qwen_dir, 64).tokenize(text) == Tokenizer.from_folder(bert_dir, 64).tokenize(text)
+    with caplog.at_level("WARNING", logger="jaxembed.tokenizer"):
+        got = Tokenizer.from_folder(folder, 64)
+    want = Tokenizer.from_folder(minilm_dir, 64)
+    assert got.tokenize(text) == want.tokenize(text)
+    assert (got.pad_id, got._special, got.prompt_length("query: ")) == (want.pad_id, want._special,
+                                                                        want.prompt_length("query: "))
+    assert "Qwen2Tokenizer" in caplog.text and "sentence-transformers" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="jaxembed.tokenizer"):
+        Tokenizer.from_folder(minilm_dir, 64)  # a folder whose class matches its tokenizer.json: no warning
+    assert not caplog.text

