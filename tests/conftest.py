@@ -4,7 +4,8 @@ Skips. Tests that need ../shared/data skip when it is missing, except under JAXE
 a missing folder is a failure. In CI (JAXEMBED_CI=1, set by .ci/run) every dependency is installed, so a skip
 means a test silently stopped testing: any skip -- a test's, a fixture's, or a whole module's at collection
 (``pytest.importorskip``) -- is turned into a failure naming the test and the skip reason. Exceptions: tests
-marked ``gpu`` when no accelerator is present, and the entries of ALLOWED_SKIPS below (one place, each with why).
+marked ``gpu`` when no accelerator is present, tests marked ``tpu`` when JAX's backend is not a TPU (both skipped
+here, before they run), and the entries of ALLOWED_SKIPS below (one place, each with why).
 
 Time. A session-wide persistent JAX compilation cache (below) shares compiled programs between tests.
 pytest-timeout fails a test that runs longer than the ``timeout`` of [tool.pytest.ini_options] (a hung
@@ -75,10 +76,24 @@ def strict_skips() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def has_accelerator() -> bool:
+def backend() -> str:
     import jax
 
-    return jax.default_backend() != "cpu"
+    return jax.default_backend()
+
+
+def has_accelerator() -> bool:
+    return backend() != "cpu"
+
+
+def expected_skip(item) -> str | None:
+    """Why ``item`` skips on this machine by its markers (and CI accepts it), or None: ``gpu`` = needs an
+    accelerator (GPU or TPU), ``tpu`` = needs a TPU."""
+    if item.get_closest_marker("gpu") is not None and not has_accelerator():
+        return "needs an accelerator (marked gpu); JAX sees only the CPU"
+    if item.get_closest_marker("tpu") is not None and backend() != "tpu":
+        return f"needs a TPU (marked tpu); JAX's backend is {backend()}"
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -89,8 +104,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_runtest_setup(item):
-    if item.get_closest_marker("gpu") is not None and not has_accelerator():
-        pytest.skip("needs an accelerator (marked gpu); JAX sees only the CPU")
+    reason = expected_skip(item)
+    if reason is not None:
+        pytest.skip(reason)
 
 
 def _reason(longrepr) -> str:
@@ -111,7 +127,7 @@ def pytest_runtest_makereport(item, call):
     rep = outcome.get_result()
     if not (strict_skips() and rep.skipped) or hasattr(rep, "wasxfail"):
         return
-    if item.get_closest_marker("gpu") is not None and not has_accelerator():
+    if expected_skip(item) is not None:
         return
     if item.nodeid.split("[")[0] in ALLOWED_SKIPS:
         return

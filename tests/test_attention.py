@@ -209,8 +209,7 @@ def test_transformer_engine_matches_xla_or_says_it_is_missing():
     _gpu_case("te", jnp.bfloat16)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(jax.default_backend() != "tpu", reason="TPU kernel")
+@pytest.mark.tpu
 def test_splash_on_tpu_matches_xla():
     _gpu_case("splash", jnp.float32)
 

@@ -1,6 +1,6 @@
 """The suite's own policy (tests/conftest.py): in CI (JAXEMBED_CI=1) a skip -- in a test, in a fixture, or of a whole
-module at import -- is a failure naming the test, except a `gpu` test without an accelerator and an allow-listed
-one; outside CI a skip stays a skip; pytest-timeout fails a hung test by name. Runs a small suite in a subprocess
+module at import -- is a failure naming the test, except a `gpu` test without an accelerator, a `tpu` test
+without a TPU and an allow-listed one; outside CI a skip stays a skip; pytest-timeout fails a hung test by name. Runs a small suite in a subprocess
 under the real conftest, with .ci/run's --continue-on-collection-errors."""
 
 import os
@@ -33,6 +33,16 @@ SUITE = {
         def test_on_gpu():
             pass
 
+        @pytest.mark.tpu
+        def test_on_tpu():
+            pass
+
+        @pytest.mark.tpu
+        def test_on_tpu_skips_itself():  # on a TPU: an unexpected skip like any other
+            import jax
+
+            pytest.skip("own reason" if jax.default_backend() == "tpu" else "unreachable: skipped before")
+
         @pytest.mark.parametrize("k", [1, 2])
         def test_allowed(k):
             pytest.skip("allowed here")
@@ -62,7 +72,7 @@ def _run(tmp_path, ci: bool):
     (d / "conftest.py").write_text(CONFTEST.read_text() + '\nALLOWED_SKIPS["test_a.py::test_allowed"] = "test"\n')
     for name, src in SUITE.items():
         (d / name).write_text(textwrap.dedent(src))
-    (d / "pytest.ini").write_text("[pytest]\nmarkers =\n  gpu: needs an accelerator\n")
+    (d / "pytest.ini").write_text("[pytest]\nmarkers =\n  gpu: needs an accelerator\n  tpu: needs a TPU\n")
     env = {k: v for k, v in os.environ.items() if k not in ("JAXEMBED_CI", "PYTEST_ADDOPTS")}
     env["JAX_PLATFORMS"] = "cpu"
     if ci:
@@ -79,7 +89,7 @@ def _lines(out, word):
             or f" {word} (" in line]
 
 
-def test_skips_fail_in_ci_except_gpu_and_allowed_and_timeouts_name_the_test(tmp_path):
+def test_skips_fail_in_ci_except_gpu_tpu_and_allowed_and_timeouts_name_the_test(tmp_path):
     rc, out = _run(tmp_path, ci=True)
     assert rc == 1, out
     failed = " ".join(_lines(out, "FAILED") + _lines(out, "ERROR"))
@@ -90,6 +100,8 @@ def test_skips_fail_in_ci_except_gpu_and_allowed_and_timeouts_name_the_test(tmp_
     assert "Timeout" in out  # pytest-timeout, named by the test
     skipped = " ".join(_lines(out, "SKIPPED"))
     assert "test_on_gpu" in skipped and "needs an accelerator" in skipped
+    assert "test_on_tpu" in skipped and "needs a TPU (marked tpu); JAX's backend is cpu" in skipped
+    assert "test_on_tpu" not in failed and "unreachable" not in out
     assert "test_allowed[1] SKIPPED" in out and "test_allowed[2] SKIPPED" in out  # both parameters, allow-listed
     passed = " ".join(_lines(out, "PASSED"))
     assert "test_a.py::test_passes" in passed and "test_allowed" not in failed and "test_on_gpu" not in failed
