@@ -37,7 +37,7 @@ from flax import nnx
 
 from jaxembed import config as cfglib
 from jaxembed import flops as flopslib
-from jaxembed import hf, optim, parallel, runfiles, train_encode
+from jaxembed import hf, lora, optim, parallel, runfiles, train_encode
 from jaxembed.checkpointing import Checkpointer
 from jaxembed.errors import UserError
 from jaxembed.losses import CandidateInfo, LossOptions, QueryInfo, layout_pos_index, tiled_terms
@@ -67,6 +67,8 @@ class Run:
     K: int
     routes: tuple[np.ndarray, np.ndarray] | None = None  # MoTE: expert of each plan task's queries / documents [T]
     packing: Any = None  # jaxembed.data.pipeline.Packing of the run's batches (data.packing), None = padded
+    lora: Any = None  # jaxembed.lora.LoRASpec (model.lora): params = the adapters, rest = the frozen base; None = off
+    lora_base: str = ""  # LoRA: the base model (folder or hub id) the adapters apply to (the PEFT export's base)
 
     @property
     def task_names(self) -> list[str]:
@@ -190,6 +192,9 @@ def setup(config, workdir: str | Path) -> Run:
         with runfiles.writing("writing the config", workdir / "config.json"):
             cfglib.write_resolved(config, workdir)
 
+    lora_spec = lora.spec_from_config(config)
+    if lora_spec is not None:  # a target regex that matches no layer: a one-line error before anything is written
+        lora.check_targets(config)
     runfiles.main_first("config", write_config)  # process 0 checks the old config and writes the new one
     runfiles.all_agree("config-check", lambda: _same_config_as_main(config, workdir))
     mesh = parallel.make_mesh(config.train.mesh_data, config.train.mesh_fsdp)
@@ -200,7 +205,11 @@ def setup(config, workdir: str | Path) -> Run:
         kw["pooling"] = config.model.pooling
     if config.model.causal is not None:
         kw["causal"] = config.model.causal
-    loaded = load_model(config, source=init_source(config, workdir), **kw)
+    source = init_source(config, workdir)
+    loaded = load_model(config, source=source, **kw)
+    if lora_spec is not None:  # the adapters apply to these base weights only: a resume on others is an error
+        runfiles.main_first("lora-base", lambda: lora.check_base(workdir, lora.base_fingerprint(loaded.model),
+                                                                 source))
     store = prepare_store(config, workdir)
     plan = prepare_plan(config, store, workdir)
     K = 1 + max(int(d.num_negatives) for d in store.datasets)
@@ -213,7 +222,9 @@ def setup(config, workdir: str | Path) -> Run:
         for d in store.datasets:
             task_types.setdefault(d.task, d.task_type)
         routes = mote.routing_tables(spec, list(plan.task_names), task_types)
-    graphdef, params, rest = nnx.split(loaded.model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(loaded.model, lora.TRAINABLE if lora_spec is not None else nnx.Param, ...)
+    if lora_spec is not None:  # the frozen base weights: an input of the step, placed (FSDP-sharded) once here
+        rest = jax.device_put(rest, _shardings(mesh, config.train.param_sharding, rest, pure=False))
     pure = nnx.to_pure_dict(params)
     total = plan.steps
     warmup = config.optim.warmup_steps if config.optim.warmup_steps >= 0 else int(config.optim.warmup_ratio * total)
@@ -229,7 +240,9 @@ def setup(config, workdir: str | Path) -> Run:
         packing = packing_for(store, plan, loaded.tokenizer, shards=train_encode.row_shards(mesh),
                               hidden_size=int(getattr(loaded.model.config, "hidden_size", 0) or 0),
                               gradcache_chunk=config.train.gradcache_chunk, num_candidates=K)
-    return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes, packing)
+    base = source if not Path(os.path.expanduser(str(source))).is_dir() else str(Path(source).expanduser().resolve())
+    return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes, packing, lora_spec,
+               base if lora_spec is not None else "")
 
 
 def init_source(config, workdir: str | Path) -> str:
@@ -258,8 +271,16 @@ def init_source(config, workdir: str | Path) -> str:
 def load_model(config, source: str | None = None, **kw) -> hf.Loaded:
     """The run's model: ``source`` (default ``config.model.name``) loaded with ``kw``; with
     ``model.mote.enabled``, up-cycled into task experts (MoTE 3.1.1), or a MoTE export whose experts match the
-    config."""
-    source = source or config.model.name
+    config. With ``model.lora.enabled``, LoRA adapters wrap the targeted linear layers (jaxembed.lora; after MoTE's
+    up-cycling: adapters per expert), initialised from ``train.seed``."""
+    loaded = _load_base(config, source or config.model.name, **kw)
+    spec = lora.spec_from_config(config)
+    if spec is not None:
+        lora.apply(loaded.model, spec, seed=int(config.train.seed))
+    return loaded
+
+
+def _load_base(config, source: str, **kw) -> hf.Loaded:
     m = config.model.mote if "mote" in config.model else None
     if m is None or not m.enabled:
         loaded = hf.load(source, **kw)
@@ -280,21 +301,28 @@ def load_model(config, source: str | None = None, **kw) -> hf.Loaded:
     return hf.load(folder, mote=mote.spec_from_config(m, num_layers), **kw)
 
 
-def _param_shardings(run: Run, params_state) -> Any:
-    specs = parallel.param_specs(params_state, run.mesh, run.config.train.param_sharding)
-    shard = jax.tree.map(lambda s: jax.sharding.NamedSharding(run.mesh, s), specs,
+def _shardings(mesh, strategy: str, state, pure: bool = True) -> Any:
+    """NamedShardings of an nnx state's variables from their logical axes (``parallel.param_specs``), as a pure
+    dict (pure=True) or an nnx state."""
+    specs = parallel.param_specs(state, mesh, strategy)
+    shard = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs,
                          is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-    return nnx.to_pure_dict(shard) if isinstance(shard, nnx.State) else shard
+    return nnx.to_pure_dict(shard) if pure and isinstance(shard, nnx.State) else shard
+
+
+def _param_shardings(run: Run, params_state) -> Any:
+    return _shardings(run.mesh, run.config.train.param_sharding, params_state)
 
 
 def init_state(run: Run) -> dict:
-    """The initial train state, placed on the mesh (params replicated or FSDP-sharded)."""
-    _, params_state, _ = nnx.split(run.loaded.model, nnx.Param, ...)
+    """The initial train state, placed on the mesh: params replicated or FSDP-sharded, and the optimizer's
+    parameter-shaped leaves (Adam's moments) sharded like their parameters. LoRA: params = the adapters only."""
+    _, params_state, _ = nnx.split(run.loaded.model, lora.TRAINABLE if run.lora is not None else nnx.Param, ...)
     pure = nnx.to_pure_dict(params_state)
     shardings = _param_shardings(run, params_state)
     pure = jax.device_put(pure, shardings)
     rep = parallel.replicated(run.mesh)
-    opt_state = jax.jit(run.tx.init)(pure)
+    opt_state = jax.jit(run.tx.init, out_shardings=optim.state_shardings(run.tx, pure, shardings, rep))(pure)
     state = {
         "params": pure,
         "opt_state": opt_state,
@@ -532,14 +560,28 @@ def task_prompts(store) -> dict[str, str]:
     return prompts
 
 
-def export_params(run: Run, params, out_dir: Path) -> Path:
-    """Write the export of ``params`` (host arrays, or arrays on this process's devices) to ``out_dir``."""
+def export_params(run: Run, params, out_dir: Path, *, summary: dict | None = None, step: int | None = None,
+                  name: str | None = None) -> Path:
+    """Write the export of ``params`` (host arrays, or arrays on this process's devices) to ``out_dir``, with the
+    run's model card (``jaxembed.model_card.run_card``: ``summary`` of this run, else the run directory's
+    summary.json; ``step``: the exported checkpoint; ``name``: the hub id it will be pushed to)."""
     from jaxembed import export as exportlib
 
     model = nnx.merge(run.graphdef, jax.device_get(params), run.rest)
-    return exportlib.export(model, run.loaded.tokenizer, out_dir, hf_config=run.loaded.hf_config,
-                            prompts={**run.loaded.st.prompts, **task_prompts(run.store)},
-                            similarity_fn_name=run.loaded.st.similarity_fn_name)
+    prompts = {**run.loaded.st.prompts, **task_prompts(run.store)}
+    card = run_card(run, model, prompts, summary=summary, step=step, name=name,
+                    kind="mote" if getattr(model.config, "mote", None) is not None else "model")
+    return exportlib.export(model, run.loaded.tokenizer, out_dir, hf_config=run.loaded.hf_config, prompts=prompts,
+                            similarity_fn_name=run.loaded.st.similarity_fn_name, model_card=card)
+
+
+def run_card(run: Run, model, prompts: dict, **kw) -> str:
+    """The model card of an export of ``run`` (``jaxembed.model_card.run_card`` on its run directory)."""
+    from jaxembed import model_card
+
+    return model_card.run_card(run.workdir, cfglib.to_plain(run.config), model, prompts=prompts,
+                               max_length=run.loaded.tokenizer.max_length,
+                               store_dir=run.config.data.store or run.workdir / "store", **kw)
 
 
 def host_params(params) -> Any:
@@ -569,6 +611,8 @@ def _host_metrics(pending: list, run: Run, t_start: float, flops_per_step: list)
     ex = sum(h["examples"] for _, _, h in pending)
     tok = sum(h["tokens"] for _, _, h in pending)
     out.update(examples_per_s=ex / elapsed, tokens_per_s=tok / elapsed, step_time_s=elapsed / n)
+    # the share of the encoded token slots that hold a real token (packed rows: ~0.9; padded: often below 0.5)
+    out["real_token_fraction"] = tok / max(sum(h["padded_tokens"] for _, _, h in pending), 1)
     peak = flopslib.peak_flops_per_device()
     if peak:
         out["mfu"] = sum(flops_per_step) / elapsed / (peak * jax.device_count())
@@ -624,6 +668,7 @@ def _eval_logged(workdir: Path, step: int) -> bool:
 
 def train(config, workdir: str | Path) -> dict:
     """Run (or resume) training; returns a summary dict. Raises UserError for bad input before any work."""
+    t_begin = time.time()
     run = setup(config, workdir)
     c = run.config
     workdir = run.workdir
@@ -640,7 +685,8 @@ def train(config, workdir: str | Path) -> dict:
         if start:
             log.info("resumed from %s at step %d", workdir / "checkpoints", start)
         total = run.plan.steps
-        monitor = Monitor(workdir, total, start, progress=c.train.progress, is_main=is_main)
+        monitor = Monitor(workdir, total, start, progress=c.train.progress, is_main=is_main,
+                          wandb=c.train.get("wandb"), run_config=cfglib.to_plain(c))
         for n in notes:
             monitor.message(n)
         if monitor.torn:
@@ -757,6 +803,10 @@ def train(config, workdir: str | Path) -> dict:
             ckpt.wait()
             summary = {"status": status, "step": int(jax.device_get(state["step"])),
                        "skipped": int(jax.device_get(state["skipped"])), "workdir": str(workdir), "best_step": best}
+            if is_main:  # training time (every run on this workdir), devices, the last dev evaluation (for the card)
+                from jaxembed.model_card import summary_facts
+
+                summary.update(summary_facts(workdir, t_begin))
             if status == "completed" and c.export.at_end:
                 out_dir = Path(c.export.dir) if c.export.dir else workdir / "export"
                 params = host_params(state["params"])  # every process (a collective), then process 0 writes
@@ -766,7 +816,7 @@ def train(config, workdir: str | Path) -> dict:
                             "writing the export", out_dir,
                             fix=f"run the same command again to write the export (training is complete, "
                                 f"checkpoint {summary['step']} is saved)"):
-                        return export_params(run, params, out_dir)
+                        return export_params(run, params, out_dir, summary=summary)
 
                 try:
                     runfiles.main_first("export", write_export)
@@ -776,6 +826,7 @@ def train(config, workdir: str | Path) -> dict:
                     monitor.message(f"signal {e.signum} during the export: stopped, nothing half-written (the "
                                     f"export is written as a whole); checkpoint {summary['step']} is saved; run the "
                                     "same command to write the export")
+            monitor.record_summary(summary)
     finally:
         ckpt.close()
         monitor.close()
@@ -823,7 +874,7 @@ def make_evaluator(run: Run):
 
 
 def export_from_workdir(workdir: str | Path, out: str | Path, step: int | None = None, *, task: str | None = None,
-                        average_experts: bool = False) -> Path:
+                        average_experts: bool = False, name: str | None = None) -> Path:
     """Export a checkpoint of a run (the latest, or ``step``) as a HF / sentence-transformers folder.
 
     MoTE runs: the full export (every expert), or with ``task`` the plain dense folder of that task's expert, or
@@ -856,10 +907,12 @@ def export_from_workdir(workdir: str | Path, out: str | Path, step: int | None =
     def write():
         with runfiles.writing("writing the export", out):
             if task is None and not average_experts:
-                return export_params(run, params, Path(out))
+                return export_params(run, params, Path(out), step=step, name=name)
             model = nnx.merge(run.graphdef, params, run.rest)
             kw = dict(hf_config=run.loaded.hf_config, prompts={**run.loaded.st.prompts, **task_prompts(run.store)},
                       similarity_fn_name=run.loaded.st.similarity_fn_name)
+            kind = f"expert {task}" if task is not None else "averaged"
+            kw["model_card"] = run_card(run, model, kw["prompts"], step=step, name=name, kind=kind)
             if task is not None:
                 return exportlib.export_expert(model, run.loaded.tokenizer, Path(out), task, **kw)
             return exportlib.export_averaged(model, run.loaded.tokenizer, Path(out), **kw)

@@ -56,13 +56,21 @@ def row_shards(mesh: Mesh | None) -> int:
     return n
 
 
-def per_shard(fn: Callable, mesh: Mesh | None) -> Callable:
+def per_shard(fn: Callable, mesh: Mesh | None, shards: int = 1) -> Callable:
     """``fn`` on each shard's block of its arguments (every argument's leading axis split over the batch axes),
-    results concatenated along the leading axis: ``jax.shard_map``, or ``fn`` itself without a mesh."""
-    if mesh is None:
+    results concatenated along the leading axis: ``jax.shard_map`` over the mesh's batch axes; without a mesh,
+    ``shards`` equal blocks under ``jax.vmap`` (one device holding several shards, e.g. in tests)."""
+    if mesh is not None:
+        spec = P(batch_axes(mesh))
+        return jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    if shards == 1:
         return fn
-    spec = P(batch_axes(mesh))
-    return jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+
+    def blocks(*args):
+        out = jax.vmap(fn)(*(a.reshape((shards, -1) + a.shape[1:]) for a in args))
+        return out.reshape((-1,) + out.shape[2:])
+
+    return blocks
 
 
 def is_packed(batch: dict) -> bool:

@@ -132,6 +132,37 @@ def test_decoder_sees_the_sentence_embedding_as_its_first_token():
     assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(g["encoder"]["embeddings"])) > 1e-6
 
 
+def test_packed_encoder_gives_the_padded_loss_and_gradients():
+    """data.packing: the encoder on the packed rows of the batch's texts (2 shards, several texts per row), the
+    loss and every gradient equal to the padded rows' (the masks are drawn on the padded rows in both)."""
+    from jaxembed.pretrain import data as datalib
+    from jaxembed.pretrain.model import retromae_loss
+
+    graphdef, params, rest = nnx.split(_tiny_retromae(), nnx.Param, ...)
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(5, 16, 8)
+    seqs = [np.r_[101, rng.integers(1000, 30000, n - 2), 102].astype(np.int32) for n in lengths]
+    ids = np.zeros((8, 16), np.int32)
+    for i, x in enumerate(seqs):
+        ids[i, :len(x)] = x
+    mask = (ids != 0).astype(np.int32)
+    pack = datalib.encoder_pack(seqs, 2, 3, 32)  # 2 shards of 4 texts in 3 rows of 32 slots
+    assert pack["pack_segment_ids"].shape == (6, 32) and pack["pack_segment_ids"].max() >= 2
+    kw = dict(special_ids=SPECIAL, mask_id=MASK_ID, dropout=False)
+
+    def loss(p, pk):
+        return retromae_loss(nnx.merge(graphdef, p, rest), ids, mask, jax.random.key(5), pack=pk, shards=2, **kw)[0]
+
+    l0, g0 = jax.jit(jax.value_and_grad(lambda p: loss(p, None)))(params)
+    l1, g1 = jax.jit(jax.value_and_grad(lambda p: loss(p, pack)))(params)
+    assert abs(float(l1) - float(l0)) < 1e-5
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5)
+    shapes = datalib.packed_shapes(datalib.BatchSchedule(rng.integers(5, 60, 200), 8, 0), 20, 2, (16, 32, 64),
+                                   hidden_size=32)
+    assert shapes[0] == 64 and len(set(shapes[1].tolist())) <= 8  # one row length, a few row counts
+
+
 def _tiny(**over):
     cfg = cfglib.load_config_file(CONFIG + ":tiny")
     return cfglib.apply_overrides(cfg, [f"{k}={v}" for k, v in over.items()])

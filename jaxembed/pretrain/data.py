@@ -8,6 +8,13 @@ bad lines, records without a text field, duplicates and too-short texts are coun
 Batches (``BatchSchedule``) are a pure function of (token lengths, batch size, seed, step): each epoch is a seeded
 permutation; windows of ``window`` x batch texts are sorted by length and cut into batches, whose order is then
 shuffled. Texts of similar length share a batch, so little padding is wasted, and resuming needs only the step.
+
+Packed encoder rows (``data.packing``, the default; jaxembed.packing): besides the padded rows (the masking and the
+decoder read them), a batch holds its texts packed best-fit decreasing, each device's share (shard) on its own,
+into R rows of L slots (``encoder_pack``); the encoder runs on those rows (jaxembed.pretrain.model). L is one for
+the run (the power of two with the least total cost, as the trainer's loader, jaxembed.data.pipeline) and R comes
+from a few shapes per padded length chosen for the whole run (``packed_shapes``, ``pipeline.choose_rows``), so
+the step compiles a handful of times; the shapes are a pure function of the lengths and the schedule.
 """
 
 from __future__ import annotations
@@ -218,3 +225,40 @@ def make_batch(corpus: Corpus, indices: np.ndarray, tokenizer: Tokenizer, bucket
     length = bucket_for(max(len(s) for s in seqs), buckets)
     ids, mask = tokenizer.pad([s.tolist() for s in seqs], length)
     return {"input_ids": ids, "attention_mask": mask}
+
+
+def packed_shapes(schedule: BatchSchedule, steps: int, shards: int, buckets: Sequence[int], *,
+                  hidden_size: int = 0) -> tuple[int, np.ndarray]:
+    """The encoder packs' row length L and rows per shard R [steps] of every step (module docstring)."""
+    from jaxembed import packing as packlib
+    from jaxembed.data.pipeline import Packing, choose_rows
+
+    p = Packing(shards=shards, attention_cost=1.0 / (6 * hidden_size) if hidden_size else 0.0)
+    lengths = schedule.lengths
+    cap = int(lengths.max())
+    cands = [L for L in p.row_lengths(cap) if L >= cap]
+    rows = np.zeros((len(cands), steps), np.int64)
+    padded = np.zeros(steps, np.int64)
+    for s in range(steps):
+        ln = lengths[schedule.indices(s)]
+        padded[s] = bucket_for(int(ln.max()), buckets)
+        for i, L in enumerate(cands):
+            rows[i, s] = max(packlib.rows_needed(x, L) for x in np.split(ln, shards))
+    cost = [rows[i].sum() * L * p.slot_cost(L) for i, L in enumerate(cands)]
+    best = int(np.argmin(cost))
+    # shapes per padded length (the decoder's): the padded length is the group key of choose_rows
+    R, _ = choose_rows({"row_length": padded, "query_rows": rows[best], "doc_rows": np.zeros(steps, np.int64)}, p)
+    return cands[best], R
+
+
+def encoder_pack(seqs: Sequence[np.ndarray], shards: int, rows: int, row_length: int) -> dict:
+    """Each shard's texts (``seqs`` split in ``shards`` equal parts, in order) packed into ``rows`` rows of
+    ``row_length`` and stacked (local indices): pack_segment_ids, pack_positions, pack_token_text [shards*rows, L],
+    pack_text_row, pack_text_start, pack_text_len [len(seqs)] (int32; jaxembed.packing)."""
+    from jaxembed import packing as packlib
+
+    n = len(seqs) // shards
+    packs = [packlib.pack([x.tolist() for x in seqs[j * n:(j + 1) * n]], rows, row_length) for j in range(shards)]
+    st = packlib.stack(packs)
+    keys = ("segment_ids", "positions", "token_text", "text_row", "text_start", "text_len")
+    return {f"pack_{k}": st[k].astype(np.int32) for k in keys}

@@ -12,6 +12,12 @@
   one; the decoder head starts as a copy of it.
 
 Loss (Eq. 5): L = w_enc * L_enc + w_dec * L_dec (weights 1 and 1 in the paper).
+
+Packed encoder rows (``pack``; jaxembed.pretrain.data): both corruptions are drawn on the padded rows as always; the
+encoder's input X_enc is then read into the packed layout (each slot takes its text's token at its position), the
+encoder runs on the packed rows (segments, per-text positions) and its states are read back into the padded layout
+[B, L, H] (zeros on padding). Everything after the encoder is unchanged, so the loss equals the padded one (tests:
+<= 1e-5) while the encoder computes no padding. Each device reads only its own rows (``jax.shard_map``).
 """
 
 from __future__ import annotations
@@ -92,12 +98,39 @@ def build_retromae(config: BertConfig, decoder_layers: int = 1, seed: int = 0,
                     rngs=nnx.Rngs(seed + 1))
 
 
+def encode_packed(model: RetroMAE, input_ids: jax.Array, pack: dict, *, mesh=None, shards: int = 1,
+                  deterministic: bool = True, rngs=None) -> jax.Array:
+    """The encoder's states [B, L, H] of the padded rows ``input_ids`` [B, L], computed on their packed layout
+    (``pack``: jaxembed.pretrain.data.encoder_pack, shard s = rows [s*R, (s+1)*R) and texts [s*B/S, (s+1)*B/S)
+    with local indices: S = the mesh's devices, or ``shards`` without a mesh); padding positions get zeros."""
+    from jaxembed.train_encode import per_shard
+
+    length = input_ids.shape[1]
+
+    def to_rows(ids, token_text, positions):  # one shard: padded rows -> packed slots
+        return jnp.where(token_text >= 0, ids[jnp.maximum(token_text, 0), jnp.minimum(positions, length - 1)], 0)
+
+    ids = per_shard(to_rows, mesh, shards)(input_ids, pack["pack_token_text"], pack["pack_positions"])
+    h = model.encoder(ids, None, None, deterministic=deterministic, rngs=rngs, segment_ids=pack["pack_segment_ids"],
+                      positions=pack["pack_positions"])
+
+    def to_padded(hp, text_row, text_start, text_len):  # one shard: packed states -> padded rows
+        col = jnp.arange(length)[None, :]
+        x = hp[text_row[:, None], jnp.minimum(text_start[:, None] + col, hp.shape[1] - 1)]
+        return jnp.where((col < text_len[:, None])[..., None], x, jnp.zeros((), x.dtype))
+
+    return per_shard(to_padded, mesh, shards)(h, pack["pack_text_row"], pack["pack_text_start"], pack["pack_text_len"])
+
+
 def retromae_loss(model: RetroMAE, input_ids: jax.Array, attention_mask: jax.Array, key: jax.Array, *,
                   special_ids: tuple[int, ...], mask_id: int, encoder_ratio: float = 0.3,
                   decoder_ratio: float = 0.5, encoder_weight: float = 1.0, decoder_weight: float = 1.0,
-                  p_mask: float = 0.8, p_random: float = 0.1, dropout: bool = True) -> tuple[jax.Array, dict]:
+                  p_mask: float = 0.8, p_random: float = 0.1, dropout: bool = True, pack: dict | None = None,
+                  mesh=None, shards: int = 1) -> tuple[jax.Array, dict]:
     """input_ids, attention_mask: [B, L] (clean text) -> (loss, metrics). Both corruptions, the dropout and
-    nothing else are drawn from ``key``."""
+    nothing else are drawn from ``key``. pack: the encoder's packed rows of the same texts (module docstring;
+    None: the encoder runs on the padded rows); mesh: the devices the rows are split over (None: one device holding
+    ``shards`` shards)."""
     k_enc, k_dec, k_sel_e, k_sel_d, k_drop = jax.random.split(key, 5)
     special = jnp.asarray(special_ids, input_ids.dtype)
     vocab = model.config.vocab_size
@@ -112,7 +145,10 @@ def retromae_loss(model: RetroMAE, input_ids: jax.Array, attention_mask: jax.Arr
     emb = model.word_embeddings
     length = input_ids.shape[1]
 
-    h = model.encode(enc_ids, attention_mask, deterministic=det, rngs=rngs)           # [B, L, H]
+    if pack is None:
+        h = model.encode(enc_ids, attention_mask, deterministic=det, rngs=rngs)       # [B, L, H]
+    else:
+        h = encode_packed(model, enc_ids, pack, mesh=mesh, shards=shards, deterministic=det, rngs=rngs)
     hs, lab, valid = masking.gather_selected(h, enc_labels, masking.max_selected(length, encoder_ratio))
     enc_loss, enc_acc, enc_n = masking.mlm_loss(model.encoder_head(hs, emb), lab, valid)
 

@@ -67,6 +67,7 @@ def default_config() -> mc.ConfigDict:
         dedup=True,             # drop exact duplicate texts (counted)
         min_tokens=4,           # texts with fewer non-special tokens are left out (counted)
         length_buckets="pow2",  # padded lengths: 'pow2' (16/32/64/...), 'fine' (x1.5 steps), 'max' (one shape)
+        packing=True,           # the encoder runs on packed rows (no compute on padding); False = padded rows
         bucket_window=64,       # texts sorted by length within windows of this many batches
     ))
     c.retromae = mc.ConfigDict(dict(
@@ -161,6 +162,8 @@ def validate(c: mc.ConfigDict) -> None:
     for k in ("checkpoint_every", "max_nonfinite", "seed"):
         _num(c, f"train.{k}", low=0, integer=True)
     _num(c, "train.checkpoint_minutes", low=0.0)
+    if not isinstance(c.data.get("packing", True), bool):
+        raise _err("data.packing", c.data.packing, "True (the encoder runs on packed rows) or False (padded rows)")
     if c.export.pooling not in ("cls", "mean", "max", "mean_sqrt_len"):
         raise _err("export.pooling", c.export.pooling, "allowed: cls, mean, max, mean_sqrt_len")
 
@@ -185,6 +188,8 @@ class Run:
     special_ids: tuple
     mask_id: int
     notes: list
+    pack_length: int = 0                    # data.packing: the encoder's packed row length (0 = padded rows)
+    pack_rows: np.ndarray | None = None     # its rows per device of every step
 
 
 _RESUME_KEYS = ("model", "data", "retromae", "optim")
@@ -195,6 +200,7 @@ def _check_workdir(config, workdir: Path) -> None:
     if not prev.exists():
         return
     old, new = json.loads(prev.read_text()), json.loads(cfglib.to_json(config))
+    old.setdefault("data", {}).setdefault("packing", True)  # a run from before data.packing: today's default
     diffs = [k for k in _RESUME_KEYS if old.get(k) != new.get(k)]
     diffs += [f"train.{k}" for k in ("seed", "batch_size", "steps", "dropout")
               if old.get("train", {}).get(k) != new["train"].get(k)]
@@ -296,9 +302,15 @@ def setup(config, workdir: str | Path, *, progress: bool | None = None) -> Run:
         weight_decay=c.optim.weight_decay, b1=c.optim.b1, b2=c.optim.b2, eps=c.optim.eps,
         grad_clip=c.optim.grad_clip, freeze=freeze, end_factor=c.optim.end_factor)
     special = tuple(sorted(set(tok.hf.all_special_ids)))
-    return Run(c, workdir, parallel.make_mesh(), model, tok, hf_cfg, corpus, schedule,
-               datalib.buckets_for(c.data.length_buckets, c.model.max_length), graphdef, rest, tx, sched, special,
-               int(tok.hf.mask_token_id), notes)
+    buckets = datalib.buckets_for(c.data.length_buckets, c.model.max_length)
+    pack_length, pack_rows = 0, None
+    if c.data.get("packing", True):
+        pack_length, pack_rows = datalib.packed_shapes(schedule, int(c.train.steps), ndev, buckets,
+                                                       hidden_size=int(enc_cfg.hidden_size))
+        notes.append(f"packing: the encoder runs on rows of {pack_length} tokens, "
+                     f"{len(set(pack_rows.tolist()))} row count(s) per device")
+    return Run(c, workdir, parallel.make_mesh(), model, tok, hf_cfg, corpus, schedule, buckets, graphdef, rest, tx,
+               sched, special, int(tok.hf.mask_token_id), notes, pack_length, pack_rows)
 
 
 def init_state(run: Run) -> dict:
@@ -341,10 +353,12 @@ def _make_train_step(run: Run) -> Callable:
               decoder_weight=float(r.decoder_loss_weight), p_mask=float(r.mask_prob), p_random=float(r.random_prob),
               dropout=bool(run.config.train.dropout))
     graphdef, rest, tx, sched = run.graphdef, run.rest, run.tx, run.lr_schedule
+    mesh = run.mesh
 
     def loss_fn(params, batch, key):
         model = nnx.merge(graphdef, params, rest)
-        return retromae_loss(model, batch["input_ids"], batch["attention_mask"], key, **kw)
+        pack = {k: v for k, v in batch.items() if k.startswith("pack_")} or None
+        return retromae_loss(model, batch["input_ids"], batch["attention_mask"], key, pack=pack, mesh=mesh, **kw)
 
     def step(state, batch):
         key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
@@ -364,13 +378,18 @@ def _make_train_step(run: Run) -> Callable:
 
 
 def batch_at(run: Run, step: int) -> dict:
-    """The host batch of a step (numpy)."""
-    return datalib.make_batch(run.corpus, run.schedule.indices(step), run.tokenizer, run.buckets)
+    """The host batch of a step (numpy): padded rows, and with data.packing the encoder's packed rows."""
+    idx = run.schedule.indices(step)
+    batch = datalib.make_batch(run.corpus, idx, run.tokenizer, run.buckets)
+    if run.pack_rows is not None:
+        batch.update(datalib.encoder_pack([run.corpus.get(int(i)) for i in idx], run.mesh.size,
+                                          int(run.pack_rows[step]), run.pack_length))
+    return batch
 
 
 def to_device(run: Run, batch: dict) -> dict:
     """A host batch as arrays split over the local devices (rows over the data axes)."""
-    return jax.device_put(batch, parallel.batch_sharding(run.mesh, 2))
+    return {k: jax.device_put(v, parallel.batch_sharding(run.mesh, v.ndim)) for k, v in batch.items()}
 
 
 # --------------------------------------------------------------------------------------------------- loop
