@@ -138,13 +138,23 @@ def test_dense_head_matches_sentence_transformers(minilm_dir, sentences, tmp_pat
     np.testing.assert_array_equal(Encoder.from_loaded(again).encode(sentences[:30]), a)
 
 
-def test_matryoshka_dim_and_bfloat16(minilm_dir, encoder, sentences):
+def test_matryoshka_dim_and_bfloat16(minilm_dir, encoder, st_minilm, sentences):
+    """Matryoshka truncation; bf16 embeddings against sentence-transformers' own bf16 model on the same weights
+    (tests/bf16_reference.py)."""
+    import copy
+
+    from bf16_reference import assert_bf16_close
+
     full = encoder.encode(sentences[:16])
     short = encoder.encode(sentences[:16], dim=64)
     ref = full[:, :64] / np.linalg.norm(full[:, :64], axis=1, keepdims=True)
     assert short.shape == (16, 64) and np.abs(short - ref).max() < 1e-5
     bf = Encoder.from_loaded(hf.load(minilm_dir, dtype="bfloat16")).encode(sentences[:16])
-    assert np.min(np.sum(bf * full, axis=1)) > 0.99
+    st_bf16 = copy.deepcopy(st_minilm).to(torch.bfloat16)
+    ref_bf16 = st_bf16.encode(sentences[:16], convert_to_tensor=True).float().numpy()
+    # measured: relative max 0.0103, mean 0.0097 (attention scale off by 5 %: 0.026, 0.027 -- a cosine with the
+    # float32 embeddings still 0.9995); mean vs float32: ours 0.0091, sentence-transformers' bf16 0.0097
+    assert_bf16_close(bf, full, ref_bf16, np.ones(bf.shape, bool), max_tol=0.016, mean_tol=0.015, label="minilm")
 
 
 def test_hub_id_that_cannot_be_downloaded_is_a_clear_error(monkeypatch):
