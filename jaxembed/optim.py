@@ -170,6 +170,30 @@ def keep_unless(ok: jax.Array, new_state: Any, old_state: Any) -> Any:
     return jax.tree.map(pick, new_state, old_state, is_leaf=is_schedule)
 
 
+def state_shardings(tx, params: Any, param_shardings: Any, other: Any) -> Any:
+    """Shardings of ``tx.init(params)``'s leaves: a leaf shaped like a parameter at that parameter's path (Adam's
+    moments, at ``...mu.<path>``, also inside ``multi_transform`` / MoTE states) takes that parameter's sharding
+    (FSDP: the moments are sharded as the parameters), every other leaf (step counts, MoTE's [E] counts) ``other``.
+    param_shardings: a tree like ``params`` of shardings."""
+    abstract = jax.eval_shape(tx.init, params)
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    table = {_names(path): (tuple(x.shape), s) for (path, x), s in zip(flat, jax.tree.leaves(param_shardings))}
+
+    def pick(path, leaf):
+        names = _names(path)
+        for i in range(len(names)):
+            hit = table.get(names[i:])
+            if hit is not None and hit[0] == tuple(leaf.shape):
+                return hit[1]
+        return other
+
+    return jax.tree_util.tree_map_with_path(pick, abstract)
+
+
+def _names(path) -> tuple:
+    return tuple(getattr(p, "key", getattr(p, "name", getattr(p, "idx", p))) for p in path)
+
+
 def make_optimizer(params: Any, *, lr: float, total_steps: int, warmup_steps: int, schedule_kind: str = "linear",
                    weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                    grad_clip: float | None = 1.0, freeze: tuple[str, ...] = (), end_factor: float = 0.0,

@@ -198,10 +198,18 @@ def run_layers(layers, x: jax.Array, remat: bool, *args, rngs: nnx.Rngs | None =
     transform as an argument (a closure over it would mutate RNG state across trace levels)."""
     for layer in layers:
         if remat:
-            x = nnx.remat(lambda m, h, r, *a: m(h, *a, rngs=r, **kwargs))(layer, x, rngs, *args)
+            x = nnx.remat(lambda m, h, r, *a: _call_layer(m, h, *a, rngs=r, **kwargs))(layer, x, rngs, *args)
         else:
-            x = layer(x, *args, rngs=rngs, **kwargs)
+            x = _call_layer(layer, x, *args, rngs=rngs, **kwargs)
     return x
+
+
+def _call_layer(layer, x, *args, rngs=None, **kwargs):
+    """layer(x, ...); a layer with LoRA adapters gets their dropout key from its rngs (jaxembed.lora)."""
+    from jaxembed import lora
+
+    with lora.dropout_scope(layer, rngs, kwargs.get("deterministic", True)):
+        return layer(x, *args, rngs=rngs, **kwargs)
 
 
 def feed_forward(c: RuntimeOptions, index: int, build: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs) -> nnx.Module:
