@@ -110,6 +110,12 @@ def test_run_directory_holds_everything(straight_run):
         assert all(np.isfinite(x[key]) for x in train_lines), key
     cfg = json.loads((wd / "config.json").read_text())
     assert cfg["plan"]["steps"] == 8
+    # packed batches by default (data.packing): the table of packed shapes, most encoded slots hold a real token
+    assert cfg["data"]["packing"] is True
+    with np.load(wd / "plan_lengths.npz") as z:
+        assert {"row_length", "query_rows", "doc_rows"} <= set(z.files)
+    assert all(0.6 < x["real_token_fraction"] <= 1.0 for x in train_lines), [x["real_token_fraction"]
+                                                                              for x in train_lines]
     # the export loads in sentence-transformers, with the task prompts
     st = pytest.importorskip("sentence_transformers")
     m = st.SentenceTransformer(str(wd / "export"), device="cpu")
@@ -212,11 +218,13 @@ def test_nonfinite_steps_are_skipped_then_stop(config_file, tmp_path):
     ("model.dtype", "float8", r"config.model.dtype"),
     ("loss.matryoshka_dims", (64, 128), r"decreasing"),
     ("train.gradcache_chunk", 3, r"a divisor of plan.global_batch_size \(8\)"),
+    ("data.packing", "yes", r"config.data.packing = 'yes' is not valid: True"),
 ])
 def test_bad_config_values_are_named(config_file, key, value, match):
     cfg = cfglib.load_config_file(str(config_file))
     section, name = key.split(".")
-    cfg[section][name] = value
+    with cfg.ignore_type():  # e.g. a config file that sets data.packing after replacing config.data
+        cfg[section][name] = value
     with pytest.raises(UserError, match=match):
         cfglib.validate(cfg)
 
