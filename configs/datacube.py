@@ -169,6 +169,7 @@ def get_config(arg=None):
     # ---- data: the 14 shared training sets (jaxembed.data.config.shared_train_config), INSTRUCTOR instructions
     c.data = shared_train_config(paths.shared_data_dir())
     c.data.store = ""
+    c.data.packing = True        # several texts per row, no compute on padding (data.packing)
     for d in c.data.datasets:
         d.query_instruction, d.doc_instruction = INSTRUCTIONS[d.name]  # INSTRUCTOR / MEDI: both sides instructed
         d.num_negatives = min(int(d.num_negatives), 1)  # MEDI: (query, positive, one negative); Eq. 8 uses one

@@ -22,6 +22,7 @@ def get_config(arg=None):
     c.model.max_length = 128
     c.data = shared_train_config(paths.shared_data_dir())
     c.data.store = ""
+    c.data.packing = True        # several texts per row, no compute on padding (data.packing)
     for d in c.data.datasets:
         d.num_negatives = 1                  # one hard negative per query (the files' first)
         d.max_query_length = 32

@@ -127,6 +127,7 @@ def get_config(arg=None):
     # the queries of retrieval, reranking, classification and clustering; none for STS, pair classification, NLI)
     c.data = shared_train_config(paths.shared_data_dir())
     c.data.store = ""
+    c.data.packing = True        # several texts per row, no compute on padding (data.packing)
     if tiny:
         c.data.datasets = [d for d in c.data.datasets if d.name in (TINY_STAGE2 if stage == 2 else TINY_STAGE1)]
     if "no_instructions" in variants:              # Table 3: w/o task instructions

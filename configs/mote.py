@@ -57,6 +57,7 @@ def get_config(arg=None):
     if "no_clustering" not in variants:              # + clustering sets from train/ classification files (above)
         c.data.datasets = list(c.data.datasets) + shared_clustering_datasets(paths.shared_data_dir())
     c.data.store = ""
+    c.data.packing = True        # several texts per row, no compute on padding (data.packing)
     for d in c.data.datasets:
         d.max_query_length = 32                      # jaxembed demo (the shared data's queries are short)
         d.max_doc_length = 64                        # jaxembed demo

@@ -114,6 +114,7 @@ def get_config(arg=None):
     # ---- data: the 14 shared training sets; BGE's instruction on retrieval queries, none elsewhere (BGE v1.5)
     c.data = shared_train_config(paths.shared_data_dir())
     c.data.store = ""
+    c.data.packing = True        # several texts per row, no compute on padding (data.packing)
     for d in c.data.datasets:
         d.query_instruction = BGE_INSTRUCTION if d.task_type in ("retrieval", "reranking") else ""
         d.num_negatives = min(int(d.num_negatives), 5)  # paper 3: five hard negatives per query (fewer where the

@@ -146,7 +146,9 @@ def cmd_demo(args) -> int:
     workdir = Path(args.workdir)
     print(f"model: {cfg.model.name}")
     base = hf.load(cfg.model.name)
+    packing = cfglib.packing_enabled(cfg)  # data.packing (default True): packed rows in training and evaluation
     enc = Encoder.from_loaded(base)
+    enc.packing = packing
     emb = enc.encode(DEMO_SENTENCES, progress=False)
     sim = enc.similarity(emb, emb)
     print("\nbefore training, nearest neighbours by cosine similarity:")
@@ -157,8 +159,8 @@ def cmd_demo(args) -> int:
     sample = f", a fixed sample of <= {args.max_examples} examples each" if args.max_examples else ""
     print(f"\n[1/3] evaluating the base model on {', '.join(tasks)} (../shared/data/eval{sample}; reporting only)")
     before = evallib.evaluate(enc, tasks, **kw)
-    print(f"\n[2/3] training {spec} -> {workdir} ({cfg.plan.steps} steps of {cfg.plan.global_batch_size} queries; "
-          "rerun to resume)")
+    print(f"\n[2/3] training {spec} -> {workdir} ({cfg.plan.steps} steps of {cfg.plan.global_batch_size} queries, "
+          f"{'packed' if packing else 'padded'} rows; rerun to resume)")
     t0 = time.time()
     summary = train(cfg, workdir)
     print(f"  {summary['status']} in {time.time() - t0:.0f}s; export: {summary.get('export')}")
@@ -167,6 +169,7 @@ def cmd_demo(args) -> int:
     export_dir = summary["export"]
     print(f"\n[3/3] evaluating the export ({export_dir})")
     after_enc = Encoder.from_loaded(hf.load(export_dir))
+    after_enc.packing = packing
     after = evallib.evaluate(after_enc, tasks, **kw)
     try:
         from sentence_transformers import SentenceTransformer

@@ -55,6 +55,9 @@ def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="override the folder's pooling")
     p.add_argument("--bidirectional", action="store_true", help="Qwen2/3 backbones: bidirectional attention")
     p.add_argument("--batch-size", type=int, default=64, help="encoding batch (split over all devices)")
+    p.add_argument("--no-packing", action="store_true",
+                   help="pad one text per row instead of packing several (the default, jaxembed.encode); a --config "
+                        "with data.packing=False does the same")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
 
@@ -200,7 +203,16 @@ def _load_model(name, args, config=None):
         loaded = hf.load(folder, **kw)
         _LOADED.clear()  # keep one model alive at most
         _LOADED[key] = (loaded, Encoder.from_loaded(loaded))
-    return _LOADED[key]
+    loaded, enc = _LOADED[key]
+    # packed rows (the default) or padded ones: the same embeddings (jaxembed.encode), the padded path for comparison
+    enc.packing = not (getattr(args, "no_packing", False) or (config is not None and not _config_packing(config)))
+    return loaded, enc
+
+
+def _config_packing(config) -> bool:
+    from jaxembed.config import packing_enabled
+
+    return packing_enabled(config) if "data" in config else True
 
 
 def _model_key(loaded, encoder) -> str:
