@@ -58,6 +58,14 @@ def default_config() -> mc.ConfigDict:
         routing=mc.ConfigDict(dict(mote.DEFAULT_ROUTING)),  # task type -> (query expert, document expert)
         default=mote.DEFAULT_EXPERT,      # the expert for inputs with no task
     ))
+    c.model.lora = mc.ConfigDict(dict(  # LoRA adapters (jaxembed/lora.py, docs/lora.md); the base stays frozen
+        enabled=False,
+        rank=8,                 # r
+        alpha=16.0,             # the adapter's scale is alpha / rank
+        dropout=0.0,            # on the adapter's input, in train mode (needs train.dropout=True)
+        target="",              # regex searched in the linear layers' paths; '' = attention q/k/v/o + feed-forward
+        export="merged",        # 'merged' (W0 + scale A B) | 'adapter' (a PEFT folder) | 'both' (adapter/ inside)
+    ))
     c.data = default_data_config()
     c.data.store = ""           # an existing store (jaxembed data prepare); '' = prepare into <workdir>/store
     c.data.packing = True       # pack several texts per row (no compute on padding); False = pad one text per row
@@ -230,6 +238,10 @@ def validate(c: mc.ConfigDict) -> None:
 
         types = [] if c.data.store else [(d.name, d.task_type) for d in c.data.datasets]
         mote.validate_config(c.model.mote, types)
+    if "lora" in c.model and c.model.lora.enabled:
+        from jaxembed import lora
+
+        lora.validate_config(c.model.lora, bool(c.train.dropout))
     validate_plan_config(c.plan)
     _choice(c, "loss.type", LOSSES)
     _choice(c, "loss.impl", LOSS_IMPLS)

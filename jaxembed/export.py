@@ -85,21 +85,23 @@ def export(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLi
 
 def _write_dense(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, hf_config: dict | None,
                  prompts: dict[str, str] | None, default_prompt_name: str | None, similarity_fn_name: str,
-                 model_card: str | None) -> None:
-    """The dense export's files, written into the (temporary) folder ``out``."""
+                 model_card: str | None, weights: bool = True) -> None:
+    """The dense export's files, written into the (temporary) folder ``out``; weights=False: all but config.json
+    and model.safetensors (a LoRA adapter folder: the weights come from its base model)."""
     config = model.config
     # Gemma 3's use_bidirectional_attention is honoured by transformers (EmbeddingGemma); the others' is_causal: false
     # is not by every attention implementation (sdpa without padding runs causally)
     if getattr(config, "causal", True) is False and not config.to_hf().get("use_bidirectional_attention"):
         log.warning("exporting a bidirectional %s: PyTorch transformers will run it with causal attention, so its "
                     "embeddings there differ from jaxembed's", config.model_type)
-    cfg = {k: v for k, v in (hf_config or {}).items() if k not in ("architectures", "auto_map")}
-    cfg.update(config.to_hf())
-    cfg["dtype"] = config.param_dtype
-    cfg.setdefault("transformers_version", _transformers_version())
-    _dump(out / "config.json", cfg)
-    tensors = models.export_weights(model.backbone)
-    write_safetensors(out / "model.safetensors", tensors)
+    if weights:
+        cfg = {k: v for k, v in (hf_config or {}).items() if k not in ("architectures", "auto_map")}
+        cfg.update(config.to_hf())
+        cfg["dtype"] = config.param_dtype
+        cfg.setdefault("transformers_version", _transformers_version())
+        _dump(out / "config.json", cfg)
+        tensors = models.export_weights(model.backbone)
+        write_safetensors(out / "model.safetensors", tensors)
 
     hf_tok = tokenizer.hf
     hf_tok.model_max_length = tokenizer.max_length
@@ -365,3 +367,74 @@ class MoTETransformer(_Transformer):
                                                             "w", encoding="utf-8") as dst:
             dst.write(src.read())
 '''
+
+
+# ------------------------------------------------------------------------------------------------------ LoRA
+
+
+def export_lora(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLike, *, spec, base: str,
+                kind: str = "merged", **kw) -> Path:
+    """The export of a model with LoRA adapters (``jaxembed.lora``), written as a whole like ``export``.
+
+    kind ``merged``: the plain folder of ``export`` with every adapted weight W0 + (alpha / r) A B (a MoTE model:
+    the full MoTE export). ``adapter``: the adapter as a PEFT folder on top of ``base`` (the base model's folder
+    or hub id): ``adapter_config.json`` + ``adapter_model.safetensors`` and the sentence-transformers files
+    (tokenizer, modules.json, pooling ...) but no base weights, so that ``SentenceTransformer(DIR)`` loads base +
+    adapter, and ``peft.PeftModel.from_pretrained(AutoModel.from_pretrained(base), DIR)`` gives the backbone. A
+    MoTE model whose experts share their base weights (up-cycled from a dense model) gets one such folder per
+    expert, ``DIR/<expert>/``. ``both``: the merged folder with the adapter folder(s) in ``DIR/adapter/``."""
+    from jaxembed import lora
+
+    if kind not in lora.EXPORTS:
+        raise UserError(f"LoRA export {kind!r} is not one of {', '.join(lora.EXPORTS)}")
+    if kind == "merged":
+        return export(lora.merged(model), tokenizer, out_dir, **kw)
+    if getattr(model.config, "mote", None) is not None and not lora.experts_share_base(model):
+        raise UserError("LoRA adapter export of a MoTE model whose experts have different base weights (it started "
+                        "from a MoTE export): no dense base model carries them (fix: model.lora.export=merged)")
+    with runfiles.atomic_dir(out_dir) as tmp:
+        if kind == "both":
+            staged = tmp / ".merged"
+            export(lora.merged(model), tokenizer, staged, **kw)
+            for p in staged.iterdir():
+                os.rename(p, tmp / p.name)
+            staged.rmdir()
+        _write_adapters(model, tokenizer, tmp / "adapter" if kind == "both" else tmp, spec=spec, base=base, **kw)
+    return Path(out_dir)
+
+
+def _write_adapters(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, spec, base: str, **kw) -> None:
+    mote_spec = getattr(model.config, "mote", None)
+    if mote_spec is None:
+        return _write_adapter(model, tokenizer, out, spec=spec, base=base, expert=None, **kw)
+    for e, name in enumerate(mote_spec.experts):
+        _write_adapter(model, tokenizer, out / name, spec=spec, base=base, expert=e, **kw)
+    (out / "README.md").write_text(
+        "# LoRA adapters of a jaxembed MoTE model, one per expert\n\nEach folder is the dense base model "
+        f"`{base}` plus that expert's adapter (PEFT LoRA, rank {spec.rank}, alpha {spec.alpha}): "
+        + ", ".join(f"`{n}/`" for n in mote_spec.experts) + ".\n", encoding="utf-8")
+
+
+def _write_adapter(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, spec, base: str, expert: int | None,
+                   hf_config: dict | None = None, prompts: dict[str, str] | None = None,
+                   default_prompt_name: str | None = None, similarity_fn_name: str = "cosine",
+                   model_card: str | None = None) -> None:
+    """One PEFT adapter folder (see ``export_lora``); ``expert``: a MoTE expert's index."""
+    from jaxembed import lora
+
+    out.mkdir(parents=True, exist_ok=True)
+    tensors, picked, every = lora.peft_tensors(model, expert)
+    config = lora.peft_config(spec, picked, every, base)
+    card = "\n".join([
+        "---", "library_name: peft", f"base_model: {base}", "tags:", "- sentence-transformers", "- lora", "- jaxembed",
+        "---", "", "# LoRA adapter trained with jaxembed", "",
+        f"PEFT LoRA (rank {spec.rank}, alpha {spec.alpha}, {len(picked)} linear layers: "
+        f"{', '.join(config['target_modules'])}) on top of `{base}`; this folder holds no base weights.", "",
+        "```python", "from sentence_transformers import SentenceTransformer",
+        "model = SentenceTransformer('PATH')              # loads the base model, then this adapter",
+        "# or: SentenceTransformer(BASE).load_adapter('PATH'); peft.PeftModel.from_pretrained(AutoModel..., 'PATH')",
+        "```", ""])
+    _write_dense(model, tokenizer, out, hf_config=hf_config, prompts=prompts, default_prompt_name=default_prompt_name,
+                 similarity_fn_name=similarity_fn_name, model_card=card, weights=False)
+    _dump(out / lora.ADAPTER_CONFIG, config)
+    write_safetensors(out / lora.ADAPTER_WEIGHTS, tensors)

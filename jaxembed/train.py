@@ -264,7 +264,7 @@ def init_source(config, workdir: str | Path) -> str:
     if need:
         if runfiles.is_main():
             print(f"model.init_from: exporting the latest checkpoint of {p} to {out}", flush=True)
-        export_from_workdir(p, out)
+        export_from_workdir(p, out, lora_export="merged")  # a LoRA stage: its merged weights (no PEFT folder)
     return str(out)
 
 
@@ -383,12 +383,13 @@ def make_train_step(run: Run) -> Callable:
         gq, gd = embed(lambda p: nnx.merge(guide[0], p), guide_params, batch)
         return jax.lax.stop_gradient(gq), jax.lax.stop_gradient(gd)
 
-    def loss_fn(params, batch, key, peg_t, single_task=False, guide_emb=None):
+    def loss_fn(params, batch, key, peg_t, single_task=False, guide_emb=None, frozen=None):
         kq = kd = None
         if c.train.dropout:
             kq, kd = jax.random.split(key)
         experts = expert_ids(batch) if routes is not None else (None, None)
-        eq, ed = embed(lambda p: nnx.merge(graphdef, p, rest), params, batch, (kq, kd), experts, single_task)
+        base = rest if frozen is None else frozen  # LoRA: the frozen base weights come in as an input
+        eq, ed = embed(lambda p: nnx.merge(graphdef, p, base), params, batch, (kq, kd), experts, single_task)
         b = eq.shape[0]
         pos = layout_pos_index(b, K)
         t = batch["temperature"]
@@ -424,13 +425,15 @@ def make_train_step(run: Run) -> Callable:
             loss = loss * jnp.where(bad, jnp.nan, 1.0)
         return loss, metrics
 
-    def step(state, batch, single_task=False, guide_params=None):
+    def step(state, batch, single_task=False, guide_params=None, frozen=None):
         """single_task (static): every row of the batch has one task (MoTE: one expert per encode call);
-        guide_params: the GIST guide's (frozen: an input, not in the optimizer)."""
+        guide_params: the GIST guide's (frozen: an input, not in the optimizer); frozen: LoRA's base weights (an
+        input, not a constant baked into the program; never differentiated)."""
         key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
         guide_emb = None if guide_params is None else guide_embeddings(guide_params, batch)
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch, key,
-                                                                           state["peg_t"], single_task, guide_emb)
+                                                                           state["peg_t"], single_task, guide_emb,
+                                                                           frozen)
         gnorm = optax.global_norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         extra = {}
@@ -460,7 +463,10 @@ def make_train_step(run: Run) -> Callable:
         return jnp.where(jnp.isnan(t), default_temp, t)
 
     jitted = jax.jit(step, donate_argnums=(0,), static_argnames=("single_task",))
-    return jitted if guide is None else functools.partial(jitted, guide_params=guide[1])
+    fixed = {} if guide is None else {"guide_params": guide[1]}
+    if run.lora is not None:  # the frozen base weights (run.rest, placed on the mesh by setup)
+        fixed["frozen"] = rest
+    return functools.partial(jitted, **fixed) if fixed else jitted
 
 
 # --------------------------------------------------------------------------------------------------- loop
@@ -561,18 +567,33 @@ def task_prompts(store) -> dict[str, str]:
 
 
 def export_params(run: Run, params, out_dir: Path, *, summary: dict | None = None, step: int | None = None,
-                  name: str | None = None) -> Path:
+                  name: str | None = None, lora_export: str | None = None) -> Path:
     """Write the export of ``params`` (host arrays, or arrays on this process's devices) to ``out_dir``, with the
     run's model card (``jaxembed.model_card.run_card``: ``summary`` of this run, else the run directory's
-    summary.json; ``step``: the exported checkpoint; ``name``: the hub id it will be pushed to)."""
+    summary.json; ``step``: the exported checkpoint; ``name``: the hub id it will be pushed to). LoRA runs:
+    ``model.lora.export`` (or ``lora_export``): merged weights, the PEFT adapter, or both
+    (``jaxembed.export.export_lora``)."""
     from jaxembed import export as exportlib
 
-    model = nnx.merge(run.graphdef, jax.device_get(params), run.rest)
+    model = _host_model(run, params)
     prompts = {**run.loaded.st.prompts, **task_prompts(run.store)}
     card = run_card(run, model, prompts, summary=summary, step=step, name=name,
                     kind="mote" if getattr(model.config, "mote", None) is not None else "model")
-    return exportlib.export(model, run.loaded.tokenizer, out_dir, hf_config=run.loaded.hf_config, prompts=prompts,
-                            similarity_fn_name=run.loaded.st.similarity_fn_name, model_card=card)
+    kw = dict(hf_config=run.loaded.hf_config, prompts=prompts, similarity_fn_name=run.loaded.st.similarity_fn_name,
+              model_card=card)
+    if run.lora is not None:
+        return exportlib.export_lora(model, run.loaded.tokenizer, out_dir, spec=run.lora, base=run.lora_base,
+                                     kind=lora_export or run.lora.export, **kw)
+    return exportlib.export(model, run.loaded.tokenizer, out_dir, **kw)
+
+
+def _host_model(run: Run, params):
+    """The model with ``params`` (host arrays). LoRA: the frozen base weights are the loaded model's own, host
+    arrays of this process (``run.rest`` may be sharded over other processes' devices)."""
+    if run.lora is None:
+        return nnx.merge(run.graphdef, jax.device_get(params), run.rest)
+    base = nnx.split(run.loaded.model, lora.TRAINABLE, ...)[2]
+    return nnx.merge(run.graphdef, jax.device_get(params), jax.device_get(base))
 
 
 def run_card(run: Run, model, prompts: dict, **kw) -> str:
@@ -874,11 +895,12 @@ def make_evaluator(run: Run):
 
 
 def export_from_workdir(workdir: str | Path, out: str | Path, step: int | None = None, *, task: str | None = None,
-                        average_experts: bool = False, name: str | None = None) -> Path:
+                        average_experts: bool = False, name: str | None = None, lora_export: str | None = None) -> Path:
     """Export a checkpoint of a run (the latest, or ``step``) as a HF / sentence-transformers folder.
 
     MoTE runs: the full export (every expert), or with ``task`` the plain dense folder of that task's expert, or
-    with ``average_experts`` the expert-averaged dense folder (MoTE App. B)."""
+    with ``average_experts`` the expert-averaged dense folder (MoTE App. B). LoRA runs: ``model.lora.export``, or
+    ``lora_export`` (merged / adapter / both); ``task`` and ``average_experts`` take the merged weights."""
     if task is not None and average_experts:
         raise UserError("export: give --task or --average-experts, not both")
     workdir = Path(workdir)
@@ -907,8 +929,10 @@ def export_from_workdir(workdir: str | Path, out: str | Path, step: int | None =
     def write():
         with runfiles.writing("writing the export", out):
             if task is None and not average_experts:
-                return export_params(run, params, Path(out), step=step, name=name)
-            model = nnx.merge(run.graphdef, params, run.rest)
+                return export_params(run, params, Path(out), step=step, name=name, lora_export=lora_export)
+            model = _host_model(run, params)
+            if run.lora is not None:
+                model = lora.merged(model)
             kw = dict(hf_config=run.loaded.hf_config, prompts={**run.loaded.st.prompts, **task_prompts(run.store)},
                       similarity_fn_name=run.loaded.st.similarity_fn_name)
             kind = f"expert {task}" if task is not None else "averaged"

@@ -278,12 +278,9 @@ def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.xfail(strict=True, reason="bug in jaxembed/train.py init_state: `jax.jit(run.tx.init)(pure)` returns the "
-                   "AdamW moments replicated, not with the parameters' FSDP shardings, so checkpoints restore them "
-                   "replicated too, and the step compiles twice (for the replicated state, then for the sharded "
-                   "state the first step returns). Remove this marker with the fix.")
 def test_fsdp_optimizer_state_is_sharded_like_the_parameters(tmp_path):
-    """README: `param_sharding=fsdp` shards the parameters and the optimizer state."""
+    """README: `param_sharding=fsdp` shards the parameters and the optimizer state (init_state places Adam's
+    moments with the parameters' shardings: jaxembed.optim.state_shardings)."""
     import optax
 
     from jaxembed.models.tiny import tiny_model_dir
