@@ -1,7 +1,7 @@
 """The suite's own policy (tests/conftest.py): in CI (JAXEMBED_CI=1) a skip -- in a test, in a fixture, or of a whole
 module at import -- is a failure naming the test, except a `gpu` test without an accelerator, a `tpu` test
-without a TPU and an allow-listed one; outside CI a skip stays a skip; pytest-timeout fails a hung test by name. Runs a small suite in a subprocess
-under the real conftest, with .ci/run's --continue-on-collection-errors."""
+without a TPU and an allow-listed one; outside CI a skip stays a skip; pytest-timeout fails a hung test by name.
+Runs a small suite in a subprocess under the real conftest, with .ci/run's --continue-on-collection-errors."""
 
 import os
 import subprocess
