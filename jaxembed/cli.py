@@ -1,6 +1,7 @@
 """``jaxembed <command>``: the command-line interface.
 
-Commands: ``encode`` (texts -> .npy), ``export`` (any supported folder -> HF / sentence-transformers folder),
+Commands: ``encode`` (texts -> .npy), ``export`` (any supported folder -> HF / sentence-transformers folder with a
+model card; ``--push-to-hub ORG/NAME`` uploads it, jaxembed/hub.py),
 ``data validate`` / ``data prepare`` (dataset store), ``plan build`` / ``plan show`` (batch plans),
 ``train`` (run or resume training), ``eval`` (local evaluators, MTEB), ``synth personas`` / ``judge`` (LLM data
 tools), ``pretrain retromae`` (RetroMAE), ``score`` / ``curriculum`` / ``mine`` (reference-model
@@ -77,11 +78,20 @@ def cmd_export(args) -> int:
     from jaxembed.outputs import check_output
 
     check_output(args.out, "folder", "--out")
+    repo = args.push_to_hub
+    if repo is None and (args.private or args.revision or args.commit_message):
+        raise UserError("export: --private, --revision and --commit-message go with --push-to-hub ORG/NAME")
+    if repo is not None:  # before any work: a bad id, no token or offline mode stop here
+        from jaxembed import hub
+
+        hub.check_repo_id(repo)
+        hub.check_offline(repo)
+        hub.require_token(repo)
     if args.workdir:
         from jaxembed.train import export_from_workdir
 
         path = export_from_workdir(args.workdir, args.out, args.step, task=args.task,
-                                   average_experts=args.average_experts)
+                                   average_experts=args.average_experts, name=repo)
     elif args.task is not None:  # only the task's expert is read from the MoTE folder
         loaded = _load(args, task=args.task)
         path = export.export_expert(loaded.model, loaded.tokenizer, args.out, args.task, **_export_kw(loaded))
@@ -89,13 +99,22 @@ def cmd_export(args) -> int:
         loaded = _load(args)
         path = export.export_averaged(loaded.model, loaded.tokenizer, args.out, **_export_kw(loaded))
     else:
-        path = export.export_loaded(_load(args), args.out)
+        path = export.export_loaded(_load(args), args.out, name=repo)
     if (Path(path) / "mote_config.json").exists():
         print(f"exported to {path}: a MoTE folder with every task expert (sentence_transformers.SentenceTransformer"
               "(..., trust_remote_code=True), then model.encode(texts, task=...); transformers.AutoModel loads the "
               "default expert)")
     else:
         print(f"exported to {path} (loads with transformers.AutoModel and sentence_transformers.SentenceTransformer)")
+    if repo is not None:
+        from jaxembed import hub, runfiles
+
+        if runfiles.is_main():
+            url = hub.push_folder(path, repo, private=args.private, revision=args.revision,
+                                  commit_message=args.commit_message)
+            print(f"pushed {path} to {hub.endpoint()}/{repo}"
+                  + (f" (revision {args.revision})" if args.revision else "") + (" (private)" if args.private else "")
+                  + f": {url}")
     return 0
 
 
@@ -236,6 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--average-experts", action="store_true", help="MoTE: the dense folder of the expert average "
                                                                   "(MoTE App. B)")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--push-to-hub", default=None, metavar="ORG/NAME",
+                   help="then upload the folder to this Hugging Face model repository (token: HF_TOKEN or `hf auth "
+                        "login`; created if missing)")
+    p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private (an "
+                                                          "existing public one is refused)")
+    p.add_argument("--revision", default=None, help="with --push-to-hub: the branch to push to (created from main "
+                                                    "if missing; default main)")
+    p.add_argument("--commit-message", default=None, help="with --push-to-hub: the commit message")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("train", help="train (or resume) a run: --config FILE[:VARIANT] --workdir DIR "

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,14 @@ def default_config() -> mc.ConfigDict:
         progress=config_dict.placeholder(bool),  # progress bar (default: on a terminal)
         inject_nonfinite_steps=(),  # testing aid: steps whose loss and gradients are made NaN (the skip guard runs)
     ))
+    c.train.wandb = mc.ConfigDict(dict(  # Weights & Biases, beside metrics.jsonl / TensorBoard (jaxembed/monitor.py)
+        enabled=False,          # needs the extra: pip install 'jaxembed[wandb]'
+        project="jaxembed",
+        entity="",              # '' = your default entity
+        mode="online",          # online | offline (sync later: wandb sync) | disabled; WANDB_MODE overrides it
+        name="",                # '' = the workdir's name
+        tags=(),
+    ))
     c.eval = mc.ConfigDict(dict(
         every=0,                # steps between dev evaluations (0 = at the end only, when tasks are given)
         tasks=(),               # dev task names (jaxembed.evaluate), e.g. ('STSBenchmark-dev',), your own sets
@@ -121,6 +130,7 @@ def default_config() -> mc.ConfigDict:
         before=False,           # also evaluate before training (step 0)
     ))
     c.export = mc.ConfigDict(dict(at_end=True, dir=""))  # '' = <workdir>/export
+    c.export.base_model = ""    # the model card's base_model (a hub id); '' = model.name when it is one
     return c
 
 
@@ -294,6 +304,8 @@ def validate(c: mc.ConfigDict) -> None:
     _positive(c, "train.checkpoint_minutes", allow_zero=True)
     _choice(c, "train.param_sharding", PARAM_SHARDINGS)
     _choice(c, "train.length_buckets", ("pow2", "fine"))
+    _check_wandb(c)
+    _check_base_model(c)
     gcc = c.train.gradcache_chunk
     if gcc and c.plan.global_batch_size % gcc:
         raise _err("train.gradcache_chunk", gcc, f"a divisor of plan.global_batch_size ({c.plan.global_batch_size})")
@@ -303,6 +315,38 @@ def validate(c: mc.ConfigDict) -> None:
     from jaxembed.evaluate.dev import validate_eval
 
     validate_eval(c.eval)  # task names, a user's own sets (their files), mteb:NAME; best_metric names one of them
+
+
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+def _check_wandb(c) -> None:
+    """train.wandb: its values, and the wandb package when it is enabled (before any work)."""
+    if "wandb" not in c.train:
+        return
+    w = c.train.wandb
+    if not isinstance(w.get("enabled"), bool):
+        raise _err("train.wandb.enabled", w.get("enabled"), "True or False")
+    _choice(c, "train.wandb.mode", WANDB_MODES)
+    for key in ("project", "entity", "name"):
+        if not isinstance(w.get(key), str):
+            raise _err(f"train.wandb.{key}", w.get(key), "a string")
+    if w.enabled and not w.project:
+        raise _err("train.wandb.project", w.project, "a W&B project name, e.g. 'jaxembed'")
+    tags = w.get("tags")
+    if not isinstance(tags, (tuple, list)) or not all(isinstance(t, str) and t for t in tags):
+        raise _err("train.wandb.tags", tags, "a tuple of non-empty strings, e.g. ('datacube', 'minilm')")
+    if w.enabled and w.mode != "disabled":
+        if importlib.util.find_spec("wandb") is None:
+            raise UserError("config.train.wandb.enabled = True needs the wandb package (fix: pip install "
+                            "'jaxembed[wandb]', or --config.train.wandb.enabled=False)")
+
+
+def _check_base_model(c) -> None:
+    base = c.export.get("base_model", "")
+    if not isinstance(base, str) or (base and not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", base)):
+        raise _err("export.base_model", base, "a hub id like 'sentence-transformers/all-MiniLM-L6-v2' (the model "
+                                              "card's base_model), or '' (model.name when it is a hub id)")
 
 
 def _check_loss_settings(c) -> None:

@@ -141,13 +141,22 @@ def _write_dense(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, hf_c
         "default_prompt_name": default_prompt_name,
         "similarity_fn_name": similarity_fn_name,
     })
-    (out / "README.md").write_text(model_card or _card(config, head, prompts), encoding="utf-8")
+    (out / "README.md").write_text(model_card or _card(config, head, prompts, max_length=tokenizer.max_length),
+                                   encoding="utf-8")
 
 
-def export_loaded(loaded, out_dir: str | os.PathLike) -> Path:
-    """Export what ``jaxembed.hf.load`` returned (keeps its prompts and original config fields)."""
-    return export(loaded.model, loaded.tokenizer, out_dir, hf_config=loaded.hf_config, prompts=loaded.st.prompts,
-                  default_prompt_name=loaded.st.default_prompt_name, similarity_fn_name=loaded.st.similarity_fn_name)
+def export_loaded(loaded, out_dir: str | os.PathLike, *, name: str | None = None) -> Path:
+    """Export what ``jaxembed.hf.load`` returned (keeps its prompts and original config fields), with the card of a
+    conversion (``jaxembed.model_card.plain_card``: the source, no training claims; ``name``: the hub id it will be
+    pushed to)."""
+    from jaxembed import model_card
+
+    model = loaded.model
+    card = model_card.plain_card(model.config, model.head, loaded.st.prompts, source=str(loaded.source), name=name,
+                                 max_length=loaded.tokenizer.max_length, mote_spec=getattr(model.config, "mote", None))
+    return export(model, loaded.tokenizer, out_dir, hf_config=loaded.hf_config, prompts=loaded.st.prompts,
+                  default_prompt_name=loaded.st.default_prompt_name, similarity_fn_name=loaded.st.similarity_fn_name,
+                  model_card=card)
 
 
 def _transformers_version() -> str:
@@ -159,19 +168,11 @@ def _transformers_version() -> str:
         return "unknown"
 
 
-def _card(config, head, prompts) -> str:
-    lines = [
-        "---", "library_name: sentence-transformers", "tags:", "- sentence-transformers", "- feature-extraction",
-        "- jaxembed", "---", "", "# Text-embedding model trained with jaxembed", "",
-        f"Architecture: `{config.model_type}`, {config.num_layers} layers, hidden size {config.hidden_size}; "
-        f"pooling `{head.pooling}`{'' if head.include_prompt else ' (instruction tokens excluded)'}"
-        f"{', L2-normalised' if head.normalize else ''}.", "",
-        "```python", "from sentence_transformers import SentenceTransformer",
-        "model = SentenceTransformer('PATH')", "emb = model.encode(['a sentence'])", "```", "",
-    ]
-    if prompts:
-        lines += ["Prompts (instructions):", ""] + [f"- `{k}`: `{v}`" for k, v in sorted(prompts.items())] + [""]
-    return "\n".join(lines)
+def _card(config, head, prompts, note: str = "", max_length: int | None = None) -> str:
+    """The card of a folder written without a run directory (``jaxembed.model_card.plain_card``)."""
+    from jaxembed import model_card
+
+    return model_card.plain_card(config, head, prompts, note=note, max_length=max_length)
 
 
 # ------------------------------------------------------------------------------------------------------ MoTE
@@ -195,11 +196,11 @@ def export_mote(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
     from jaxembed import mote
 
     spec = model.config.mote
-    kw.pop("model_card", None)
+    card = kw.pop("model_card", None) or _mote_card(model, spec)
     kw = {"hf_config": None, "prompts": None, "default_prompt_name": None, "similarity_fn_name": "cosine", **kw}
     with runfiles.atomic_dir(out_dir) as out:  # written as a whole, like export()
         _write_dense(mote.extract_expert(model, spec.default), tokenizer, out,
-                     model_card=_mote_card(model.config, spec), **kw)
+                     model_card=card, **kw)
         modules = json.loads((out / "modules.json").read_text(encoding="utf-8"))
         modules[0].update(type=f"{_MOTE_MODULE}.MoTETransformer", kwargs=["task"])
         _dump(out / "modules.json", modules)
@@ -221,8 +222,8 @@ def export_expert(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os
         raise UserError(f"--task {task}: the model is dense (no task experts); export it without --task")
     name = spec.expert_name(task)
     dense = mote.extract_expert(model, name)
-    kw.setdefault("model_card", _card(dense.config, dense.head, kw.get("prompts"))
-                  + f"\nMoTE expert `{name}` (per-task export of a jaxembed MoTE model: a plain dense model).\n")
+    kw.setdefault("model_card", _card(dense.config, dense.head, kw.get("prompts"), note=f"MoTE expert `{name}` "
+                                      "(per-task export of a jaxembed MoTE model: a plain dense model)."))
     return export(dense, tokenizer, out_dir, **kw)
 
 
@@ -233,26 +234,16 @@ def export_averaged(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | 
     if mote.get_spec(model) is None:
         raise UserError("--average-experts: the model is dense (no task experts); export it without the flag")
     dense = mote.average_experts(model)
-    kw.setdefault("model_card", _card(dense.config, dense.head, kw.get("prompts"))
-                  + "\nExpert-averaged (MoTE Appendix B) dense model of a jaxembed MoTE model.\n")
+    kw.setdefault("model_card", _card(dense.config, dense.head, kw.get("prompts"), note="Expert-averaged (MoTE "
+                                      "Appendix B) dense model of a jaxembed MoTE model."))
     return export(dense, tokenizer, out_dir, **kw)
 
 
-def _mote_card(config, spec) -> str:
-    routes = "\n".join(f"- `{t}`: queries `{q}`, documents `{d}`" for t, q, d in spec.routing)
-    return "\n".join([
-        "---", "library_name: sentence-transformers", "tags:", "- sentence-transformers", "- feature-extraction",
-        "- jaxembed", "- mote", "---", "", "# MoTE text-embedding model trained with jaxembed", "",
-        f"Architecture: `{config.model_type}`, {config.num_layers} layers, hidden size {config.hidden_size}; "
-        f"task experts {', '.join(f'`{e}`' for e in spec.experts)} in layers {list(spec.layers)}; default "
-        f"`{spec.default}`.", "",
-        "```python", "from sentence_transformers import SentenceTransformer",
-        "model = SentenceTransformer('PATH', trust_remote_code=True)   # loads jaxembed_mote.py from the folder",
-        "emb = model.encode(['a sentence'], task='classification')",
-        "q = model.encode_query(['a question'])        # the search_query expert",
-        "d = model.encode_document(['a passage'])      # the search_document expert", "```", "",
-        "Routing (task type -> experts):", "", routes, "",
-        "`transformers.AutoModel` on this folder gives the default expert's dense model.", ""])
+def _mote_card(model: EmbeddingModel, spec) -> str:
+    """The card of a full MoTE export written without a run directory."""
+    from jaxembed import model_card
+
+    return model_card.plain_card(model.config, model.head, None, mote_spec=spec)
 
 
 _MOTE_MODULE = "jaxembed_mote"

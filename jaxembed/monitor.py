@@ -1,14 +1,23 @@
-"""Training metrics: stdout, a JSON-lines file (metrics.jsonl), TensorBoard events, and a progress bar with ETA.
+"""Training metrics: stdout, a JSON-lines file (metrics.jsonl), TensorBoard events, optionally Weights & Biases,
+and a progress bar with ETA.
 
-Only process 0 writes metrics.jsonl and tensorboard/ (``is_main``); a line torn by a killed run is cut off when
-the run starts again."""
+Only process 0 writes metrics.jsonl, tensorboard/ and the W&B run (``is_main``); a line torn by a killed run is cut
+off when the run starts again.
+
+Weights & Biases (``train.wandb``, the optional extra ``pip install 'jaxembed[wandb]'``; wandb is imported only
+when enabled): the same metrics as TensorBoard (``train/loss``, ``eval/TASK/metric``, ... at the training step),
+the resolved config, and the run summary. The W&B run id is kept in ``<workdir>/wandb.json``, so a restarted run
+continues the same W&B run (``resume='allow'``). Its files go to ``<workdir>/wandb/`` (or ``WANDB_DIR``);
+``WANDB_MODE``, when set, overrides ``train.wandb.mode`` (e.g. offline on compute nodes; ``wandb sync`` later)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -44,7 +53,7 @@ class Monitor:
                    "tokens_per_s", "step_time_s", "mfu", "skipped")
 
     def __init__(self, workdir: str | Path, total_steps: int, start_step: int = 0, *, tensorboard: bool = True,
-                 progress: bool | None = None, is_main: bool = True):
+                 progress: bool | None = None, is_main: bool = True, wandb=None, run_config: dict | None = None):
         self.is_main = is_main
         self.workdir = Path(workdir)
         self.torn = _cut_torn_line(self.workdir / "metrics.jsonl") if is_main else 0
@@ -57,6 +66,17 @@ class Monitor:
                 self._tb = SummaryWriter(str(self.workdir / "tensorboard"))
             except ImportError:  # optional
                 self._tb = None
+        self._wb = None
+        self._status = None
+        if is_main and wandb is not None and wandb.get("enabled"):
+            try:
+                self._wb = start_wandb(self.workdir, wandb, run_config or {})
+            except BaseException:  # close what was opened (the caller has no Monitor to close)
+                if self._jsonl:
+                    self._jsonl.close()
+                if self._tb is not None:
+                    self._tb.close()
+                raise
         show = sys.stderr.isatty() if progress is None else progress
         self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                          disable=not (show and is_main))
@@ -79,6 +99,9 @@ class Monitor:
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     self._tb.add_scalar(f"{prefix}/{k}", v, step)
             self._tb.flush()
+        if self._wb is not None:
+            self._wb.log({f"{prefix}/{k}": v for k, v in clean.items()
+                          if isinstance(v, (int, float)) and math.isfinite(v)}, step=int(step))
         keys = self.STDOUT_KEYS if prefix == "train" else sorted(clean)
         line = " ".join(_fmt(k, clean[k]) for k in keys if k in clean)
         tqdm.write(f"[{prefix} step {step}] {line}")
@@ -91,9 +114,68 @@ class Monitor:
         if self.is_main:
             tqdm.write(text)
 
+    def record_summary(self, summary: dict) -> None:
+        """The run's summary (status, step, time, ...) into the W&B run's summary; its status decides the exit code
+        W&B records at ``close`` (without one, the run ended with an error)."""
+        self._status = summary.get("status")
+        if self._wb is not None:
+            for k, v in summary.items():
+                if isinstance(v, (int, float, str)) and not isinstance(v, bool):
+                    self._wb.summary[f"run/{k}"] = v
+
     def close(self) -> None:
         self._bar.close()
         if self._jsonl:
             self._jsonl.close()
+            self._jsonl = None
         if self._tb is not None:
             self._tb.close()
+            self._tb = None
+        if self._wb is not None:
+            wb, self._wb = self._wb, None
+            wb.finish(exit_code=0 if self._status in ("completed", "preempted") else 1)
+
+
+WANDB_EXTRA = "pip install 'jaxembed[wandb]'"
+WANDB_ID_FILE = "wandb.json"
+
+
+def start_wandb(workdir: Path, settings, run_config: dict):
+    """``wandb.init`` for the run in ``workdir`` (process 0 only): the run id of ``<workdir>/wandb.json``, created
+    (and written atomically) on the first start, so a restart resumes the same W&B run. Any failure is one
+    UserError line."""
+    from jaxembed import runfiles
+    from jaxembed.errors import UserError
+
+    try:
+        import wandb
+    except ImportError:
+        raise UserError(f"config.train.wandb.enabled = True needs the wandb package (fix: {WANDB_EXTRA}, or "
+                        "--config.train.wandb.enabled=False)") from None
+    id_file = workdir / WANDB_ID_FILE
+    run_id = None
+    if id_file.is_file():
+        try:
+            run_id = json.loads(id_file.read_text(encoding="utf-8"))["id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise UserError(f"{id_file}: unreadable (fix: delete it to start a new W&B run, or restore "
+                            '{"id": "<the W&B run id>"})') from None
+    if not run_id:
+        run_id = uuid.uuid4().hex[:12]
+        with runfiles.writing("writing the W&B run id", id_file):
+            runfiles.write_json(id_file, {"id": run_id, "project": settings.get("project") or None,
+                                          "entity": settings.get("entity") or None})
+    kw = dict(project=settings.get("project") or None, entity=settings.get("entity") or None,
+              name=settings.get("name") or workdir.resolve().name, tags=list(settings.get("tags") or ()) or None,
+              id=run_id, resume="allow", config=run_config)
+    if not os.environ.get("WANDB_MODE"):
+        kw["mode"] = settings.get("mode") or "online"
+    if not os.environ.get("WANDB_DIR"):
+        kw["dir"] = str(workdir)
+    try:
+        return wandb.init(**kw)
+    except Exception as e:  # noqa: BLE001 -- no login, no network, a refused project: one line
+        msg = " ".join(str(e).split())[:300]
+        raise UserError(f"config.train.wandb: wandb.init failed ({type(e).__name__}: {msg}) (fix: `wandb login` or "
+                        "WANDB_API_KEY; or --config.train.wandb.mode=offline and `wandb sync` later; or "
+                        "--config.train.wandb.enabled=False)") from None

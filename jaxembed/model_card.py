@@ -1,0 +1,481 @@
+"""Model cards (the README.md of an export), in the layout the Hugging Face hub and mteb read.
+
+Front matter (YAML, written by ``huggingface_hub.ModelCardData``): ``library_name: sentence-transformers``,
+``pipeline_tag: sentence-similarity``, ``tags``, ``base_model`` (a hub id, when one is known), ``datasets`` (the
+training sets that are hub datasets) and ``model-index``: one result per evaluated task, as mteb writes them --
+``task.type`` (mteb's task type: STS, Classification, Retrieval, ...), ``dataset`` (``type``: the hub dataset of an
+MTEB task, else the set's name; ``name``, ``split``, for MTEB tasks ``config`` and ``revision``) and ``metrics``
+(``type``, ``value`` in points, 0-100).
+
+- ``run_card``: the card of a training run's export, from its run directory: config.json (model, loss,
+  hyperparameters), the dataset store's manifest (datasets, sizes, skipped records, task instructions), summary
+  (steps, training time, devices) and the final evaluation (``summary['eval']``, else metrics.jsonl).
+  ``model-index`` holds the evaluation only when it was made on the exported step.
+- ``plain_card``: a converted model (``jaxembed export --model X``): what it is and where it came from, no
+  training claims.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_CACHE_SNAPSHOT = re.compile(r"models--([^/]+?)--([^/]+)/snapshots/")
+
+
+# ------------------------------------------------------------------------------------------------ identities
+
+
+def hub_id(name: str | os.PathLike | None) -> str | None:
+    """The hub id of a model name: itself when it is ``org/name`` and no local path; a folder of the Hugging Face
+    cache (``.../models--org--name/snapshots/...``) gives ``org/name``; other local folders have none."""
+    if not name:
+        return None
+    text = str(name)
+    p = Path(os.path.expanduser(text))
+    if not p.exists():
+        return text if _HUB_ID.match(text) and not text.startswith((".", "/", "~")) else None
+    m = _CACHE_SNAPSHOT.search(str(p.resolve()).replace(os.sep, "/") + "/")
+    return f"{m.group(1)}/{m.group(2)}" if m else None
+
+
+def read_front_matter(readme: Path) -> dict:
+    """The YAML front matter of a README.md ({} when none or unreadable)."""
+    import yaml
+
+    try:
+        text = Path(readme).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}
+    m = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", text, re.S)
+    if not m:
+        return {}
+    try:
+        meta = yaml.safe_load(m.group(1))
+    except yaml.YAMLError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def base_model_of(config: dict, _depth: int = 0) -> str | None:
+    """The hub id the run started from: ``export.base_model``; else ``model.init_from``'s (a previous run: its
+    own base; a jaxembed export: its card's ``base_model``); else ``model.name`` when it is a hub id."""
+    if _depth > 8:
+        return None
+    explicit = (config.get("export") or {}).get("base_model")
+    if explicit:
+        return str(explicit)
+    model = config.get("model") or {}
+    src = model.get("init_from") or ""
+    if src:
+        p = Path(os.path.expanduser(str(src)))
+        cfg = p / "config.json"
+        if (p / "checkpoints").is_dir() and cfg.is_file():
+            try:
+                return base_model_of(json.loads(cfg.read_text(encoding="utf-8")), _depth + 1)
+            except (OSError, ValueError):
+                return None
+        meta = read_front_matter(p / "README.md")
+        if "jaxembed" in (meta.get("tags") or []) and isinstance(meta.get("base_model"), str):
+            return meta["base_model"]
+        return hub_id(src)
+    name = model.get("name") or ""
+    found = hub_id(name)
+    if found is None and name:
+        meta = read_front_matter(Path(os.path.expanduser(str(name))) / "README.md")
+        if "jaxembed" in (meta.get("tags") or []) and isinstance(meta.get("base_model"), str):
+            return meta["base_model"]  # a jaxembed conversion of a hub model: the same model
+    return found
+
+
+# ------------------------------------------------------------------------------------------------ front matter
+
+
+def front_matter(*, name: str, base_model: str | None = None, datasets: list[str] | None = None,
+                 tags: list[str] | None = None, results: list[dict] | None = None) -> str:
+    """The ``---``-fenced YAML of a card. results: rows of ``eval_rows`` (their ``metrics`` become model-index
+    entries)."""
+    from huggingface_hub import EvalResult, ModelCardData
+
+    evals = []
+    for r in results or []:
+        for metric, value in r["metrics"]:
+            evals.append(EvalResult(task_type=r["type"], dataset_type=r["dataset_type"],
+                                    dataset_name=r["dataset_name"], dataset_split=r.get("split"),
+                                    dataset_config=r.get("config"), dataset_revision=r.get("revision"),
+                                    metric_type=metric, metric_value=round(float(value), 4)))
+    data = ModelCardData(base_model=base_model or None, datasets=list(datasets or []) or None,
+                         library_name="sentence-transformers", pipeline_tag="sentence-similarity",
+                         tags=_tags(tags), model_name=name if evals else None, eval_results=evals or None)
+    return "---\n" + data.to_yaml() + "\n---\n"
+
+
+def _tags(extra: list[str] | None) -> list[str]:
+    out: list[str] = []
+    for t in ["sentence-transformers", "sentence-similarity", "feature-extraction", "jaxembed", *(extra or [])]:
+        if t not in out:
+            out.append(t)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ sections
+
+
+def describe_model(config, head, max_length: int | None = None, mote_spec=None) -> list[str]:
+    """Markdown table rows describing the architecture and the embedding head."""
+    dim = head.dense[-1].out_features if head.dense else config.hidden_size
+    pool = f"`{head.pooling}`" + ("" if head.include_prompt else " (instruction tokens excluded)")
+    rows = [("architecture", f"`{config.model_type}`, {config.num_layers} layers, hidden size {config.hidden_size}"),
+            ("pooling", pool + (", then " + ", ".join(f"Dense {d.in_features} -> {d.out_features}"
+                                                      for d in head.dense) if head.dense else "")),
+            ("embedding dimension", f"{dim}" + (", L2-normalised" if head.normalize else "")),
+            ("similarity", "cosine")]
+    if max_length:
+        rows.append(("max sequence length", f"{max_length} tokens"))
+    if mote_spec is not None:
+        rows.append(("task experts (MoTE)", f"{', '.join(f'`{e}`' for e in mote_spec.experts)} in layers "
+                                            f"{list(mote_spec.layers)}; default `{mote_spec.default}`"))
+    return _table(("", ""), rows)
+
+
+def usage(name: str, *, prompts: dict | None = None, mote_spec=None) -> list[str]:
+    """A code block loading the model with sentence-transformers."""
+    if mote_spec is not None:
+        return ["```python", "from sentence_transformers import SentenceTransformer", "",
+                f"model = SentenceTransformer({name!r}, trust_remote_code=True)  # loads jaxembed_mote.py",
+                "emb = model.encode(['a sentence'], task='classification')",
+                "q = model.encode_query(['a question'])        # the search_query expert",
+                "d = model.encode_document(['a passage'])      # the search_document expert", "```", ""]
+    lines = ["```python", "from sentence_transformers import SentenceTransformer", "",
+             f"model = SentenceTransformer({name!r})"]
+    query = next((k for k in sorted(prompts or {}) if k.endswith("-query")), None)
+    if query:
+        lines += [f"q = model.encode(['a question'], prompt_name={query!r})  # the task's instruction",
+                  "d = model.encode(['a passage'])"]
+    else:
+        lines += ["emb = model.encode(['a sentence', 'another sentence'])"]
+    lines += ["sim = model.similarity(emb, emb)" if not query else "sim = model.similarity(q, d)", "```", ""]
+    return lines
+
+
+def _table(header: tuple, rows: list[tuple]) -> list[str]:
+    cell = lambda x: str(x).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows]
+    return out + [""]
+
+
+def _num(x) -> str:
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    s = int(round(seconds))
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h} h {m:02d} min" if h else (f"{m} min {s:02d} s" if m else f"{s} s")
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+
+
+def _task_meta(entry: str, eval_tasks) -> dict:
+    """Type, dataset and split of one ``eval.tasks`` entry (its metric prefix)."""
+    from jaxembed.evaluate.dev import MTEB_PREFIX
+    from jaxembed.evaluate.tasks import TASKS
+
+    if entry.startswith(MTEB_PREFIX):
+        name = entry[len(MTEB_PREFIX):]
+        try:
+            import mteb
+
+            md = mteb.get_task(name).metadata
+            ds = dict(md.dataset or {})
+            return dict(type=md.type, dataset_type=ds.get("path") or name, dataset_name=f"MTEB {name}",
+                        split=(list(md.eval_splits) or [None])[0], config="default", revision=ds.get("revision"),
+                        main=md.main_score, source="mteb")
+        except Exception:  # noqa: BLE001 -- mteb missing or the task renamed: the name is still honest
+            return dict(type="unknown", dataset_type=name, dataset_name=f"MTEB {name}", split=None, main=None,
+                        source="mteb")
+    t = TASKS.get(entry)
+    if t is not None:
+        return dict(type=t.type, dataset_type=entry, dataset_name=f"{entry} ({', '.join(t.files.values())})",
+                    split=t.hf_split, main=t.main_score, source="jaxembed")
+    from jaxembed.evaluate.user_tasks import TYPE_NAMES, is_spec
+
+    for spec in eval_tasks or ():
+        if is_spec(spec) and dict(spec).get("name") == entry:
+            spec = dict(spec)
+            path = str(spec.get("path", ""))
+            kind = spec.get("type")
+            return dict(type=TYPE_NAMES.get(kind, kind) or "unknown", dataset_type=entry,
+                        dataset_name=f"{entry} ({os.path.basename(path.rstrip('/')) or path})",
+                        split=spec.get("split") or "dev", main=None, source="user")
+    return dict(type="unknown", dataset_type=entry, dataset_name=entry, split=None, main=None, source="unknown")
+
+
+def eval_rows(metrics: dict[str, float], eval_tasks=()) -> list[dict]:
+    """``{"Task/metric": value}`` (one evaluation, as logged) -> one row per task: its meta and ``metrics`` =
+    [(name, value)], the task's main metric first, ``main_score`` left out when it repeats a named metric."""
+    by_task: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():
+        task, sep, metric = key.rpartition("/")
+        if sep and isinstance(value, (int, float)) and value == value:
+            by_task.setdefault(task, {})[metric] = float(value)
+    rows = []
+    for task, ms in by_task.items():
+        meta = _task_meta(task, eval_tasks)
+        main = meta.get("main")
+        if main is None and "main_score" in ms:
+            main = next((k for k, v in ms.items() if k != "main_score" and v == ms["main_score"]), None)
+        named = [(k, v) for k, v in ms.items() if k != "main_score"]
+        if not named:
+            named = [("main_score", ms["main_score"])]
+        named.sort(key=lambda kv: (kv[0] != main, kv[0]))
+        rows.append({**meta, "task": task, "main": main, "metrics": named})
+    return rows
+
+
+def final_eval(workdir: Path, summary: dict | None) -> dict | None:
+    """The last evaluation of a run: ``summary['eval']`` ({"step", "metrics"}), else the last ``eval`` record of
+    metrics.jsonl (the latest step; on a tie, the one written last)."""
+    if summary and isinstance(summary.get("eval"), dict) and summary["eval"].get("metrics"):
+        return summary["eval"]
+    best = None
+    try:
+        lines = (Path(workdir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if r.get("split") == "eval" and isinstance(r.get("step"), int) and (best is None or r["step"] >= best["step"]):
+            best = {"step": r["step"], "metrics": {k: v for k, v in r.items()
+                                                   if k not in ("step", "split", "time")}}
+    return best
+
+
+def summary_facts(workdir: str | os.PathLike, t_begin: float) -> dict:
+    """What summary.json records for the card, at the end of ``jaxembed train`` (process 0):
+
+    - ``time``: ``this_run_s`` (this invocation, wall clock), ``total_s`` and ``invocations`` (every invocation on
+      this workdir that wrote a summary.json, this one included; one killed before writing it is not counted);
+    - ``devices``: platform, device kind, device and process counts;
+    - ``eval``: the last dev evaluation (``final_eval``: step and metrics), when there was one."""
+    import time
+
+    import jax
+
+    workdir = Path(workdir)
+    now = time.time() - t_begin
+    prev: dict = {}
+    try:
+        prev = json.loads((workdir / "summary.json").read_text(encoding="utf-8")).get("time") or {}
+    except (OSError, ValueError, AttributeError):
+        prev = {}
+    try:
+        total = float(prev.get("total_s", 0.0)) + now
+        n = int(prev.get("invocations", 0)) + 1
+    except (TypeError, ValueError):
+        total, n = now, 1
+    devs = jax.devices()
+    out = {"time": {"this_run_s": round(now, 3), "total_s": round(total, 3), "invocations": n},
+           "devices": {"platform": jax.default_backend(), "kind": devs[0].device_kind, "count": len(devs),
+                       "processes": jax.process_count()}}
+    ev = final_eval(workdir, None)
+    if ev:
+        out["eval"] = ev
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ cards
+
+
+def plain_card(config, head, prompts=None, *, source: str | None = None, name: str | None = None,
+               max_length: int | None = None, mote_spec=None, note: str = "") -> str:
+    """The card of a folder written without a training run (a conversion): what it is, where it came from."""
+    base = hub_id(source) if source else None
+    title = name or (base or "Text-embedding model") + (" (jaxembed export)" if base else "")
+    tags = ["mote"] if mote_spec is not None else []
+    lines = [front_matter(name=title, base_model=base, tags=tags), f"# {title}", ""]
+    if source:
+        lines += [f"`{source}` written by jaxembed as a sentence-transformers folder; no "
+                  "training happened in this export (the weights are the source's, in the PyTorch layout).", ""]
+    else:
+        lines += ["A text-embedding model written by jaxembed as a sentence-transformers folder.", ""]
+    if note:
+        lines += [note, ""]
+    lines += ["## Model", ""] + describe_model(config, head, max_length, mote_spec)
+    lines += ["## Usage", ""] + usage(name or base or "PATH", prompts=prompts, mote_spec=mote_spec)
+    if prompts:
+        lines += ["## Prompts", ""] + _table(("name", "instruction"), [(k, f"`{v}`") for k, v in sorted(prompts.items())])
+    if mote_spec is not None:
+        lines += ["## Routing (task type -> experts)", ""]
+        lines += [f"- `{t}`: queries `{q}`, documents `{d}`" for t, q, d in mote_spec.routing] + [""]
+        lines += ["`transformers.AutoModel` on this folder gives the default expert's dense model.", ""]
+    return "\n".join(lines)
+
+
+def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict | None = None,
+             step: int | None = None, name: str | None = None, prompts: dict | None = None,
+             max_length: int | None = None, kind: str = "model", store_dir: str | os.PathLike | None = None) -> str:
+    """The card of an export of the run in ``workdir`` (config: the resolved run config as a plain dict; model:
+    the exported EmbeddingModel; step: the exported checkpoint's step; kind: 'model' | 'mote' (every expert) |
+    'expert NAME' | 'averaged'; name: the hub id it will be pushed to, if known)."""
+    workdir = Path(workdir)
+    summary = dict(summary or {})
+    if summary.get("step") is None and (workdir / "summary.json").is_file():
+        try:
+            summary = {**json.loads((workdir / "summary.json").read_text(encoding="utf-8")), **summary}
+        except (OSError, ValueError):
+            pass
+    step = step if step is not None else summary.get("step")
+    store_dir = Path(store_dir or (config.get("data") or {}).get("store") or workdir / "store")
+    try:
+        manifest = json.loads((store_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        manifest = {}
+    mcfg, lcfg, ocfg = config.get("model") or {}, config.get("loss") or {}, config.get("optim") or {}
+    pcfg, tcfg = config.get("plan") or {}, config.get("train") or {}
+    spec = getattr(model.config, "mote", None)
+    mote_full = kind == "mote" and spec is not None
+    base = base_model_of(config)
+    entries = manifest.get("datasets") or []
+    cfg_by_name = {d.get("name"): d for d in (manifest.get("config") or {}).get("datasets") or []}
+    hub_sets = []
+    for d in entries:
+        c = cfg_by_name.get(d.get("name")) or {}
+        path = str(c.get("path") or "")
+        if c.get("format") == "hf" and hub_id(path) and path not in hub_sets:
+            hub_sets.append(path)
+    evaluation = final_eval(workdir, summary)
+    rows = eval_rows(evaluation["metrics"], (config.get("eval") or {}).get("tasks")) if evaluation else []
+    on_step = bool(evaluation) and step is not None and evaluation.get("step") == step
+    tags = ["mote"] if spec is not None else []
+    if any(r.get("source") == "mteb" for r in rows) and on_step:
+        tags.append("mteb")
+    title = name or f"{workdir.resolve().name} (jaxembed)"
+    fm = front_matter(name=title, base_model=base, datasets=hub_sets, tags=tags, results=rows if on_step else None)
+
+    what = {"model": "", "mote": " with task experts (MoTE)", "averaged": ", experts averaged into one dense model "
+            "(MoTE Appendix B)"}.get(kind, f", the plain dense model of MoTE expert `{kind[len('expert '):]}`"
+                                     if kind.startswith("expert ") else "")
+    lines = [fm, f"# {title}", "",
+             f"A sentence-transformers text-embedding model{what}, trained with jaxembed"
+             + (f" from [`{base}`](https://huggingface.co/{base})" if base else
+                f" from `{mcfg.get('init_from') or mcfg.get('name')}` (a local folder: no hub id known; set "
+                "export.base_model to name it)") + (f"; checkpoint of step {step}" if step is not None else "") + ".",
+             ""]
+    lines += ["## Usage", ""] + usage(name or "PATH", prompts=prompts, mote_spec=spec if mote_full else None)
+    lines += ["## Model", ""] + describe_model(model.config, model.head, max_length, spec if mote_full else None)
+
+    # data
+    if entries:
+        default_loss, default_t = lcfg.get("type", "infonce"), lcfg.get("temperature")
+        drows, total = [], 0
+        for d in entries:
+            c = cfg_by_name.get(d.get("name")) or {}
+            counts = d.get("counts") or {}
+            src = c.get("path") or ", ".join(d.get("source") or [])
+            src = src if hub_id(src) and c.get("format") == "hf" else os.path.basename(str(src).rstrip("/"))
+            left = [f"{counts[k]} {k}" for k in ("filtered", "invalid") if counts.get(k)]
+            total += int(d.get("size") or 0)
+            drows.append((d.get("name"), d.get("task"), d.get("task_type"), d.get("size"),
+                          (f"{counts.get('read')} read" + (f"; {', '.join(left)}" if left else ""))
+                          if counts else "", d.get("num_negatives"), d.get("loss") or default_loss,
+                          _num(d.get("temperature") if d.get("temperature") is not None else default_t),
+                          d.get("batching") or "", f"`{src}`"))
+        lines += ["## Training data", "",
+                  f"{len(entries)} datasets, {total} training examples (after validation and filtering; the "
+                  "skipped records are counted in the store's report.json).", ""]
+        lines += _table(("dataset", "task", "type", "examples", "records", "hard negatives", "loss", "temperature",
+                         "batching", "source"), drows)
+        instr: dict[str, tuple[str, str]] = {}
+        for d in entries:
+            instr.setdefault(d.get("task"), (d.get("query_instruction") or "", d.get("doc_instruction") or ""))
+        lines += ["### Task instructions", "",
+                  "Prefixed to the texts in training, and saved as the export's prompts "
+                  "(`config_sentence_transformers.json`, keys `TASK-query` / `TASK-document`).", ""]
+        lines += _table(("task", "query instruction", "document instruction"),
+                        [(t, f"`{q!r}`" if q else "(none)", f"`{dd!r}`" if dd else "(none)")
+                         for t, (q, dd) in instr.items()])
+
+    # training
+    warm = ocfg.get("warmup_steps")
+    warm = f"{warm} steps" if isinstance(warm, int) and warm >= 0 else f"{ocfg.get('warmup_ratio')} of the steps"
+    loss = f"`{lcfg.get('type')}`, temperature {_num(lcfg.get('temperature'))}"
+    if lcfg.get("symmetric"):
+        loss += ", symmetric"
+    if lcfg.get("same_task_mask"):
+        loss += ", other tasks' candidates masked"
+    if lcfg.get("type") == "peg":
+        loss += f", PEG alpha {lcfg.get('peg_alpha')} beta {lcfg.get('peg_beta')}"
+    if lcfg.get("matryoshka_dims"):
+        loss += f", Matryoshka dims {list(lcfg['matryoshka_dims'])} weights {list(lcfg.get('matryoshka_weights'))}"
+    if lcfg.get("distill") not in (None, "none"):
+        loss += f", distillation `{lcfg['distill']}` weight {lcfg.get('distill_weight')}"
+    if lcfg.get("gist_guide"):
+        loss += f", GIST guide `{lcfg['gist_guide']}`"
+    steps = summary.get("step", step)
+    time_ = summary.get("time") or {}
+    dev = summary.get("devices") or {}
+    hw = (f"{dev.get('count')} x {dev.get('kind')} ({dev.get('platform')})"
+          + (f", {dev.get('processes')} processes" if (dev.get("processes") or 1) > 1 else "")) if dev else "unknown"
+    trows = [("loss", loss),
+             ("optimizer", f"AdamW, lr {_num(ocfg.get('lr'))}, {ocfg.get('schedule')} schedule, warm-up {warm}, "
+                           f"weight decay {_num(ocfg.get('weight_decay'))}, betas ({ocfg.get('b1')}, {ocfg.get('b2')}), "
+                           f"gradient clip {_num(ocfg.get('grad_clip'))}"
+                           + (f", frozen {list(ocfg['freeze'])}" if ocfg.get("freeze") else "")),
+             ("batch", f"{pcfg.get('global_batch_size')} queries per step (all devices), each with its positive and "
+                       "hard negatives; in-batch negatives across the global batch"),
+             ("steps", f"{steps}" + (f" ({summary.get('skipped')} updates skipped as non-finite)"
+                                     if summary.get("skipped") else "")),
+             ("precision", f"compute {mcfg.get('dtype')}, parameters {mcfg.get('param_dtype')}"),
+             ("seed", tcfg.get("seed")),
+             ("training time", _duration(time_.get("total_s")) + (
+                 f" over {time_['invocations']} runs of `jaxembed train`" if (time_.get("invocations") or 1) > 1
+                 else "")),
+             ("hardware", hw)]
+    if tcfg.get("gradcache_chunk"):
+        trows.insert(3, ("gradient cache", f"sub-batches of {tcfg['gradcache_chunk']} rows"))
+    lines += ["## Training", ""] + _table(("", ""), trows)
+
+    # evaluation
+    if rows:
+        where = ("on the exported step" if on_step else
+                 f"at step {evaluation.get('step')}; the export is step {step}, so these numbers are not in the "
+                 "metadata")
+        lines += ["## Evaluation", "",
+                  f"Dev evaluation during training ({where}); scores in points (0-100). Local sets are the run's own "
+                  "dev files, not MTEB benchmark results.", ""]
+        lines += _table(("task", "type", "split", "metric", "value"),
+                        [(r["task"], r["type"], r.get("split") or "", m + (" (main)" if m == r["main"] else ""),
+                          f"{v:.2f}") for r in rows for m, v in r["metrics"]])
+    lines += ["<details><summary>Full training config (config.json of the run)</summary>", "", "```json",
+              json.dumps(config, indent=2, sort_keys=True, default=str), "```", "", "</details>", ""]
+    lines += [f"Written by jaxembed {_version()}.", ""]
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    from jaxembed import __version__
+
+    return __version__
+
+
+def plain_config(config) -> dict:
+    """A run config (ConfigDict or dict) as a plain JSON dict."""
+    if isinstance(config, dict):
+        return json.loads(json.dumps(config, default=str))
+    from jaxembed import config as cfglib
+
+    return json.loads(cfglib.to_json(config))
