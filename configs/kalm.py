@@ -21,6 +21,9 @@ Variants (combine with commas, e.g. ``configs/kalm.py:tiny,stage2,semi50``):
   ``semi50``, ``semi100`` (an integer 0-100).
 - ``no_mrl``: Table 3 "w/o Matryoshka Representation Learning" (stage 2 only has MRL).
 - ``no_instructions``: Table 3 "w/o Task Instructions": no instruction on any query.
+- ``lora``: parameter-efficient fine-tuning (not in the paper; jaxembed.lora, docs/lora.md): LoRA adapters of rank 16
+  (alpha 32, dropout 0.05) on every attention and MLP projection of Qwen2, the base weights frozen, lr 2e-4; the
+  export holds the merged model and the PEFT adapter (``export/adapter/``). ``tiny,lora``: rank 4, no dropout.
 - ``tiny``: 2 steps of 8 queries on CPU, real shared data, a tiny random Qwen2 (jaxembed.models.tiny): stage 1 on
   stsb, sick_nli, trec; stage 2 on sick_nli (mined from runs/kalm_tiny/stage1) and trec, Matryoshka 32..2.
   The tiny chain: train :tiny,stage1 into runs/kalm_tiny/stage1; then
@@ -47,7 +50,7 @@ from jaxembed.config import default_config
 from jaxembed.data.config import shared_train_config
 from jaxembed.errors import UserError
 
-VARIANTS = ("tiny", "stage1", "stage2", "no_mrl", "no_instructions")  # plus semiNN
+VARIANTS = ("tiny", "stage1", "stage2", "no_mrl", "no_instructions", "lora")  # plus semiNN
 #: the datasets mined for stage 2: every dataset with a text corpus (classification keeps its label negatives)
 MINED = ("snli", "sick_nli", "sick_sts", "stsb", "mrpc", "wikiqa", "trecqa")
 TINY_STAGE1 = ("stsb", "sick_nli", "trec")
@@ -165,6 +168,14 @@ def get_config(arg=None):
     c.optim.lr = 1e-4                               # paper 3.1: 1e-4 in both stages
     c.optim.warmup_ratio = 0.1                      # not stated: jaxembed's default
     c.train.log_every = 10
+    if "lora" in variants:                          # not in the paper: LoRA on Qwen2's attention + MLP projections
+        c.model.lora.enabled = True
+        c.model.lora.rank = 16
+        c.model.lora.alpha = 32.0
+        c.model.lora.dropout = 0.05                 # acts with train.dropout (on by default)
+        c.model.lora.target = ""                    # q/k/v/o_proj, gate/up/down_proj (jaxembed.lora.DEFAULT_TARGETS)
+        c.model.lora.export = "both"                # export/: merged weights; export/adapter/: the PEFT folder
+        c.optim.lr = 2e-4                           # adapters take a larger rate (LoRA paper, App. D: 2e-4 on GPT-2)
 
     # ---- evaluation: every local dev task (KaLM reports all MTEB task types)
     c.eval.tasks = ("STSBenchmark-dev", "SICK-R-dev", "MRPC-dev", "WikiQA-dev", "TrecQA-dev", "SST2-dev", "SST5-dev")
@@ -187,6 +198,9 @@ def get_config(arg=None):
         c.plan.steps = 2
         c.optim.lr = 1e-3                           # a random model: a visible step
         c.train.dropout = False
+        if "lora" in variants:
+            c.model.lora.rank = 4
+            c.model.lora.dropout = 0.0              # no dropout in the tiny runs (train.dropout is off)
         c.train.log_every = 1
         c.train.checkpoint_every = 0
         c.eval.tasks = ()

@@ -355,12 +355,15 @@ _HF_EXTRA = {"bert": ("pooler.dense",), "roberta": ("pooler.dense",), "xlm-rober
 
 def target_modules(picked: list[str], every: list[str]) -> list[str]:
     """PEFT's ``target_modules`` for the Hugging Face modules ``picked`` among ``every`` linear module of the
-    model: the shortest common name suffixes (2 parts or more, e.g. ``self_attn.q_proj``) that select exactly
-    ``picked`` under PEFT's rule (a module name equal to, or ending in '.' + an entry), else the full names."""
+    model: the shortest common name suffixes (2 parts or more, not starting at a layer number, e.g.
+    ``self_attn.q_proj``) that select exactly ``picked`` under PEFT's rule (a module name equal to, or ending in
+    '.' + an entry), else the full names."""
     want = set(picked)
     depth = max(len(n.split(".")) for n in picked)
     for k in range(2, depth + 1):
         names = sorted({".".join(n.split(".")[-k:]) for n in picked})
+        if any(t.split(".")[0].isdigit() for t in names):
+            continue
         got = {m for m in every if any(m == t or m.endswith("." + t) for t in names)}
         if got == want:
             return names

@@ -1,0 +1,306 @@
+"""LoRA (jaxembed.lora, docs/lora.md): adapters on tiny random models, checked against PEFT + transformers and
+sentence-transformers in PyTorch, and in a real (tiny) training run.
+
+- Parity: the adapter exported as a PEFT folder, loaded on the base model by ``peft.PeftModel`` (+ our pooling in
+  torch), by ``SentenceTransformer(adapter folder)`` and by ``SentenceTransformer(base).load_adapter``, and the
+  merged folder in sentence-transformers, all give our embeddings within 1e-5 in float32 (BERT, Qwen2, Gemma 3).
+- A training run (packed batches, the default): the train state holds the adapters and their optimizer state only,
+  the base weights stay bit for bit, the merged export is W0 + (alpha / r) A B, the trained adapter (B != 0) matches
+  PEFT, a resumed run ends bit for bit where the straight one did, and a changed base folder stops the resume.
+- MoTE + gradient cache: adapters per expert, only the routed experts' adapters and moments move; the cached step
+  equals the plain one.
+- Config errors are one line, before any work (a target that matches nothing lists real paths).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxembed import config as cfglib
+from jaxembed.errors import UserError
+
+TEXTS = ["a short one", "a test sentence that is a good deal longer than the first one, with a comma",
+         "Instruct: retrieve answers \n Query: what is LoRA?"]
+TOL = 1e-5
+
+
+def _torch_embed(model, tokenizer, texts, pooling="mean"):
+    """Mean-pooled, L2-normalised last hidden states of a transformers (or PEFT) model."""
+    import torch
+
+    enc = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        h = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
+    m = enc["attention_mask"][..., None].float()
+    assert pooling == "mean"
+    return torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1).numpy()
+
+
+def _peft_checks(base: Path, folder: Path, ours: np.ndarray, n_adapters: int, merged: Path | None = None) -> dict:
+    """Max |difference| to ``ours`` of every PyTorch way to load the adapter folder (and the merged folder)."""
+    from peft import PeftModel
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
+    pm = PeftModel.from_pretrained(AutoModel.from_pretrained(str(base)), str(folder)).eval()
+    assert sum(1 for _, m in pm.named_modules() if "default" in getattr(m, "lora_A", {})) == n_adapters
+    out = {"peft+transformers": np.abs(_torch_embed(pm, AutoTokenizer.from_pretrained(str(base)), TEXTS) - ours)}
+    out["st(adapter folder)"] = np.abs(SentenceTransformer(str(folder), device="cpu").encode(TEXTS) - ours)
+    st = SentenceTransformer(str(base), device="cpu")
+    st.load_adapter(str(folder))
+    out["st(base).load_adapter"] = np.abs(st.encode(TEXTS) - ours)
+    if merged is not None:
+        out["st(merged folder)"] = np.abs(SentenceTransformer(str(merged), device="cpu").encode(TEXTS) - ours)
+    return {k: float(v.max()) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("arch", ["bert", "qwen2", "gemma3"])
+def test_peft_and_sentence_transformers_parity(arch, tmp_path):
+    """Random adapters (B != 0) on a tiny model: the PEFT folder and the merged folder give our embeddings."""
+    pytest.importorskip("peft")
+    from jaxembed import export, hf, lora
+    from jaxembed.encode import Encoder
+    from jaxembed.models.tiny import tiny_model_dir
+
+    base = tiny_model_dir(arch)
+    loaded = hf.load(base)
+    spec = lora.LoRASpec(rank=4, alpha=8.0)
+    picked = lora.apply(loaded.model, spec, seed=0)
+    assert len(picked) == 2 * 7 if arch != "bert" else len(picked) == 2 * 6  # q k v o + the MLP, every layer
+    for layer in lora.adapters(loaded.model).values():
+        layer.lora_b.value = 0.2 * jax.random.normal(jax.random.key(layer.uid), layer.lora_b.shape)
+    ours = Encoder(loaded.model, loaded.tokenizer).encode(TEXTS)
+    plain = Encoder.from_loaded(hf.load(base)).encode(TEXTS)
+    assert np.abs(ours - plain).max() > 100 * TOL  # the adapters move the embeddings
+    export.export_lora(loaded.model, loaded.tokenizer, tmp_path / "out", spec=spec, base=str(base), kind="both")
+    cfg = json.loads((tmp_path / "out" / "adapter" / "adapter_config.json").read_text())
+    assert (cfg["peft_type"], cfg["r"], cfg["lora_alpha"], cfg["base_model_name_or_path"]) == ("LORA", 4, 8, str(base))
+    assert not (tmp_path / "out" / "adapter" / "model.safetensors").exists()  # no base weights in the adapter
+    diffs = _peft_checks(base, tmp_path / "out" / "adapter", ours, len(picked), merged=tmp_path / "out")
+    print(f"{arch} parity (max |diff|, float32): {diffs}")
+    assert max(diffs.values()) <= TOL, diffs
+
+
+def test_target_modules_name_exactly_the_adapted_layers():
+    """PEFT's target_modules: short suffixes when they pick exactly the adapted modules, else the full names."""
+    from jaxembed import lora
+
+    every = [f"layers.{i}.{m}" for i in range(12) for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj")]
+    assert lora.target_modules([m for m in every if "q_proj" in m], every) == ["self_attn.q_proj"]
+    one = ["layers.1.self_attn.q_proj"]
+    assert lora.target_modules(one, every) == ["layers.1.self_attn.q_proj"]  # not the bare "1.self_attn.q_proj"
+    bert = [f"encoder.layer.{i}.{m}" for i in range(2) for m in ("attention.output.dense", "output.dense")]
+    assert lora.target_modules([m for m in bert if "attention" not in m], bert + ["pooler.dense"]) == \
+        ["layer.0.output.dense", "layer.1.output.dense"]  # "output.dense" would pick attention.output.dense
+
+
+def test_lora_dropout_in_train_mode_only():
+    """The adapters' dropout acts with deterministic=False and rngs (train.dropout), and only on the adapter path
+    (Qwen2's attention dropout is 0: the base model is deterministic either way)."""
+    from flax import nnx
+
+    from jaxembed import hf, lora
+    from jaxembed.models.tiny import tiny_model_dir
+
+    ids = np.arange(1, 17, dtype=np.int32).reshape(2, 8) + 100
+    mask = np.ones_like(ids)
+
+    def run(rate, deterministic, seed=0):
+        loaded = hf.load(tiny_model_dir("qwen2"))
+        lora.apply(loaded.model, lora.LoRASpec(rank=4, alpha=8.0, dropout=rate), seed=0)
+        for layer in lora.adapters(loaded.model).values():
+            layer.lora_b.value = 0.2 * jax.random.normal(jax.random.key(layer.uid), layer.lora_b.shape)
+        return np.asarray(loaded.model(ids, mask, deterministic=deterministic,
+                                       rngs=nnx.Rngs(dropout=seed)))
+
+    ref = run(0.0, True)
+    np.testing.assert_array_equal(run(0.5, True), ref)       # eval mode: no dropout
+    np.testing.assert_array_equal(run(0.0, False), ref)      # no LoRA dropout: train mode changes nothing here
+    a, b = run(0.5, False, 0), run(0.5, False, 1)
+    assert np.abs(a - ref).max() > 1e-3 and np.abs(a - b).max() > 1e-3  # masks drawn, a new key per call
+    np.testing.assert_array_equal(a, run(0.5, False, 0))     # the same key: the same masks
+
+
+# ------------------------------------------------------------------------------------------ config errors
+
+
+def _base_config(model_dir, data: Path, **lora_kw):
+    from jaxembed.data.config import dataset_config
+
+    c = cfglib.default_config()
+    c.model.name = str(model_dir)
+    c.model.max_length = 64
+    c.model.lora.enabled = True
+    c.model.lora.rank = 4
+    for k, v in lora_kw.items():
+        c.model.lora[k] = v
+    c.data.datasets = [
+        dataset_config(name="stsb", path=str(data / "train/stsb_pairs.jsonl"), format="scored_pairs",
+                       task_type="sts", score_threshold=3.0, num_negatives=0, max_query_length=16, max_doc_length=16),
+        dataset_config(name="wikiqa", path=str(data / "train/wikiqa.jsonl"), task_type="retrieval", num_negatives=1,
+                       max_query_length=16, max_doc_length=16)]
+    c.plan.global_batch_size = 8
+    c.optim.lr = 1e-2
+    c.train.progress = False
+    return c
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("rank", 0, r"config\.model\.lora\.rank = 0 is not valid: an integer >= 1"),
+    ("alpha", -1.0, r"config\.model\.lora\.alpha = -1\.0 is not valid: a positive number"),
+    ("dropout", 1.0, r"config\.model\.lora\.dropout = 1\.0 is not valid: a probability in \[0, 1\)"),
+    ("export", "peft", r"config\.model\.lora\.export = 'peft' is not valid: allowed: merged, adapter, both"),
+    ("target", "q_proj(", r"config\.model\.lora\.target = 'q_proj\(' is not valid: a regular expression"),
+])
+def test_bad_lora_values_are_one_line_errors(key, value, match, shared_data):
+    from jaxembed.models.tiny import tiny_model_dir
+
+    c = _base_config(tiny_model_dir("qwen2"), shared_data, **{key: value})
+    with pytest.raises(UserError, match=match) as e:
+        cfglib.validate(c)
+    assert "\n" not in str(e.value)
+
+
+def test_lora_dropout_needs_train_mode(shared_data):
+    from jaxembed.models.tiny import tiny_model_dir
+
+    c = _base_config(tiny_model_dir("qwen2"), shared_data, dropout=0.1)
+    c.train.dropout = False
+    with pytest.raises(UserError, match=r"lora\.dropout = 0\.1 acts only in train mode.*fix: set train\.dropout=True"):
+        cfglib.validate(c)
+
+
+def test_a_target_that_matches_nothing_stops_before_any_work(shared_data, tmp_path):
+    """One line listing real paths, raised by setup before the run directory gets a config (or a store)."""
+    from jaxembed.models.tiny import tiny_model_dir
+    from jaxembed.train import setup
+
+    c = _base_config(tiny_model_dir("qwen2"), shared_data, target=r"self_attn\.q_proj")  # HF's name, not ours
+    with pytest.raises(UserError, match=r"config\.model\.lora\.target = 'self_attn\\\\.q_proj' matches no linear "
+                                        r"layer of the model, e\.g\. backbone\.layers\.0\.attention\.") as e:
+        setup(c, tmp_path / "run")
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "run" / "config.json").exists() and not (tmp_path / "run" / "store").exists()
+
+
+# ------------------------------------------------------------------------------------------ a training run
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, shared_data):
+    """4 LoRA steps on a tiny random BERT (a copy, so that a test can change it), packed batches, a checkpoint
+    every 2 steps, export both (merged + adapter)."""
+    from jaxembed.models.tiny import tiny_model_dir
+    from jaxembed.train import train
+
+    root = tmp_path_factory.mktemp("lora_run")
+    base = root / "base"
+    shutil.copytree(tiny_model_dir("bert"), base)
+    c = _base_config(base, shared_data, export="both", alpha=8.0)
+    c.plan.steps = STEPS
+    c.train.checkpoint_every = 2
+    c.train.log_every = 1
+    assert cfglib.packing_enabled(c)
+    summary = train(c.copy_and_resolve_references(), root / "run")
+    assert summary["status"] == "completed" and summary["step"] == STEPS and summary["skipped"] == 0
+    return c, root / "run", base
+
+
+def _checkpoint(workdir: Path, step: int) -> dict:
+    import orbax.checkpoint as ocp
+
+    with ocp.CheckpointManager(workdir.absolute() / "checkpoints") as mgr:
+        return mgr.restore(step, args=ocp.args.StandardRestore())
+
+
+def _flat(tree) -> dict:
+    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def test_lora_run_trains_the_adapters_only(lora_run):
+    from safetensors.numpy import load_file
+
+    from jaxembed import hf, lora
+    from jaxembed.encode import Encoder
+
+    c, wd, base = lora_run
+    state = _checkpoint(wd, STEPS)
+    params = _flat(state["params"])
+    assert params and all(k.endswith(("['lora_a']", "['lora_b']")) for k in params), list(params)[:4]
+    n_adapters = len(params) // 2
+    assert n_adapters == 2 * 6  # BERT: query, key, value, output, intermediate, output in each of the 2 layers
+    adapter_size = sum(v.size for v in params.values())
+    moments = [v for v in _flat(state["opt_state"]).values() if v.ndim >= 1]
+    assert sum(v.size for v in moments) == 2 * adapter_size  # Adam's mu and nu of the adapters, nothing else
+    assert all(np.abs(v).max() > 0 for k, v in params.items() if k.endswith("['lora_b']"))  # B moved off 0
+    assert json.loads((wd / lora.BASE_FILE).read_text())["source"] == str(base)
+
+    # the merged export: the base weights bit for bit, adapted kernels W0 + (alpha / r) A B
+    w0, w1 = load_file(str(base / "model.safetensors")), load_file(str(wd / "export" / "model.safetensors"))
+    assert w0.keys() == w1.keys()
+    adapted = {"attention.self.query": ("attention", "query"), "attention.self.key": ("attention", "key"),
+               "attention.self.value": ("attention", "value"), "attention.output.dense": ("attention", "output"),
+               "intermediate.dense": ("ffn", "intermediate"), "output.dense": ("ffn", "output")}
+    seen = 0
+    for key in w0:
+        layer, rest = (key.split(".")[2], ".".join(key.split(".")[3:])) if key.startswith("encoder.layer.") \
+            else (None, key)
+        hit = adapted.get(rest[: -len(".weight")]) if layer is not None and rest.endswith(".weight") else None
+        if hit is None:
+            np.testing.assert_array_equal(w1[key], w0[key], err_msg=key)
+            continue
+        p = f"['backbone']['layers']['{layer}']['{hit[0]}']['{hit[1]}']"  # orbax keys a list index as a string
+        delta = 2.0 * params[p + "['lora_a']"] @ params[p + "['lora_b']"]  # alpha / r = 8 / 4
+        np.testing.assert_allclose(w1[key] - w0[key], delta.T, atol=1e-6, err_msg=key)
+        seen += 1
+    assert seen == n_adapters
+
+    # the trained adapter on its base, in PyTorch: our embeddings
+    ours = Encoder.from_loaded(hf.load(wd / "export")).encode(TEXTS)
+    diffs = _peft_checks(base, wd / "export" / "adapter", ours, n_adapters)
+    print(f"trained BERT adapter parity (max |diff|, float32): {diffs}")
+    assert max(diffs.values()) <= TOL, diffs
+    prompts = lambda d: json.loads((d / "config_sentence_transformers.json").read_text())["prompts"]  # noqa: E731
+    assert prompts(wd / "export" / "adapter") == prompts(wd / "export") and "wikiqa-query" in prompts(wd / "export")
+
+
+def test_lora_resume_is_bitwise_and_needs_the_same_base(lora_run, tmp_path):
+    from jaxembed.train import train
+
+    c, wd, base = lora_run
+    wd2 = tmp_path / "resumed"
+    shutil.copytree(wd, wd2, ignore=shutil.ignore_patterns("summary.json", "tensorboard", "export"))
+    shutil.rmtree(wd2 / "checkpoints" / str(STEPS))
+    c2 = c.copy_and_resolve_references()
+    c2.export.at_end = False
+    assert train(c2, wd2)["step"] == STEPS
+    a, b = _checkpoint(wd, STEPS), _checkpoint(wd2, STEPS)
+    fa, fb = _flat(a), _flat(b)
+    assert fa.keys() == fb.keys()
+    for k in fa:
+        np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+
+    # the checkpoints hold the adapters only: a resume on changed base weights is refused, in one line
+    shutil.rmtree(wd2 / "checkpoints" / str(STEPS))
+    weights = base / "model.safetensors"
+    original = weights.read_bytes()
+    try:
+        from safetensors.numpy import load_file, save_file
+
+        w = load_file(str(weights))
+        w["encoder.layer.0.output.dense.bias"] = w["encoder.layer.0.output.dense.bias"] + 1e-3
+        save_file(w, str(weights))
+        with pytest.raises(UserError, match=r"lora_base\.json: the base model's weights changed since the run "
+                                            r"started .*fix: restore the base model folder") as e:
+            train(c2, wd2)
+        assert "\n" not in str(e.value)
+    finally:
+        weights.write_bytes(original)
