@@ -13,8 +13,9 @@ from jaxembed.losses.matryoshka import KALM_DIMS, KALM_WEIGHTS, matryoshka_loss
 from loss_reference import peg_batch, peg_constants, random_batch, reference_grad, reference_loss
 
 # a repeated row (the same query and positive texts; across shards in tests/multidevice) and two queries sharing
-# a positive text: in the symmetric term neither may be a negative of the other
-DUPS = dict(repeated_rows=((7, 1),), shared_positives=((10, 4),))
+# a positive text: in the symmetric term neither may be a negative of the other; a query text with two positives
+# (rows 9 and 3): neither positive is a negative of that query
+DUPS = dict(repeated_rows=((7, 1),), shared_positives=((10, 4),), same_queries=((9, 3),))
 
 
 def _infos(b):
@@ -65,9 +66,10 @@ def test_plain_and_tiled_equal_reference(case):
             np.testing.assert_allclose(a, b_, atol=1e-5)
 
 
-# a small batch for finite differences: two w_q clipped to 0, a repeated row, a shared positive, a duplicate
-# negative, an empty slot, two tasks
-SMALL = dict(B=8, K=2, D=6, dup_pairs=((5, 0),), invalid=(3,), repeated_rows=((6, 1),), shared_positives=((7, 4),))
+# a small batch for finite differences: two w_q clipped to 0, a repeated row, a shared positive, a query text with
+# two positives, a duplicate negative, an empty slot, two tasks
+SMALL = dict(B=8, K=2, D=6, dup_pairs=((5, 0),), invalid=(3,), repeated_rows=((6, 1),), shared_positives=((7, 4),),
+             same_queries=((3, 0),))
 PEG_ALL = dict(opts=LossOptions(same_task=True, peg=True), symmetric=True, peg=(0.3, 0.5, 0.1))
 
 
@@ -116,8 +118,28 @@ def test_symmetric_repeated_query_has_no_log2_floor():
     # the same batch with the query hashes only (no positive hashes) is masked as well
     loss_q, _ = contrastive_loss(q, c, layout_pos_index(4, 1), temperature=0.01, qi=QueryInfo(hash=qh),
                                  symmetric=True)
-    # only the forward term of rows 0 and 3 keeps its floor (no positive hashes): (2 log 2 + 0) / 2 / 4 queries
-    assert float(loss_q) == pytest.approx(math.log(2) / 4, rel=1e-4)
+    # the forward term too: row 3's positive is the positive of another row of query 0's text (and vice versa)
+    assert float(loss_q) < 1e-6
+
+
+def test_query_with_several_positives_does_not_push_them_apart():
+    """Rows 0 and 1 are the same query text with two different positives (each a positive of that text): masked as
+    each other's negatives (query -> candidate), the loss can reach 0; without the query hashes, each row keeps a
+    floor of log 2 (the other positive scores as high as its own). The reference agrees (the tiled path: in
+    test_plain_and_tiled_equal_reference, DUPS)."""
+    e = np.eye(4, dtype=np.float32)
+    q = jnp.asarray(e[[0, 0, 2]])  # rows 0 and 1: the same query
+    c = jnp.asarray(e[[0, 0, 2]])  # their positives: other texts, the same direction (K = 1)
+    h = jnp.asarray(np.array([[1, 1], [2, 2], [3, 3]], np.uint32))  # three positive texts
+    qh = jnp.asarray(np.array([[9, 1], [9, 1], [9, 3]], np.uint32))
+    pos = layout_pos_index(3, 1)
+    f = jax.jit(lambda qi: contrastive_loss(q, c, pos, temperature=0.01, qi=qi, ci=CandidateInfo(hash=h)))
+    loss, m = f(QueryInfo(pos_hash=h, hash=qh))
+    assert float(loss) < 1e-6 and float(m["masked_candidates"]) == 2
+    unmasked, _ = f(QueryInfo(pos_hash=h))
+    assert float(unmasked) == pytest.approx(2 * math.log(2) / 3, rel=1e-4)
+    ref, _ = reference_loss(q, c, np.arange(3), 0.01, hashes=np.asarray(h), qhashes=np.asarray(qh))
+    assert ref < 1e-6
 
 
 def test_x64_mode_gives_the_same_loss_and_gradients():
@@ -412,3 +434,33 @@ def test_objective_selects_each_rows_loss():
     assert float(exp_d) > 0 and float(exp_c) > 0
     assert float(only) == pytest.approx(float(only_exp), rel=1e-6)
     assert float(plain) == float(plain_exp)
+
+
+def test_cosent_angle_and_margin_mse_equal_sentence_transformers():
+    """The same values as sentence-transformers' CoSENTLoss, AnglELoss and MarginMSELoss (cosine similarity) on the
+    same embeddings, scores and teacher scores: what an ST user migrating a run gets."""
+    torch = pytest.importorskip("torch")
+    st_losses = pytest.importorskip("sentence_transformers.sentence_transformer.losses")
+    from sentence_transformers import util as st_util
+
+    from jaxembed.losses.distill import distill_loss
+    from jaxembed.losses.scored import scored_loss
+
+    rng = np.random.default_rng(0)
+    u = rng.normal(size=(7, 9)).astype(np.float32)
+    v = (u + rng.normal(size=(7, 9))).astype(np.float32)
+    y = np.array([4.0, 1.5, 3.2, 1.5, 0.0, 0.2, 2.8], np.float32)
+    for kind, cls in (("cosent", st_losses.CoSENTLoss), ("angle", st_losses.AnglELoss)):
+        ref = cls(model=None, scale=20.0).compute_loss_from_embeddings([torch.tensor(u), torch.tensor(v)],
+                                                                       torch.tensor(y))
+        got = jax.jit(lambda u, v: scored_loss(kind, u, v, jnp.asarray(y), None, scale=20.0)[0])(u, v)
+        assert float(got) == pytest.approx(float(ref), rel=1e-5), kind
+    # MarginMSE: query, positive and two negatives per row; the teacher's [pos, neg1, neg2] scores
+    q, docs = u, [v, rng.normal(size=(7, 9)).astype(np.float32), rng.normal(size=(7, 9)).astype(np.float32)]
+    teacher = rng.uniform(0, 1, size=(7, 3)).astype(np.float32)
+    mse = st_losses.MarginMSELoss(model=None, similarity_fct=st_util.pairwise_cos_sim)
+    ref = mse.compute_loss_from_embeddings([torch.tensor(x) for x in [q] + docs], torch.tensor(teacher))
+    c = np.stack(docs, axis=1).reshape(-1, 9)  # the loader's layout: each query's slots in a row
+    got = distill_loss("margin_mse", jnp.asarray(q), jnp.asarray(c), None, jnp.asarray(teacher),
+                       jnp.ones((7, 3), bool), None, temperature=0.05)[0]
+    assert float(got) == pytest.approx(float(ref), rel=1e-5)
