@@ -81,12 +81,10 @@ def cmd_export(args) -> int:
     repo = args.push_to_hub
     if repo is None and (args.private or args.revision or args.commit_message):
         raise UserError("export: --private, --revision and --commit-message go with --push-to-hub ORG/NAME")
-    if repo is not None:  # before any work: a bad id, no token or offline mode stop here
+    if repo is not None:  # before any work: a bad id, offline mode, no token or one the hub refuses stop here
         from jaxembed import hub
 
-        hub.check_repo_id(repo)
-        hub.check_offline(repo)
-        hub.require_token(repo)
+        hub.check_access(repo)
     if args.workdir:
         from jaxembed.train import export_from_workdir
 

@@ -55,6 +55,24 @@ def check_offline(repo_id: str) -> None:
                         "unset HF_HUB_OFFLINE for the push)")
 
 
+def check_access(repo_id: str, token: str | None = None) -> None:
+    """Before any work (``jaxembed export --push-to-hub`` checks this before it exports): a repository id, no
+    offline mode, a token, and the hub accepting it (``whoami``; a read-only token is refused). One line each."""
+    from huggingface_hub import HfApi
+
+    check_repo_id(repo_id)
+    check_offline(repo_id)
+    api = HfApi(token=require_token(repo_id, token))
+    try:
+        me = api.whoami()
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"--push-to-hub {repo_id} ({api.endpoint}): checking the token failed: {_describe(e)}") from None
+    role = ((me.get("auth") or {}).get("accessToken") or {}).get("role") if isinstance(me, dict) else None
+    if role == "read":
+        raise UserError(f"--push-to-hub {repo_id} ({api.endpoint}): the token is read-only (fix: a token with write "
+                        "access: https://huggingface.co/settings/tokens)")
+
+
 def push_folder(folder: str | os.PathLike, repo_id: str, *, private: bool = False, revision: str | None = None,
                 commit_message: str | None = None, token: str | None = None) -> str:
     """Upload every file of ``folder`` (an export) to the model repository ``repo_id`` in one commit; returns the

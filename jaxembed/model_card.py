@@ -60,6 +60,14 @@ def read_front_matter(readme: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+def _jaxembed_base(folder) -> str | None:
+    """The ``base_model`` of a jaxembed export's card (the hub model it came from)."""
+    meta = read_front_matter(Path(os.path.expanduser(str(folder))) / "README.md")
+    if "jaxembed" in (meta.get("tags") or []) and isinstance(meta.get("base_model"), str):
+        return meta["base_model"]
+    return None
+
+
 def base_model_of(config: dict, _depth: int = 0) -> str | None:
     """The hub id the run started from: ``export.base_model``; else ``model.init_from``'s (a previous run: its
     own base; a jaxembed export: its card's ``base_model``); else ``model.name`` when it is a hub id."""
@@ -78,17 +86,9 @@ def base_model_of(config: dict, _depth: int = 0) -> str | None:
                 return base_model_of(json.loads(cfg.read_text(encoding="utf-8")), _depth + 1)
             except (OSError, ValueError):
                 return None
-        meta = read_front_matter(p / "README.md")
-        if "jaxembed" in (meta.get("tags") or []) and isinstance(meta.get("base_model"), str):
-            return meta["base_model"]
-        return hub_id(src)
+        return _jaxembed_base(p) or hub_id(src)
     name = model.get("name") or ""
-    found = hub_id(name)
-    if found is None and name:
-        meta = read_front_matter(Path(os.path.expanduser(str(name))) / "README.md")
-        if "jaxembed" in (meta.get("tags") or []) and isinstance(meta.get("base_model"), str):
-            return meta["base_model"]  # a jaxembed conversion of a hub model: the same model
-    return found
+    return hub_id(name) or (_jaxembed_base(name) if name else None)
 
 
 # ------------------------------------------------------------------------------------------------ front matter
@@ -303,7 +303,7 @@ def summary_facts(workdir: str | os.PathLike, t_begin: float) -> dict:
 def plain_card(config, head, prompts=None, *, source: str | None = None, name: str | None = None,
                max_length: int | None = None, mote_spec=None, note: str = "") -> str:
     """The card of a folder written without a training run (a conversion): what it is, where it came from."""
-    base = hub_id(source) if source else None
+    base = (hub_id(source) or _jaxembed_base(source)) if source else None
     title = name or (base or "Text-embedding model") + (" (jaxembed export)" if base else "")
     tags = ["mote"] if mote_spec is not None else []
     lines = [front_matter(name=title, base_model=base, tags=tags), f"# {title}", ""]
@@ -447,6 +447,11 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
              ("hardware", hw)]
     if tcfg.get("gradcache_chunk"):
         trows.insert(3, ("gradient cache", f"sub-batches of {tcfg['gradcache_chunk']} rows"))
+    lora = mcfg.get("lora") or {}
+    if lora.get("enabled"):
+        trows.insert(1, ("LoRA", f"rank {lora.get('rank')}, alpha {_num(lora.get('alpha'))}, dropout "
+                                 f"{_num(lora.get('dropout'))}, target `{lora.get('target') or 'attention + MLP'}` "
+                                 f"(base weights frozen; this export: {lora.get('export')})"))
     lines += ["## Training", ""] + _table(("", ""), trows)
 
     # evaluation

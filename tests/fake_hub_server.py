@@ -4,6 +4,7 @@ client at it with ``HfApi(endpoint=hub.url)`` or ``HF_ENDPOINT=hub.url`` (read w
 
 Endpoints (as the hub answers them, for the parts the client reads):
 - ``POST /api/repos/create``: 200 ``{"url"}``, 409 when the repository exists; ``visibility`` kept.
+- ``GET /api/whoami-v2``: the token's user, with its role (``read`` for ``read_only_tokens``, else ``write``).
 - ``GET /api/models/ORG/NAME``: ``{"id", "private", "sha"}`` (``repo_info``); 404 when unknown.
 - ``POST /api/models/ORG/NAME/branch/BRANCH``: a branch from main (409 when it exists).
 - ``POST /api/validate-yaml``: parses a README's front matter with PyYAML (400 with ``errors`` when it is not a
@@ -108,7 +109,7 @@ class FakeHub:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         return self.url
 
@@ -138,6 +139,9 @@ class FakeHub:
             given = self.token  # presigned storage URLs: no hub token (the real ones are signed S3 URLs)
         if given != self.token and given not in self.read_only_tokens:
             return self._send(h, 401, {"error": "Invalid credentials in Authorization header"})
+        if path == "/api/whoami-v2" and given in self.read_only_tokens:
+            return self._send(h, 200, {"type": "user", "name": "tester", "orgs": [],
+                                       "auth": {"accessToken": {"role": "read"}}})
         write = method != "GET" and path != "/api/validate-yaml"
         if write and given in self.read_only_tokens:
             return self._send(h, 403, {"error": "You don't have the rights to create a model under this namespace"})
@@ -158,6 +162,8 @@ class FakeHub:
                 self.repos[repo_id] = {"private": d.get("visibility") == "private", "type": d.get("type", "model"),
                                        "branches": {"main": {}}, "sha": "0" * 40}
             return 200, {"url": f"{self.url}/{repo_id}", "name": repo_id}
+        if method == "GET" and path == "/api/whoami-v2":
+            return 200, {"type": "user", "name": "tester", "orgs": [], "auth": {"accessToken": {"role": "write"}}}
         if method == "POST" and path == "/api/validate-yaml":
             errors = _front_matter_errors(js().get("content", ""))
             return (400, {"errors": [{"message": e} for e in errors]}) if errors else (200, {"warnings": []})

@@ -182,6 +182,12 @@ def test_hub_ids_of_model_names(tmp_path):
     (prev / "config.json").write_text(json.dumps({"model": {"name": str(snap)}, "export": {}}))
     stage2 = {"model": {"name": "x/y", "init_from": str(prev)}, "export": {"base_model": ""}}
     assert base_model_of(stage2) == "sentence-transformers/all-MiniLM-L6-v2"  # the chain's origin
+    exported = tmp_path / "exported"  # a jaxembed export (or conversion) of a hub model: its card names the origin
+    exported.mkdir()
+    (exported / "README.md").write_text("---\nbase_model: BAAI/bge-m3\ntags:\n- jaxembed\n---\n# x\n")
+    assert base_model_of({"model": {"name": str(exported)}, "export": {}}) == "BAAI/bge-m3"
+    (exported / "README.md").write_text("---\nbase_model: BAAI/bge-m3\n---\n# someone else's card\n")
+    assert base_model_of({"model": {"name": str(exported)}, "export": {}}) is None  # not ours: not trusted
 
 
 # --------------------------------------------------------------------------------------------------- W&B
@@ -353,10 +359,18 @@ def test_cli_push_errors_print_one_line_before_any_export(hub, tmp_path, monkeyp
     from jaxembed import cli
 
     out = tmp_path / "out"
-    monkeypatch.delenv("HF_TOKEN")
-    assert cli.main(["export", "--model", str(tiny_model_dir), "--out", str(out), "--push-to-hub", "org/m"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --push-to-hub org/m: no Hugging Face token") and "\n" not in err
-    assert not out.exists()  # checked before the export
+    argv = ["export", "--model", str(tiny_model_dir), "--out", str(out), "--push-to-hub", "org/m"]
+    for token, said in ((None, "--push-to-hub org/m: no Hugging Face token"),
+                        ("hf_wrong", f"--push-to-hub org/m ({hub.url}): checking the token failed: the hub refused the "
+                                     "token (HTTP 401)"),
+                        ("hf_read_only", f"--push-to-hub org/m ({hub.url}): the token is read-only")):
+        if token is None:
+            monkeypatch.delenv("HF_TOKEN")
+        else:
+            monkeypatch.setenv("HF_TOKEN", token)
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {said}") and "\n" not in err, err
+        assert not out.exists()  # checked before the export
     assert cli.main(["export", "--model", str(tiny_model_dir), "--out", str(out), "--private"]) == 2
     assert "go with --push-to-hub" in capsys.readouterr().err
