@@ -45,7 +45,8 @@ def reference_loss(q, c, pos, tau, weights=None, valid=None, hashes=None, qtask=
                    peg=None, symmetric=False, qhashes=None, frozen=None, guide=None):
     """peg: None or (t_prev, alpha, beta). frozen: None or (w_q [B], a [B, N]) to use instead of the ones computed
     from q and c (PEG's stop-gradient: for the gradient they are constants). qhashes [B, 2]: the query texts' hashes
-    (symmetric term: query j is not a negative of positive i when q_j = q_i or p_j = p_i as texts).
+    (query i: the positive of another row j is not a negative when q_j = q_i as texts; symmetric term: query j is
+    not a negative of positive i when q_j = q_i or p_j = p_i as texts).
     guide: None or (gq [B, G], gc [N, G], margin, strategy): GIST masks candidate j of query i when the guide's
     cosine g(q_i, c_j) exceeds its limit (``gist_limits``); in the symmetric term, query j of positive i when
     g(p_i, q_j) does. Returns (loss, t_new or None)."""
@@ -70,6 +71,9 @@ def reference_loss(q, c, pos, tau, weights=None, valid=None, hashes=None, qtask=
                     continue
                 if hashes is not None and tuple(hashes[j]) == tuple(hashes[pos[i]]):
                     continue
+                if qhashes is not None and any(pos[r] == j and r != i and tuple(qhashes[r]) == tuple(qhashes[i])
+                                               for r in range(B)):
+                    continue  # the positive of another row with the same query text
                 if same_task and ctask[j] != qtask[i]:
                     continue
                 if guide is not None and gq[i] @ gc[j] > limit[i]:
@@ -122,11 +126,13 @@ def reference_grad(q, c, pos, tau, h=1e-6, **kw):
 
 
 def random_batch(seed=0, B=12, K=3, D=16, dup_pairs=((5, 0), (30, 9)), invalid=(4,), ntask=2, repeated_rows=(),
-                 shared_positives=(), close_positives=False):
+                 shared_positives=(), close_positives=False, same_queries=()):
     """A batch with hard negatives, invalid slots, duplicate texts (also across shards) and two tasks.
 
     repeated_rows: pairs (r, s): row r repeats row s (the same query and positive texts, embedded almost alike);
     shared_positives: pairs (r, s): row r's positive is the text of row s's positive (another query);
+    same_queries: pairs (r, s): row r's query is the text of row s's query (embedded almost alike, same task), with
+    another positive text; both positives near the query (a query with several relevant positives);
     close_positives: positives near their queries, so that PEG's weighting acts (see ``peg_batch``).
     Returns arrays including ``qhashes`` [B, 2] (the query texts)."""
     rng = np.random.default_rng(seed)
@@ -161,6 +167,12 @@ def random_batch(seed=0, B=12, K=3, D=16, dup_pairs=((5, 0), (30, 9)), invalid=(
     for r, s in shared_positives:
         hashes[pos[r]] = hashes[pos[s]]
         c[pos[r]] = c[pos[s]] + 0.01 * rng.normal(size=D)
+    for r, s in same_queries:
+        qhashes[r], row_task[r] = qhashes[s], row_task[s]
+        q[r] = q[s] + 0.01 * rng.normal(size=D)
+        u = q[s] / np.linalg.norm(q[s])
+        for k in (r, s):
+            c[pos[k]] = u + 0.5 * rng.normal(size=D) / np.sqrt(D)
     ctask = np.repeat(row_task, K).astype(np.int32)
     qtask = ctask[pos]
     return dict(q=q, c=c, pos=pos, hashes=hashes, qhashes=qhashes, valid=valid, ctask=ctask, qtask=qtask,

@@ -69,7 +69,7 @@ def test_plain_and_tiled_equal_reference(case):
 # a small batch for finite differences: two w_q clipped to 0, a repeated row, a shared positive, a query text with
 # two positives, a duplicate negative, an empty slot, two tasks
 SMALL = dict(B=8, K=2, D=6, dup_pairs=((5, 0),), invalid=(3,), repeated_rows=((6, 1),), shared_positives=((7, 4),),
-             same_queries=((3, 0),))
+             same_queries=((5, 3),))
 PEG_ALL = dict(opts=LossOptions(same_task=True, peg=True), symmetric=True, peg=(0.3, 0.5, 0.1))
 
 

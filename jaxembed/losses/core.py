@@ -7,8 +7,15 @@ the batch layout (see :func:`layout_pos_index`), never assumed. Embeddings are L
 dot product is the cosine similarity.
 
 A candidate j is *allowed* for query i when it is valid (not a padding slot), is not a duplicate of query i's own
-positive (same text hash but another column: a false negative by identity, masked to -inf), and -- with same-task
-masking -- belongs to query i's task. Query i's own positive is always allowed. A text may carry several identities
+positive (same text hash but another column: a false negative by identity, masked to -inf), is not the positive of
+another row whose query is the same text as query i's (data with several positives per query: each is a positive
+of that query text, not a negative; the mirror of the positive -> query mask of ``infonce``'s symmetric term), and
+-- with same-task masking -- belongs to query i's task. Query i's own positive is always allowed. Both identity
+masks are text-identity false-negative masking: a candidate that is a positive of query i's text by the texts
+themselves is never counted as its negative. sentence-transformers reaches the same end on the sampling side
+(``BatchSamplers.NO_DUPLICATES``: no in-batch negative duplicates an anchor or a positive, for
+MultipleNegativesRankingLoss); here the batch keeps the duplicates (curricula and task batches fix its rows) and
+the loss masks them. A text may carry several identities
 (hash [..., H, 2], e.g. the symmetric term's (query text, positive text) of a row): then a candidate is a duplicate
 when any of its identities equals the same identity of the query's positive.
 
@@ -36,12 +43,16 @@ class CandidateInfo(NamedTuple):
     """Per-candidate attributes; every field may be None (= not used).
 
     valid: bool [N] (False = empty slot); hash: uint32 [N, 2] (text identity; or [N, H, 2]: H identities, see the
-    module docstring); task: int32 [N]; guide: float32 [N, G] the guide model's normalised embedding (GIST)."""
+    module docstring); task: int32 [N]; guide: float32 [N, G] the guide model's normalised embedding (GIST);
+    owner_hash: uint32 [N, 2] the query-text hash of the row whose positive the candidate is, where ``owned``: bool
+    [N] (see ``positive_owners``; ``infonce.contrastive_loss`` fills both from QueryInfo.hash)."""
 
     valid: jax.Array | None = None
     hash: jax.Array | None = None
     task: jax.Array | None = None
     guide: jax.Array | None = None
+    owner_hash: jax.Array | None = None
+    owned: jax.Array | None = None
 
 
 class QueryInfo(NamedTuple):
@@ -76,6 +87,15 @@ def layout_pos_index(num_queries: int, group: int, offset: int | jax.Array = 0) 
     return (jnp.arange(num_queries, dtype=jnp.int32) * group + offset).astype(jnp.int32)
 
 
+def positive_owners(pos_index: jax.Array, query_hash: jax.Array, num_candidates: int) -> tuple[jax.Array, jax.Array]:
+    """Which query text each candidate is the positive of. pos_index: int32 [B] the positive columns of every row of
+    the (global) batch; query_hash: uint32 [B, 2] the rows' query texts. -> (owner_hash uint32 [N, 2]: the query
+    hash of the row whose positive column j is (0 elsewhere), owned bool [N]: column j is some row's positive)."""
+    owner = jnp.zeros((num_candidates,) + query_hash.shape[1:], query_hash.dtype).at[pos_index].set(query_hash)
+    owned = jnp.zeros((num_candidates,), bool).at[pos_index].set(True)
+    return owner, owned
+
+
 def block_logits(q: jax.Array, c: jax.Array, pos_index: jax.Array, col_start: int | jax.Array, qi: QueryInfo,
                  ci: CandidateInfo, temperature: jax.Array, opts: LossOptions, peg_t: jax.Array | None = None):
     """Scaled, masked logits of a block of queries against a block of candidates.
@@ -94,6 +114,9 @@ def block_logits(q: jax.Array, c: jax.Array, pos_index: jax.Array, col_start: in
         if dup.ndim == 3:
             dup = jnp.any(dup, axis=-1)
         allowed = allowed & ~dup
+    if ci.owned is not None and qi.hash is not None:  # the positive of another row of the same query text
+        same_query = jnp.all(ci.owner_hash[None] == qi.hash[:, None], axis=-1)  # [b, n]
+        allowed = allowed & ~(ci.owned[None, :] & same_query)
     if opts.same_task and ci.task is not None and qi.task is not None:
         allowed = allowed & (ci.task[None, :] == qi.task[:, None])
     if ci.guide is not None and qi.guide is not None:  # GIST: the guide says j is as close as the positive

@@ -5,6 +5,10 @@ For query i with positive column p_i and allowed candidates A_i (see ``core``):
     l_i = logsumexp_{j in A_i}(a_ij * s_ij / tau) - s_{i p_i} / tau          (InfoNCE; PEG Eq. 3 with a_ij)
     L   = sum_i v_i w_i l_i / max(#{i : v_i > 0}, 1)
 
+With the query texts' hashes (QueryInfo.hash), A_i leaves out the positive p_j of every other row j whose query is
+the same text as query i (``core``: text-identity false-negative masking), so that a query text with several
+positives in the batch does not push its own positives apart.
+
 v_i is the instance weight (Data-CUBE mask alpha, per-instance weights, 0 for padding) and w_i PEG's w_q (1 without
 PEG); a query with v_i = 0 adds nothing but its positive and negatives stay candidates for the others. The
 denominator counts v only: a w_q of 0 (see ``peg_statistics``) weighs a term without dropping it from the mean.
@@ -24,7 +28,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxembed.losses.core import CandidateInfo, LossOptions, QueryInfo, block_logits, normalize, reduce_queries
+from jaxembed.losses.core import (CandidateInfo, LossOptions, QueryInfo, block_logits, normalize, positive_owners,
+                                  reduce_queries)
 
 
 class QueryTerms(NamedTuple):
@@ -100,6 +105,10 @@ def contrastive_loss(q: jax.Array, c: jax.Array, pos_index: jax.Array, *, temper
     with c already gathered over that axis (and pos_index global), sums and means are taken over all shards."""
     q, c = normalize(q), normalize(c)
     temperature = jnp.asarray(temperature, jnp.float32)
+    if qi.hash is not None and ci.owned is None:  # which query text each positive column belongs to (all shards)
+        gather = (lambda x: x) if axis_name is None else (lambda x: jax.lax.all_gather(x, axis_name, tiled=True))
+        owner, owned = positive_owners(gather(pos_index), gather(qi.hash), c.shape[0])
+        ci = ci._replace(owner_hash=owner, owned=owned)
     pos_sim = jnp.sum(q * c[pos_index], axis=1)
     metrics = {}
     peg_t = None

@@ -127,7 +127,7 @@ def tiled_terms(block_q: int = 1024, block_c: int = 4096):
         rb, rn = -(-b // bq) * bq, -(-n // bc) * bc
         valid = jnp.ones((n,), bool) if ci.valid is None else ci.valid
         ci_p = CandidateInfo(_pad_rows(valid, rn, False), _pad_rows(ci.hash, rn), _pad_rows(ci.task, rn, -1),
-                             _pad_rows(ci.guide, rn))
+                             _pad_rows(ci.guide, rn), _pad_rows(ci.owner_hash, rn), _pad_rows(ci.owned, rn, False))
         qi_p = QueryInfo(*(_pad_rows(x, rb, False if x is not None and x.dtype == bool else 0) for x in qi))
         aux = (_pad_rows(pos_index, rb), qi_p, ci_p, jnp.asarray(temperature, jnp.float32),
                None if peg_t is None else jnp.asarray(peg_t, jnp.float32))

@@ -10,7 +10,7 @@ from flax import nnx
 
 from jaxembed import gradcache, models, parallel
 from jaxembed.losses import CandidateInfo, LossOptions, QueryInfo, contrastive_loss, tiled_terms
-from loss_reference import peg_constants, random_batch
+from loss_reference import peg_constants, random_batch, reference_loss
 
 CASES = [
     dict(opts=LossOptions(), symmetric=False, peg=False),
@@ -28,10 +28,12 @@ def test_eight_devices():
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['opts']}-sym{c['symmetric']}")
 def test_sharded_losses_equal_single_device(case, mesh_shape):
     # 16 queries x 3 candidates: 2 queries / 6 candidates per device; duplicates across shards (30 ~ 9), a row
-    # repeated on another shard (7 ~ 1) and on its own (13 ~ 12), two queries sharing a positive (10, 4). PEG cases:
-    # positives close to their queries, so that sigma > 0, several w_q < 1 and some a_n != 1 (asserted below)
+    # repeated on another shard (7 ~ 1) and on its own (13 ~ 12), two queries sharing a positive (10, 4), a query
+    # text with two positives on two shards (9 ~ 3) and on one (15 ~ 14). PEG cases: positives close to their
+    # queries, so that sigma > 0, several w_q < 1 and some a_n != 1 (asserted below)
     b = random_batch(seed=1, B=16, K=3, D=16, dup_pairs=((5, 0), (30, 9), (47, 3)), invalid=(4, 20),
-                     repeated_rows=((7, 1), (13, 12)), shared_positives=((10, 4),), close_positives=case["peg"])
+                     repeated_rows=((7, 1), (13, 12)), shared_positives=((10, 4),), close_positives=case["peg"],
+                     same_queries=((9, 3), (15, 14)))
     pos = jnp.asarray(b["pos"])
     ci = CandidateInfo(jnp.asarray(b["valid"]), jnp.asarray(b["hashes"]), jnp.asarray(b["ctask"]))
     qi = QueryInfo(pos_hash=jnp.asarray(b["hashes"][b["pos"]]), task=jnp.asarray(b["qtask"]),
@@ -45,6 +47,10 @@ def test_sharded_losses_equal_single_device(case, mesh_shape):
     q, c = jnp.asarray(b["q"]), jnp.asarray(b["c"])
     ref_f = lambda q, c: contrastive_loss(q, c, pos, weights=w, qi=qi, ci=ci, peg_t_prev=t_prev, **kw)
     (l0, m0), g0 = jax.value_and_grad(ref_f, argnums=(0, 1), has_aux=True)(q, c)
+    ref, _ = reference_loss(b["q"], b["c"], b["pos"], 0.05, b["weights"], b["valid"], b["hashes"], b["qtask"],
+                            b["ctask"], case["opts"].same_task, (t_prev, 0.5, 0.1) if case["peg"] else None,
+                            case["symmetric"], qhashes=b["qhashes"])  # the float64 loop reference
+    assert float(l0) == pytest.approx(ref, rel=1e-5, abs=1e-5)
 
     mesh = parallel.make_mesh(data=mesh_shape[0], fsdp=mesh_shape[1])
     put = lambda x: jax.device_put(x, parallel.batch_sharding(mesh, x.ndim))
