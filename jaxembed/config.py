@@ -401,7 +401,8 @@ def load_config_file(spec: str) -> mc.ConfigDict:
     except UserError as e:
         raise UserError(with_file(e, p, "--config ")) from None
     except Exception as e:
-        raise UserError(f"--config {in_file(e, p)}: the file failed to run ({type(e).__name__}: {e})") from None
+        raise UserError(override_error(e, p, "--config ") or f"--config {in_file(e, p)}: the file failed to run "
+                        f"({type(e).__name__}: {e})") from None
     if not hasattr(module, "get_config"):
         raise UserError(f"--config {path}: defines no get_config(arg=None)")
     try:
@@ -409,8 +410,28 @@ def load_config_file(spec: str) -> mc.ConfigDict:
     except UserError as e:  # e.g. dataset_config(tempreature=...): name the config file and line
         raise UserError(with_file(e, p, "--config ")) from None
     except Exception as e:
-        raise UserError(f"--config {in_file(e, p)}: get_config({arg!r}) failed ({type(e).__name__}: {e})") from None
+        raise UserError(override_error(e, p, "--config ") or f"--config {in_file(e, p)}: get_config({arg!r}) failed "
+                        f"({type(e).__name__}: {e})") from None
     return cfg
+
+
+_OVERRIDE = re.compile(r"Could not override field '([^']+)'.*is of original type <class '([\w.]+)'> and cannot be "
+                       r"casted to type <class '([\w.]+)'>", re.S)
+
+
+def override_error(e: Exception, path: str | os.PathLike, prefix: str = "") -> str | None:
+    """One line, led by ``prefix`` + ``path:line``, for ml-collections' multi-line TypeError on assigning a value of
+    another type to a config field (e.g. a dict to ``data.datasets``, a list); None for any other error."""
+    m = _OVERRIDE.search(str(e)) if isinstance(e, TypeError) else None
+    if m is None:
+        return None
+    field, given, kind = m.group(1), m.group(2).rsplit(".", 1)[-1], m.group(3).rsplit(".", 1)[-1]
+    if field == "datasets" and given == "ConfigDict":
+        return (f"{prefix}{in_file(e, path)}: datasets is a list of dataset configs, a dict cannot be assigned to "
+                "it (fix: c.data.datasets = datasets_from_dict({'name': 'path' or dict(path=..., ...), ...}), with "
+                "from jaxembed.data.config import datasets_from_dict)")
+    given = "dict" if given == "ConfigDict" else given
+    return f"{prefix}{in_file(e, path)}: field '{field}' is a {kind}, a {given} cannot be assigned to it"
 
 
 def _parse_value(text: str, old: Any) -> Any:

@@ -241,3 +241,33 @@ def test_tokenizer_json_is_loaded_as_it_is_whatever_the_model_type(minilm_dir, t
     with caplog.at_level("WARNING", logger="jaxembed.tokenizer"):
         Tokenizer.from_folder(minilm_dir, 64)  # a folder whose class matches its tokenizer.json: no warning
     assert not caplog.text
+
+
+def test_wrong_type_assigned_in_a_config_file_is_one_line(tmp_path, capsys):
+    """ml-collections refuses a dict for ``datasets`` (a list) with a multi-line TypeError: `jaxembed train` and
+    `jaxembed data prepare` name the config file and line in one line and point to datasets_from_dict; any other
+    field of another type is one line too."""
+    head = "from jaxembed.config import default_config\nfrom jaxembed.data.config import default_data_config\n\n\n"
+    files = {
+        "train.py": "def get_config(arg=None):\n    c = default_config()\n"
+                    "    c.data.datasets = {'nli': 'nli.parquet', 'sts': dict(path='sts', format='hf')}\n    return c\n",
+        "data.py": "def get_config(arg=None):\n    c = default_data_config()\n    c.datasets = {'nli': 'nli.parquet'}\n"
+                   "    return c\n",
+        "lr.py": "def get_config(arg=None):\n    c = default_config()\n    c.optim.lr = 'fast'\n    return c\n",
+    }
+    for name, body in files.items():
+        (tmp_path / name).write_text(head + body)
+    runs = [(["train", "--config", str(tmp_path / "train.py"), "--workdir", str(tmp_path / "wd")], "train.py:7: "),
+            (["data", "prepare", "--config", str(tmp_path / "data.py"), "--out", str(tmp_path / "store")],
+             "data.py:7: "),
+            (["train", "--config", str(tmp_path / "lr.py"), "--workdir", str(tmp_path / "wd")], "lr.py:7: ")]
+    for args, where in runs:
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and where in err, err
+        if "lr.py" in where:
+            assert "field 'lr' is a float, a str cannot be assigned to it" in err, err
+        else:
+            assert "datasets is a list of dataset configs, a dict cannot be assigned" in err, err
+            assert "datasets_from_dict(" in err and "from jaxembed.data.config import datasets_from_dict" in err
+    assert not (tmp_path / "wd").exists() and not (tmp_path / "store").exists()

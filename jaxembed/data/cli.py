@@ -137,6 +137,8 @@ def cmd_validate(args) -> int:
 
 def load_config_file(spec: str):
     """``get_config()`` / ``get_config(variant)`` of a Python config file given as ``PATH[:VARIANT]``."""
+    from jaxembed.config import override_error  # one line for a value of the wrong type (a dict to datasets)
+
     path, variant = spec, None
     if not Path(spec).exists() and ":" in spec:
         path, variant = spec.rsplit(":", 1)
@@ -151,7 +153,8 @@ def load_config_file(spec: str):
     except UserError as e:
         raise UserError(with_file(e, p)) from None
     except Exception as e:  # noqa: BLE001 -- a broken config file is the user's to fix
-        raise UserError(f"{in_file(e, p)}: cannot load the config file ({type(e).__name__}: {e})") from None
+        raise UserError(override_error(e, p) or f"{in_file(e, p)}: cannot load the config file "
+                        f"({type(e).__name__}: {e})") from None
     if not hasattr(mod, "get_config"):
         raise UserError(f"{path}: no get_config() function (fix: define get_config(arg=None) returning a "
                         "ConfigDict)")
@@ -160,7 +163,8 @@ def load_config_file(spec: str):
     except UserError as e:  # e.g. dataset_config(tempreature=...): name the config file and line
         raise UserError(with_file(e, p)) from None
     except Exception as e:  # noqa: BLE001
-        raise UserError(f"{in_file(e, p)}: get_config({variant!r}) failed ({type(e).__name__}: {e})") from None
+        raise UserError(override_error(e, p) or f"{in_file(e, p)}: get_config({variant!r}) failed "
+                        f"({type(e).__name__}: {e})") from None
 
 
 def load_data_config(spec: str):
