@@ -237,7 +237,10 @@ def setup(config, workdir: str | Path) -> Run:
     if cfglib.packing_enabled(config):
         from jaxembed.data.pipeline import packing_for
 
-        packing = packing_for(store, plan, loaded.tokenizer, shards=train_encode.row_shards(mesh),
+        # queries and candidates in one pack, unless MoTE routes some task's queries and documents to different
+        # experts (then two packs keep one expert per encode call, jaxembed.mote)
+        combined = routes is None or bool(np.array_equal(routes[0], routes[1]))
+        packing = packing_for(store, plan, loaded.tokenizer, shards=train_encode.row_shards(mesh), combined=combined,
                               hidden_size=int(getattr(loaded.model.config, "hidden_size", 0) or 0),
                               gradcache_chunk=config.train.gradcache_chunk, num_candidates=K)
     base = source if not Path(os.path.expanduser(str(source))).is_dir() else str(Path(source).expanduser().resolve())
@@ -366,6 +369,8 @@ def make_train_step(run: Run) -> Callable:
                     for k in objective.contrastive} if c.loss.impl == "shard_map" else None
 
     sub_tokens = run.packing.sub_tokens if run.packing is not None else (0, 0)
+    if run.packing is not None and run.packing.combined and routes is not None:
+        assert np.array_equal(routes[0], routes[1]), "a combined pack needs the same query and document experts"
 
     def embed(merge, params, batch, keys=(None, None), experts=(None, None), one_expert=False):
         """Queries [B, D] and candidates [B*K, D] of a padded or packed batch (jaxembed.train_encode); one_expert:
@@ -464,8 +469,8 @@ def make_train_step(run: Run) -> Callable:
 
     jitted = jax.jit(step, donate_argnums=(0,), static_argnames=("single_task",))
     fixed = {} if guide is None else {"guide_params": guide[1]}
-    if run.lora is not None:  # the frozen base weights (run.rest, placed on the mesh by setup)
-        fixed["frozen"] = rest
+    if run.lora is not None:  # the frozen base weights (run.rest, placed on the mesh by setup), as plain arrays: merge
+        fixed["frozen"] = nnx.to_pure_dict(rest)  # then makes their variables in the step's trace (nnx.remat needs it)
     return functools.partial(jitted, **fixed) if fixed else jitted
 
 
@@ -660,10 +665,10 @@ def step_flops(run: Run, host_batch: dict) -> float:
     rows (a packed row of L slots costs a padded row of L)."""
     n = jax.process_count()
     if train_encode.is_packed(host_batch):
-        q, d = host_batch["query_pack_input_ids"], host_batch["doc_pack_input_ids"]
+        packs = [host_batch[k] for k in ("pack_input_ids", "query_pack_input_ids", "doc_pack_input_ids")
+                 if k in host_batch]
         b = host_batch["query_prompt_length"].shape[0] * n
-        enc = flopslib.forward_flops(run.loaded.model.config, q.shape[0] * n, q.shape[1]) + \
-            flopslib.forward_flops(run.loaded.model.config, d.shape[0] * n, d.shape[1])
+        enc = sum(flopslib.forward_flops(run.loaded.model.config, x.shape[0] * n, x.shape[1]) for x in packs)
         cached = bool(run.config.train.gradcache_chunk)
         return enc * (4.0 if cached else 3.0) + 3 * 2.0 * b * (b * run.K) * run.loaded.model.dim
     q, d = host_batch["query_input_ids"], host_batch["doc_input_ids"]
@@ -781,7 +786,7 @@ def train(config, workdir: str | Path) -> dict:
                         state, m = step_fn(state, batch, single_task=bool(run.plan.task_ids[step] >= 0))
                     else:
                         state, m = step_fn(state, batch)
-                    hs = batch_stats(host_batch)
+                    hs = batch_stats(host_batch, loader.batcher.shards if run.packing is not None else 1)
                     hs["task"] = int(run.plan.task_ids[step]) if hasattr(run.plan, "task_ids") else -1
                     pending.append((step, m, hs))
                     flops_per_step.append(step_flops(run, host_batch))

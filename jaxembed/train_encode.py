@@ -74,14 +74,31 @@ def per_shard(fn: Callable, mesh: Mesh | None, shards: int = 1) -> Callable:
 
 
 def is_packed(batch: dict) -> bool:
-    return "query_pack_input_ids" in batch
+    return "pack_input_ids" in batch or "query_pack_input_ids" in batch
 
 
-def pack_of(batch: dict, side: str) -> tuple[dict, dict]:
-    """(row arrays [S*R, L], text arrays [S*N]) of ``side``'s pack ('query' / 'doc')."""
-    rows = {k: batch[f"{side}_pack_{k}"] for k in PACK_ROW_KEYS}
-    texts = {k: batch[f"{side}_pack_{k}"] for k in PACK_TEXT_KEYS}
+def pack_of(batch: dict, name: str) -> tuple[dict, dict]:
+    """(row arrays [S*R, L], text arrays [S*N]) of the pack ``name`` ('pack', or 'query_pack' / 'doc_pack')."""
+    rows = {k: batch[f"{name}_{k}"] for k in PACK_ROW_KEYS}
+    texts = {k: batch[f"{name}_{k}"] for k in PACK_TEXT_KEYS}
     return rows, texts
+
+
+def join_shards(q: jax.Array, d: jax.Array, shards: int) -> jax.Array:
+    """Per-text values of the queries [B, ...] and the candidates [B*K, ...] in a combined pack's text order: per
+    shard, its queries then its candidates -> [B*(1+K), ...] (a reshape along the sharded axis: no
+    communication)."""
+    q = q.reshape((shards, -1) + q.shape[1:])
+    d = d.reshape((shards, -1) + d.shape[1:])
+    j = jnp.concatenate([q, d], axis=1)
+    return j.reshape((-1,) + j.shape[2:])
+
+
+def split_shards(x: jax.Array, shards: int, queries: int) -> tuple[jax.Array, jax.Array]:
+    """The inverse of ``join_shards``: [B*(1+K), ...] -> (queries [B, ...], candidates [B*K, ...])."""
+    x = x.reshape((shards, -1) + x.shape[1:])
+    q = queries // shards
+    return x[:, :q].reshape((queries,) + x.shape[2:]), x[:, q:].reshape((-1,) + x.shape[2:])
 
 
 def token_experts(token_text: jax.Array, text_experts: jax.Array, mesh: Mesh | None) -> jax.Array:
@@ -149,13 +166,23 @@ def embed_batch(merge: Callable[[Any], Any], params, batch: dict, *, K: int, mes
     experts: MoTE expert per query [B] and per candidate [B*K] (None: dense); one_expert: every row has the same
     expert (MoTE's fast path: the first one is used for the call); chunk: padded gradient cache, queries per
     sub-batch (candidates: chunk * K); sub_tokens: packed gradient cache, token slots per shard and sub-batch of
-    the queries and the candidates (jaxembed.data.pipeline.Packing.sub_tokens)."""
+    each pack (jaxembed.data.pipeline.Packing.sub_tokens). A combined pack (``pack_*``) is one encode call with
+    the queries' keys; the queries' and the candidates' experts must then agree wherever they are routed
+    (jaxembed.train combines only then)."""
     if one_expert:
         experts = tuple(None if e is None else e[0] for e in experts)
+    if "pack_input_ids" in batch:  # one pack of queries and candidates (their experts agree, or none)
+        S, B = row_shards(mesh), batch["query_prompt_length"].shape[0]
+        ex = experts[0]
+        if ex is not None and jnp.ndim(ex) == 1:
+            ex = join_shards(experts[0], experts[1], S)
+        rows, texts = pack_of(batch, "pack")
+        out = encode_pack(merge, params, rows, texts, mesh=mesh, key=keys[0], experts=ex, sub_tokens=sub_tokens[0])
+        return split_shards(out, S, B)
     if is_packed(batch):
         out = []
-        for i, side in enumerate(("query", "doc")):
-            rows, texts = pack_of(batch, side)
+        for i, name in enumerate(("query_pack", "doc_pack")):
+            rows, texts = pack_of(batch, name)
             out.append(encode_pack(merge, params, rows, texts, mesh=mesh, key=keys[i], experts=experts[i],
                                    sub_tokens=sub_tokens[i]))
         return out[0], out[1]

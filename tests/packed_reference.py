@@ -46,10 +46,12 @@ def small_config(data_dir, **train):
     return c
 
 
-def step_grads(run, host_batch: dict, perturb_experts: bool = False) -> tuple[float, dict]:
+def step_grads(run, host_batch: dict, perturb_experts: bool = False, hlo: list | None = None
+               ) -> tuple[float, dict]:
     """(loss, gradients) of the run's train step on a host batch: the step with SGD at learning rate 1, the
     gradient = parameters before - after. perturb_experts: MoTE's experts made different from each other first
-    (up-cycled experts are copies: a wrong route would go unnoticed)."""
+    (up-cycled experts are copies: a wrong route would go unnoticed); hlo: a list that gets the compiled step's
+    HLO text (the step is compiled once)."""
     import optax
 
     from jaxembed import mote, parallel
@@ -66,7 +68,11 @@ def step_grads(run, host_batch: dict, perturb_experts: bool = False) -> tuple[fl
 
         state["params"] = jax.tree_util.tree_map_with_path(bump, state["params"])
     before = jax.device_get(state["params"])
-    state, m = make_train_step(run)(state, P.to_global(host_batch, parallel.batch_sharding(run.mesh)))
+    batch = P.to_global(host_batch, parallel.batch_sharding(run.mesh))
+    compiled = make_train_step(run).lower(state, batch).compile()
+    if hlo is not None:
+        hlo.append(compiled.as_text())
+    state, m = compiled(state, batch)
     grads = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64), before,
                          jax.device_get(state["params"]))
     return float(m["loss"]), grads
@@ -86,18 +92,41 @@ def assert_same_loss_and_grads(a, b, tol=1e-5):
     assert worst <= tol and largest > 1e-3, (worst, largest)
 
 
-def unpack(batch: dict, side: str, shards: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A packed host batch's ``side`` texts as padded rows: (input_ids [N, Lmax], attention_mask, prompt_length),
-    read from the stacked per-shard packs (shard s: rows [s*R, (s+1)*R), local indices)."""
-    ids = batch[f"{side}_pack_input_ids"]
+def pack_texts(batch: dict, name: str, shards: int) -> list[list[int]]:
+    """Each text's tokens read back from the stacked packs ``name`` (shard s: rows [s*R, (s+1)*R), text slots
+    [s*N, (s+1)*N), indices local to the shard: checked), in the pack's text order."""
+    ids = batch[f"{name}_input_ids"]
     R = ids.shape[0] // shards
-    n = len(batch[f"{side}_pack_text_row"]) // shards
-    rows = [ids[(i // n) * R + r, s:s + ln] for i, (r, s, ln) in enumerate(zip(
-        *(batch[f"{side}_pack_text_{k}"] for k in ("row", "start", "len"))))]
+    n = len(batch[f"{name}_text_row"]) // shards
+    out = []
+    for i, (r, s0, ln) in enumerate(zip(*(batch[f"{name}_text_{k}"] for k in ("row", "start", "len")))):
+        s = i // n
+        assert 0 <= r < R
+        row = s * R + r
+        assert (batch[f"{name}_token_text"][row, s0:s0 + ln] == i - s * n).all()  # the local text index
+        out.append(ids[row, s0:s0 + ln].tolist())
+    return out
+
+
+def side_texts(batch: dict, side: str, shards: int) -> tuple[list[list[int]], np.ndarray]:
+    """The tokens and prompt lengths of a packed batch's queries (side 'query') or candidates ('doc'), in row
+    order, from a combined pack (per shard: its queries, then its candidates) or the side's own pack."""
+    if "pack_input_ids" in batch:
+        texts = pack_texts(batch, "pack", shards)
+        b = len(batch["query_prompt_length"])
+        idx = np.arange(len(texts)).reshape(shards, -1)
+        pick = idx[:, :b // shards] if side == "query" else idx[:, b // shards:]
+        return [texts[i] for i in pick.reshape(-1)], batch["pack_text_prompt"][pick.reshape(-1)]
+    return pack_texts(batch, f"{side}_pack", shards), batch[f"{side}_pack_text_prompt"]
+
+
+def unpack(batch: dict, side: str, shards: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A packed host batch's ``side`` texts as padded rows: (input_ids [N, Lmax], attention_mask, prompt_length)."""
+    rows, prompt = side_texts(batch, side, shards)
     width = max(len(x) for x in rows)
     out = np.zeros((len(rows), width), np.int32)
     mask = np.zeros((len(rows), width), np.int32)
     for i, x in enumerate(rows):
         out[i, :len(x)] = x
         mask[i, :len(x)] = 1
-    return out, mask, batch[f"{side}_pack_text_prompt"].astype(np.int32)
+    return out, mask, np.asarray(prompt, np.int32)

@@ -12,7 +12,8 @@ import pytest
 
 from data_fakes import make_store
 from jaxembed import config as cfglib
-from packed_reference import assert_same_loss_and_grads, packed_and_padded, slice_data, small_config, step_grads
+from packed_reference import (assert_same_loss_and_grads, packed_and_padded, side_texts, slice_data, small_config,
+                              step_grads)
 from jaxembed.data import pipeline as P
 from jaxembed.data.plan import build_plan
 from jaxembed.errors import UserError
@@ -34,30 +35,16 @@ def _store():
     ])
 
 
-def _texts(batch: dict, side: str, shards: int) -> list[list[int]]:
-    """Each text's tokens read back from the stacked packs (shard s: rows [s*R, (s+1)*R), local indices)."""
-    ids = batch[f"{side}_pack_input_ids"]
-    R = ids.shape[0] // shards
-    n = len(batch[f"{side}_pack_text_row"]) // shards
-    out = []
-    for i, (r, s0, ln) in enumerate(zip(*(batch[f"{side}_pack_text_{k}"] for k in ("row", "start", "len")))):
-        s = i // n
-        assert 0 <= r < R
-        row = s * R + r
-        assert (batch[f"{side}_pack_token_text"][row, s0:s0 + ln] == i - s * n).all()  # local text index
-        out.append(ids[row, s0:s0 + ln].tolist())
-    return out
-
-
-def test_packs_hold_the_padded_texts_per_shard(tok):
+@pytest.mark.parametrize("combined", [True, False], ids=["one_pack", "two_packs"])
+def test_packs_hold_the_padded_texts_per_shard(tok, combined):
     """2 hosts x 2 shards each: every query and candidate (empty slots too) is its padded row's tokens, in row
-    order, in its own shard's rows; the prompt lengths are the padded ones; shapes agree across hosts and with a
-    loader that starts at a later step (the shapes are the whole plan's)."""
+    order, in its own shard's rows (local indices); the prompt lengths are the padded ones; shapes agree across
+    hosts and with a loader that starts at a later step (the shapes are the whole plan's)."""
     store = _store()
     plan = build_plan(store, {"global_batch_size": 8, "seed": 1})
-    packing = P.Packing(shards=4, min_row_length=16)
+    packing = P.Packing(shards=4, combined=combined, min_row_length=16, sub_tokens=(0,) * (1 if combined else 2))
     table = P.step_pack_table(store, plan, tok, packing)
-    seen_shapes = set()
+    shapes = {}
     for host in (0, 1):
         packed = P.make_loader(store, plan, tok, process_index=host, process_count=2, packing=packing,
                                pack_table=table, num_candidates=4)
@@ -67,25 +54,25 @@ def test_packs_hold_the_padded_texts_per_shard(tok):
         for step in range(plan.steps):
             a, b = packed.batch(step), padded.batch(step)
             for side in ("query", "doc"):
-                got = _texts(a, side, 2)
+                got, prompt = side_texts(a, side, 2)
                 want = [ids[m == 1].tolist() for ids, m in zip(b[f"{side}_input_ids"], b[f"{side}_attention_mask"])]
                 assert got == want, (host, step, side)
-                np.testing.assert_array_equal(a[f"{side}_pack_text_prompt"], b[f"{side}_prompt_length"])
+                np.testing.assert_array_equal(prompt, b[f"{side}_prompt_length"])
             for k in b:
                 if "input_ids" not in k and "attention_mask" not in k:
                     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-            Rq, Rd, L = packed.batcher.shape(step)
-            assert a["query_pack_input_ids"].shape == (2 * Rq, L) and a["doc_pack_input_ids"].shape == (2 * Rd, L)
+            *R, L = packed.batcher.shape(step)
+            for name, r in zip(packing.packs, R):
+                assert a[f"{name}_input_ids"].shape == (2 * r, L)
+            stats = P.batch_stats(a, 2)
+            assert stats["tokens"] == P.batch_stats(b)["tokens"] <= stats["padded_tokens"]
             if step >= 3:
                 for k, v in late.batch(step).items():
                     np.testing.assert_array_equal(v, a[k], err_msg=k)
-            seen_shapes.add((host, step, Rq, Rd, L))
-    per_step = {}
-    for host, step, *shape in seen_shapes:
-        per_step.setdefault(step, set()).add(tuple(shape))
-    assert all(len(v) == 1 for v in per_step.values())  # every host packs a step into the same shapes
+            shapes.setdefault(step, set()).add((*R, L))
+    assert all(len(v) == 1 for v in shapes.values())  # every host packs a step into the same shapes
     # a stale table (fewer rows than the texts need) is one line, naming the fix
-    stale = dict(table, query_rows=np.ones_like(table["query_rows"]), doc_rows=np.ones_like(table["doc_rows"]))
+    stale = dict(table, **{f"{n}_rows": np.ones_like(table[f"{n}_rows"]) for n in packing.packs})
     with pytest.raises(UserError, match="table is stale"):
         P.make_loader(store, plan, tok, packing=packing, pack_table=stale, num_candidates=4).batch(0)
 
@@ -93,19 +80,21 @@ def test_packs_hold_the_padded_texts_per_shard(tok):
 def test_choose_rows_fits_every_step_with_few_shapes():
     rng = np.random.default_rng(0)
     S = 500
-    table = {"row_length": np.full(S, 64), "query_rows": rng.integers(10, 30, S), "doc_rows": rng.integers(5, 60, S)}
+    table = {"row_length": np.full(S, 64), "query_pack_rows": rng.integers(10, 30, S),
+             "doc_pack_rows": rng.integers(5, 60, S)}
+    need = np.stack([table["query_pack_rows"], table["doc_pack_rows"]], 1)
     for sub in ((0, 0), (64 * 3, 64 * 4)):
-        packing = P.Packing(sub_tokens=sub)
-        Rq, Rd = P.choose_rows(table, packing)
-        assert (Rq >= table["query_rows"]).all() and (Rd >= table["doc_rows"]).all()
-        shapes = set(zip(Rq.tolist(), Rd.tolist()))
+        packing = P.Packing(combined=False, sub_tokens=sub)
+        R = P.choose_rows(table, packing)
+        assert (R >= need).all()
+        shapes = {tuple(r) for r in R.tolist()}
         assert 1 < len(shapes) <= P.MAX_SHAPES
         if sub[0]:  # the gradient cache: rows in whole sub-batches (3 and 4 rows of 64)
             assert all(q % 3 == 0 and d % 4 == 0 for q, d in shapes)
         # each step takes the smallest chosen shape it fits; one shape that fits all costs more slots
-        assert (Rq + Rd).sum() < len(Rq) * (Rq.max() + Rd.max())
+        assert R.sum() < len(R) * R.max(axis=0).sum()
         one = P.choose_rows(table, packing, compile_steps=10 ** 9)
-        assert len(set(zip(*(x.tolist() for x in one)))) == 1
+        assert len({tuple(r) for r in one.tolist()}) == 1 and (one == R.max(axis=0)).all()
 
 
 # ------------------------------------------------------------------------------------------ the train step
@@ -128,12 +117,15 @@ def test_packed_step_equals_padded(small_data, tmp_path, case):
     c.model.mote.enabled = mote_
     run = setup(c, tmp_path / "run")
     assert run.packing is not None and cfglib.packing_enabled(c)  # the default
+    # dense: queries and candidates in one pack; MoTE routes WikiQA's queries and documents to different experts:
+    # two packs, each with the experts of two tasks (per-token routing)
+    assert run.packing.combined != mote_
     if "gradcache" in case:  # one text per row of 16, sub-batches of one row: 8 / 16 of them per pack
-        run = dataclasses.replace(run, packing=dataclasses.replace(run.packing, min_row_length=16,
-                                                                   sub_tokens=(16, 16)))
+        run = dataclasses.replace(run, packing=dataclasses.replace(
+            run.packing, min_row_length=16, sub_tokens=(16,) * len(run.packing.packs)))
     packed, padded = packed_and_padded(run)
     if "gradcache" in case:
         assert packed["query_pack_input_ids"].shape[0] >= 4
     if mote_:
-        assert len(set(packed["task_id"].tolist())) == 2  # queries and documents of 3 experts in the packs
+        assert len(set(packed["task_id"].tolist())) == 2  # 3 experts in the packs
     assert_same_loss_and_grads(step_grads(run, packed, mote_), step_grads(run, padded, mote_))

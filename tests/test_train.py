@@ -113,7 +113,7 @@ def test_run_directory_holds_everything(straight_run):
     # packed batches by default (data.packing): the table of packed shapes, most encoded slots hold a real token
     assert cfg["data"]["packing"] is True
     with np.load(wd / "plan_lengths.npz") as z:
-        assert {"row_length", "query_rows", "doc_rows"} <= set(z.files)
+        assert {"row_length", "pack_rows"} <= set(z.files)  # queries and candidates in one pack (dense model)
     assert all(0.6 < x["real_token_fraction"] <= 1.0 for x in train_lines), [x["real_token_fraction"]
                                                                               for x in train_lines]
     # the export loads in sentence-transformers, with the task prompts

@@ -322,20 +322,29 @@ def sub_batches(rows: int, row_length: int, sub_tokens: int) -> int:
 class Packing:
     """How the loader packs a step (module docstring).
 
-    shards: row shards of the global batch (devices along the mesh's batch axes, all hosts); min_row_length: the
-    shortest row; attention_cost: the relative cost of a token's attention per slot of its row (a slot of a row of
-    L costs 1 + attention_cost * L: attention is 4 L H of a layer's ~24 H^2 FLOPs per token, so 1 / (6 H)); the row
-    length with the least total cost is chosen; sub_tokens: gradient cache, token slots per shard of a query /
-    candidate sub-batch (0: no cache)."""
+    shards: row shards of the global batch (devices along the mesh's batch axes, all hosts); combined: one pack of
+    the queries and the candidates (``pack_*``) rather than two (``query_pack_*``, ``doc_pack_*``); min_row_length:
+    the shortest row; attention_cost: the relative cost of a token's attention per slot of its row (a slot of a row
+    of L costs 1 + attention_cost * L: attention is 4 L H of a layer's ~24 H^2 FLOPs per token, so 1 / (6 H)); the
+    row length with the least total cost is chosen; sub_tokens: gradient cache, token slots per shard of a
+    sub-batch of each pack (0: no cache)."""
 
     shards: int = 1
+    combined: bool = True
     min_row_length: int = MIN_ROW_LENGTH
     attention_cost: float = 0.0
-    sub_tokens: tuple[int, int] = (0, 0)
+    sub_tokens: tuple[int, ...] = (0,)
 
     def __post_init__(self):
         if self.shards < 1 or self.min_row_length < 1:
             raise ValueError(f"shards ({self.shards}) and min_row_length ({self.min_row_length}) must be >= 1")
+        if len(self.sub_tokens) != len(self.packs):
+            raise ValueError(f"sub_tokens: one per pack ({', '.join(self.packs)}), got {self.sub_tokens}")
+
+    @property
+    def packs(self) -> tuple[str, ...]:
+        """The batch's packs: their key prefixes, ``{name}_input_ids`` etc."""
+        return ("pack",) if self.combined else ("query_pack", "doc_pack")
 
     def row_lengths(self, cap: int) -> list[int]:
         """The candidate row lengths for texts of at most ``cap`` tokens: powers of two from min_row_length up to
@@ -347,11 +356,11 @@ class Packing:
             L *= 2
         return out
 
-    def rows(self, needed: int, row_length: int, side: int) -> int:
-        """The smallest row count of a pack (per shard) that holds ``needed`` rows; side 0 = queries, 1 =
-        candidates: with the gradient cache, a multiple of its sub-batch rows when it takes more than one."""
+    def rows(self, needed: int, row_length: int, pack: int) -> int:
+        """The smallest row count of pack number ``pack`` (per shard) that holds ``needed`` rows: with the gradient
+        cache, a multiple of its sub-batch rows when it takes more than one."""
         R = max(int(needed), 1)
-        r = sub_rows(self.sub_tokens[side], row_length)
+        r = sub_rows(self.sub_tokens[pack], row_length)
         if r and R > r:
             R = -(-R // r) * r
         return R
@@ -360,20 +369,22 @@ class Packing:
         return 1.0 + self.attention_cost * row_length
 
     def key(self) -> list:
-        return [self.shards, self.min_row_length, round(self.attention_cost, 9), list(self.sub_tokens)]
+        return [self.shards, self.combined, self.min_row_length, round(self.attention_cost, 9),
+                list(self.sub_tokens)]
 
 
-def packing_for(store, plan: Plan, tokenizer: Tokenizer, *, shards: int, hidden_size: int = 0,
-                gradcache_chunk: int = 0, num_candidates: int | None = None) -> Packing:
-    """The trainer's ``Packing``: ``shards`` devices along the batch axes; attention cost 1 / (6 hidden_size) (0:
-    none); with the gradient cache (``gradcache_chunk`` queries per sub-batch of the padded path), sub-batches of
-    as many token slots as that many padded queries (chunk / shards x the longest query length) and their
-    candidates (x K x the longest document length) take per shard: the padded sub-batch's memory bound, spent on
-    real tokens."""
+def packing_for(store, plan: Plan, tokenizer: Tokenizer, *, shards: int, combined: bool = True,
+                hidden_size: int = 0, gradcache_chunk: int = 0, num_candidates: int | None = None) -> Packing:
+    """The trainer's ``Packing``: ``shards`` devices along the batch axes; combined (queries and candidates in one
+    pack) or not; attention cost 1 / (6 hidden_size) (0: none); with the gradient cache (``gradcache_chunk``
+    queries per sub-batch of the padded path), sub-batches of as many token slots as that many padded queries
+    (chunk / shards x the longest query length) and their candidates (x K x the longest document length) take per
+    shard: the padded sub-batch's memory bound, spent on real tokens."""
     t = _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
     per_shard = -(-int(gradcache_chunk) // int(shards)) if gradcache_chunk else 0
-    return Packing(shards=int(shards), attention_cost=1.0 / (6 * hidden_size) if hidden_size else 0.0,
-                   sub_tokens=(per_shard * t.Lq_max, per_shard * t.K * t.Ld_max))
+    q, d = per_shard * t.Lq_max, per_shard * t.K * t.Ld_max
+    return Packing(shards=int(shards), combined=combined, sub_tokens=(q + d,) if combined else (q, d),
+                   attention_cost=1.0 / (6 * hidden_size) if hidden_size else 0.0)
 
 
 #: a new packed shape is worth its compilation when it saves the token slots of this many average steps
@@ -383,40 +394,38 @@ MAX_SHAPES = 8
 
 
 def choose_rows(table: dict[str, np.ndarray], packing: Packing, compile_steps: int = COMPILE_STEPS,
-                max_shapes: int = MAX_SHAPES) -> tuple[np.ndarray, np.ndarray]:
-    """The row counts of every step (query rows Rq [S], candidate rows Rd [S] per shard) from the whole plan's
-    table: a few (Rq, Rd) shapes per row length, chosen greedily. Start with the shape that fits every step; add
-    the shape some step needs (``Packing.rows``) that saves the most token slots (each step takes the smallest
-    chosen shape it fits), as long as it saves at least ``compile_steps`` average steps' slots (a compilation
-    costs about that much) and there are fewer than ``max_shapes``. A pure function of the table, so every host
-    and every restart get the same shapes."""
+                max_shapes: int = MAX_SHAPES) -> np.ndarray:
+    """The row counts of every step, int32 [S, packs] (per shard, for each of ``packing.packs``), from the whole
+    plan's table: a few shapes per row length, chosen greedily. Start with the shape that fits every step; add the
+    shape some step needs (``Packing.rows``) that saves the most token slots (each step takes the smallest chosen
+    shape it fits), as long as it saves at least ``compile_steps`` average steps' slots (a compilation costs about
+    that much) and there are fewer than ``max_shapes``. A pure function of the table, so every host and every
+    restart get the same shapes."""
     L = np.asarray(table["row_length"])
-    Rq = np.zeros(len(L), np.int32)
-    Rd = np.zeros(len(L), np.int32)
+    cols = [np.asarray(table[f"{name}_rows"]) for name in packing.packs]
+    out = np.zeros((len(L), len(cols)), np.int32)
     for length in np.unique(L[L > 0]):
         idx = np.flatnonzero(L == length)
-        need = np.array([(packing.rows(q, int(length), 0), packing.rows(d, int(length), 1))
-                         for q, d in zip(table["query_rows"][idx], table["doc_rows"][idx])], np.int64)
-        pairs, inv, count = np.unique(need, axis=0, return_inverse=True, return_counts=True)
+        need = np.array([[packing.rows(c[i], int(length), k) for k, c in enumerate(cols)] for i in idx], np.int64)
+        shapes, inv, count = np.unique(need, axis=0, return_inverse=True, return_counts=True)
         inv = inv.reshape(-1)
-        size = pairs.sum(axis=1)                       # rows of each distinct need, as a shape of its own
-        top = pairs.max(axis=0)
-        shapes = [tuple(int(x) for x in top)]          # fits every step
-        cost = np.full(len(pairs), int(top.sum()), np.int64)  # rows each need takes under the chosen shapes
-        fits = (pairs[None, :, 0] <= pairs[:, None, 0]) & (pairs[None, :, 1] <= pairs[:, None, 1])  # [shape, need]
-        while len(shapes) < max_shapes:
+        size = shapes.sum(axis=1)                           # rows of each distinct need, as a shape of its own
+        top = shapes.max(axis=0)
+        chosen = [tuple(int(x) for x in top)]               # fits every step
+        cost = np.full(len(shapes), int(top.sum()), np.int64)  # rows each need takes under the chosen shapes
+        fits = (shapes[None, :, :] <= shapes[:, None, :]).all(axis=2)  # [candidate shape, need]
+        while len(chosen) < max_shapes:
             new = np.where(fits, np.minimum(cost[None, :], size[:, None]), cost[None, :])  # [candidate, need]
             saved = (cost[None, :] - new) @ count
             best = int(np.argmax(saved))
             if saved[best] <= 0 or saved[best] < compile_steps * (cost @ count) / count.sum():
                 break
-            shapes.append(tuple(int(x) for x in pairs[best]))
+            chosen.append(tuple(int(x) for x in shapes[best]))
             cost = new[best]
-        for k, (q_need, d_need) in enumerate(pairs):
-            _, q, d = min((q + d, q, d) for q, d in shapes if q >= q_need and d >= d_need)
-            sel = idx[inv == k]
-            Rq[sel], Rd[sel] = q, d
-    return Rq, Rd
+        for k, want in enumerate(shapes):
+            fit = min((sum(c), c) for c in chosen if all(x >= w for x, w in zip(c, want)))[1]
+            out[idx[inv == k]] = fit
+    return out
 
 
 def step_pack_table(store, plan: Plan, tokenizer: Tokenizer, packing: Packing, *, seed: int | None = None,
@@ -424,9 +433,9 @@ def step_pack_table(store, plan: Plan, tokenizer: Tokenizer, packing: Packing, *
                     tables: _Tables | None = None) -> dict[str, np.ndarray]:
     """The packed shapes of every step of the plan over the whole global batch (module docstring), int32 [S]
     each: row_length (L, one for the run: of the candidates ``Packing.row_lengths`` that hold the longest text,
-    the one with the least total cost, rows x L x ``Packing.slot_cost``), query_rows / doc_rows (rows best-fit
-    decreasing needs at L on the fullest shard, before ``choose_rows``), query_len / doc_len (the longest texts, as
-    ``step_lengths``)."""
+    the one with the least total cost, rows x L x ``Packing.slot_cost``), ``{pack}_rows`` for each of
+    ``packing.packs`` (rows best-fit decreasing needs at L on the fullest shard, before ``choose_rows``),
+    query_len / doc_len (the longest texts, as ``step_lengths``)."""
     seed = plan.seed if seed is None else seed
     negatives = negatives or plan.config.get("negatives", "first")
     tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist())
@@ -436,27 +445,30 @@ def step_pack_table(store, plan: Plan, tokenizer: Tokenizer, packing: Packing, *
                         f"global batch size that is a multiple of {S})")
     n_empty = len(tokenizer.tokenize([""], max_length=tables.Ld_max)[0])
     cands = packing.row_lengths(max(tables.Lq_max, tables.Ld_max))
-    rows = np.full((len(cands), 2, plan.steps), -1, np.int64)  # -1: the row length is below the step's longest
-    out = {k: np.zeros(plan.steps, np.int32) for k in ("row_length", "query_rows", "doc_rows", "query_len",
-                                                       "doc_len")}
+    names = packing.packs
+    rows = np.full((len(cands), len(names), plan.steps), -1, np.int64)  # -1: L is below the step's longest text
+    out = {k: np.zeros(plan.steps, np.int32) for k in ("row_length", "query_len", "doc_len")}
     for s, q, d in _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, 0, plan.steps, chunk_steps):
         d = np.where(d < 0, n_empty, d)
         out["query_len"][s], out["doc_len"][s] = max(int(q.max()), 1), max(int(d.max()), 1)
         longest = max(int(q.max()), int(d.max()))
+        parts = ([np.concatenate([a, b]) for a, b in zip(np.split(q, S), np.split(d, S))],) if packing.combined \
+            else (np.split(q, S), np.split(d, S))
         for i, L in enumerate(cands):
             if L >= longest:
-                rows[i, 0, s] = max(packlib.rows_needed(x, L) for x in np.split(q, S))
-                rows[i, 1, s] = max(packlib.rows_needed(x, L) for x in np.split(d, S))
+                for k, shards in enumerate(parts):
+                    rows[i, k, s] = max(packlib.rows_needed(x, L) for x in shards)
     best, best_cost = None, None
     for i, L in enumerate(cands):
         if (rows[i] < 0).any():
             continue
-        n = sum(packing.rows(r, L, side) for side in (0, 1) for r in rows[i, side])
+        n = sum(packing.rows(r, L, k) for k in range(len(names)) for r in rows[i, k])
         cost = n * L * packing.slot_cost(L)
         if best_cost is None or cost < best_cost:
             best, best_cost = i, cost
     out["row_length"][:] = cands[best]
-    out["query_rows"][:], out["doc_rows"][:] = rows[best, 0], rows[best, 1]
+    for k, name in enumerate(names):
+        out[f"{name}_rows"] = rows[best, k].astype(np.int32)
     return out
 
 
@@ -497,37 +509,41 @@ class StepBatcher:
         self.packing, self.table_file = packing, table_file
         if packing is not None:
             self.shards = packing.shards // process_count  # this host's row shards (its devices)
-            Rq, Rd = choose_rows(pack_table, packing)  # over the whole plan: the same shapes after a restart
+            self.R = choose_rows(pack_table, packing)[sl]  # over the whole plan: the same shapes after a restart
             self.L = pack_table["row_length"][sl].astype(np.int32)
-            self.Rq, self.Rd = Rq[sl], Rd[sl]
 
-    def shape(self, step: int) -> tuple[int, int, int] | tuple[int, int]:
-        """The step's static shapes: packed (query rows per shard, candidate rows per shard, row length L);
-        padded (query length, document length)."""
+    def shape(self, step: int) -> tuple[int, ...]:
+        """The step's static shapes: packed (the rows per shard of each of ``packing.packs``, then the row length
+        L); padded (query length, document length)."""
         i = int(step) - self.first_step
         if self.packing is not None:
-            return int(self.Rq[i]), int(self.Rd[i]), int(self.L[i])
+            return (*(int(x) for x in self.R[i]), int(self.L[i]))
         return int(self.Lq[i]), int(self.Ld[i])
 
-    def _packs(self, step: int, prefix: str, ids: list, prompt: np.ndarray, rows: int, L: int) -> dict:
-        """Each of this host's shards' texts packed on their own into ``rows`` rows of L, stacked
-        (``packing.stack``: local indices), under ``{prefix}_pack_*`` keys (module docstring)."""
-        n = len(ids) // self.shards
+    def _pack(self, step: int, name: str, parts: list[tuple[list, np.ndarray]], rows: int, L: int) -> dict:
+        """Each of this host's shards' texts (the shard's share of every (token ids, prompt lengths) part, one part
+        after the other) packed on their own into ``rows`` rows of L, stacked (``packing.stack``: local indices),
+        under ``{name}_*`` keys (module docstring)."""
         packs = []
         for j in range(self.shards):
-            sl = slice(j * n, (j + 1) * n)
+            ids, prompt = [], []
+            for part_ids, part_prompt in parts:
+                n = len(part_ids) // self.shards
+                ids += part_ids[j * n:(j + 1) * n]
+                prompt.append(part_prompt[j * n:(j + 1) * n])
             try:
-                packs.append(packlib.pack(ids[sl], rows, L, prompt_lengths=prompt[sl], pad_id=self.tokenizer.pad_id))
+                packs.append(packlib.pack(ids, rows, L, prompt_lengths=np.concatenate(prompt),
+                                          pad_id=self.tokenizer.pad_id))
             except packlib.DoesNotFit as e:
                 where = f" (fix: delete {self.table_file})" if self.table_file else ""
-                raise UserError(f"step {step}: the {prefix} texts of a shard need {e.needed} packed rows of {L} "
+                raise UserError(f"step {step}: the texts of a shard's {name} need {e.needed} packed rows of {L} "
                                 f"tokens, the length table allows {rows}: the table is stale{where}") from None
         if any(bool(p["text_truncated"].any()) for p in packs):
-            raise UserError(f"step {step}: a {prefix} text is longer than the step's row length {L}: the length "
-                            "table is stale" + (f" (fix: delete {self.table_file})" if self.table_file else ""))
+            raise UserError(f"step {step}: a text is longer than the step's row length {L}: the length table is "
+                            "stale" + (f" (fix: delete {self.table_file})" if self.table_file else ""))
         stacked = packlib.stack(packs)
         keys = packlib.ROW_KEYS + ("text_row", "text_start", "text_len", "text_prompt")
-        return {f"{prefix}_pack_{k}": stacked[k].astype(np.int32) for k in keys}
+        return {f"{name}_{k}": stacked[k].astype(np.int32) for k in keys}
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         step = int(step)
@@ -550,8 +566,13 @@ class StepBatcher:
         d_pl = np.array([min(t.d_plen[int(d)], len(x)) if v else 0 for d, x, v in zip(row_ds, d_ids, valid)],
                         np.int32)
         if self.packing is not None:
-            Rq, Rd, L = self.shape(step)
-            texts = {**self._packs(step, "query", q_ids, q_pl, Rq, L), **self._packs(step, "doc", d_ids, d_pl, Rd, L)}
+            *R, L = self.shape(step)
+            parts = [(q_ids, q_pl), (d_ids, d_pl)]
+            if self.packing.combined:
+                texts = self._pack(step, "pack", parts, R[0], L)
+            else:
+                texts = {**self._pack(step, "query_pack", parts[:1], R[0], L),
+                         **self._pack(step, "doc_pack", parts[1:], R[1], L)}
         else:
             longest_q, longest_d = max(len(x) for x in q_ids), max(len(x) for x in d_ids)
             if longest_q > Lq or longest_d > Ld:
@@ -621,7 +642,7 @@ class Loader:
                "doc_buckets": self.batcher.tables.d_buckets}
         if self.batcher.packing is not None:  # the (query rows, candidate rows, row length) per shard of the steps
             bt = self.batcher
-            out["packed_shapes"] = sorted(set(zip(bt.Rq.tolist(), bt.Rd.tolist(), bt.L.tolist())))
+            out["packed_shapes"] = sorted({(*(int(x) for x in r), int(L)) for r, L in zip(bt.R, bt.L)})
         return out
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
@@ -702,7 +723,8 @@ def make_loader(store, plan: Plan, tokenizer: Tokenizer, *, process_index: int =
             else:
                 pack_table = cached_step_table(store, plan, tokenizer, lengths_cache, packing=packing, seed=seed,
                                                tables=tables)
-        if any(np.asarray(pack_table[k]).shape != (plan.steps,) for k in ("row_length", "query_rows", "doc_rows")):
+        if any(np.asarray(pack_table.get(k, ())).shape != (plan.steps,)
+               for k in ("row_length", *(f"{n}_rows" for n in packing.packs))):
             raise UserError(f"pack_table must hold arrays of shape [{plan.steps}] (one entry per plan step)")
         lengths = (pack_table["query_len"], pack_table["doc_len"])
     if lengths is None:
@@ -778,19 +800,30 @@ def to_global(batch: dict, sharding, *, keys: Sequence[str] | None = None) -> di
     return host_local_to_global({k: batch[k] for k in (keys or list(batch))}, sharding)
 
 
-def batch_stats(batch: dict) -> dict:
+def split_combined(x: np.ndarray, shards: int, queries: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-text values of a combined pack (per shard: its queries, then its candidates) -> (the queries' [b], the
+    candidates' [b*K]) in row order; queries: b (all shards)."""
+    x = np.asarray(x).reshape(shards, -1, *np.shape(x)[1:])
+    q = queries // shards
+    return x[:, :q].reshape(queries, *x.shape[2:]), x[:, q:].reshape(-1, *x.shape[2:])
+
+
+def batch_stats(batch: dict, shards: int = 1) -> dict:
     """Examples, real tokens (valid texts) and computed token slots of a host-local batch, padded or packed (for
-    throughput figures)."""
-    if "query_pack_input_ids" in batch:
-        return {"examples": int(batch["query_prompt_length"].shape[0]),
-                "tokens": int(batch["query_pack_text_len"].sum()
-                              + batch["doc_pack_text_len"][batch["doc_valid"]].sum()),
-                "padded_tokens": int(batch["query_pack_input_ids"].size + batch["doc_pack_input_ids"].size)}
-    return {"examples": int(batch["query_input_ids"].shape[0]),
-            "tokens": int(batch["query_attention_mask"].sum() + batch["doc_attention_mask"][batch["doc_valid"]].sum()),
-            "padded_tokens": int(batch["query_input_ids"].size + batch["doc_input_ids"].size)}
+    throughput figures); shards: this host's row shards (a combined pack)."""
+    b = int(batch["query_prompt_length"].shape[0])
+    if "pack_input_ids" in batch:
+        ql, dl = split_combined(batch["pack_text_len"], shards, b)
+        slots = int(batch["pack_input_ids"].size)
+    elif "query_pack_input_ids" in batch:
+        ql, dl = batch["query_pack_text_len"], batch["doc_pack_text_len"]
+        slots = int(batch["query_pack_input_ids"].size + batch["doc_pack_input_ids"].size)
+    else:
+        ql, dl = batch["query_attention_mask"].sum(axis=1), batch["doc_attention_mask"].sum(axis=1)
+        slots = int(batch["query_input_ids"].size + batch["doc_input_ids"].size)
+    return {"examples": b, "tokens": int(ql.sum() + dl[batch["doc_valid"]].sum()), "padded_tokens": slots}
 
 
 __all__ = ["make_loader", "to_global", "step_lengths", "cached_step_lengths", "cached_step_table", "step_pack_table",
            "Packing", "packing_for", "choose_rows", "sub_batches", "sub_rows", "choose_docs",
-           "choose_indices", "row_scores", "row_key", "text_hash", "Loader", "StepBatcher", "batch_stats"]
+           "choose_indices", "row_scores", "row_key", "text_hash", "Loader", "StepBatcher", "batch_stats", "split_combined"]

@@ -10,6 +10,7 @@ import re
 from collections import Counter
 
 import jax
+import pytest
 
 from packed_reference import assert_same_loss_and_grads, packed_and_padded, slice_data, small_config, step_grads
 
@@ -26,27 +27,24 @@ def _collectives(hlo: str) -> Counter:
     return out
 
 
-def test_packed_step_on_8_devices_equals_padded_and_adds_no_communication(tmp_path, shared_data):
-    from jaxembed import parallel
-    from jaxembed.data.pipeline import to_global
-    from jaxembed.train import init_state, make_train_step, setup
+@pytest.mark.parametrize("mote_", [False, True], ids=["dense_one_pack", "mote_two_packs"])
+def test_packed_step_on_8_devices_equals_padded_and_adds_no_communication(tmp_path, shared_data, mote_):
+    from jaxembed.train import setup
 
     assert jax.device_count() == 8
     c = small_config(slice_data(shared_data, tmp_path), gradcache_chunk=8)
     c.plan.global_batch_size = 16
-    c.model.mote.enabled = True
+    c.model.mote.enabled = mote_
     run = setup(c, tmp_path / "run")
-    assert run.packing.shards == 8
-    # one text per row of 16 slots, sub-batches of one row: 2 query / 4 candidate sub-batches per device
-    run = dataclasses.replace(run, packing=dataclasses.replace(run.packing, min_row_length=16, sub_tokens=(16, 16)))
+    assert run.packing.shards == 8 and run.packing.combined != mote_
+    # one text per row of 16 slots, sub-batches of one row: several sub-batches per device
+    run = dataclasses.replace(run, packing=dataclasses.replace(run.packing, min_row_length=16,
+                                                               sub_tokens=(16,) * len(run.packing.packs)))
     packed, padded = packed_and_padded(run)
-    assert packed["query_pack_input_ids"].shape[0] == 8 * 2 and packed["doc_pack_input_ids"].shape[0] == 8 * 4
-    assert_same_loss_and_grads(step_grads(run, packed, True), step_grads(run, padded, True))
-
-    state = init_state(run)
-    comm = {}
-    for name, b in (("packed", packed), ("padded", padded)):
-        hlo = make_train_step(run).lower(state, to_global(b, parallel.batch_sharding(run.mesh))).compile().as_text()
-        comm[name] = _collectives(hlo)
+    for name in run.packing.packs:
+        assert packed[f"{name}_input_ids"].shape[0] >= 8 * 2
+    hlo = []
+    assert_same_loss_and_grads(step_grads(run, packed, mote_, hlo), step_grads(run, padded, mote_, hlo))
+    comm = {"packed": _collectives(hlo[0]), "padded": _collectives(hlo[1])}
     assert comm["padded"][("all-gather", "f32[16,32]")] == 1  # the loss gathers the query embeddings [B, D]
     assert not comm["packed"] - comm["padded"], comm  # packing adds no communication (no activation moves)
