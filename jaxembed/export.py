@@ -75,7 +75,8 @@ def export(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLi
     stays as it was)."""
     if getattr(model.config, "mote", None) is not None:
         return export_mote(model, tokenizer, out_dir, hf_config=hf_config, prompts=prompts,
-                           default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name)
+                           default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name,
+                           model_card=model_card)
     with runfiles.atomic_dir(out_dir) as tmp:
         _write_dense(model, tokenizer, tmp, hf_config=hf_config, prompts=prompts,
                      default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name,

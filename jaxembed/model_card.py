@@ -319,10 +319,14 @@ def plain_card(config, head, prompts=None, *, source: str | None = None, name: s
     if prompts:
         lines += ["## Prompts", ""] + _table(("name", "instruction"), [(k, f"`{v}`") for k, v in sorted(prompts.items())])
     if mote_spec is not None:
-        lines += ["## Routing (task type -> experts)", ""]
-        lines += [f"- `{t}`: queries `{q}`, documents `{d}`" for t, q, d in mote_spec.routing] + [""]
-        lines += ["`transformers.AutoModel` on this folder gives the default expert's dense model.", ""]
+        lines += _routing(mote_spec)
     return "\n".join(lines)
+
+
+def _routing(spec) -> list[str]:
+    return (["## Routing (task type -> experts)", ""]
+            + [f"- `{t}`: queries `{q}`, documents `{d}`" for t, q, d in spec.routing] + [""]
+            + ["`transformers.AutoModel` on this folder gives the default expert's dense model.", ""])
 
 
 def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict | None = None,
@@ -377,6 +381,8 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
              ""]
     lines += ["## Usage", ""] + usage(name or "PATH", prompts=prompts, mote_spec=spec if mote_full else None)
     lines += ["## Model", ""] + describe_model(model.config, model.head, max_length, spec if mote_full else None)
+    if mote_full:
+        lines += _routing(spec)
 
     # data
     if entries:
@@ -399,15 +405,16 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
                   "skipped records are counted in the store's report.json).", ""]
         lines += _table(("dataset", "task", "type", "examples", "records", "hard negatives", "loss", "temperature",
                          "batching", "source"), drows)
-        instr: dict[str, tuple[str, str]] = {}
+        instr: dict[tuple, list[str]] = {}  # (task, query instruction, document instruction) -> datasets
         for d in entries:
-            instr.setdefault(d.get("task"), (d.get("query_instruction") or "", d.get("doc_instruction") or ""))
+            key = (d.get("task"), d.get("query_instruction") or "", d.get("doc_instruction") or "")
+            instr.setdefault(key, []).append(str(d.get("name")))
         lines += ["### Task instructions", "",
-                  "Prefixed to the texts in training, and saved as the export's prompts "
-                  "(`config_sentence_transformers.json`, keys `TASK-query` / `TASK-document`).", ""]
-        lines += _table(("task", "query instruction", "document instruction"),
-                        [(t, f"`{q!r}`" if q else "(none)", f"`{dd!r}`" if dd else "(none)")
-                         for t, (q, dd) in instr.items()])
+                  "Prefixed to the texts in training; the export's prompts (`config_sentence_transformers.json`, "
+                  "keys `TASK-query` / `TASK-document`) hold each task's first.", ""]
+        lines += _table(("task", "datasets", "query instruction", "document instruction"),
+                        [(t, ", ".join(names), f"`{q!r}`" if q else "(none)", f"`{dd!r}`" if dd else "(none)")
+                         for (t, q, dd), names in instr.items()])
 
     # training
     warm = ocfg.get("warmup_steps")

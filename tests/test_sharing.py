@@ -113,7 +113,7 @@ def test_run_card_front_matter_and_body_follow_the_run(run):
     for d in manifest["datasets"]:
         row = next(line for line in body.splitlines() if line.startswith(f"| {d['name']} |"))
         assert f"| {d['size']} |" in row and f"{d['counts']['read']} read" in row
-    assert "Instruct: Given a question, retrieve answers" in body
+    assert "| wikiqa | wikiqa | `'Instruct: Given a question, retrieve answers \\n Query: '` | (none) |" in body
     assert "`infonce`, temperature 0.05" in body and "AdamW, lr 0.001" in body and "8 queries per step" in body
     assert re.search(r"\| hardware \| \d+ x .+ \(cpu\) \|", body)
     assert re.search(r"\| training time \| \d+ (s|min)", body)
@@ -166,6 +166,17 @@ def test_plain_export_card_claims_no_training(tiny_model_dir, tmp_path, capsys):
     assert meta["library_name"] == "sentence-transformers" and "model-index" not in meta
     assert "no training happened" in body and str(tiny_model_dir) in body
     assert "base_model" not in meta  # a local folder: no hub id to name
+
+
+def test_a_mote_export_keeps_the_card_it_is_given(tiny_model_dir, tmp_path):
+    """export() of a MoTE model (a run's export at the end) writes the run's card, not the generic one."""
+    from jaxembed import export, hf, mote
+
+    loaded = hf.load(tiny_model_dir)
+    model = mote.upcycle(loaded.model, mote.MoTESpec.build(loaded.model.config.num_layers))
+    export.export(model, loaded.tokenizer, tmp_path / "m", model_card="---\ntags:\n- jaxembed\n---\n# the run\n")
+    assert (tmp_path / "m" / "README.md").read_text() == "---\ntags:\n- jaxembed\n---\n# the run\n"
+    assert (tmp_path / "m" / "mote_config.json").is_file()
 
 
 def test_hub_ids_of_model_names(tmp_path):
