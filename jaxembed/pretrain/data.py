@@ -247,7 +247,7 @@ def packed_shapes(schedule: BatchSchedule, steps: int, shards: int, buckets: Seq
     cost = [rows[i].sum() * L * p.slot_cost(L) for i, L in enumerate(cands)]
     best = int(np.argmin(cost))
     # shapes per padded length (the decoder's): the padded length is the group key of choose_rows
-    R, _ = choose_rows({"row_length": padded, "query_rows": rows[best], "doc_rows": np.zeros(steps, np.int64)}, p)
+    R = choose_rows({"row_length": padded, "pack_rows": rows[best]}, p)[:, 0]
     return cands[best], R
 
 
