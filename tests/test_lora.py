@@ -196,14 +196,14 @@ STEPS = 4
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory, shared_data):
-    """4 LoRA steps on a tiny random BERT (a copy, so that a test can change it), packed batches, a checkpoint
-    every 2 steps, export both (merged + adapter)."""
+    """4 LoRA steps on a tiny random 1-layer BERT (a copy, so that a test can change it), packed batches, a
+    checkpoint every 2 steps, export both (merged + adapter)."""
     from jaxembed.models.tiny import tiny_model_dir
     from jaxembed.train import train
 
     root = tmp_path_factory.mktemp("lora_run")
     base = root / "base"
-    shutil.copytree(tiny_model_dir("bert"), base)
+    shutil.copytree(tiny_model_dir("bert", num_layers=1), base)
     c = _base_config(base, shared_data, export="both", alpha=8.0)
     c.plan.steps = STEPS
     c.train.checkpoint_every = 2
@@ -236,7 +236,7 @@ def test_lora_run_trains_the_adapters_only(lora_run):
     params = _flat(state["params"])
     assert params and all(k.endswith(("['lora_a']", "['lora_b']")) for k in params), list(params)[:4]
     n_adapters = len(params) // 2
-    assert n_adapters == 2 * 6  # BERT: query, key, value, output, intermediate, output in each of the 2 layers
+    assert n_adapters == 6  # BERT: query, key, value, attention output, intermediate, output
     adapter_size = sum(v.size for v in params.values())
     moments = [v for v in _flat(state["opt_state"]).values() if v.ndim >= 1]
     assert sum(v.size for v in moments) == 2 * adapter_size  # Adam's mu and nu of the adapters, nothing else
@@ -304,3 +304,85 @@ def test_lora_resume_is_bitwise_and_needs_the_same_base(lora_run, tmp_path):
         assert "\n" not in str(e.value)
     finally:
         weights.write_bytes(original)
+
+
+# --------------------------------------------------------------------------------- MoTE, packing, gradient cache
+
+
+def _b_per_expert(state: dict) -> dict:
+    """B != 0 and different for every adapter and expert: zero B would hide a wrong route or a missing term."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(state["params"])
+    out = []
+    for i, (path, x) in enumerate(leaves):
+        if getattr(path[-1], "key", None) == "lora_b":
+            x = jax.device_put(0.1 * jax.random.normal(jax.random.key(i), x.shape, x.dtype), x.sharding)
+        out.append(x)
+    return {**state, "params": jax.tree_util.tree_unflatten(treedef, out)}
+
+
+def test_lora_with_mote_packing_and_the_gradient_cache(shared_data, tmp_path):
+    """Adapters per expert (every expert's feed-forward adapters stacked [E, ...]); the train step on packed rows
+    with the gradient cache (sub-batches of 16 token slots) and experts mixed within the packs gives the loss and
+    the adapters' gradients of the padded step (<= 1e-5); an unrouted expert's adapters get exactly zero gradient,
+    and routed AdamW leaves its adapters and their moments untouched."""
+    import dataclasses
+
+    import optax
+
+    from jaxembed import mote, optim, parallel
+    from jaxembed.data import pipeline as P
+    from jaxembed.train import init_state, make_train_step, setup
+    from jaxembed.models.tiny import tiny_model_dir
+    from packed_reference import packed_and_padded, slice_data, small_config
+
+    c = small_config(slice_data(shared_data, tmp_path), gradcache_chunk=2)
+    c.plan.strategy = "homogeneous"  # one task per batch: MoTE's one-expert-per-call path (TA-CL's)
+    c.model.name = str(tiny_model_dir("bert", num_layers=1))  # a third of the compile time
+    c.model.mote.enabled = True
+    c.model.lora.enabled = True
+    c.model.lora.rank = 4
+    run = setup(c, tmp_path / "run")
+    run = dataclasses.replace(run, packing=dataclasses.replace(
+        run.packing, min_row_length=16, sub_tokens=(16,) * len(run.packing.packs)))
+    E = run.loaded.model.config.mote.num_experts
+    state = init_state(run)
+    flat = _flat(state["params"])
+    experts = {k: v for k, v in flat.items() if "['experts']" in k}
+    assert experts and all(v.shape[0] == E for v in experts.values())  # feed-forward adapters: one per expert
+    assert all(k.endswith(("['lora_a']", "['lora_b']")) for k in flat)
+
+    packed, padded = packed_and_padded(run)
+    tasks = set(packed["task_id"].tolist())
+    assert len(tasks) == 1
+
+    def grads(host_batch):  # SGD at rate 1: the gradient = adapters before - after
+        r = dataclasses.replace(run, tx=optax.with_extra_args_support(optax.sgd(1.0)))
+        s = _b_per_expert(init_state(r))
+        before = _flat(jax.device_get(s["params"]))
+        s, m = make_train_step(r)(s, P.to_global(host_batch, parallel.batch_sharding(r.mesh)), single_task=True)
+        return float(m["loss"]), {k: before[k] - v for k, v in _flat(jax.device_get(s["params"])).items()}
+
+    (lp, gp), (ld, gd) = grads(packed), grads(padded)
+    assert lp == pytest.approx(ld, abs=1e-5)
+    worst = max(float(np.abs(gp[k] - gd[k]).max()) for k in gp)
+    assert worst <= 1e-5 and max(float(np.abs(v).max()) for v in gd.values()) > 1e-3, worst
+    spec = run.loaded.model.config.mote
+    used = {int(run.routes[0][t]) for t in tasks} | {int(run.routes[1][t]) for t in tasks}
+    idle = next(e for e in range(E) if e not in used)
+    for k, g in gp.items():
+        if "['experts']" in k:
+            assert all(not np.any(g[e]) for e in range(E) if e not in used), k
+            assert all(np.abs(g[e]).max() > 0 for e in used), k
+
+    # routed AdamW (MoTE's optimizer) on the adapters: the idle expert's slices and moments stay as they were
+    params = jax.device_get(_b_per_expert(state)["params"])
+    opt = run.tx.init(params)
+    g = jax.tree.map(np.ones_like, params)
+    active = np.arange(E) != idle
+    updates, opt2 = run.tx.update(g, opt, params, active=active)
+    adam = [x for x in jax.tree.leaves(opt2, is_leaf=lambda x: isinstance(x, optim.RoutedAdamState))
+            if isinstance(x, optim.RoutedAdamState)]
+    assert len(adam) == 1 and adam[0].expert_count.tolist() == active.astype(int).tolist()
+    for (path, u), m in zip(jax.tree_util.tree_leaves_with_path(updates), jax.tree.leaves(adam[0].mu)):
+        if mote.is_expert_path(path):
+            assert not np.any(u[idle]) and not np.any(m[idle]) and np.all(m[active] != 0)
