@@ -448,7 +448,7 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
                                      if summary.get("skipped") else "")),
              ("precision", f"compute {mcfg.get('dtype')}, parameters {mcfg.get('param_dtype')}"),
              ("seed", tcfg.get("seed")),
-             ("training time", _duration(time_.get("total_s")) + (
+             ("training time (wall clock)", _duration(time_.get("total_s")) + (
                  f" over {time_['invocations']} runs of `jaxembed train`" if (time_.get("invocations") or 1) > 1
                  else "")),
              ("hardware", hw)]

@@ -116,7 +116,7 @@ def test_run_card_front_matter_and_body_follow_the_run(run):
     assert "| wikiqa | wikiqa | `'Instruct: Given a question, retrieve answers \\n Query: '` | (none) |" in body
     assert "`infonce`, temperature 0.05" in body and "AdamW, lr 0.001" in body and "8 queries per step" in body
     assert re.search(r"\| hardware \| \d+ x .+ \(cpu\) \|", body)
-    assert re.search(r"\| training time \| \d+ (s|min)", body)
+    assert re.search(r"\| training time \(wall clock\) \| \d+ (s|min)", body)
     main = ev["metrics"]["STSBenchmark-dev/cosine_spearman"]
     assert f"| STSBenchmark-dev | STS | dev | cosine_spearman (main) | {main:.2f} |" in body
     assert json.loads(body.split("```json\n", 1)[1].split("\n```", 1)[0]) == json.loads(
@@ -239,7 +239,7 @@ def test_wandb_offline_run_holds_the_metrics_config_and_resumes_its_id(run):
     run_id = json.loads((wd / "wandb.json").read_text())["id"]
     logs = sorted((wd / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(logs) == 2 and all(p.name == f"run-{run_id}.wandb" for p in logs)  # the restart: the same run id
-    history, config, run_meta = [], {}, None
+    history, config, summary, run_meta = [], {}, {}, None
     for r in _wandb_records(logs[0]):
         kind = r.WhichOneof("record_type")
         if kind == "history":
@@ -248,6 +248,8 @@ def test_wandb_offline_run_holds_the_metrics_config_and_resumes_its_id(run):
             run_meta = r.run
         elif kind == "config":
             config.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.config.update})
+        elif kind == "summary":
+            summary.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.summary.update})
     assert run_meta.run_id == run_id and run_meta.project == "jaxembed-tests" and list(run_meta.tags) == ["tiny"]
     cfg = {i.key: json.loads(i.value_json) for i in run_meta.config.update}
     cfg.update(config)
@@ -261,6 +263,7 @@ def test_wandb_offline_run_holds_the_metrics_config_and_resumes_its_id(run):
         assert logged[r["step"]]["train/lr"] == pytest.approx(r["lr"], rel=1e-6)
     ev = next(r for r in jsonl if r["split"] == "eval")
     assert logged[4]["eval/STSBenchmark-dev/cosine_spearman"] == pytest.approx(ev["STSBenchmark-dev/cosine_spearman"])
+    assert summary["run/status"] == "completed" and summary["run/step"] == 4  # the run summary
 
 
 def test_wandb_settings_are_checked_before_any_work(monkeypatch, tiny_model_dir, shared_data, tmp_path):
@@ -286,8 +289,13 @@ def test_monitor_imports_wandb_only_when_enabled(monkeypatch, tmp_path):
     m = Monitor(tmp_path, 2, tensorboard=False, wandb={"enabled": False, "mode": "offline"})
     m.log(1, {"loss": 1.0})
     m.close()
+    on = {"enabled": True, "mode": "offline", "project": "p"}
+    other = Monitor(tmp_path / "p1", 2, tensorboard=False, is_main=False, wandb=on)  # a pod's other processes
+    other.log(1, {"loss": 1.0})
+    other.close()
+    assert not (tmp_path / "p1").exists()  # they write nothing (no wandb.json, no metrics.jsonl)
     with pytest.raises(UserError, match=r"needs the wandb package \(fix: pip install 'jaxembed\[wandb\]'"):
-        Monitor(tmp_path, 2, tensorboard=False, wandb={"enabled": True, "mode": "offline", "project": "p"})
+        Monitor(tmp_path, 2, tensorboard=False, wandb=on)
 
 
 # --------------------------------------------------------------------------------------------------- push
