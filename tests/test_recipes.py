@@ -42,7 +42,7 @@ VARIANTS = {
     "peg": ["", "infonce", "retromae", "mined", "infonce,retromae,mined", "tiny", "tiny,infonce", "tiny,mined"],
     "kalm": ["", "stage1", "stage2", "stage1,semi50", "stage2,semi25,no_mrl,no_instructions", "no_instructions",
              "tiny", "tiny,stage1", "tiny,stage2", "tiny,stage1,semi0", "tiny,stage2,semi100", "tiny,stage2,no_mrl",
-             "tiny,stage1,no_instructions"],
+             "tiny,stage1,no_instructions", "lora", "stage2,lora", "tiny,lora", "tiny,stage2,lora"],
     "mote": ["", "tiny", "cpu", "ic", "static", "eob", "tiny,static", "tiny,ic", "tiny,eob", "cpu,ic,eob",
              "no_clustering", "cpu,ic,no_clustering"],
 }
@@ -139,7 +139,8 @@ def _check_recipe(recipe, variants, c, dirs):
                               else set())
     elif recipe == "kalm":
         stage2 = "stage2" in variants
-        assert (c.loss.temperature, c.model.pooling) == (0.01, "mean") and (tiny or c.optim.lr == 1e-4)
+        assert (c.loss.temperature, c.model.pooling) == (0.01, "mean") and (
+            tiny or c.optim.lr == (2e-4 if "lora" in variants else 1e-4))  # LoRA: a larger rate (configs/kalm.py)
         assert c.model.causal is True and c.plan.strategy == "semi_homogeneous"
         semi = [int(v[4:]) / 100 for v in variants if v.startswith("semi")]
         assert c.plan.semi_homogeneous_proportion == (semi[0] if semi else 0.0)
@@ -156,6 +157,7 @@ def _check_recipe(recipe, variants, c, dirs):
         if stage2:
             assert c.model.init_from == dirs["stage1_dir"]  # model.init_from chains the stages
             assert any(d.path.startswith(dirs["mined_dir"]) for d in c.data.datasets)
+        assert c.model.lora.enabled == ("lora" in variants)  # LoRA adapters, the base frozen (docs/lora.md)
         instructed = [d for d in c.data.datasets if d.query_instruction]
         if "no_instructions" in variants:
             assert not instructed
@@ -349,7 +351,7 @@ def _run_peg(d: Path):
 
 def _run_kalm(d: Path):
     """Stage 1 (semi-homogeneous, in-batch negatives); jaxembed mine on sick_nli with the stage-1 model and store;
-    stage 2 from stage 1's export with the mined negatives and Matryoshka."""
+    stage 2 from stage 1's export with the mined negatives and Matryoshka, as LoRA adapters (the lora variant)."""
     from jaxembed.cli import main
 
     dirs = {"stage1_dir": str(d / "stage1"), "mined_dir": str(d / "mined")}
@@ -357,7 +359,7 @@ def _run_kalm(d: Path):
     assert main(["mine", "--model", str(d / "stage1" / "export"), "--store", str(d / "stage1" / "store"),
                  "--dataset", "sick_nli", "--top-k", "100", "--window", "10:40",
                  "--out", str(d / "mined" / "sick_nli.jsonl"), "-q"]) == 0
-    c2 = _load("kalm", "tiny,stage2", dirs)
+    c2 = _load("kalm", "tiny,stage2,lora", dirs)
     from jaxembed.train import init_source
 
     assert init_source(c2, d / "stage2") == str(d / "stage1" / "export")  # stage 2 starts from stage 1's weights
@@ -509,6 +511,11 @@ def test_kalm_tiny_two_stages(runs, tmp_path):
         assert r["loss"] == pytest.approx(r["loss_dim32"] + .3 * r["loss_dim16"] + .2 * r["loss_dim8"]
                                           + .1 * r["loss_dim4"] + .1 * r["loss_dim2"], rel=1e-5)
     assert all("loss_dim32" not in r for r in rows1)  # Matryoshka only in fine-tuning (KaLM 3.1)
+    # stage 2 trained LoRA adapters on stage 1's export: merged weights in export/, the PEFT folder in adapter/
+    assert c2["model"]["lora"]["enabled"] and json.loads((d / "stage2" / "lora_base.json").read_text())["source"] \
+        == str(d / "stage1" / "export")
+    assert (d / "stage2" / "export" / "model.safetensors").is_file()
+    assert json.loads((d / "stage2" / "export" / "adapter" / "adapter_config.json").read_text())["r"] == 4
     # before mining, stage 2 stops at validation with the command
     stage2 = _load("kalm", "tiny,stage2", {"stage1_dir": str(d / "stage1"), "mined_dir": str(tmp_path)})
     with pytest.raises(UserError, match=rf"`jaxembed mine --model {d}/stage1/export --store {d}/stage1/store "
