@@ -482,12 +482,3 @@ def _version() -> str:
     from jaxembed import __version__
 
     return __version__
-
-
-def plain_config(config) -> dict:
-    """A run config (ConfigDict or dict) as a plain JSON dict."""
-    if isinstance(config, dict):
-        return json.loads(json.dumps(config, default=str))
-    from jaxembed import config as cfglib
-
-    return json.loads(cfglib.to_json(config))

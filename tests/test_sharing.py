@@ -152,6 +152,25 @@ def test_card_leaves_an_evaluation_of_another_step_out_of_the_metadata(run):
     assert "model-index" in _front_matter_text(model_card.run_card(wd, cfg, model, step=4))[0]
 
 
+def test_mteb_task_results_carry_mteb_dataset_and_revision():
+    """An ``mteb:NAME`` dev task's results name the task's hub dataset, revision and split, as mteb writes them."""
+    pytest.importorskip("mteb")
+    import mteb
+
+    from jaxembed.model_card import eval_rows, front_matter
+
+    rows = eval_rows({"mteb:STSBenchmark/main_score": 81.5, "mteb:STSBenchmark/cosine_spearman": 81.5,
+                      "mteb:STSBenchmark/cosine_pearson": 80.25}, ("mteb:STSBenchmark",))
+    meta = yaml.safe_load(front_matter(name="m", results=rows, tags=["mteb"]).strip().strip("-"))
+    (res,) = meta["model-index"][0]["results"]
+    md = mteb.get_task("STSBenchmark").metadata
+    assert res["task"] == {"type": "STS"} and res["dataset"] == {
+        "name": "MTEB STSBenchmark", "type": md.dataset["path"], "config": "default", "split": "test",
+        "revision": md.dataset["revision"]}
+    assert res["metrics"] == [{"type": "cosine_spearman", "value": 81.5}, {"type": "cosine_pearson", "value": 80.25}]
+    assert "mteb" in meta["tags"]
+
+
 def _front_matter_text(card: str) -> tuple[dict, str]:
     m = re.match(r"^---\n(.*?)\n---\n(.*)$", card, re.S)
     return yaml.safe_load(m.group(1)), m.group(2)
