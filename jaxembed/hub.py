@@ -66,7 +66,8 @@ def check_access(repo_id: str, token: str | None = None) -> None:
     try:
         me = api.whoami()
     except Exception as e:  # noqa: BLE001
-        raise UserError(f"--push-to-hub {repo_id} ({api.endpoint}): checking the token failed: {_describe(e)}") from None
+        raise UserError(f"--push-to-hub {repo_id} ({api.endpoint}): checking the token failed: "
+                        f"{_describe(e)}") from None
     role = ((me.get("auth") or {}).get("accessToken") or {}).get("role") if isinstance(me, dict) else None
     if role == "read":
         raise UserError(f"--push-to-hub {repo_id} ({api.endpoint}): the token is read-only (fix: a token with write "

@@ -317,7 +317,8 @@ def plain_card(config, head, prompts=None, *, source: str | None = None, name: s
     lines += ["## Model", ""] + describe_model(config, head, max_length, mote_spec)
     lines += ["## Usage", ""] + usage(name or base or "PATH", prompts=prompts, mote_spec=mote_spec)
     if prompts:
-        lines += ["## Prompts", ""] + _table(("name", "instruction"), [(k, f"`{v}`") for k, v in sorted(prompts.items())])
+        lines += ["## Prompts", ""] + _table(("name", "instruction"),
+                                             [(k, f"`{v}`") for k, v in sorted(prompts.items())])
     if mote_spec is not None:
         lines += _routing(mote_spec)
     return "\n".join(lines)
@@ -439,7 +440,8 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
           + (f", {dev.get('processes')} processes" if (dev.get("processes") or 1) > 1 else "")) if dev else "unknown"
     trows = [("loss", loss),
              ("optimizer", f"AdamW, lr {_num(ocfg.get('lr'))}, {ocfg.get('schedule')} schedule, warm-up {warm}, "
-                           f"weight decay {_num(ocfg.get('weight_decay'))}, betas ({ocfg.get('b1')}, {ocfg.get('b2')}), "
+                           f"weight decay {_num(ocfg.get('weight_decay'))}, "
+                           f"betas ({ocfg.get('b1')}, {ocfg.get('b2')}), "
                            f"gradient clip {_num(ocfg.get('grad_clip'))}"
                            + (f", frozen {list(ocfg['freeze'])}" if ocfg.get("freeze") else "")),
              ("batch", f"{pcfg.get('global_batch_size')} queries per step (all devices), each with its positive and "
