@@ -1,4 +1,5 @@
-"""BERT / RoBERTa / XLM-R against PyTorch transformers on tiny random configs (float32, <= 1e-4; weights ~ N(0, 0.2)).
+"""BERT / RoBERTa / XLM-R against PyTorch transformers on tiny random configs (float32, <= 1e-4; weights
+~ N(0, 0.2))."""
 
 import dataclasses
 

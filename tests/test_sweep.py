@@ -431,6 +431,9 @@ def test_tiny_sweep_2x2_end_to_end(tiny_setup, tmp_path, capsys):
     fast = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {fast}".strip())
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the sweep's own cache, ROOT/.jax_cache
+    # JAX stores only programs that took >= 1 s to compile (its default); on a fast machine the tiny runs' programs
+    # all compile faster, and the cache would stay empty however the sweep shares it: store every program here
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     p = subprocess.run([sys.executable, "-m", "jaxembed.cli", "sweep", "--config", str(tiny_setup), "--root",
                         str(root), "--sweep", "plan.seed=1,2 plan.negatives=first,sample", "--in-process", "-q"],
                        env=env, capture_output=True, text=True, timeout=600)

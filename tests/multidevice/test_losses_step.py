@@ -69,9 +69,8 @@ def test_mixed_losses_distillation_and_gist_step_equals_float64_reference(tmp_pa
     hb = make_loader(run.store, run.plan, run.loaded.tokenizer, num_candidates=run.K).batch(0)
     nli = hb["dataset_id"] == run.store.index("nli")
     assert 0 < nli.sum() < 16  # both kinds in the batch
-    _, m = step(init_state(run), to_global(hb, parallel.batch_sharding(run.mesh)))
-
-    # the reference, on one device: the initial (= guide) model's embeddings, float64 loops
+    # the reference, on one device: the initial (= guide) model's embeddings, float64 loops. Encoded before the step:
+    # the step donates the train state, whose replicated leaves may be the model's own buffers.
     from flax import nnx
 
     gd, st = nnx.split(run.loaded.model)
@@ -79,6 +78,7 @@ def test_mixed_losses_distillation_and_gist_step_equals_float64_reference(tmp_pa
     enc = lambda p: np.asarray(fwd(st, hb[f"{p}_input_ids"], hb[f"{p}_attention_mask"], hb[f"{p}_prompt_length"]),
                                np.float64)
     q, d = enc("query"), enc("doc")
+    _, m = step(init_state(run), to_global(hb, parallel.batch_sharding(run.mesh)))
     K, B = run.K, 16
     pos = np.arange(B) * K
     w = hb["weight"].astype(np.float64)
