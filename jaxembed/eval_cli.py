@@ -3,9 +3,14 @@
 ``add_parsers(subparsers)`` adds the ``eval`` command (``func`` returns the exit status; a UserError is printed
 on one line by the main CLI, exit status 2).
 
-- ``jaxembed eval --model PATH_OR_WORKDIR [--tasks NAMES|all|dev|eval] [--split dev|eval|both]
+- ``jaxembed eval --model PATH_OR_WORKDIR [--tasks NAMES|all|dev|eval] [--task SPEC ...] [--split dev|eval|both]
   [--dims 64,128,...] [--out results.json]``: prints a table, writes ``{"Task": {"main_score": ..., ...}}``
-  (points, 0-100).
+  (points, 0-100). The entries are those of the trainer's ``eval.tasks`` (``jaxembed.evaluate.dev``): registered
+  names, ``mteb:NAME`` (an MTEB task available offline, scored by mteb.evaluate), and a user's own sets
+  (``jaxembed.evaluate.user_tasks``: an STS / pair / classification / clustering / reranking file, a BEIR
+  folder), given with ``--task name=...,type=...,path=...`` (or a JSON object) or in a ``.json`` file of
+  ``--tasks`` holding a list like ``eval.tasks``. Every entry is checked (names, keys, files, first rows, MTEB
+  names and data) before the model loads.
 - ``jaxembed eval --model PATH --mteb TASKS [--out DIR]``: runs ``mteb.evaluate``; local task names run offline
   as mteb custom tasks, other names (or ``mteb:NAME``) are MTEB tasks (their data from the hub or the local Hugging
   Face cache). Writes mteb's result files under DIR (default ``mteb_results``).
@@ -30,9 +35,15 @@ def add_parsers(subparsers) -> None:
                     "MTEB), or run mteb.evaluate (--mteb).")
     p.add_argument("--model", default=None, help="model folder (HF / sentence-transformers / jaxembed export), "
                                                   "training workdir (a folder holding export/) or hub id")
-    p.add_argument("--tasks", default="all", metavar="NAMES|all|dev|eval",
-                   help="comma-separated task names, or all (default), dev (model selection sets), eval "
-                        "(reporting sets); see --list")
+    p.add_argument("--tasks", default=None, metavar="NAMES|all|dev|eval",
+                   help="comma-separated task names, or all (default without --task), dev (model selection sets), "
+                        "eval (reporting sets); mteb:NAME (an MTEB task available offline); FILE.json (a list of "
+                        "entries as the config's eval.tasks, your own sets as objects); see --list")
+    p.add_argument("--task", action="append", default=[], metavar="SPEC",
+                   help="your own set, as a dict of the config's eval.tasks: name=NAME,type=TYPE,path=PATH"
+                        "[,split=S][,train=PATH][,main_score=M], or a JSON object (for columns, instructions, "
+                        "score_range); repeatable. Types: sts, pair_classification, classification (train=), "
+                        "clustering, reranking, retrieval (a BEIR folder)")
     p.add_argument("--split", default=None, choices=["dev", "eval", "both"],
                    help="map the named tasks to their dev / eval variants (NAME-dev is the dev/ file of NAME)")
     p.add_argument("--mteb", default=None, metavar="TASKS",
@@ -96,7 +107,7 @@ def _load(args):
 
 
 def cmd_eval(args) -> int:
-    from jaxembed.evaluate import DEFAULT_INSTRUCTION_TEMPLATE, format_table, resolve_tasks, tasks as task_mod
+    from jaxembed.evaluate import DEFAULT_INSTRUCTION_TEMPLATE, format_table, tasks as task_mod
 
     if args.list:
         print(task_mod.describe())
@@ -114,11 +125,22 @@ def cmd_eval(args) -> int:
     common = dict(dims=args.dims, batch_size=args.batch_size, max_examples=args.max_examples, seed=args.seed,
                   prompts=prompts, task_instructions=args.instructions, instruction_template=template)
     if args.mteb is not None:
+        if args.task:
+            raise UserError("--task: your own sets run with the local evaluators, not with --mteb (fix: drop --mteb; "
+                            "mteb:NAME entries can go in --tasks)")
         return _run_mteb(args, common)
-    selected = resolve_tasks(args.tasks, args.split)  # validate names before loading the model
+    selected, mteb_names, user_prompts = _selected(args)  # every entry checked before the model loads
     out = Path(args.out) if args.out else None
     if out is not None and out.is_dir():
         raise UserError(f"--out {out}: is a folder; pass a .json file")
+    mteb_eval = None
+    if mteb_names:  # their data loaded now (an MTEB task not available offline stops here)
+        from jaxembed.evaluate.dev import MTEB_PREFIX, DevEvaluator
+
+        mteb_eval = DevEvaluator([MTEB_PREFIX + n for n in mteb_names], seed=args.seed, batch_size=args.batch_size,
+                                 where="--tasks")
+    if user_prompts:  # a user set's instructions are its prompts (--prompts may override them)
+        common["prompts"] = dict(user_prompts, **(prompts or {}))
     from jaxembed.encode import Encoder
     from jaxembed.evaluate import evaluate
 
@@ -133,9 +155,17 @@ def cmd_eval(args) -> int:
                   file=sys.stderr, flush=True)
 
     t0 = time.time()
-    results = evaluate(encoder, selected, progress=not args.quiet and sys.stderr.isatty(), on_result=on_result,
-                       **common)
-    print(format_table(results, selected, times))
+    results = {}
+    if selected:
+        results = evaluate(encoder, selected, progress=not args.quiet and sys.stderr.isatty(), on_result=on_result,
+                           **common)
+        print(format_table(results, selected, times))
+    if mteb_eval is not None:
+        t1 = time.time()
+        scores = mteb_eval(encoder)
+        for name, res in scores.items():
+            print(f"{name}  {res['main_score']:.2f}  (mteb.evaluate, {time.time() - t1:.1f}s)")
+        results.update(scores)
     print(f"\n{loaded.source}: {len(results)} tasks in {time.time() - t0:.1f}s")
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +174,84 @@ def cmd_eval(args) -> int:
             f.write("\n")
         print(f"wrote {out}")
     return 0
+
+
+def _task_specs(items: list[str]) -> list[dict]:
+    """``--task`` values -> user set specs: ``key=value,key=value`` or a JSON object."""
+    out = []
+    for i, text in enumerate(items):
+        w = f"--task[{i}]"
+        if text.lstrip().startswith("{"):
+            try:
+                spec = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{w}: invalid JSON at column {e.colno}: {e.msg}") from None
+            if not isinstance(spec, dict):
+                raise UserError(f"{w}: expected a JSON object of the set's keys, got {type(spec).__name__}")
+        else:
+            spec = {}
+            for part in text.split(","):
+                key, eq, value = part.partition("=")
+                if not eq or not key.strip():
+                    raise UserError(f"{w}: {part!r} is not KEY=VALUE (fix: name=my-sts,type=sts,path=dev/sts.csv; "
+                                    "a JSON object for values with commas)")
+                spec[key.strip()] = value.strip()
+        out.append(spec)
+    return out
+
+
+def _tasks_file(path: str) -> list:
+    """A ``--tasks`` JSON file: a list of eval.tasks entries."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"--tasks {path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"--tasks {path}: is a folder (fix: a .json file with a list of tasks)") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"--tasks {path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"--tasks {path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    if not isinstance(obj, list):
+        raise UserError(f"--tasks {path}: expected a JSON list of tasks (names, \"mteb:NAME\", objects with name, "
+                        f"type, path), got {type(obj).__name__}")
+    return obj
+
+
+def _selected(args):
+    """-> (local Tasks, MTEB task names, the user sets' prompts), every entry checked (``parse_eval_tasks``: the
+    trainer's eval.tasks rules) before the model loads. --split maps the registered tasks to their variants."""
+    from jaxembed.evaluate import resolve_tasks
+    from jaxembed.evaluate.dev import parse_eval_tasks
+
+    tasks = args.tasks if args.tasks is not None else ("" if args.task else "all")
+    items = [x.strip() for x in tasks.split(",") if x.strip()]
+    groups = [([x for x in items if not x.endswith(".json")], "--tasks")]
+    groups += [(_tasks_file(x), f"--tasks {x}") for x in items if x.endswith(".json")]
+    groups.append((_task_specs(args.task), "--task"))
+    local, mteb, seen = [], [], {}
+    for entries, where in groups:
+        dev = parse_eval_tasks(entries, where)
+        for t in dev.local:
+            for v in [t] if t.user or args.split is None else resolve_tasks([t], args.split):
+                if v.name in seen and seen[v.name] != where:
+                    raise UserError(f"{where}: task {v.name!r} is also in {seen[v.name]} (fix: list each task "
+                                    "once)")
+                seen[v.name] = where
+                if v not in local:
+                    local.append(v)
+        for n in dev.mteb:
+            if n in mteb:
+                raise UserError(f"{where}: mteb:{n} appears twice (fix: list each task once)")
+            mteb.append(n)
+    if not local and not mteb:
+        raise UserError("--tasks: no tasks selected")
+    prompts: dict[str, str] = {}
+    for t in local:
+        if t.user:
+            prompts.update(t.instruction_prompts("{instruction}"))
+    return local, mteb, prompts
 
 
 def _run_mteb(args, common) -> int:

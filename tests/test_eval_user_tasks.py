@@ -191,11 +191,9 @@ def test_bad_eval_tasks_are_one_line_errors(user_sets, tmp_path):
 
 @pytest.mark.slow
 def test_mteb_entries_run_through_mteb_and_must_be_available_offline(shared_data, monkeypatch):
-    mteb = pytest.importorskip("mteb")
+    pytest.importorskip("mteb")
     import datasets
     import huggingface_hub
-
-    from jaxembed.evaluate.mteb_adapter import mteb_task
 
     with pytest.raises(UserError, match=r"tasks\[0\]: 'mteb:Bankng77Classification': no such MTEB task \(did you "
                                         r"mean mteb:Banking77Classification\?"):
@@ -206,14 +204,67 @@ def test_mteb_entries_run_through_mteb_and_must_be_available_offline(shared_data
     with pytest.raises(UserError, match=r"tasks: mteb:Banking77Classification: its dataset mteb/banking77 cannot be "
                                         r"loaded .*\(fix: download it once"):
         DevEvaluator(("mteb:Banking77Classification",))
-    # an MTEB task whose data is available offline (here: the local STS-B dev rows as an mteb task) is scored by
-    # mteb.evaluate and keyed by the entry as written; it equals the local evaluator on the same rows
-    local = mteb_task("STSBenchmark-dev", max_examples=150)
+    # an MTEB task whose data is available offline is scored by mteb.evaluate, keyed by the entry as written, equal
+    # to the local evaluator on the same rows: test_eval_cli_takes_the_trainers_entries (through the DevEvaluator)
+    validate_eval({"tasks": ("mteb:STSBenchmark",), "best_metric": "mteb:STSBenchmark/main_score"})
+
+
+def test_eval_cli_takes_the_trainers_entries(user_sets, tmp_path, capsys, monkeypatch):
+    """`jaxembed eval` takes what eval.tasks takes: registered names, a user's own sets (--task KEY=VALUE or a JSON
+    object; a .json file of --tasks holding a list like eval.tasks: a BEIR folder, STS / pair / classification
+    files) and mteb:NAME (through mteb.evaluate). A user set scores like the registered task on the same rows (the
+    trainer's DevEvaluator does too: test_user_sets_score_like_the_registered_tasks), its instruction is its prompt.
+    A bad entry is one line before the model loads (here: a model that does not exist)."""
+    mteb = pytest.importorskip("mteb")
+    from jaxembed.cli import main
+    from jaxembed.evaluate.mteb_adapter import mteb_task
+    from jaxembed.models.tiny import tiny_model_dir
+
+    d, model = user_sets, tiny_model_dir("bert")
+    beir = tmp_path / "beir"  # a small BEIR folder: 20 queries, their relevant documents and 100 others
+    (beir / "qrels").mkdir(parents=True)
+    qrels = (d / "beir/qrels/dev.tsv").read_text().splitlines()
+    queries = _rows(d / "beir/queries.jsonl")[:20]
+    keep_q = {str(q["_id"]) for q in queries}
+    qrels = [qrels[0]] + [x for x in qrels[1:] if x.split("\t")[0] in keep_q]
+    docs = {x.split("\t")[1] for x in qrels[1:]}
+    corpus = [r for i, r in enumerate(_rows(d / "beir/corpus.jsonl")) if str(r["_id"]) in docs or i < 100]
+    _write_jsonl(beir / "queries.jsonl", queries)
+    _write_jsonl(beir / "corpus.jsonl", corpus)
+    (beir / "qrels/dev.tsv").write_text("\n".join(qrels) + "\n")
+    cols = {"sentence1": "s1", "sentence2": "s2", "score": "similarity"}
+    sts = dict(name="my-sts", type="sts", path=str(d / "sts.csv"), columns=cols)
+    listed = [sts, dict(sts, name="my-sts-i", query_instruction="Same meaning: "),
+              dict(name="my-ir", type="retrieval", path=str(beir))]
+    (tmp_path / "tasks.json").write_text(json.dumps(listed))
+    sst2 = dict(name="my-sst2", type="classification", path=str(d / "sst2_dev.tsv"), train=str(d / "sst2_train.jsonl"))
+    local = mteb_task("STSBenchmark-dev", max_examples=40)  # an MTEB task available offline: the local rows
     real_get = mteb.get_task
     monkeypatch.setattr(mteb, "get_task", lambda name, *a, **k: local if name == "STSBenchmark" else
                         real_get(name, *a, **k))
-    dev = DevEvaluator(("mteb:STSBenchmark", "STSBenchmark-dev"), max_examples=150)
-    res = dev(WordsEncoder())
-    assert set(res) == {"mteb:STSBenchmark", "STSBenchmark-dev"}
-    assert res["mteb:STSBenchmark"]["main_score"] == pytest.approx(res["STSBenchmark-dev"]["main_score"], abs=1e-6)
-    validate_eval({"tasks": ("mteb:STSBenchmark",), "best_metric": "mteb:STSBenchmark/main_score"})
+    out = tmp_path / "res.json"
+    assert main(["eval", "--model", str(model), "--tasks",
+                 f"MRPC-dev,STSBenchmark-dev,mteb:STSBenchmark,{tmp_path / 'tasks.json'}",
+                 "--task", f"name=my-pairs,type=pair_classification,path={d / 'pairs.parquet'}",
+                 "--task", json.dumps(sst2), "--max-examples", "40", "--out", str(out), "-q"]) == 0
+    got = json.loads(out.read_text())
+    assert set(got) == {"MRPC-dev", "STSBenchmark-dev", "mteb:STSBenchmark", "my-sts", "my-sts-i", "my-ir",
+                        "my-pairs", "my-sst2"}
+    assert got["my-pairs"] == got["MRPC-dev"] and got["my-sts"] == got["STSBenchmark-dev"]  # the same rows
+    assert got["mteb:STSBenchmark"]["main_score"] == pytest.approx(got["STSBenchmark-dev"]["main_score"], abs=1e-6)
+    assert got["my-sts-i"] != got["my-sts"]  # its instruction was its prompt
+    assert all(0 < got[t]["main_score"] <= 100 for t in ("my-ir", "my-sst2")), got
+    assert got["my-ir"]["main_score"] == got["my-ir"]["ndcg_at_10"]
+    assert "my-ir" in capsys.readouterr().out
+    bad = [(["--task", "name=x,type=sts,path=" + str(tmp_path / "nope.csv")], r"--task\[0\]\.path: .*nope\.csv "
+                                                                                r"does not exist"),
+           (["--task", "name=x,type=sts"], r"--task\[0\]\.path: required"),
+           (["--task", "name=x,type"], r"--task\[0\]: 'type' is not KEY=VALUE"),
+           (["--tasks", str(tmp_path / "missing.json")], r"--tasks .*missing\.json: no such file"),
+           (["--tasks", f"{tmp_path / 'tasks.json'}", "--task", json.dumps(sts)],
+            r"--task: task 'my-sts' is also in --tasks .*tasks\.json"),
+           (["--tasks", "STSBenchmark-dv"], r"--tasks\[0\]: unknown task 'STSBenchmark-dv'")]
+    for args, match in bad:
+        assert main(["eval", "--model", str(tmp_path / "no-model"), *args, "-q"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and re.search(match, err), err
