@@ -32,12 +32,15 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="override the folder's pooling")
     p.add_argument("--bidirectional", action="store_true", help="decoder backbones (Qwen2/3): bidirectional "
                                                                "attention instead of causal")
+    p.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn", "te", "pallas", "splash"],
+                   help="attention kernel (model.attention; default auto: the platform's fused kernel where it fits)")
 
 
 def _load(args, task: str | None = None):
     from jaxembed import hf
 
-    kw = {"dtype": args.dtype, "max_length": args.max_length, "pooling": args.pooling}
+    kw = {"dtype": args.dtype, "max_length": args.max_length, "pooling": args.pooling,
+          "attention": getattr(args, "attention", "auto")}
     if getattr(args, "bidirectional", False):
         kw["causal"] = False
     if task is not None:

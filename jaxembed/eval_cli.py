@@ -71,6 +71,8 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--pooling", default=None, choices=["mean", "cls", "lasttoken", "max", "mean_sqrt_len"],
                    help="override the folder's pooling")
     p.add_argument("--bidirectional", action="store_true", help="Qwen2/3 backbones: bidirectional attention")
+    p.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn", "te", "pallas", "splash"],
+                   help="attention kernel (model.attention; default auto: the platform's fused kernel where it fits)")
     p.add_argument("--list", action="store_true", help="list the registered tasks and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_eval)
@@ -100,7 +102,7 @@ def _load(args):
     from jaxembed import hf
     from jaxembed.evaluate import resolve_model_path
 
-    kw = {"dtype": args.dtype, "max_length": args.max_length, "pooling": args.pooling}
+    kw = {"dtype": args.dtype, "max_length": args.max_length, "pooling": args.pooling, "attention": args.attention}
     if args.bidirectional:
         kw["causal"] = False
     return hf.load(resolve_model_path(args.model), **kw)

@@ -198,13 +198,7 @@ def setup(config, workdir: str | Path) -> Run:
     runfiles.main_first("config", write_config)  # process 0 checks the old config and writes the new one
     runfiles.all_agree("config-check", lambda: _same_config_as_main(config, workdir))
     mesh = parallel.make_mesh(config.train.mesh_data, config.train.mesh_fsdp)
-    kw = dict(dtype=config.model.dtype, param_dtype=config.model.param_dtype, remat=config.model.remat)
-    if config.model.max_length:
-        kw["max_length"] = config.model.max_length
-    if config.model.pooling:
-        kw["pooling"] = config.model.pooling
-    if config.model.causal is not None:
-        kw["causal"] = config.model.causal
+    kw = model_kwargs(config)
     source = init_source(config, workdir)
     loaded = load_model(config, source=source, **kw)
     if lora_spec is not None:  # the adapters apply to these base weights only: a resume on others is an error
@@ -269,6 +263,20 @@ def init_source(config, workdir: str | Path) -> str:
             print(f"model.init_from: exporting the latest checkpoint of {p} to {out}", flush=True)
         export_from_workdir(p, out, lora_export="merged")  # a LoRA stage: its merged weights (no PEFT folder)
     return str(out)
+
+
+def model_kwargs(config) -> dict:
+    """The run config's ``model.*`` settings that shape the loaded model (``hf.load``'s keyword arguments)."""
+    kw = dict(dtype=config.model.dtype, param_dtype=config.model.param_dtype, remat=config.model.remat)
+    if config.model.max_length:
+        kw["max_length"] = config.model.max_length
+    if config.model.pooling:
+        kw["pooling"] = config.model.pooling
+    if config.model.causal is not None:
+        kw["causal"] = config.model.causal
+    if "attention" in config.model:
+        kw["attention"] = config.model.attention  # the attention kernel (jaxembed.models.attention)
+    return kw
 
 
 def load_model(config, source: str | None = None, **kw) -> hf.Loaded:

@@ -163,6 +163,33 @@ def test_config_validates_model_attention():
         cfglib.validate(c)
 
 
+
+def test_run_config_and_cli_flag_reach_the_model(tmp_path, capsys):
+    """model.attention (jaxembed train) and --attention (encode / eval) build the model with that kernel: a kernel of
+    another platform is refused in one line, xla builds."""
+    from jaxembed import hf
+    from jaxembed.cli import main
+    from jaxembed.models.tiny import tiny_model_dir
+    from jaxembed.train import model_kwargs
+
+    folder = tiny_model_dir("bert")
+    c = cfglib.default_config()
+    c.model.attention = "xla"
+    assert hf.load(folder, **model_kwargs(c)).model.config.attention == "xla"
+    wrong = {"gpu": "splash", "tpu": "pallas"}.get(jax.default_backend(), "pallas")
+    c.model.attention = wrong
+    with pytest.raises(UserError, match=f"model.attention={wrong!r} runs on"):
+        hf.load(folder, **model_kwargs(c))
+    texts = tmp_path / "t.txt"
+    texts.write_text("a b\nc\n")
+    for cmd in (["encode", "--input", str(texts), "--out", str(tmp_path / "e.npy")], ["eval", "--tasks", "STSBenchmark"]):
+        assert main([*cmd, "--model", str(folder), "--attention", wrong]) == 2
+        assert f"model.attention={wrong!r} runs on" in capsys.readouterr().err
+    assert main(["encode", "--input", str(texts), "--out", str(tmp_path / "e.npy"), "--model", str(folder),
+                 "--attention", "xla"]) == 0
+    assert np.load(tmp_path / "e.npy").shape[0] == 2
+
+
 # ------------------------------------------------------------------------------------------ on the accelerator
 
 
