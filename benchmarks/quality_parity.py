@@ -61,6 +61,8 @@ One run at a time (background jobs, resumable): ``--job ARM:SEED`` trains and ev
 writes <workdir>/jaxembed_<ARM>_s<SEED>/result.json (a finished run is reused, an interrupted one starts again);
 ``--summarize`` then compares every finished run of the workdir (the same comparisons, over the seeds both arms
 have) and writes the result file. Give both the same options (steps, batch, eval sample, curriculum files).
+``--summarize --results-dir DIR`` adds the runs of copied (e.g. committed) result.json files
+DIR/jaxembed_<ARM>_s<SEED>.json that the workdir lacks (full-width scores only, no Matryoshka views).
 
     python benchmarks/quality_parity.py [--steps 200] [--batch-size 16] [--seeds 0 1] [--ablations peg,mrl]
                                         [--ablation-seeds 0] [--workdir runs/quality_parity] [--no-readme]
@@ -145,6 +147,10 @@ def parse_args(argv=None):
                          "result.json in the workdir; then --summarize")
     ap.add_argument("--summarize", action="store_true",
                     help="compare the finished runs of the workdir and write the result file (no training)")
+    ap.add_argument("--results-dir", default="", metavar="DIR",
+                    help="with --summarize: also the runs of the per-run result files DIR/jaxembed_<ARM>_s<SEED>.json "
+                         "(copies of a job's result.json, e.g. committed) that the workdir lacks; they hold the "
+                         "full-width scores only (no Matryoshka views)")
     ap.add_argument("--_train", default="", help=argparse.SUPPRESS)  # internal: TOOL:ARM:SEED in a subprocess
     args = ap.parse_args(argv)
     if not args.workdir:
@@ -810,11 +816,12 @@ def ablation_rows(runs: dict, arms, seeds) -> dict:
     arms vs Vanilla, the balanced walk vs the cyclic one, MoTE with clustering data vs the baseline with it) as
     ``difference_vs_<key>`` / ``vs_<key>``. Arms or references without a finished run are left out."""
     out = {}
+    dims = DIMS if all("dims" in e for r in runs.values() for e in r["eval"].values()) else ()
     for a in arms:
         row = _diff_row(runs, a, "base", seeds)
         if row is None:
             continue
-        for d in DIMS:
+        for d in dims:
             x = _diff_row(runs, a, "base", seeds, str(d))
             row[f"dim{d}"] = {"baseline_average": x["baseline_average"], "arm_average": x["arm_average"],
                               "difference": x["difference"]}
@@ -944,8 +951,8 @@ def main():
 
 def ablation_parts(ablation: dict) -> list[str]:
     """One phrase per arm for the README line: vs base at every dimension, then vs its references."""
-    return [f"{a} vs base (seeds {row['seeds']}): {row['difference']:+.2f} at 384, "
-            + ", ".join(f"{row[f'dim{d}']['difference']:+.2f} at {d}" for d in DIMS)
+    return [f"{a} vs base (seeds {row['seeds']}): {row['difference']:+.2f} at 384"
+            + "".join(f", {row[f'dim{d}']['difference']:+.2f} at {d}" for d in DIMS if f"dim{d}" in row)
             + "".join(f"; vs {ref} {row[f'difference_vs_{key}']:+.2f}" for key, ref in REFERENCES.get(a, [])
                       if f"difference_vs_{key}" in row)
             for a, row in ablation.items()]
@@ -1039,6 +1046,29 @@ def run_jobs(args) -> None:
             f" -> {rundir / 'result.json'}")
 
 
+def runs_from_result_files(args, folder: Path) -> tuple[dict, list[str]]:
+    """--results-dir: the runs of folder's per-run result files (jaxembed_<ARM>_s<SEED>.json, copies of --job's
+    result.json) as summarize_workdir reads runs: {("jaxembed", arm, seed): {"eval": {task: {"main_score": x}},
+    "train_s", "plan", "result_file"}}, and the names of the files of other settings (steps, batch size, eval tasks
+    or sample), which are left out. A result.json has the full-width scores only: no Matryoshka views."""
+    import re
+
+    runs, stale = {}, []
+    want = (args.steps, args.batch_size, {"tasks": args.eval_tasks, "max_examples": args.eval_max_examples})
+    for p in sorted(folder.glob("jaxembed_*_s*.json")):
+        m = re.fullmatch(r"jaxembed_(.+)_s(\d+)\.json", p.name)
+        if not m:
+            continue
+        res = json.loads(p.read_text())
+        if (res.get("steps"), res.get("global_batch_size"), res.get("eval")) != want:
+            stale.append(p.name)
+            continue
+        runs[("jaxembed", m.group(1), int(m.group(2)))] = {
+            "eval": {t: {"main_score": v} for t, v in res["scores"].items()}, "train_s": res["train_s"],
+            "plan": res["plan"], "result_file": str(p)}
+    return runs, stale
+
+
 def summarize_workdir(args) -> None:
     """--summarize: every finished jaxembed run of the workdir (train.json + eval.json of the current eval
     settings) compared as in the all-in-one mode; the result file, a markdown table, a README line."""
@@ -1059,6 +1089,13 @@ def summarize_workdir(args) -> None:
         r["eval"] = ev["results"]
         runs[("jaxembed", m.group(1), int(m.group(2)))] = r
         seeds.add(int(m.group(2)))
+    if args.results_dir:
+        more, old = runs_from_result_files(args, Path(args.results_dir))
+        stale += old
+        for k, r in more.items():
+            if k not in runs:
+                runs[k] = r
+                seeds.add(k[2])
     if stale:
         log(f"left out (evaluated with other settings): {', '.join(stale)}")
     arms = [a for a in dict.fromkeys(arm for _, arm, _ in sorted(runs)) if a != "base"]

@@ -113,3 +113,30 @@ def test_summarize_a_workdir_of_finished_jobs(tmp_path, monkeypatch, capsys):
     assert res["arms"]["base"]["groups"]["sts_average"]["spread"] == pytest.approx(2.0)
     out = capsys.readouterr().out
     assert "left out (evaluated with other settings): jaxembed_peg_s0" in out and "| curriculum_balanced |" in out
+
+
+def test_summarize_from_committed_result_files(tmp_path, monkeypatch, capsys):
+    """--results-dir: the per-run result.json copies (no workdir runs) give the same comparisons, at full width."""
+    rdir = tmp_path / "committed"
+    rdir.mkdir()
+    args = _args(tmp_path, "--summarize", "--eval-max-examples", "50", "--no-readme", "--results-dir", str(rdir))
+    for arm, avg in (("base", 60), ("curriculum_balanced", 62)):
+        for s in (0, 1, 2):
+            scores = {t: v["main_score"] for t, v in _run(avg, s)["eval"].items()}
+            res = {"arm": arm, "seed": s, "steps": 400, "global_batch_size": 16, "scores": scores, "train_s": 5.0,
+                   "eval": {"tasks": "eval", "max_examples": 50}, "plan": "x"}
+            (rdir / f"jaxembed_{arm}_s{s}.json").write_text(json.dumps(res))
+    other = dict(res, steps=200)  # other settings: left out, said so
+    (rdir / "jaxembed_curriculum_s0.json").write_text(json.dumps(other))
+    saved = {}
+    monkeypatch.setattr(qp, "save_result", lambda name, res: saved.setdefault(name, res) and tmp_path / "r.json")
+    qp.summarize_workdir(args)
+    res = saved["quality_parity_cpu"]
+    row = res["ablations"]["curriculum_balanced"]
+    assert row["difference_seeds"] == pytest.approx([2, 2, 2]) and row["seeds"] == [0, 1, 2]
+    assert not any(k.startswith("dim") for k in row)  # a result.json has no Matryoshka views
+    assert res["arms"]["base"]["groups"]["sts_average"]["average"] == pytest.approx(61)
+    assert res["train_s_total"] == pytest.approx(30.0)
+    out = capsys.readouterr().out
+    assert "left out (evaluated with other settings): jaxembed_curriculum_s0.json" in out
+    assert "| curriculum_balanced | base | 3 | +2.00 (0.00) |" in out
