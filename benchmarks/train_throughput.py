@@ -33,6 +33,19 @@ Sections (--sections, default all):
                --search-model. CPU: a memory table over --scaling-batches instead (cache on in both tools)
   loader       the Grain loader's examples/s on the shared training data (benchmarks/loader_throughput.py's
                measurement) vs the jaxembed step's examples/s at the same global batch: the headroom ratio
+  natural      (not in the default list) real data at natural lengths (--natural-data: the shared snli_triplets,
+               and / or configs/demo.py's 14-dataset mix with its instructions), every text <= --natural-max-len
+               tokens: jaxembed's `jaxembed train` step as it runs by default (packed rows, data.packing=True),
+               jaxembed padded (data.packing=False: one text per row, pow2 length buckets) and sentence-
+               transformers (stock MultipleNegativesRankingLoss, its own dynamic padding: each column padded to
+               its longest text) on the same texts: the plan's first --natural-steps batches. Each tool runs in a
+               long-lived process: it builds its batches, runs each once (compilation, allocator), then the parent
+               runs --natural-rounds rounds, each running every tool's batches in turn, and reports the median
+               over rounds of the time ratio for the same batches (robust to load that changes between rounds),
+               the fraction of the computed token slots that hold real tokens, and each process's peak RSS
+
+    python benchmarks/train_throughput.py --sections natural --threads 1 [--natural-models minilm:64]
+        [--natural-data snli,demo] [--natural-steps 4] [--natural-rounds 3] [--natural-resident 3]
 
     python benchmarks/train_throughput.py [--models minilm:32,bert-base:8,qwen2-0.5b:4] [--steps 3]
         [--warmup 1] [--q-len 32] [--d-len 64] [--sections throughput,scaling,loader] [--device-info]
@@ -58,9 +71,11 @@ sys.path.insert(0, str(HERE))
 from _record import record_line, save_result  # noqa: E402
 
 K = 2               # candidates per query: the positive and one hard negative
+_START_LOAD = os.getloadavg()[0]
 TEMPERATURE = 0.05  # ST scale 20
 MAX_CANDIDATES = 80_000
 THREADS = [0]       # --threads (CPU), set in main
+CACHE = [ROOT / "runs" / "bench_models"]  # --cache, set in main
 
 BERT_BASE = dict(model_type="bert", vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                  intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2, hidden_act="gelu",
@@ -165,7 +180,14 @@ def worker_jaxembed(folder: str, B: int, lq: int, ld: int, chunk: int, steps: in
     tx, sched = optim.make_optimizer(nnx.to_pure_dict(params), lr=2e-5, total_steps=10_000, warmup_steps=0,
                                      weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip)
     mesh = parallel.make_mesh(-1, 1)
-    run = Run(c, Path("."), mesh, loaded, None, None, graphdef, rest, tx, sched, K)
+    # the trainer reads the loss of each dataset from a store and a plan: the snli store (one dataset, infonce)
+    from jaxembed import config as cfglib
+    from jaxembed.data.plan import build_plan
+    from jaxembed.data.store import Store
+
+    store = Store.open(natural_store("snli", 64, Path(os.environ.get("BENCH_CACHE", ROOT / "runs" / "bench_models"))))
+    plan = build_plan(store, c.plan, data_config=cfglib.data_section(natural_config("snli", folder, B, 64, 10, False)))
+    run = Run(c, Path("."), mesh, loaded, store, plan, graphdef, rest, tx, sched, K)
     state = init_state(run)
     step = make_train_step(run)
     vocab = loaded.hf_config["vocab_size"]
@@ -207,8 +229,8 @@ def worker_jaxembed(folder: str, B: int, lq: int, ld: int, chunk: int, steps: in
     out = {"device": f"{dev.platform}:{dev.device_kind}", "times_s": times, "warmup_s": warm_s, "cpu_s": cpu,
            "loss": float(m["loss"]), "peak_rss_mib": _peak_rss_mib(), "rss_after_load_mib": rss_loaded,
            "rss_after_compile_mib": rss_compiled, "compile_s": compile_s, "rss_end_mib": _rss_now_mib(),
-           "xla_step_buffers_mib": xla_mib, "precision": dtype, "dim": int(loaded.model.dim), "params": int(sum(x.size for x in jax.tree.leaves(
-               nnx.to_pure_dict(params))))}
+           "xla_step_buffers_mib": xla_mib, "precision": dtype, "dim": int(loaded.model.dim),
+           "params": int(sum(x.size for x in jax.tree.leaves(nnx.to_pure_dict(params))))}
     if gpu:
         stats = dev.memory_stats() or {}
         out["device_peak_mib"] = stats.get("peak_bytes_in_use", 0) / 2**20
@@ -296,14 +318,24 @@ def worker_st(folder: str, B: int, lq: int, ld: int, chunk: int, steps: int, war
 def spawn(tool: str, folder: Path, B: int, lq: int, ld: int, chunk: int, steps: int, warmup: int,
           timeout: float | None = None) -> dict:
     """Run one worker in a fresh process; -> its result, or {"error": ...} (out of memory, timeout, crash)."""
-    argv = [sys.executable, str(Path(__file__).resolve()), "--_worker",
-            json.dumps([tool, str(folder), B, lq, ld, chunk, steps, warmup])]
-    env = dict(os.environ)
-    if THREADS[0]:  # CPU: the same cores and compute threads for both tools (the worker pins itself)
+    return _spawn_argv(["--_worker", json.dumps([tool, str(folder), B, lq, ld, chunk, steps, warmup])], timeout)
+
+
+def _worker_env() -> dict:
+    """A worker's environment: the store cache, and on CPU the same cores and compute threads for every tool
+    (the worker pins itself to the first --threads cores)."""
+    env = dict(os.environ, BENCH_CACHE=str(CACHE[0]))
+    if THREADS[0]:
         n = THREADS[0]
         env.update(BENCH_THREADS=str(n), OMP_NUM_THREADS=str(n), MKL_NUM_THREADS=str(n))
         if n == 1:
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+    return env
+
+
+def _spawn_argv(worker_args: list[str], timeout: float | None = None) -> dict:
+    argv = [sys.executable, str(Path(__file__).resolve()), *worker_args]
+    env = _worker_env()
     t0 = time.time()
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
@@ -316,6 +348,495 @@ def spawn(tool: str, folder: Path, B: int, lq: int, ld: int, chunk: int, steps: 
             return res
     tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
     return {"error": f"exit {p.returncode}: " + " | ".join(tail)}
+
+
+# ------------------------------------------------------------------------------------------------ natural lengths
+
+NATURAL_DATA = ("snli", "demo")
+NATURAL_TOOLS = ("jaxembed-packed", "jaxembed-padded", "st")
+BUSY_LOAD = 2.5  # a figure measured while the 1-minute load average was above this is labelled busy
+
+
+def natural_config(data: str, folder: str, B: int, max_len: int, plan_steps: int, packing: bool, store: str = ""):
+    """The trainer's config for the natural-length setting: ``snli`` (shared snli_triplets: premise -> entailment,
+    contradiction as the hard negative) or ``demo`` (configs/demo.py's 14 datasets, their instructions, sampling
+    and one hard negative); every text at most ``max_len`` tokens, ``B`` queries, AdamW (the defaults: weight decay
+    0.01, clip 1.0), temperature 0.05, dropout on, float32; data.packing as given (``jaxembed train``'s default is
+    True)."""
+    import importlib.util
+
+    from jaxembed import paths
+    from jaxembed.config import default_config
+    from jaxembed.data.config import dataset_config
+
+    if data == "demo":
+        spec = importlib.util.spec_from_file_location("demo_config", ROOT / "configs" / "demo.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        c = mod.get_config()
+        for d in c.data.datasets:
+            d.max_query_length = d.max_doc_length = max_len
+    elif data == "snli":
+        c = default_config()
+        c.data.datasets = [dataset_config(name="snli", path=str(paths.shared_data_dir() / "train" /
+                                                                "snli_triplets.jsonl"),
+                                          task_type="nli", num_negatives=1, max_query_length=max_len,
+                                          max_doc_length=max_len)]
+    else:
+        raise SystemExit(f"error: --natural-data {data!r}: unknown (known: {', '.join(NATURAL_DATA)})")
+    c.model.name = str(folder)
+    c.model.max_length = max_len
+    c.data.store = store
+    c.data.packing = bool(packing)
+    c.plan.global_batch_size = B
+    c.plan.steps = plan_steps
+    c.loss.temperature = TEMPERATURE
+    c.train.dropout = True
+    c.eval.tasks, c.eval.every, c.eval.best_metric, c.eval.before = (), 0, "", False
+    c.export.at_end = False
+    return c
+
+
+def natural_store(data: str, max_len: int, cache: Path) -> Path:
+    """The dataset store of the setting (written once under --cache; every tool reads the same rows from it)."""
+    from jaxembed import config as cfglib
+    from jaxembed.data.store import write_store
+
+    out = cache / f"store_{data}_{max_len}"
+    if not (out / "manifest.json").exists():
+        write_store(cfglib.data_section(natural_config(data, "unused", 8, max_len, 1, True)), out)
+    return out
+
+
+def natural_texts(c, steps: int) -> list[dict]:
+    """The texts of the plan's first ``steps`` steps, as the loader builds them (instruction + text, the chosen
+    positive and negatives): per step {"anchor": [...], "positive": [...], "negative_1": [...], ...}; an empty
+    negative slot is the empty text (jaxembed encodes the empty text there too)."""
+    import numpy as np
+
+    from jaxembed import config as cfglib
+    from jaxembed.data.pipeline import _fetch, _row_items, _Tables
+    from jaxembed.data.plan import build_plan
+    from jaxembed.data.store import Store
+    from jaxembed.tokenizer import Tokenizer
+
+    store = Store.open(c.data.store)
+    plan = build_plan(store, c.plan, data_config=cfglib.data_section(c))
+    tok = Tokenizer.from_folder(c.model.name, c.model.max_length)
+    tables = _Tables(store.datasets, tok, np.unique(plan.dataset_ids).tolist())
+    G, K_ = plan.global_batch_size, tables.K
+    out = []
+    for s in range(steps):
+        ds, ex = plan.dataset_ids[s], plan.example_ids[s]
+        q, d, _, _ = _row_items(tables, _fetch(store, ds, ex), ds, np.arange(G), s, plan.seed,
+                                plan.config.get("negatives", "first"))
+        cols = {"anchor": [t for t, _ in q]}
+        for j in range(K_):
+            cols["positive" if j == 0 else f"negative_{j}"] = [d[r * K_ + j][0] if d[r * K_ + j] is not None else ""
+                                                              for r in range(G)]
+        out.append(cols)
+    return out
+
+
+class NaturalJaxembed:
+    """jaxembed's trainer as ``jaxembed train`` runs it (setup, the step table, pow2 length buckets, the loader's
+    packed or padded batches, the jitted step) on the plan's first ``steps`` batches."""
+
+    def __init__(self, folder: str, data: str, B: int, max_len: int, plan_steps: int, steps: int, packing: bool,
+                 store: str):
+        import tempfile
+
+        from jaxembed import parallel
+        from jaxembed.data.pipeline import batch_stats, make_loader, to_global
+        from jaxembed.train import init_state, make_train_step, pow2_lengths, setup, step_table
+
+        c = natural_config(data, folder, B, max_len, plan_steps, packing, store)
+        run = setup(c, tempfile.mkdtemp(prefix="bench_natural_"))
+        # the plan's length table, kept beside the store (keyed by plan, tokenizer and packing: a stale file is
+        # recomputed), so that a restarted worker (--natural-resident 1) does not tokenize the plan again
+        name = f"lengths_{Path(folder).name}_{B}_{plan_steps}_{'packed' if packing else 'padded'}.npz"
+        table = step_table(run, Path(store).parent / name)
+        lengths = tuple(pow2_lengths(x) for x in (table["query_len"], table["doc_len"]))  # length_buckets="pow2"
+        loader = make_loader(run.store, run.plan, run.loaded.tokenizer, lengths=lengths, num_candidates=run.K,
+                             packing=run.packing, pack_table=table if run.packing is not None else None)
+        host = [loader.batch(s) for s in range(steps)]
+        self.stats = [batch_stats(b, loader.batcher.shards if run.packing is not None else 1) for b in host]
+        self.shapes = sorted({tuple(loader.batcher.shape(s)) for s in range(steps)})
+        self.run_shapes = loader.shapes.get("packed_shapes")
+        self.batches = [to_global(b, parallel.batch_sharding(run.mesh)) for b in host]
+        self.packing, self.run = bool(packing), run
+        self.layout = ("one pack" if run.packing.combined else "two packs") if run.packing is not None else "padded"
+        self.state = init_state(run)
+        self.step = make_train_step(run)
+        self.rss_loaded = _peak_rss_mib()
+        self.loss = float("nan")
+
+    def one(self, b) -> None:
+        import jax
+
+        self.state, m = self.step(self.state, b)
+        self.loss = float(jax.block_until_ready(m["loss"]))
+
+    def info(self) -> dict:
+        import jax
+
+        real = sum(x["tokens"] for x in self.stats)
+        slots = sum(x["padded_tokens"] for x in self.stats)
+        cache = getattr(self.step, "_cache_size", None)
+        dev = jax.devices()[0]
+        return {"device": f"{dev.platform}:{dev.device_kind}", "real_tokens": real, "token_slots": slots,
+                "real_fraction": real / slots, "shapes": [list(x) for x in self.shapes],
+                "run_shapes": [list(x) for x in self.run_shapes] if self.run_shapes else None,
+                "compiled_programs": cache() if callable(cache) else None, "packing": self.packing,
+                "layout": self.layout, "loss": self.loss, "rss_after_load_mib": self.rss_loaded}
+
+
+class NaturalST:
+    """sentence-transformers on the same texts: (anchor, positive, negative_1, ...) columns, each tokenized with
+    its own dynamic padding (ST's collator: the longest text of the column in the batch), stock
+    MultipleNegativesRankingLoss at scale 20, AdamW with the Trainer's weight-decay groups, clipping 1.0."""
+
+    def __init__(self, folder: str, data: str, B: int, max_len: int, plan_steps: int, steps: int, store: str):
+        import torch
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+        from torch import nn
+        from transformers.trainer_pt_utils import get_parameter_names
+
+        c = natural_config(data, folder, B, max_len, plan_steps, True, store)
+        cols = natural_texts(c, steps)
+        threads = int(os.environ.get("BENCH_THREADS", "0"))
+        if threads:
+            torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        model = SentenceTransformer(folder, device="cpu")
+        model.max_seq_length = max_len
+        model.train()
+        self.loss_fn = MultipleNegativesRankingLoss(model, scale=1.0 / TEMPERATURE)
+        self.batches, self.real, self.slots = [], 0, 0
+        for step_cols in cols:
+            f = []
+            for texts in step_cols.values():
+                t = model.tokenize(texts)
+                self.real += int(t["attention_mask"].sum())
+                self.slots += int(t["attention_mask"].numel())
+                f.append(t)
+            self.batches.append(f)
+        decay = set(get_parameter_names(model, [nn.LayerNorm], [r"bias", r"layernorm", r"rmsnorm",
+                                                                r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]))
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW([{"params": [p for n, p in named if n in decay], "weight_decay": 0.01},
+                                      {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}],
+                                     lr=2e-5)
+        self.model = model
+        self.rss_loaded = _peak_rss_mib()
+        self.loss = float("nan")
+
+    def one(self, f) -> None:
+        import torch
+
+        loss = self.loss_fn(f, None)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.loss = float(loss.detach())
+
+    def info(self) -> dict:
+        import torch
+
+        return {"device": "cpu:cpu", "real_tokens": self.real, "token_slots": self.slots,
+                "real_fraction": self.real / self.slots, "loss": self.loss, "rss_after_load_mib": self.rss_loaded,
+                "torch_threads": torch.get_num_threads()}
+
+
+def serve_natural(spec: str) -> None:
+    """Worker process of the natural section: build the tool's trainer and its batches, run each batch once
+    (compilation, allocator), answer READY; then on each ``run`` line run every batch once more, timed, and answer
+    TIMES; on ``end`` answer RESULT (memory, token counts) and exit."""
+    tool, folder, data, B, max_len, plan_steps, steps, store = json.loads(spec)
+    if tool == "st":
+        w = NaturalST(folder, data, B, max_len, plan_steps, steps, store)
+    else:
+        w = NaturalJaxembed(folder, data, B, max_len, plan_steps, steps, tool == "jaxembed-packed", store)
+    t0 = time.perf_counter()
+    for b in w.batches:
+        w.one(b)
+    ready = {"warmup_s": time.perf_counter() - t0, "peak_rss_mib": _peak_rss_mib(), "rss_mib": _rss_now_mib()}
+    print("READY " + json.dumps(ready), flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "run":
+            times, cpu0 = [], _cpu_s()
+            for b in w.batches:
+                t0 = time.perf_counter()
+                w.one(b)
+                times.append(time.perf_counter() - t0)
+            print("TIMES " + json.dumps({"times_s": times, "cpu_s": _cpu_s() - cpu0}), flush=True)
+        elif cmd == "end":
+            print("RESULT " + json.dumps({**w.info(), **ready, "peak_rss_mib": _peak_rss_mib(),
+                                          "rss_end_mib": _rss_now_mib()}), flush=True)
+            return
+
+
+class NaturalWorker:
+    """The parent's handle on one serve_natural process (stdin / stdout lines; stderr to a file, its tail on error)."""
+
+    def __init__(self, tool: str, params: list, extra_env: dict | None = None):
+        import tempfile
+
+        self.tool = tool
+        self.err = tempfile.TemporaryFile(mode="w+")
+        argv = [sys.executable, str(Path(__file__).resolve()), "--_natural", json.dumps([tool, *params])]
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
+                                  bufsize=1, env={**_worker_env(), **(extra_env or {})})
+        self.t0 = time.time()
+
+    def _answer(self, prefix: str) -> dict:
+        for line in self.p.stdout:
+            if line.startswith(prefix + " "):
+                return json.loads(line[len(prefix) + 1:])
+        self.p.wait()
+        self.err.seek(0)
+        tail = self.err.read().strip().splitlines()[-3:]
+        raise RuntimeError(f"{self.tool}: exit {self.p.returncode}: " + " | ".join(tail))
+
+    def ready(self) -> dict:
+        return self._answer("READY")
+
+    def run(self) -> dict:
+        self.p.stdin.write("run\n")
+        self.p.stdin.flush()
+        return self._answer("TIMES")
+
+    def end(self) -> dict:
+        self.p.stdin.write("end\n")
+        self.p.stdin.flush()
+        out = self._answer("RESULT")
+        self.p.wait()
+        out["wall_s"] = time.time() - self.t0
+        return out
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+def natural_phases(tools: list[str], resident: int) -> list[list[str]]:
+    """Which tools run side by side: all of them when ``resident`` processes fit in memory; else sentence-
+    transformers (the reference) stays and the others take turns beside it (resident 2, or 1 without ST)."""
+    if resident >= len(tools):
+        return [list(tools)]
+    if resident == 1 or "st" not in tools:
+        return [[t] for t in tools]
+    return [[t, "st"] for t in tools if t != "st"]
+
+
+def measure_natural(tools: list[str], params: list, steps: int, rounds: int, resident: int, log) -> dict:
+    """Interleaved measurement: the processes of a phase are started one after the other (each compiles and warms
+    up alone), then ``rounds`` rounds, each running every resident tool's ``steps`` batches once in turn (the order
+    rotates from round to round), so every ratio compares times taken minutes apart at most. resident 1 (when two
+    processes do not fit in memory): every round starts each tool's process afresh, in turn (the order rotates),
+    warm-up included; jaxembed's programs then come from a persistent compilation cache after the first round.
+    -> per tool: the worker's figures, its rounds (times, CPU seconds, load average); ``rounds``: the records."""
+    if resident == 1:
+        return _measure_restarting(tools, params, steps, rounds, log)
+    workers: dict[str, NaturalWorker] = {}
+    out: dict[str, dict] = {t: {"rounds": []} for t in tools}
+    records = []
+    try:
+        for p, phase in enumerate(natural_phases(tools, resident)):
+            for t in phase:
+                if t not in workers:
+                    log(f"  starting {t}")
+                    workers[t] = NaturalWorker(t, params)
+                    r = workers[t].ready()
+                    log(f"  {t}: ready (warm-up {r['warmup_s']:.0f} s, RSS {r['rss_mib'] / 1024:.2f} GiB)")
+            for k in range(rounds):
+                order = phase[k % len(phase):] + phase[:k % len(phase)]
+                for t in order:
+                    load = os.getloadavg()[0]
+                    r = workers[t].run()
+                    rec = {"phase": p, "round": k, "tool": t, "times_s": r["times_s"], "cpu_s": r["cpu_s"],
+                           "total_s": sum(r["times_s"]), "load_average_before": load,
+                           "load_average_after": os.getloadavg()[0]}
+                    records.append(rec)
+                    out[t]["rounds"].append(rec)
+                    log(f"  phase {p} round {k} {t}: {rec['total_s'] / steps:.2f} s/step "
+                        f"(load {load:.1f} -> {rec['load_average_after']:.1f})")
+            for t in [t for t in phase if t not in sum(natural_phases(tools, resident)[p + 1:], [])]:
+                out[t].update(workers.pop(t).end())
+    except Exception as e:  # a crashed worker (out of memory, ...): its error, the others stopped
+        for t in tools:
+            if t in workers or "real_fraction" not in out[t]:
+                out[t].setdefault("error", str(e)[-400:])
+        log(f"  failed: {e}")
+    finally:
+        for w in workers.values():
+            w.kill()
+    out["rounds"] = records
+    return out
+
+
+def _measure_restarting(tools: list[str], params: list, steps: int, rounds: int, log) -> dict:
+    """measure_natural with one process at a time: a fresh process per tool and round."""
+    out: dict[str, dict] = {t: {"rounds": []} for t in tools}
+    records = []
+    env = {"JAX_COMPILATION_CACHE_DIR": str(CACHE[0] / "jax_compilation_cache"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    for k in range(rounds):
+        for t in tools[k % len(tools):] + tools[:k % len(tools)]:
+            w = None
+            try:
+                w = NaturalWorker(t, params, extra_env=env)
+                ready = w.ready()
+                load = os.getloadavg()[0]
+                r = w.run()
+                res = w.end()
+            except Exception as e:  # out of memory, ...: this tool's error, the others go on
+                out[t]["error"] = str(e)[-400:]
+                log(f"  round {k} {t}: failed: {e}")
+                continue
+            finally:
+                if w is not None:
+                    w.kill()
+            rec = {"phase": 0, "round": k, "tool": t, "times_s": r["times_s"], "cpu_s": r["cpu_s"],
+                   "total_s": sum(r["times_s"]), "load_average_before": load, "load_average_after": os.getloadavg()[0],
+                   "warmup_s": ready["warmup_s"], "peak_rss_mib": res["peak_rss_mib"]}
+            records.append(rec)
+            log(f"  round {k} {t}: {rec['total_s'] / steps:.2f} s/step (warm-up {ready['warmup_s']:.0f} s, load "
+                f"{load:.1f} -> {rec['load_average_after']:.1f}, peak RSS {res['peak_rss_mib'] / 1024:.2f} GiB)")
+            peak = max(res["peak_rss_mib"], out[t].get("peak_rss_mib", 0.0))
+            out[t].update(res, peak_rss_mib=peak)  # the highest peak of its processes (the first one compiled)
+            out[t]["rounds"].append(rec)
+    out["rounds"] = records
+    return out
+
+
+def natural_ratios(row: dict, steps: int, B: int) -> None:
+    """Each tool's step (median over its rounds of the mean step of the same batches), examples/s, peak memory,
+    and the ratios: per round of the same phase, the reference's time over the tool's for the same batches; the
+    median over rounds (robust to load that changes between rounds)."""
+    ok = {}
+    for t in NATURAL_TOOLS:
+        r = row.get(t)
+        if not r or not r.get("rounds") or "error" in r:
+            continue
+        per_round = [x["total_s"] / steps for x in r["rounds"]]
+        r["step_s"] = statistics.median(per_round)
+        r["step_s_rounds"] = per_round
+        r["examples_per_s"] = B / r["step_s"]
+        cpu = sum(x["cpu_s"] for x in r["rounds"])
+        r["examples_per_cpu_s"] = B * steps * len(r["rounds"]) / cpu if cpu else None
+        r["load_average_max"] = max(x["load_average_after"] for x in r["rounds"])
+        ok[t] = r
+
+    def paired(a: str, b: str) -> list[float]:
+        """time(b) / time(a) per (phase, round) where both ran."""
+        ta = {(x["phase"], x["round"]): x["total_s"] for x in ok[a]["rounds"]}
+        return [x["total_s"] / ta[(x["phase"], x["round"])] for x in ok[b]["rounds"]
+                if (x["phase"], x["round"]) in ta]
+
+    for t in ("jaxembed-packed", "jaxembed-padded"):
+        if t in ok and "st" in ok:
+            v = paired(t, "st")
+            row[f"ratio_{t}_over_st_rounds"] = v
+            row[f"ratio_{t}_over_st"] = statistics.median(v)
+            if ok[t]["examples_per_cpu_s"] and ok["st"]["examples_per_cpu_s"]:
+                row[f"ratio_per_cpu_s_{t}_over_st"] = ok[t]["examples_per_cpu_s"] / ok["st"]["examples_per_cpu_s"]
+    if "jaxembed-packed" in ok and "jaxembed-padded" in ok:
+        v = paired("jaxembed-packed", "jaxembed-padded")
+        if v:
+            row["ratio_packed_over_padded_rounds"] = v
+            row["ratio_packed_over_padded"] = statistics.median(v)
+        elif "ratio_jaxembed-packed_over_st" in row and "ratio_jaxembed-padded_over_st" in row:  # other phases:
+            row["ratio_packed_over_padded"] = (row["ratio_jaxembed-packed_over_st"]  # through the reference
+                                               / row["ratio_jaxembed-padded_over_st"])
+        row["peak_rss_packed_over_padded"] = (ok["jaxembed-packed"]["peak_rss_mib"]
+                                              / ok["jaxembed-padded"]["peak_rss_mib"])
+    if "jaxembed-packed" in ok and "st" in ok:
+        row["peak_rss_packed_over_st"] = ok["jaxembed-packed"]["peak_rss_mib"] / ok["st"]["peak_rss_mib"]
+    loads = [x["load_average_after"] for x in row.get("rounds", [])] + [x["load_average_before"]
+                                                                       for x in row.get("rounds", [])]
+    if loads:
+        row["load_average_range"] = [min(loads), max(loads)]
+        row["busy"] = max(loads) > BUSY_LOAD
+
+
+def section_natural(args, cache: Path, log, thread_settings=(0,)) -> list[dict]:
+    """Natural lengths: for each --natural-models entry and --natural-data set, jaxembed packed (the default),
+    jaxembed padded (data.packing=False) and sentence-transformers on the same rows (the plan's first
+    --natural-steps batches), measured interleaved (measure_natural)."""
+    rows = []
+    tools = [t for t in args.natural_tools.split(",") if t]
+    bad = [t for t in tools if t not in NATURAL_TOOLS]
+    if bad:
+        raise SystemExit(f"error: --natural-tools {','.join(bad)}: unknown (known: {', '.join(NATURAL_TOOLS)})")
+    for spec in args.natural_models.split(","):
+        name, _, b = spec.partition(":")
+        if name not in MODELS:
+            raise SystemExit(f"error: --natural-models {name!r}: unknown (known: {', '.join(MODELS)})")
+        B = int(b or 64)
+        folder = model_folder(name, cache)
+        for data in args.natural_data.split(","):
+            store = natural_store(data, args.natural_max_len, cache)
+            for threads in thread_settings:
+                THREADS[0] = threads
+                row = {"model": name, "random_weights": MODELS[name] is not None, "data": data, "global_batch": B,
+                       "max_len": args.natural_max_len, "steps": args.natural_steps, "rounds": args.natural_rounds,
+                       "resident": args.natural_resident, "plan_steps": args.natural_plan_steps,
+                       "threads_per_tool": threads or "all cores, framework default"}
+                log(f"natural {name} {data} B={B}, {_threads_text(threads)}: {', '.join(tools)}")
+                params = [str(folder), data, B, args.natural_max_len, args.natural_plan_steps, args.natural_steps,
+                          str(store)]
+                row.update(measure_natural(tools, params, args.natural_steps, args.natural_rounds,
+                                           args.natural_resident, log))
+                natural_ratios(row, args.natural_steps, B)
+                for t in tools:
+                    r = row[t]
+                    if "step_s" in r:
+                        log(f"  {t}: step {r['step_s']:.2f} s, {r['examples_per_s']:.1f} ex/s, real tokens "
+                            f"{100 * r['real_fraction']:.0f}% of the computed slots, {fmt_mem(r)}"
+                            + (f", shapes {r['shapes']}" if "shapes" in r else ""))
+                log("  " + "; ".join(natural_ratio_text(row)))
+                rows.append(row)
+    return rows
+
+
+def natural_ratio_text(r: dict) -> list[str]:
+    out = []
+    if "ratio_jaxembed-packed_over_st" in r:
+        out.append(f"packed/ST **{r['ratio_jaxembed-packed_over_st']:.2f}x**")
+    if "ratio_jaxembed-padded_over_st" in r:
+        out.append(f"padded/ST {r['ratio_jaxembed-padded_over_st']:.2f}x")
+    if "ratio_packed_over_padded" in r:
+        out.append(f"packed/padded {r['ratio_packed_over_padded']:.2f}x")
+    if "peak_rss_packed_over_padded" in r:
+        out.append(f"peak RSS packed/padded {r['peak_rss_packed_over_padded']:.2f}")
+    return out
+
+
+def natural_figures(rows: list[dict]) -> list[str]:
+    out = []
+    for r in rows:
+        threads = r["threads_per_tool"] if isinstance(r["threads_per_tool"], int) else 0
+        model = r["model"] + (" (random weights)" if r.get("random_weights") else "")
+        lo, hi = r.get("load_average_range", [float("nan")] * 2)
+        head = (f"{model} {r['data']} B={r['global_batch']} ({_threads_text(threads)}, load {lo:.1f}-{hi:.1f}"
+                + (", busy" if r.get("busy") else "") + ")")
+        parts = []
+        for k, label in (("jaxembed-packed", "packed"), ("jaxembed-padded", "padded"), ("st", "ST")):
+            v = r.get(k)
+            if v is None:
+                continue
+            if "step_s" in v:
+                parts.append(f"{label} {v['step_s']:.2f} s/step, real tokens {100 * v['real_fraction']:.0f}%, "
+                             f"{v['peak_rss_mib'] / 1024:.2f} GiB peak RSS")
+            else:
+                parts.append(f"{label} failed ({v.get('error', '')[:80]})")
+        out.append(f"{head}: {', '.join(parts)}: {', '.join(natural_ratio_text(r))}")
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -556,9 +1077,33 @@ def main():
     ap.add_argument("--name", default="", help="result file benchmarks/results/<name>.json (default: "
                     "train_throughput_cpu / train_throughput_gpu); a partial run should not overwrite the full one")
     ap.add_argument("--no-readme", action="store_true")
+    ap.add_argument("--natural-models", default="minilm:64,bert-base:64",
+                    help="natural section: name:global_batch,... (queries per step)")
+    ap.add_argument("--natural-data", default="snli,demo", help="natural section: snli and / or demo")
+    ap.add_argument("--natural-max-len", type=int, default=64, help="natural section: tokens per text at most")
+    ap.add_argument("--natural-steps", type=int, default=4,
+                    help="natural section: the plan's first N batches, each run once (compilation), then once per "
+                         "round, timed")
+    ap.add_argument("--natural-rounds", type=int, default=3,
+                    help="natural section: rounds; each runs every resident tool's batches in turn (interleaved)")
+    ap.add_argument("--natural-resident", type=int, default=3,
+                    help="natural section: tool processes alive at once (3: all, interleaved; 2: "
+                         "sentence-transformers stays, the jaxembed paths take turns beside it; 1: one at a time, "
+                         "a fresh process per tool and round)")
+    ap.add_argument("--natural-tools", default=",".join(NATURAL_TOOLS),
+                    help="natural section: comma list of jaxembed-packed, jaxembed-padded, st")
+    ap.add_argument("--natural-plan-steps", type=int, default=1000,
+                    help="natural section: the plan's length; a run's packed shapes are chosen over all its steps "
+                         "(a shape is added when it saves ~20 steps' padding), so a longer run gets fuller rows")
     ap.add_argument("--_worker", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--_natural", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
+    if args._natural:
+        n = int(os.environ.get("BENCH_THREADS", "0"))
+        if n and hasattr(os, "sched_setaffinity"):  # before any framework starts its thread pools
+            os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:n]))
+        return serve_natural(args._natural)
     if args._worker:
         tool, folder, B, lq, ld, chunk, steps, warmup = json.loads(args._worker)
         n = int(os.environ.get("BENCH_THREADS", "0"))
@@ -577,6 +1122,9 @@ def main():
     THREADS[0] = thread_settings[0]
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
+    CACHE[0] = cache
+    if "throughput" in sections or "scaling" in sections:
+        natural_store("snli", 64, cache)  # the synthetic workers' run reads its loss settings from a store
     t_start = time.time()
 
     def log(msg):
@@ -596,7 +1144,10 @@ def main():
     if "loader" in sections:
         first = next((r for r in rows if r["model"] == "minilm"), rows[0] if rows else None)
         result["loader"] = section_loader(args, first, log)
+    if "natural" in sections:
+        result["natural"] = section_natural(args, cache, log, thread_settings)
     result["load_average_1min_at_end"] = os.getloadavg()[0]
+    result["load_average_at_end"] = list(os.getloadavg())
     result["wall_s"] = time.time() - t_start
     argv = [a for a in sys.argv[1:] if a != "--no-readme"]
     result["command"] = "python benchmarks/train_throughput.py " + " ".join(argv)
@@ -634,12 +1185,23 @@ def main():
     if ld and "headroom_loader_over_step" in ld:
         figs.append(f"loader {ld['loader']['examples_per_s']:.0f} ex/s = {ld['headroom_loader_over_step']:.0f}x "
                     f"the step")
-    line = (f"| {result['date']} | train_throughput | {dev} | train step, q {args.q_len} / d {args.d_len} tokens, "
-            f"1 pos + 1 neg, AdamW, {result['setting']['precision']}, median of {args.steps} after {args.warmup} "
-            f"warm-up, load average {result['load_average_1min_at_end']:.1f} | {'; '.join(figs)} "
-            f"| `{result['command']}` |")
+    load = f"load average {result['load_average_1min_at_end']:.1f} (at the start {_START_LOAD:.1f})"
+    lines = []
+    if figs:
+        lines.append(f"| {result['date']} | train_throughput | {dev} | train step, q {args.q_len} / d {args.d_len} "
+                     f"tokens, 1 pos + 1 neg, AdamW, {result['setting']['precision']}, median of {args.steps} after "
+                     f"{args.warmup} warm-up, {load} | {'; '.join(figs)} | `{result['command']}` |")
+    if result.get("natural"):
+        lines.append(f"| {result['date']} | train_throughput (natural lengths) | {dev} | the plan's first "
+                     f"{args.natural_steps} batches of a {args.natural_plan_steps}-step plan, every text <= "
+                     f"{args.natural_max_len} tokens, 1 pos + 1 hard neg, AdamW, {result['setting']['precision']}, "
+                     f"same rows for all tools, ST with its own dynamic padding and stock MNRL; each batch run once "
+                     f"(compilation), then {args.natural_rounds} interleaved rounds ({args.natural_resident} tool "
+                     f"processes resident), ratio = median over rounds of the same batches' time, {load} | "
+                     f"{'; '.join(natural_figures(result['natural']))} | `{result['command']}` |")
     print(json.dumps(result, indent=1))
-    record_line(line, append=not args.no_readme)
+    for line in lines:
+        record_line(line, append=not args.no_readme)
     log(f"done in {(time.time() - t_start) / 60:.1f} min")
 
 
