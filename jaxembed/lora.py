@@ -18,8 +18,8 @@ are never differentiated, carry no optimizer state and are not in the checkpoint
   get one too ([E, in, r], [E, r, out]): adapters per expert, updated only for the routed experts
   (jaxembed.optim.routed_adamw reads the ``experts`` level of the path, as for the experts' own weights).
 - Dropout acts in train mode only (``train.dropout``, as PEFT's ``lora_dropout`` acts under ``model.train()``):
-  a layer with adapters draws one key from the layer's ``rngs`` (``dropout_scope``, called by
-  jaxembed.models.layers.run_layers), each adapter folds its own index into it.
+  a layer with adapters draws one key from the layer's ``rngs`` (``jaxembed.models.layers.layer_dropout_key``, set
+  by ``run_layers`` for layers with a sublayer whose ``layer_dropout`` > 0), each adapter folds its own index into it.
 - ``merged(model)``: the plain model with W = W0 + (alpha / r) A B (the export ``merged``); ``peft_tensors`` /
   ``peft_config``: the adapter in PEFT's layout (``adapter_model.safetensors``: ``base_model.model.<Hugging Face
   module>.lora_A.weight`` [r, in] and ``lora_B.weight`` [out, r]), written by jaxembed.export.export_lora.
@@ -31,14 +31,12 @@ the architecture's default (``DEFAULT_TARGETS``: attention q/k/v/o and the feed-
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from jaxembed.errors import UserError
+from jaxembed.models.layers import layer_dropout_key
 
 #: the variable type of the adapter weights: the trainable parameters of a LoRA run
 TRAINABLE = nnx.LoRAParam
@@ -119,9 +118,6 @@ def validate_config(c, train_dropout: bool) -> None:
 # ------------------------------------------------------------------------------------------------ the module
 
 
-_DROPOUT_KEY: contextvars.ContextVar = contextvars.ContextVar("jaxembed_lora_dropout_key", default=None)
-
-
 class LoRALinear(nnx.Module):
     """A frozen ``nnx.Linear`` (``base``) plus the adapter (module docstring). Kernels with leading axes (MoTE's
     expert stack [E, in, out]) get adapters with the same leading axes. Logical sharding axes: A takes the
@@ -142,10 +138,15 @@ class LoRALinear(nnx.Module):
         self.rate = float(spec.dropout)
         self.uid = int(uid)
 
+    @property
+    def layer_dropout(self) -> float:
+        """The adapter's dropout rate: > 0 asks ``run_layers`` for a dropout key per layer call."""
+        return self.rate
+
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [..., in] -> [..., out]: base(x) + scale * (dropout(x) A) B in the base layer's compute dtype."""
         y = self.base(x)
-        key = _DROPOUT_KEY.get()
+        key = layer_dropout_key()
         h = x
         if self.rate > 0 and key is not None:
             keep = jax.random.bernoulli(jax.random.fold_in(key, self.uid), 1.0 - self.rate, h.shape)
@@ -154,25 +155,6 @@ class LoRALinear(nnx.Module):
         a, b = self.lora_a[...].astype(dtype), self.lora_b[...].astype(dtype)
         z = jnp.matmul(jnp.matmul(h.astype(dtype), a), b)
         return y + (z * jnp.asarray(self.scale, dtype)).astype(y.dtype)
-
-
-@contextlib.contextmanager
-def dropout_scope(layer, rngs, deterministic: bool) -> Iterator[None]:
-    """While ``layer`` runs: the dropout key of its adapters, drawn from ``rngs`` (one draw per layer call, only
-    when the layer has adapters with dropout, so models without them draw exactly as before); None in eval
-    mode."""
-    key = None
-    if not deterministic and rngs is not None and _has_dropout(layer):
-        key = rngs.dropout()
-    token = _DROPOUT_KEY.set(key)
-    try:
-        yield
-    finally:
-        _DROPOUT_KEY.reset(token)
-
-
-def _has_dropout(layer) -> bool:
-    return any(isinstance(n, LoRALinear) and n.rate > 0 for _, n in nnx.iter_graph(layer))
 
 
 # -------------------------------------------------------------------------------------------- the surgery

@@ -233,6 +233,15 @@ class MoTESpec:
         return dataclasses.replace(self, experts=experts,
                                    default=self.default if self.default in keep else experts[0])
 
+    def feed_forward(self, build: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs) -> "MoTEFeedForward":
+        """The feed-forward sublayer of a MoTE layer (``jaxembed.models.layers.feed_forward`` calls it): the
+        dense block ``build(rngs)`` once per expert."""
+        return MoTEFeedForward(build, self.num_experts, rngs)
+
+    def route(self, experts: jax.Array | None, batch: int):
+        """The route of a forward pass (``jaxembed.models.layers.mote_route`` calls it): ``make_route``."""
+        return make_route(experts, self, batch)
+
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": 1, "experts": list(self.experts), "layers": list(self.layers),
                 "routing": {t: [q, d] for t, q, d in self.routing}, "default": self.default,

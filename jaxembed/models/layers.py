@@ -9,6 +9,7 @@ a projection), ``buckets`` (T5 relative-position buckets), ``heads``.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from typing import Any, Callable
 
@@ -38,6 +39,10 @@ class RuntimeOptions:
     the backward pass (activation memory of one layer at a time); mote: a ``jaxembed.mote.MoTESpec`` (MoTE task
     experts in the feed-forward blocks of ``mote.layers``) or None (dense); attention: the attention kernel
     (``model.attention``: auto / xla / cudnn / te / pallas / splash, see ``jaxembed.models.attention``).
+
+    ``mote`` plugs into the feed-forward interface below (``feed_forward``, ``mote_route``, ``call_ffn``) through
+    ``layers``, ``feed_forward(build, rngs)`` and ``route(experts, batch)``; this module never imports
+    ``jaxembed.mote`` (it sits above the model layer).
     """
 
     dtype: str = "float32"
@@ -204,23 +209,42 @@ def run_layers(layers, x: jax.Array, remat: bool, *args, rngs: nnx.Rngs | None =
     return x
 
 
-def _call_layer(layer, x, *args, rngs=None, **kwargs):
-    """layer(x, ...); a layer with LoRA adapters gets their dropout key from its rngs (jaxembed.lora)."""
-    from jaxembed import lora
+#: The dropout key of the layer call now running, for sublayers that are called without ``rngs``: LoRA adapters
+#: (``jaxembed.lora.LoRALinear``) sit where an ``nnx.Linear`` was and are called as one, x -> y.
+_LAYER_DROPOUT_KEY: contextvars.ContextVar = contextvars.ContextVar("jaxembed_layer_dropout_key", default=None)
 
-    with lora.dropout_scope(layer, rngs, kwargs.get("deterministic", True)):
+
+def layer_dropout_key() -> jax.Array | None:
+    """The dropout key of the running layer call (``run_layers``): one draw from the layer's ``rngs`` per call,
+    made only when a sublayer sets ``layer_dropout`` > 0 (so models without such sublayers draw exactly as
+    before); None in eval mode, without rngs, or outside a layer call."""
+    return _LAYER_DROPOUT_KEY.get()
+
+
+def _draws_layer_key(layer) -> bool:
+    return any(isinstance(n, nnx.Module) and getattr(n, "layer_dropout", 0) > 0 for _, n in nnx.iter_graph(layer))
+
+
+def _call_layer(layer, x, *args, rngs=None, **kwargs):
+    """layer(x, ...) with its ``layer_dropout_key`` set (the dropout key of LoRA adapters, jaxembed.lora)."""
+    key = None
+    if not kwargs.get("deterministic", True) and rngs is not None and _draws_layer_key(layer):
+        key = rngs.dropout()
+    token = _LAYER_DROPOUT_KEY.set(key)
+    try:
         return layer(x, *args, rngs=rngs, **kwargs)
+    finally:
+        _LAYER_DROPOUT_KEY.reset(token)
 
 
 def feed_forward(c: RuntimeOptions, index: int, build: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs) -> nnx.Module:
     """Layer ``index``'s feed-forward sublayer: ``build(rngs)`` (the dense block), or, when ``c.mote`` lists the
-    layer, a MoTE block of ``len(c.mote.experts)`` copies of it (``jaxembed.mote.MoTEFeedForward``)."""
+    layer, the block ``c.mote.feed_forward(build, rngs)`` makes of it (``jaxembed.mote.MoTEFeedForward``: one
+    copy of the dense block per task expert)."""
     spec = c.mote
     if spec is None or index not in spec.layers:
         return build(rngs)
-    from jaxembed.mote import MoTEFeedForward
-
-    return MoTEFeedForward(build, spec.num_experts, rngs)
+    return spec.feed_forward(build, rngs)
 
 
 def call_ffn(ffn: nnx.Module, x: jax.Array, route, *, deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
@@ -238,6 +262,4 @@ def mote_route(c: RuntimeOptions, experts: jax.Array | None, batch: int):
         if experts is not None:
             raise ValueError("expert ids given to a dense model (it has no task experts)")
         return None
-    from jaxembed.mote import make_route
-
-    return make_route(experts, c.mote, batch)
+    return c.mote.route(experts, batch)
