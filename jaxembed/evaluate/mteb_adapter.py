@@ -89,7 +89,7 @@ class MTEBEncoder(AbsEncoder):
                  progress: bool = False, device: str | None = None, **load_kwargs: Any):
         if isinstance(model_or_encoder, (str, os.PathLike)):
             from jaxembed import hf
-            from jaxembed.evaluate.runner import resolve_model_path
+            from jaxembed.evaluate.prompts import resolve_model_path
 
             model_or_encoder = hf.load(resolve_model_path(model_or_encoder), **load_kwargs)
         if source is None:
@@ -362,7 +362,7 @@ def run_mteb(model_or_encoder, tasks: str | Iterable[str], *, out: str | os.Path
     source = getattr(model_or_encoder, "source", None)
     if isinstance(model_or_encoder, (str, os.PathLike)):
         from jaxembed import hf
-        from jaxembed.evaluate.runner import resolve_model_path
+        from jaxembed.evaluate.prompts import resolve_model_path
 
         model_or_encoder = hf.load(resolve_model_path(model_or_encoder))
         source = model_or_encoder.source

@@ -1,4 +1,8 @@
-"""Prompts and MoTE routing for evaluation, resolved the same way for the local evaluators and for mteb.
+"""Prompts and MoTE routing for evaluation, resolved the same way for the local evaluators and for mteb; the
+model to evaluate (``as_encoder``, ``resolve_model_path``).
+
+Import order of jaxembed.evaluate: ``prompts`` <- ``tasks`` <- ``runner`` (and ``mteb_adapter``); this module
+imports neither of the other two.
 
 MoTE routing: a model with task experts (``Encoder.mote``) routes each task by its own config (task type ->
 expert; retrieval / reranking queries and documents apart), unless an explicit ``experts`` table is given.
@@ -16,6 +20,8 @@ name so they win over the model's type-level prompts), then the caller's ``promp
 from __future__ import annotations
 
 import inspect
+import os
+from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -135,6 +141,31 @@ def _accepts(fn, name: str) -> bool:
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+_WEIGHTS = ("modules.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+            "pytorch_model.bin.index.json")
+
+
+def resolve_model_path(path: str | os.PathLike) -> str:
+    """A model folder for ``--model``: a training workdir (a folder holding ``export/``, as ``jaxembed train``
+    writes it) gives its ``export/``; a model folder (HF / sentence-transformers / jaxembed export) or a hub id is
+    returned as is."""
+    p = Path(os.path.expanduser(str(path)))
+    if not p.is_dir():
+        return str(path)
+    if any((p / f).exists() for f in _WEIGHTS):
+        return str(p)
+    export = p / "export"
+    if export.is_dir():
+        return str(export)
+    if (p / "checkpoints").is_dir():
+        raise UserError(f"{p}: a training workdir without export/ yet; export a checkpoint first: "
+                        f"jaxembed export --workdir {p} --out {export}")
+    if (p / "config.json").exists():
+        return str(p)  # let the loader say what is missing
+    raise UserError(f"{p}: neither a model folder (no config.json / modules.json / weights) nor a training "
+                    "workdir (no export/)")
+
+
 def as_encoder(model_or_encoder, **load_kwargs):
     """An encoder from: a jaxembed Encoder (or any object with ``encode(texts, prompt=..., batch_size=...)``),
     a ``jaxembed.hf.Loaded``, or a model folder / workdir / hub id (loaded with ``jaxembed.hf.load``)."""
@@ -146,7 +177,6 @@ def as_encoder(model_or_encoder, **load_kwargs):
         return Encoder.from_loaded(model_or_encoder)
     if isinstance(model_or_encoder, (str, bytes)) or hasattr(model_or_encoder, "__fspath__"):
         from jaxembed import hf
-        from jaxembed.evaluate.runner import resolve_model_path
 
         return Encoder.from_loaded(hf.load(resolve_model_path(model_or_encoder), **load_kwargs))
     raise UserError(f"cannot evaluate a {type(model_or_encoder).__name__}: pass an Encoder, a loaded model "

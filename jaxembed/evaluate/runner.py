@@ -17,33 +17,10 @@ import numpy as np
 
 from jaxembed.errors import UserError
 from jaxembed.evaluate import scoring
-from jaxembed.evaluate.prompts import DEFAULT_INSTRUCTION_TEMPLATE, EvalEncoder, Router, as_encoder
+from jaxembed.evaluate.prompts import (DEFAULT_INSTRUCTION_TEMPLATE, EvalEncoder, Router, as_encoder,
+                                       resolve_model_path)  # noqa: F401 (resolve_model_path: re-exported)
 from jaxembed.evaluate.tasks import (ClassificationData, ClusteringData, PairData, RerankingData, RetrievalData,
                                      Task, load_task_data, resolve_tasks)
-
-_WEIGHTS = ("modules.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-            "pytorch_model.bin.index.json")
-
-
-def resolve_model_path(path: str | os.PathLike) -> str:
-    """A model folder for ``--model``: a training workdir (a folder holding ``export/``, as ``jaxembed train``
-    writes it) gives its ``export/``; a model folder (HF / sentence-transformers / jaxembed export) or a hub id is
-    returned as is."""
-    p = Path(os.path.expanduser(str(path)))
-    if not p.is_dir():
-        return str(path)
-    if any((p / f).exists() for f in _WEIGHTS):
-        return str(p)
-    export = p / "export"
-    if export.is_dir():
-        return str(export)
-    if (p / "checkpoints").is_dir():
-        raise UserError(f"{p}: a training workdir without export/ yet; export a checkpoint first: "
-                        f"jaxembed export --workdir {p} --out {export}")
-    if (p / "config.json").exists():
-        return str(p)  # let the loader say what is missing
-    raise UserError(f"{p}: neither a model folder (no config.json / modules.json / weights) nor a training "
-                    "workdir (no export/)")
 
 
 # ------------------------------------------------------------------------------------------------ evaluators

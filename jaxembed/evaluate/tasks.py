@@ -22,6 +22,7 @@ import numpy as np
 from jaxembed import paths
 from jaxembed.data.jsonl import iter_jsonl
 from jaxembed.errors import InputError, UserError
+from jaxembed.evaluate.prompts import instruction_prompts
 
 SPLITS = ("eval", "dev")
 TASK_TYPES = ("STS", "Retrieval", "Reranking", "PairClassification", "Classification", "Clustering")
@@ -79,8 +80,6 @@ class Task:
     def instruction_prompts(self, template: str = "{instruction}") -> dict[str, str]:
         """The task's instructions as prompts keyed like mteb looks them up (``Name`` for symmetric tasks,
         ``Name-query`` / ``Name-document`` for retrieval and reranking), formatted with ``template``."""
-        from jaxembed.evaluate.prompts import instruction_prompts
-
         return instruction_prompts(self.name, self.type, self.query_instruction, self.document_instruction,
                                    template)
 
