@@ -52,6 +52,8 @@ Ablations (``--ablations``, jaxembed only, compared with this script's jaxembed 
                         sets built from the train/ classification files, jaxembed.data.clustering; heterogeneous
                         batches, temperature 0.06 as TA-CL): 'mote_clustering' vs 'ic_clustering' (the baseline with
                         the same data), and 'ic_clustering' vs the baseline
+  padded                data.packing=False (one text per row, padded) vs the baseline (the recipe's packed rows):
+                        the same plan and step count; packing must not change quality beyond the seeds' spread
 Every comparison reports the average over the eval tasks, the STS average (Data-CUBE's measure: STSBenchmark,
 SICK-R), the average per task type (MoTE's), per seed and as the mean with the spread over seeds.
 Finished runs are reused (a run directory whose recorded config matches), so adding an ablation later reruns
@@ -87,7 +89,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from _record import record_line, save_result  # noqa: E402
 
-ABLATIONS = ("peg", "mrl", "curriculum", "mote", "mote_clustering")
+ABLATIONS = ("peg", "mrl", "curriculum", "mote", "mote_clustering", "padded")
 #: the arms each --ablations entry runs (besides the baseline)
 ABLATION_ARMS = {"curriculum": ("curriculum", "curriculum_balanced", "curriculum_shuffled", "curriculum_vanilla"),
                  "mote_clustering": ("ic_clustering", "mote_clustering")}
@@ -100,7 +102,7 @@ REFERENCES = {**{a: [("vanilla", "curriculum_vanilla")] for a in ("curriculum", 
 CLUSTERING_ARMS = ("ic_clustering", "mote_clustering")
 #: every jaxembed arm (--job ARM:SEED)
 ARMS = ("base", "peg", "mrl", "curriculum", "curriculum_balanced", "curriculum_shuffled", "curriculum_vanilla",
-        "curriculum_masked", "mote", "ic_clustering", "mote_clustering")
+        "curriculum_masked", "mote", "ic_clustering", "mote_clustering", "padded")
 #: Data-CUBE's measure: the average over the STS tasks
 STS_TASKS = ("STSBenchmark", "SICK-R")
 DIMS = (256, 128, 64)
@@ -227,6 +229,8 @@ def arm_config(args, arm: str, seed: int, store_dir: Path | None):
             raise SystemExit("error: --ablations mote needs the MoTE config overrides, e.g. --mote "
                              "model.mote.num_experts=4 (see the MoTE section of the README)")
         cfglib.apply_overrides(c, list(args.mote))
+    elif arm == "padded":  # today's padded batches instead of packed rows (the recipe's data.packing default)
+        c.data.packing = False
     elif arm in CLUSTERING_ARMS:
         add_clustering_sets(c)
         if store_dir is not None:  # another data config: its own store beside the recipe's

@@ -47,6 +47,18 @@ def test_curriculum_and_clustering_arms(tmp_path, shared_data):
                                                                  "jaxembed", args)  # the same files each time
 
 
+def test_padded_arm_differs_from_the_base_by_packing_only(tmp_path):
+    """The 'padded' arm is the recipe with data.packing=False (the base keeps the recipe's packed rows)."""
+    from jaxembed.config import to_json
+
+    args = _args(tmp_path)
+    base, padded = (json.loads(to_json(qp.arm_config(args, a, 0, None))) for a in ("base", "padded"))
+    assert base["data"]["packing"] is True and padded["data"]["packing"] is False
+    assert qp.record_differences({"config": base, "st_loss": None}, {"config": padded, "st_loss": None}) == [
+        "data.packing"]
+    assert "padded" in qp.ARMS and "padded" in qp.ABLATIONS
+
+
 def _run(avg: float, seed: int, sts_shift: float = 0.0):
     """A fake finished run: every task scores avg (+ sts_shift on the STS tasks) + seed."""
     ev = {}
