@@ -10,9 +10,9 @@ MAIN=${MAIN:-/work/main}
 OPTS=(--steps 400 --batch-size 16 --eval-max-examples 1000 --mteb-tasks ''
       --workdir $WD --curriculum-task-order $R/curriculum/task_order.json
       --curriculum-scores $R/score/scores.npz --mote model.mote.enabled=True)
-JOBS="${JOBS:-base:0 curriculum_vanilla:0 ic_clustering:0 mote_clustering:0 curriculum:0 curriculum_balanced:0
-      base:1 curriculum:1 curriculum_balanced:1 curriculum_vanilla:1 ic_clustering:1 mote_clustering:1
-      base:2 curriculum:2 curriculum_balanced:2 curriculum_vanilla:2 ic_clustering:2 mote_clustering:2}"
+JOBS="${JOBS:-base:0 curriculum_vanilla:0 curriculum:0 curriculum_balanced:0 ic_clustering:0 mote_clustering:0
+      base:1 curriculum_vanilla:1 curriculum:1 curriculum_balanced:1 ic_clustering:1 mote_clustering:1
+      base:2 curriculum_vanilla:2 curriculum:2 curriculum_balanced:2 ic_clustering:2 mote_clustering:2}"
 export PYTHONPATH=$SNAP TOKENIZERS_PARALLELISM=true
 cd $SNAP || exit 1
 log() { echo "[$(date -u +%FT%TZ)] $*"; }
