@@ -20,11 +20,9 @@ from typing import Any
 import ml_collections as mc
 from ml_collections import config_dict
 
+from jaxembed.data.config import CONTRASTIVE_LOSSES, LOSSES, SCORED_LOSSES  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError, in_file, with_file
 
-LOSSES = ("infonce", "peg", "cosent", "angle")  # jaxembed.losses.objective.KINDS
-CONTRASTIVE_LOSSES = ("infonce", "peg")
-SCORED_LOSSES = ("cosent", "angle")  # scored pairs: every pair is kept with its score
 DISTILL = ("none", "kl", "margin_mse")
 GIST_MARGIN_STRATEGIES = ("absolute", "relative")
 LOSS_IMPLS = ("jit", "shard_map")
@@ -256,7 +254,7 @@ def validate(c: mc.ConfigDict) -> None:
     _choice(c, "loss.type", LOSSES)
     _choice(c, "loss.impl", LOSS_IMPLS)
     _check_loss_settings(c)
-    from jaxembed.data.config import check_dataset_losses
+    from jaxembed.data.loss_checks import check_dataset_losses
 
     check_dataset_losses(c)  # each dataset's loss: its data (scores, teacher scores) and the run's settings
     _positive(c, "loss.temperature")

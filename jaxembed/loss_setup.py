@@ -38,7 +38,7 @@ def dataset_kinds(store, run_loss: str) -> list[str]:
 
 def make_loss_setup(run) -> LossSetup:
     """The LossSetup of a ``jaxembed.train.Run`` (raises UserError naming the dataset and the fix)."""
-    from jaxembed.data.config import check_dataset_losses
+    from jaxembed.data.loss_checks import check_dataset_losses
 
     c = run.config
     check_dataset_losses(c, store_dir=run.store.path)  # the prepared store: its pair / teacher score counts

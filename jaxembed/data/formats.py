@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Union
 
 from jaxembed.data import sources
-from jaxembed.data.config import RECORD_FORMATS, TASK_TYPES, KALM_TEMPLATE
+from jaxembed.data.config import KALM_TEMPLATE, RECORD_FORMATS, SCORED_LOSSES, TASK_TYPES
 from jaxembed.data.hashindex import HashIndex, HashLog, example_hash, key_of
 from jaxembed.data.jsonl import BadLine, check_input_file, iter_text_lines, parse_object
 from jaxembed.errors import InputError, UserError
@@ -957,8 +957,6 @@ def read_options(ds) -> ReadOptions:
     if ds.get("columns") is not None:
         fields.update(dict(pairs_of(ds["columns"], "columns")))
     ld = ds.get("label_descriptions")
-    from jaxembed.config import SCORED_LOSSES
-
     scored = ds.get("loss") in SCORED_LOSSES  # every pair with its score (config.data_section resolves loss None)
     return ReadOptions(name=ds["name"], format=effective_record_format(ds), fields=fields,
                        score_threshold=ds.get("score_threshold"),
