@@ -1141,7 +1141,10 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
         all_u.append(np.array([unit_names.index(order[k]) for k in k_pos], np.int32))
         total += bd.shape[0]
         r += 1
-        if (steps == 0 and r >= rounds) or (steps and total >= steps) or (bd.shape[0] == 0) or quota is not None:
+        # an empty round ends an epoch-mode plan (no later round has more rows); in step mode it is a fractional
+        # epoch's round with less than a batch in every unit, and the next round starts a new pass
+        empty = bd.shape[0] == 0 and not (steps and total)
+        if (steps == 0 and r >= rounds) or (steps and total >= steps) or empty or quota is not None:
             break
     DS, EX, UI = np.concatenate(all_d), np.concatenate(all_e), np.concatenate(all_u)
     truncated = 0
