@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -404,7 +405,15 @@ def load_config_file(spec: str) -> mc.ConfigDict:
     if not hasattr(module, "get_config"):
         raise UserError(f"--config {path}: defines no get_config(arg=None)")
     try:
-        cfg = module.get_config(arg or None)
+        params = inspect.signature(module.get_config).parameters
+    except (TypeError, ValueError):
+        params = {"arg": None}
+    takes_arg = bool(params)
+    if arg and not takes_arg:
+        raise UserError(f"--config {spec}: get_config() takes no argument, so the variant {arg!r} cannot be passed "
+                        f"(fix: define get_config(arg=None) in {path}, or drop ':{arg}')")
+    try:
+        cfg = module.get_config(arg or None) if takes_arg else module.get_config()  # ml_collections' get_config()
     except UserError as e:  # e.g. dataset_config(tempreature=...): name the config file and line
         raise UserError(with_file(e, p, "--config ")) from None
     except Exception as e:

@@ -271,3 +271,17 @@ def test_wrong_type_assigned_in_a_config_file_is_one_line(tmp_path, capsys):
             assert "datasets is a list of dataset configs, a dict cannot be assigned" in err, err
             assert "datasets_from_dict(" in err and "from jaxembed.data.config import datasets_from_dict" in err
     assert not (tmp_path / "wd").exists() and not (tmp_path / "store").exists()
+
+
+def test_config_file_with_get_config_of_no_argument(tmp_path):
+    """ml_collections' convention, ``def get_config():``, loads; a variant passed to it is one line naming the fix."""
+    from jaxembed import config as cfglib
+    from jaxembed.errors import UserError
+
+    p = tmp_path / "plain.py"
+    p.write_text("from jaxembed.config import default_config\n\n\ndef get_config():\n    c = default_config()\n"
+                 "    c.optim.lr = 3e-5\n    return c\n")
+    assert cfglib.load_config_file(str(p)).optim.lr == 3e-5
+    with pytest.raises(UserError, match=r"get_config\(\) takes no argument, so the variant 'tiny' cannot be passed "
+                                        r"\(fix: define get_config\(arg=None\)"):
+        cfglib.load_config_file(f"{p}:tiny")
