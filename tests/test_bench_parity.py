@@ -115,11 +115,12 @@ def _num(cell: str) -> list[float]:
     return [float(x) for x in re.findall(r"[-+]?\d+\.\d+", cell.replace("**", ""))]
 
 
-def test_readme_benchmark_figures_match_their_records():
-    """Every figure of the README's benchmark tables equals its result file (rounded as printed); the file exists."""
+def test_benchmark_figures_match_their_records():
+    """Every figure of the benchmark tables (docs/benchmarks.md, moved there from the README) equals its result file
+    (rounded as printed); the file exists."""
     import json
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "benchmarks.md").read_text()
     rows = _table(readme, "| what | jaxembed | sentence-transformers | record |")
     assert len(rows) >= 6
     for row in rows:
@@ -160,3 +161,43 @@ def test_readme_benchmark_figures_match_their_records():
         assert _num(row[5]) == [round(x, 2) for x in seeds], row
         seen += 1
     assert seen == 6
+
+
+def _record_file(cell: str) -> Path:
+    """The record of a results-table cell: a markdown link to it, or its name in backticks."""
+    import re
+
+    m = re.fullmatch(r"\[[^\]]*\]\(([^)]+)\)", cell.strip())
+    return (ROOT / m.group(1)) if m else RESULTS / cell.strip("`")
+
+
+def _values(obj) -> list[float]:
+    """Every number in a record (nested dicts / lists)."""
+    if isinstance(obj, dict):
+        return [v for x in obj.values() for v in _values(x)]
+    if isinstance(obj, list):
+        return [v for x in obj for v in _values(x)]
+    return [float(obj)] if isinstance(obj, (int, float)) and not isinstance(obj, bool) else []
+
+
+def test_readme_results_figures_are_in_their_records():
+    """The README's results table: each row links its record under benchmarks/results/, the file exists, and every
+    figure of the row is a value of that record as printed (rounded to the printed decimals; GiB figures from the
+    record's MiB). A row that restates a row of docs/benchmarks.md (same record, same figures) is checked strictly
+    there."""
+    import json
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    rows = _table(readme, "| what | jaxembed | sentence-transformers | record |")
+    assert len(rows) >= 3
+    assert any(r[0].startswith("train throughput vs ST (packed)") for r in rows), "the packed throughput row is gone"
+    for row in rows:
+        rec = _record_file(row[3])
+        assert rec.parent == RESULTS and rec.exists(), row
+        values = _values(json.loads(rec.read_text()))
+        for cell in row[1:3]:
+            for text in re.findall(r"[-+]?\d+\.\d+", cell.replace("**", "")):
+                fig, d = float(text), len(text.split(".")[1])
+                ok = any(round(v, d) == fig or round(v / 1024, d) == fig for v in values)
+                assert ok, f"{row[0]}: {text} is not a value of {rec.name} (rounded to {d} decimals)"
