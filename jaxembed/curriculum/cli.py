@@ -2,8 +2,9 @@
 a reference model and write files the batch plan (``jaxembed plan build``) consumes.
 
 ``add_parsers(subparsers)`` adds the three commands (``func`` returns the exit status; a UserError is printed on one
-line by the main CLI, exit status 2). The jobs are also Python functions: ``run_score``, ``run_curriculum`` and
-``run_mine``.
+line by the main CLI, exit status 2). This module only parses arguments; the jobs are Python functions:
+``jaxembed.curriculum.score.run_score``, ``jaxembed.curriculum.build.run_curriculum`` and
+``jaxembed.mining.job.run_mine`` (re-exported here), the reference model ``jaxembed.mining.encoding.load_encoder``.
 
 - ``score --model M --store DIR | --config FILE[:VARIANT] --out DIR [--unit dataset|task] [--n-task-queries N]
   [--seed S] [--negatives min|mean]``: encodes every instructed query and document of the store with the reference
@@ -27,18 +28,18 @@ line by the main CLI, exit status 2). The jobs are also Python functions: ``run_
   ``jaxembed data prepare`` reads, carrying the dataset's instruction.
 """
 
+
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
-import numpy as np
-
+from jaxembed.curriculum.build import format_curriculum, plan_set_args, run_curriculum  # noqa: F401 (re-exported)
+from jaxembed.curriculum.score import (SCORE_FILES, config_store, config_unit, format_score,  # noqa: F401
+                                       load_run_config, run_score)
 from jaxembed.errors import UserError
-
-SCORE_FILES = ("task_similarity.npz", "task_similarity.png", "scores.npz", "score_summary.json")
+from jaxembed.mining.encoding import _LOADED, limit, load_encoder, model_key  # noqa: F401 (_LOADED: re-exported)
+from jaxembed.mining.job import input_from_file, input_from_store, run_mine  # noqa: F401 (run_mine: re-exported)
 
 
 # ============================================================================================== parsers
@@ -59,6 +60,7 @@ def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="pad one text per row instead of packing several (the default, jaxembed.encode); a --config "
                         "with data.packing=False does the same")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
 
 
 def add_parsers(subparsers) -> None:
@@ -172,214 +174,13 @@ def add_parsers(subparsers) -> None:
     m.set_defaults(func=cmd_mine)
 
 
-# ============================================================================================== helpers
-
-_LOADED: dict = {}  # (model files, load options) -> (Loaded, Encoder): one compilation per process and model
-
+# ============================================================================================== commands
 
 def _load_model(name, args, config=None):
-    """(Loaded, Encoder) of the reference model; reused within a process while the model's files are unchanged, so
-    that several jobs in one process (or a notebook) compile the encoder once."""
-    from jaxembed import hf
-    from jaxembed.encode import Encoder
-
-    kw = {}
-    kw["dtype"] = getattr(args, "dtype", None) or (config.model.dtype if config is not None else None) or "float32"
-    ml = getattr(args, "max_length", None) or (config.model.max_length if config is not None else 0) or None
-    if ml:
-        kw["max_length"] = ml
-    pooling = getattr(args, "pooling", None) or (config.model.pooling if config is not None else "") or None
-    if pooling:
-        kw["pooling"] = pooling
-    if getattr(args, "bidirectional", False):
-        kw["causal"] = False
-    elif config is not None and config.model.get("causal") is not None:
-        kw["causal"] = config.model.causal
-    folder = hf.resolve(name)
-    stamp = tuple(sorted((str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns)
-                         for f in folder.rglob("*") if f.is_file() and f.suffix in (".json", ".safetensors", ".bin")))
-    key = (str(folder.resolve()), stamp, tuple(sorted(kw.items())))
-    if key not in _LOADED:
-        loaded = hf.load(folder, **kw)
-        _LOADED.clear()  # keep one model alive at most
-        _LOADED[key] = (loaded, Encoder.from_loaded(loaded))
-    loaded, enc = _LOADED[key]
-    # packed rows (the default) or padded ones: the same embeddings (jaxembed.encode), the padded path for comparison
-    enc.packing = not (getattr(args, "no_packing", False) or (config is not None and not _config_packing(config)))
-    return loaded, enc
-
-
-def _config_packing(config) -> bool:
-    from jaxembed.config import packing_enabled
-
-    return packing_enabled(config) if "data" in config else True
-
-
-def _model_key(loaded, encoder) -> str:
-    from jaxembed.mining import model_fingerprint
-
-    return f"{Path(loaded.source).resolve()}|{model_fingerprint(encoder)}"
-
-
-def _limit(value, cap):
-    if cap is None:
-        return value or None
-    return min(int(value or cap), int(cap))
-
-
-def _write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-# ============================================================================================== score
-
-def _dataset_texts(store, d: int, indices: np.ndarray | None, need_docs: bool):
-    """Unique query texts (+ example -> row) and, with need_docs, unique document texts with each example's positive
-    and negative rows. Reads the store in chunks."""
-    info = store.datasets[d]
-    idx = np.arange(info.size) if indices is None else np.asarray(indices, np.int64)
-    q_rows, q_index, d_index = [], {}, {}
-    pos_ids, neg_ids = [], []
-    for s in range(0, len(idx), 8192):
-        for e in store.examples(d, idx[s:s + 8192].tolist()):
-            q_rows.append(q_index.setdefault(e["query"], len(q_index)))
-            if need_docs:
-                p = [d_index.setdefault(t, len(d_index)) for t in e["pos"]]
-                n = [d_index.setdefault(t, len(d_index)) for t in e["neg"]]
-                pos_ids.append(p)
-                neg_ids.append(n)
-    q_texts = list(q_index)
-    d_texts = list(d_index)
-    return np.array(q_rows, np.int64), q_texts, d_texts, pos_ids, neg_ids
-
-
-def run_score(encoder, store, out, *, unit: str = "dataset", n_task_queries: int = 1000, seed: int = 0,
-              negatives: str = "min", sampled_negatives: int = 7, similarity_only: bool = False,
-              shard_size: int = 2048, batch_size: int = 64, model_key: str | None = None, model_name: str = "",
-              progress: bool | None = None) -> dict:
-    """The ``jaxembed score`` job on an opened Store with an Encoder: writes SCORE_FILES into ``out`` and returns the
-    summary. Embeddings are cached under ``out/cache`` (per dataset, per shard of ``shard_size`` texts)."""
-    from jaxembed.curriculum import difficulty as dif
-    from jaxembed.curriculum import similarity as sim
-    from jaxembed.mining import encode_texts, model_fingerprint, normalize, progress_bar
-
-    if negatives not in dif.REDUCE:
-        raise UserError(f"--negatives {negatives!r}: one of {', '.join(dif.REDUCE)}")
-    if shard_size < 1 or batch_size < 1:
-        raise UserError("--shard-size and --batch-size must be positive")
-    t0 = time.time()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    infos = store.datasets
-    sizes = [int(i.size) for i in infos]
-    units = sim.curriculum_units(infos, unit)
-    samples = sim.sample_queries(units, sizes, n_task_queries, seed)
-    model_key = model_key or model_fingerprint(encoder)
-    tok = getattr(encoder, "tokenizer", None)
-    cap = getattr(tok, "max_length", None)
-    mote = getattr(encoder, "mote", None) is not None  # a MoTE reference model: each text through its task's expert
-
-    def ekw(info, side):
-        return {"task": info.task_type, "side": side} if mote else None
-
-    # pass 1: the texts of every dataset
-    per = []
-    for d, info in enumerate(infos):
-        indices = None
-        if similarity_only:
-            indices = np.unique(np.concatenate([s[s[:, 0] == d, 1] for s in samples.values()] + [np.zeros(0,
-                                                                                                  np.int64)]))
-        q_rows, q_texts, d_texts, pos_ids, neg_ids = _dataset_texts(store, d, indices, not similarity_only)
-        per.append(dict(indices=indices, q_rows=q_rows, q_texts=q_texts, d_texts=d_texts, pos_ids=pos_ids,
-                        neg_ids=neg_ids))
-    total = sum(len(p["q_texts"]) + len(p["d_texts"]) for p in per)
-
-    # pass 2: encode (cached per shard)
-    cache = out / "cache"
-    t1 = time.time()
-    with progress_bar(total, "score: encode", progress) as bar:
-        for d, (info, p) in enumerate(zip(infos, per)):
-            bar.set_postfix_str(info.name)
-            p["Q"] = normalize(encode_texts(
-                encoder, p["q_texts"], prompt=info.query_instruction, max_length=_limit(info.max_query_length, cap),
-                batch_size=batch_size, cache_dir=cache, name=f"{info.name}.queries", shard_size=shard_size,
-                model_key=model_key, bar=bar, encode_kw=ekw(info, "query")))
-            if not similarity_only:
-                p["D"] = normalize(encode_texts(
-                    encoder, p["d_texts"], prompt=info.doc_instruction, max_length=_limit(info.max_doc_length, cap),
-                    batch_size=batch_size, cache_dir=cache, name=f"{info.name}.docs", shard_size=shard_size,
-                    model_key=model_key, bar=bar, encode_kw=ekw(info, "document")))
-    t_enc = time.time() - t1
-
-    # Eq. 4 / 5 over the units
-    reps, counts = [], []
-    for u, members in units.items():
-        s = samples[u]
-        rows = []
-        for d in members:
-            ex = s[s[:, 0] == d, 1]
-            if ex.size == 0:
-                continue
-            p = per[d]
-            pos_in = ex if p["indices"] is None else np.searchsorted(p["indices"], ex)
-            rows.append(p["Q"][p["q_rows"][pos_in]])
-        emb = np.concatenate(rows)
-        reps.append(sim.task_representation(emb))
-        counts.append(emb.shape[0])
-    S = sim.task_similarity(np.stack(reps))
-    names = list(units)
-    meta = {"model": model_name, "model_key": model_key, "seed": seed, "n_task_queries": n_task_queries,
-            "store": str(Path(store.path).resolve())}
-    sim.save_similarity(out / "task_similarity.npz", S, names, unit, counts, meta)
-    renderer = sim.render_heatmap(S, names, out / "task_similarity.png",
-                                  title=f"task similarity: {len(names)} {unit}s")
-
-    # Eq. 8 per example
-    datasets = []
-    scores = {}
-    for d, (info, p) in enumerate(zip(infos, per)):
-        entry = {"name": info.name, "task": info.task, "task_type": info.task_type, "size": info.size,
-                 "query_texts": len(p["q_texts"]), "doc_texts": len(p["d_texts"])}
-        if not similarity_only:
-            n_ex = len(p["pos_ids"])
-            own = np.array([len(x) > 0 for x in p["neg_ids"]])
-            neg_ids = p["neg_ids"]
-            if not own.all():
-                sampled = dif.sampled_negatives(p["pos_ids"], sampled_negatives, seed * 1_000_003 + d)
-                neg_ids = [x if o else s for x, o, s in zip(neg_ids, own, sampled)]
-            none = np.array([len(x) == 0 for x in neg_ids])
-            pos_off = np.concatenate([[0], np.cumsum([len(x) for x in p["pos_ids"]])])
-            neg_off = np.concatenate([[0], np.cumsum([len(x) for x in neg_ids])])
-            ex_pos = np.repeat(np.arange(n_ex), np.diff(pos_off))
-            ex_neg = np.repeat(np.arange(n_ex), np.diff(neg_off))
-            flat_pos = np.array([i for x in p["pos_ids"] for i in x], np.int64)
-            flat_neg = np.array([i for x in neg_ids for i in x], np.int64)
-            ps = dif.pair_similarity(p["Q"], p["D"], p["q_rows"][ex_pos], flat_pos)
-            ns = dif.pair_similarity(p["Q"], p["D"], p["q_rows"][ex_neg], flat_neg)
-            if none.any():  # a one-example dataset has nothing to compare with: phi = sim(q, p) there
-                pos_mean = dif.segment_reduce(ps, pos_off, "mean")
-                neg_red = dif.segment_reduce(ns, neg_off, "max" if negatives == "min" else "mean")
-                v = np.where(none, pos_mean, pos_mean - np.nan_to_num(neg_red))
-            else:
-                v = dif.phi(ps, pos_off, ns, neg_off, negatives)
-            scores[info.name] = v
-            entry.update(phi=dif.phi_stats(v), negatives_own=int(own.sum()),
-                         negatives_sampled=int((~own & ~none).sum()), negatives_none=int(none.sum()))
-        datasets.append(entry)
-    if not similarity_only:
-        np.savez(out / "scores.npz", **scores)
-    summary = {"model": model_name, "model_key": model_key, "store": str(Path(store.path).resolve()),
-               "unit": unit, "units": {u: [infos[d].name for d in m] for u, m in units.items()},
-               "n_task_queries": n_task_queries, "queries_per_unit": dict(zip(names, counts)), "seed": seed,
-               "negatives": negatives, "sampled_negatives": sampled_negatives, "similarity_only": similarity_only,
-               "heatmap": renderer, "datasets": datasets, "similarity": np.round(S, 5).tolist(),
-               "texts_encoded": total, "seconds_encode": round(t_enc, 2), "seconds": round(time.time() - t0, 2),
-               "files": [f for f in SCORE_FILES if (out / f).exists() or f == "score_summary.json"]}
-    _write_json(out / "score_summary.json", summary)
-    return summary
+    """(Loaded, Encoder) of the reference model with the command's model options."""
+    return load_encoder(name, dtype=getattr(args, "dtype", None), max_length=getattr(args, "max_length", None),
+                        pooling=getattr(args, "pooling", None), bidirectional=getattr(args, "bidirectional", False),
+                        no_packing=getattr(args, "no_packing", False), config=config)
 
 
 def cmd_score(args) -> int:
@@ -390,154 +191,19 @@ def cmd_score(args) -> int:
 
     if (args.store is None) == (args.config is None):
         raise UserError("score: give exactly one of --store DIR or --config FILE[:VARIANT]")
-    config = None
-    if args.config:
-        from jaxembed import config as cfglib
-
-        config = cfglib.load_config_file(args.config)
-        if "data" not in config:
-            raise UserError(f"--config {args.config}: no data section (fix: a run config, e.g. configs/demo.py)")
-        if config.data.get("store"):
-            store = Store.open(config.data.store)
-        else:
-            sdir = Path(args.out) / "store"
-            if not (sdir / "manifest.json").exists():
-                from jaxembed.data.store import write_store
-
-                print(f"preparing the data config of {args.config} into {sdir}")
-                write_store(cfglib.data_section(config), sdir)
-            store = Store.open(sdir)
-    else:
-        store = Store.open(args.store)
+    config = load_run_config(args.config) if args.config else None
+    store = config_store(config, args.config, args.out) if config is not None else Store.open(args.store)
     name = args.model or (config.model.name if config is not None else "")
     if not name:
         raise UserError("score: --model is required (or a --config whose model.name is set)")
-    unit = args.unit
-    if unit is None:  # the unit the config's plan orders, so that its curriculum finds its units
-        cur = (config.get("plan") or {}).get("curriculum") or {} if config is not None else {}
-        unit = str(cur.get("unit") or "dataset")
+    unit = args.unit if args.unit is not None else config_unit(config)
     loaded, enc = _load_model(name, args, config)
     s = run_score(enc, store, args.out, unit=unit, n_task_queries=args.n_task_queries, seed=args.seed,
                   negatives=args.negatives, sampled_negatives=args.sampled_negatives,
                   similarity_only=args.similarity_only, shard_size=args.shard_size, batch_size=args.batch_size,
-                  model_key=_model_key(loaded, enc), model_name=str(name), progress=not args.quiet)
-    out = Path(args.out)
-    if not args.similarity_only:
-        w = max(len(d["name"]) for d in s["datasets"])
-        print(f"{'dataset':<{w}}  {'size':>7}  {'phi mean':>8}  {'p10':>7}  {'median':>7}  {'< 0':>6}  negatives")
-        for d in s["datasets"]:
-            ph = d["phi"]
-            src = "own" if not d["negatives_sampled"] else f"sampled ({d['negatives_sampled']})"
-            print(f"{d['name']:<{w}}  {d['size']:>7}  {ph['mean']:>8.3f}  {ph['p10']:>7.3f}  {ph['median']:>7.3f}  "
-                  f"{ph['share_below_0']:>6.1%}  {src}")
-    print(f"task similarity over {len(s['units'])} {s['unit']}s -> {out / 'task_similarity.npz'} "
-          f"(heat map {out / 'task_similarity.png'}: {s['heatmap']})")
-    print(f"wrote {', '.join(s['files'])} in {out} ({s['texts_encoded']} texts, encode {s['seconds_encode']:.1f}s, "
-          f"total {s['seconds']:.1f}s)")
+                  model_key=model_key(loaded, enc), model_name=str(name), progress=not args.quiet)
+    print(format_score(s, args.out, args.similarity_only))
     return 0
-
-
-# ============================================================================================== curriculum
-
-def _plan_units(store, unit: str) -> dict[str, list[int]]:
-    """The units ``plan`` orders: those with a dataset of epochs > 0 and size > 0."""
-    from jaxembed.curriculum.similarity import curriculum_units
-
-    units = curriculum_units(store.datasets, unit)
-    ok = lambda d: store.datasets[d].size > 0 and (store.datasets[d].epochs is None or store.datasets[d].epochs > 0)
-    return {u: m for u, m in units.items() if any(ok(d) for d in m)}
-
-
-def run_curriculum(scores_dir, out, *, store=None, objective: str = "max", solver: str = "anneal",
-                   iterations: int = 2_000_000, tau0: float | None = None, cooling: float | None = None,
-                   patience: int = 0, kicks: int = 200, seed: int = 0, instance_order: str = "e2d",
-                   delta: float | None = None, mask_direction: str = "text", walk: str = "cyclic") -> dict:
-    """The ``jaxembed curriculum`` job: reads ``scores_dir`` (jaxembed score), writes task_order.json,
-    instance_orders.json, plan_curriculum.json and curriculum_summary.json into ``out``. -> the summary."""
-    from jaxembed.curriculum import difficulty as dif
-    from jaxembed.curriculum import order as O
-    from jaxembed.curriculum.similarity import load_similarity
-    from jaxembed.data.plan import load_scores
-    from jaxembed.data.store import Store
-
-    from jaxembed.data.plan import WALKS
-
-    if walk not in WALKS:
-        raise UserError(f"--walk {walk!r}: one of {', '.join(WALKS)}")
-    scores_dir, out = Path(scores_dir), Path(out)
-    S, names, unit, meta = load_similarity(scores_dir / "task_similarity.npz")
-    if store is None:
-        sp = meta.get("store")
-        if not sp:
-            raise UserError(f"{scores_dir}: the scores name no store (fix: pass --store DIR)")
-        store = Store.open(sp)
-    elif not hasattr(store, "datasets"):
-        store = Store.open(store)
-    units = _plan_units(store, unit)
-    missing = [u for u in units if u not in names]
-    if missing:
-        raise UserError(f"{scores_dir / 'task_similarity.npz'}: no similarity for {unit}s {missing} of the store "
-                        f"{store.path} (fix: run jaxembed score on this store)")
-    keep = [names.index(u) for u in units]
-    dropped_units = [n for n in names if n not in units]
-    S = S[np.ix_(keep, keep)]
-    names = list(units)
-    res = O.solve(S, objective=objective, solver=solver, iterations=iterations, tau0=tau0, cooling=cooling,
-                  patience=patience, seed=seed, kicks=kicks)
-    order = [names[i] for i in res.order]
-    rand_mean, rand_std = O.random_baseline(S, 1000, seed)
-    values = {"chosen": res.value, "store_order": O.cyclic_objective(S, np.arange(len(names))),
-              "random_mean": rand_mean, "random_std": rand_std}
-
-    scores_path = scores_dir / "scores.npz"
-    scores = load_scores(scores_path, store) if scores_path.exists() else None
-    if scores is None and (instance_order != "random" or delta is not None):
-        raise UserError(f"{scores_path}: no per-example scores (jaxembed score --similarity-only?) but "
-                        f"--instance-order {instance_order} / --delta need them (fix: run jaxembed score without "
-                        "--similarity-only, or --instance-order random and no --delta)")
-    ds_names = [i.name for i in store.datasets]
-    sizes = [i.size for i in store.datasets]
-    orders = dif.instance_orders(units, sizes, ds_names, instance_order, scores, seed)
-    out.mkdir(parents=True, exist_ok=True)
-    task_order_path, io_path = out / "task_order.json", out / "instance_orders.json"
-    _write_json(task_order_path, {"order": order, "unit": unit, "objective": objective, "solver": res.solver,
-                                  "value": res.value, "values": values, "params": res.params,
-                                  "similarity": str((scores_dir / "task_similarity.npz").resolve())})
-    _write_json(io_path, {u: [[ds_names[int(d)], int(e)] for d, e in a] for u, a in orders.items()})
-    mask = None
-    if scores is not None:
-        deltas = sorted({-0.1, 0.0, 0.05, 0.1} | ({float(delta)} if delta is not None else set()))
-        total = sum(len(v) for v in scores.values())
-        mask = {f"{x:g}": {"masked": sum(dif.mask_counts(scores, x, mask_direction).values()), "of": total}
-                for x in deltas}
-    snippet = {"scores": str(scores_path.resolve()) if scores is not None else "",
-               "mask": {"delta": delta, "direction": mask_direction},
-               "curriculum": {"enabled": True, "unit": unit, "walk": walk,
-                              "task_order": str(task_order_path.resolve()),
-                              "instance_order": "given", "instance_orders": str(io_path.resolve())}}
-    _write_json(out / "plan_curriculum.json", snippet)
-    summary = {"unit": unit, "units": len(names), "order": order, "objective": objective, "solver": res.solver,
-               "values": values, "seconds_solver": round(res.seconds, 3), "iterations": res.iterations,
-               "accepted": res.accepted, "params": res.params, "instance_order": instance_order,
-               "delta": delta, "mask_direction": mask_direction,
-               "masked_at_delta": dif.mask_counts(scores, delta, mask_direction) if (
-                   scores is not None and delta is not None) else None,
-               "mask_counts": mask, "units_without_data": dropped_units, "plan_config": snippet,
-               "set_args": plan_set_args(snippet)}
-    _write_json(out / "curriculum_summary.json", summary)
-    return summary
-
-
-def plan_set_args(snippet: dict) -> list[str]:
-    """``--set KEY=VALUE`` arguments of ``jaxembed plan build`` equal to the snippet."""
-    def flat(d, prefix=""):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                yield from flat(v, prefix + k + ".")
-            else:
-                yield f"{prefix}{k}={'none' if v is None else (str(v).lower() if isinstance(v, bool) else v)}"
-
-    return [a for a in flat(snippet) if a != "scores="]
 
 
 def cmd_curriculum(args) -> int:
@@ -545,66 +211,8 @@ def cmd_curriculum(args) -> int:
                        iterations=args.iterations, tau0=args.tau0, cooling=args.cooling, patience=args.patience,
                        kicks=args.kicks, seed=args.seed, instance_order=args.instance_order, delta=args.delta,
                        mask_direction=args.mask_direction, walk=args.walk)
-    v = s["values"]
-    out = Path(args.out)
-    print(f"task order ({s['units']} {s['unit']}s, objective {s['objective']}, solver {s['solver']}, "
-          f"{s['seconds_solver']:.2f}s" + (f", {s['iterations']} iterations" if s["iterations"] else "") + "):")
-    print("  " + " -> ".join(s["order"]) + " -> (back to the first)")
-    print(f"Eq. 6 cyclic similarity: {v['chosen']:.4f} (store order {v['store_order']:.4f}, random orders "
-          f"{v['random_mean']:.4f} +- {v['random_std']:.4f})")
-    if s["mask_counts"]:
-        print("Eq. 9 mask (" + s["mask_direction"] + "): examples with weight 0 at delta " + ", ".join(
-            f"{k}: {c['masked']}" for k, c in s["mask_counts"].items()) + f" (of {next(iter(s['mask_counts'].values()))['of']})")
-    if s["units_without_data"]:
-        print(f"note: {s['units_without_data']} have no data to train (epochs 0) and are not ordered")
-    print(f"wrote {out / 'task_order.json'}, {out / 'instance_orders.json'}, {out / 'plan_curriculum.json'}")
-    print(f"next: jaxembed plan build --store STORE --config {out / 'plan_curriculum.json'} "
-          "--set global_batch_size=64 --out PLAN.npz")
-    print("  (or add to your plan config: " + " ".join(f"--set {a}" for a in s["set_args"]) + ")")
+    print(format_curriculum(s, args.out))
     return 0
-
-
-# ============================================================================================== mine
-
-def run_mine(encoder, examples, out, report_path=None, *, config=None, query_instruction: str = "",
-             doc_instruction: str = "", corpus=None, task_type: str | None = None, dataset_name: str = "mined",
-             info=None, max_query_length=None, max_doc_length=None, batch_size: int = 64,
-             progress: bool | None = None, source: dict | None = None) -> dict:
-    """The ``jaxembed mine`` job on examples (``{"id", "query", "pos", "neg", ...}``): mine, write the triplets file
-    ``out`` (with the BGE prompt / type that restore the instruction and task type) and the report. -> report."""
-    from jaxembed import mining
-
-    cfg = config or mining.MineConfig()
-    res = mining.mine(encoder, examples, cfg, query_instruction=query_instruction, doc_instruction=doc_instruction,
-                      corpus=corpus, max_query_length=max_query_length, max_doc_length=max_doc_length,
-                      batch_size=batch_size, progress=progress, task=task_type)
-    notes = mining.annotate_records(res.records, query_instruction=query_instruction, task_type=task_type)
-    out = Path(out)
-    mining.write_jsonl(out, res.records)
-    report = dict(res.report)
-    report["source"] = source or {}
-    report["output"] = str(out)
-    report["notes"] = notes
-    report["data_config"] = mining.data_config_entry(
-        dataset_name, str(out.resolve()), task_type=task_type, query_instruction=query_instruction,
-        doc_instruction=doc_instruction, num_negatives=cfg.num_negatives, info=info)
-    rp = Path(report_path) if report_path else out.with_suffix(".report.json")
-    mining.write_report(rp, report)
-    report["report_path"] = str(rp)
-    return report
-
-
-def _read_input(args):
-    from jaxembed.data.formats import ReadInfo, ReadOptions, Tally, apply_policy, read_jsonl
-
-    info = ReadInfo()
-    opts = ReadOptions(name=Path(args.input).stem, format=args.format, score_threshold=args.score_threshold)
-    tally = Tally(Path(args.input).stem)
-    examples = list(apply_policy(read_jsonl(args.input, opts, info), args.on_error, tally))
-    if not examples:
-        reasons = "; ".join(f"{r}: {n}" for r, n in tally.reasons().items()) or "no records"
-        raise UserError(f"{args.input}: no examples to mine ({reasons})")
-    return examples, info, tally
 
 
 def cmd_mine(args) -> int:
@@ -626,37 +234,20 @@ def cmd_mine(args) -> int:
         v = getattr(args, k)
         if v is not None:
             setattr(args, k, v.replace("\\n", "\n"))
-    info = None
-    source: dict = {}
     if args.input:
         if args.dataset:
             raise UserError("mine: --dataset goes with --store, not --input")
-        examples, rinfo, tally = _read_input(args)
-        from jaxembed.data.formats import kalm_instruction
-
-        qi = args.query_instruction if args.query_instruction is not None else (
-            kalm_instruction(rinfo.prompt) if rinfo.prompt is not None else "")
-        di = args.doc_instruction if args.doc_instruction is not None else ""
-        task_type = args.task_type or rinfo.task_type
-        name = Path(args.input).stem
-        source = {"input": str(args.input), "format": rinfo.format, "read": tally.read, "examples": tally.written,
-                  "skipped": tally.reasons()}
-        mq = md = None
+        inp = input_from_file(args.input, format=args.format, score_threshold=args.score_threshold,
+                              on_error=args.on_error, query_instruction=args.query_instruction,
+                              doc_instruction=args.doc_instruction, task_type=args.task_type)
     else:
-        from jaxembed.data.store import Store
-
         if not args.dataset:
             raise UserError("mine: --store needs --dataset NAME")
         if args.task_type:
             raise UserError("mine: --task-type goes with --input (a store dataset has its own)")
-        store = Store.open(args.store)
-        info = store.dataset(args.dataset)
-        examples = store.examples(info.name, range(info.size))
-        qi = args.query_instruction if args.query_instruction is not None else info.query_instruction
-        di = args.doc_instruction if args.doc_instruction is not None else info.doc_instruction
-        task_type, name = info.task_type, info.name
-        source = {"store": str(args.store), "dataset": info.name, "examples": info.size}
-        mq, md = info.max_query_length, info.max_doc_length
+        inp = input_from_store(args.store, args.dataset, query_instruction=args.query_instruction,
+                               doc_instruction=args.doc_instruction)
+    source = dict(inp.source)
     corpus = None
     if args.corpus:
         corpus = read_texts(args.corpus, args.corpus_field)
@@ -664,9 +255,10 @@ def cmd_mine(args) -> int:
     t0 = time.time()
     loaded, enc = _load_model(args.model, args)
     cap = loaded.tokenizer.max_length
-    report = run_mine(enc, examples, args.out, args.report, config=cfg, query_instruction=qi, doc_instruction=di,
-                      corpus=corpus, task_type=task_type, dataset_name=name, info=info,
-                      max_query_length=_limit(mq, cap), max_doc_length=_limit(md, cap), batch_size=args.batch_size,
+    report = run_mine(enc, inp.examples, args.out, args.report, config=cfg, query_instruction=inp.query_instruction,
+                      doc_instruction=inp.doc_instruction, corpus=corpus, task_type=inp.task_type,
+                      dataset_name=inp.name, info=inp.info, max_query_length=limit(inp.max_query_length, cap),
+                      max_doc_length=limit(inp.max_doc_length, cap), batch_size=args.batch_size,
                       progress=not args.quiet, source=dict(source, model=str(args.model)))
     print(mining.format_report(report))
     for n in report["notes"]:
