@@ -2,7 +2,9 @@
 
 - ``client``: the chat client (cache keyed by prompt, retries with backoff, Retry-After, timeouts, concurrency,
   token and cost accounting) and ``ask_json`` (strict JSON answers, malformed ones asked again then reported);
-- ``personas``: KaLM persona-based synthetic data for six task families;
+  ``cache``: its on-disk answer cache;
+- ``personas``: KaLM persona-based synthetic data for six task families (the job); ``prompts``: the families,
+  their prompts and the validators of the answers;
 - ``judge``: PEG's false-negative judge over mined hard negatives;
 - ``cli``: ``jaxembed synth personas`` and ``jaxembed judge``.
 """
