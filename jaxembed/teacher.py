@@ -1,5 +1,6 @@
-"""``jaxembed teacher-score``: a teacher embedding model's scores of each (query, candidate) pair of a triplets file,
-written as FlagEmbedding's ``pos_scores`` / ``neg_scores`` (what ``loss.distill`` trains on, docs/losses.md)::
+"""The teacher-score job (``jaxembed teacher-score``, parsed in ``jaxembed/teacher_cli.py``): a teacher embedding
+model's scores of each (query, candidate) pair of a triplets file, written as FlagEmbedding's ``pos_scores`` /
+``neg_scores`` (what ``loss.distill`` trains on, docs/losses.md)::
 
     jaxembed teacher-score --model TEACHER --input train.jsonl --out train.scored.jsonl [--batch-size 64]
         [--prompt P | --prompt-name NAME] [--doc-prompt P | --doc-prompt-name NAME] [--max-length N] [--dtype D]
@@ -19,9 +20,9 @@ the same command continues after the last complete record of the partial file (o
 is started over).
 """
 
+
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -33,29 +34,6 @@ import numpy as np
 from jaxembed.errors import InputError, UserError
 
 CHUNK_RECORDS = 512  # records scored and appended to the partial file at a time
-
-
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "teacher-score", help="a teacher embedding model's pos_scores / neg_scores for a triplets file (distillation)",
-        description="Score each query against its positives and negatives with a teacher bi-encoder (cosine) and "
-                    "write the records with pos_scores / neg_scores, for loss.distill. Resumable: rerun the same "
-                    "command after a stop.")
-    p.add_argument("--model", required=True, help="teacher model folder (HF / sentence-transformers / jaxembed "
-                                                  "export) or hub id")
-    p.add_argument("--input", required=True, help="triplets, JSON Lines (query, pos [...], neg [...])")
-    p.add_argument("--out", required=True, help="output JSON Lines: the records with pos_scores / neg_scores")
-    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default 64)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--prompt", default=None, help="instruction prefixed to every query")
-    g.add_argument("--prompt-name", default=None, help="a named prompt of the teacher for the queries")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--doc-prompt", default=None, help="instruction prefixed to every positive and negative")
-    g.add_argument("--doc-prompt-name", default=None, help="a named prompt of the teacher for the documents")
-    p.add_argument("--max-length", type=int, default=None, help="truncate texts to N tokens (default: the model's)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="computation dtype")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_teacher_score)
 
 
 # ---------------------------------------------------------------------------------------------------- input
@@ -114,11 +92,11 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------------- files
 
-def _settings(args, model_folder: Path, query_prompt: str, doc_prompt: str) -> dict:
-    st = Path(args.input).stat()
-    return {"input": str(Path(args.input).resolve()), "input_size": st.st_size, "input_mtime_ns": st.st_mtime_ns,
+def _settings(input, max_length, dtype, model_folder: Path, query_prompt: str, doc_prompt: str) -> dict:
+    st = Path(input).stat()
+    return {"input": str(Path(input).resolve()), "input_size": st.st_size, "input_mtime_ns": st.st_mtime_ns,
             "model": str(Path(model_folder).resolve()), "query_prompt": query_prompt, "doc_prompt": doc_prompt,
-            "max_length": args.max_length, "dtype": args.dtype}
+            "max_length": max_length, "dtype": dtype}
 
 
 def _resume(partial: Path, side: Path, settings: dict) -> int:
@@ -140,40 +118,44 @@ def _resume(partial: Path, side: Path, settings: dict) -> int:
     return data[:keep].count(b"\n")
 
 
-def cmd_teacher_score(args) -> int:
+def score_file(model, input, out, *, batch_size: int = 64, prompt: str | None = None, prompt_name: str | None = None,
+               doc_prompt: str | None = None, doc_prompt_name: str | None = None, max_length: int | None = None,
+               dtype: str = "float32", progress: bool = True) -> dict:
+    """The teacher-score job (module docstring): ``input`` triplets -> ``out`` with pos_scores / neg_scores, by
+    ``model``. -> {"out", "records", "resumed" (records found done), "seconds"}."""
     from tqdm import tqdm
 
     from jaxembed import hf
     from jaxembed.encode import Encoder
     from jaxembed.outputs import check_output
 
-    if args.batch_size <= 0:
-        raise UserError(f"--batch-size must be positive, got {args.batch_size}")
-    out = check_output(args.out, "file", "--out")
-    if Path(args.input).resolve() == out.resolve():
+    if batch_size <= 0:
+        raise UserError(f"--batch-size must be positive, got {batch_size}")
+    out = check_output(out, "file", "--out")
+    if Path(input).resolve() == out.resolve():
         raise UserError(f"--out {out}: the same file as --input (fix: write the scores to a new file)")
-    records = read_triplets(args.input)  # the whole input is checked before the model loads
+    records = read_triplets(input)  # the whole input is checked before the model loads
     t0 = time.time()
-    kw = {"dtype": args.dtype}
-    if args.max_length:
-        kw["max_length"] = args.max_length
-    loaded = hf.load(args.model, **kw)
+    kw = {"dtype": dtype}
+    if max_length:
+        kw["max_length"] = max_length
+    loaded = hf.load(model, **kw)
     encoder = Encoder.from_loaded(loaded)
-    query_prompt = encoder.resolve_prompt(args.prompt, args.prompt_name)
-    doc_prompt = encoder.resolve_prompt(args.doc_prompt, args.doc_prompt_name)
+    query_prompt = encoder.resolve_prompt(prompt, prompt_name)
+    doc_prompt = encoder.resolve_prompt(doc_prompt, doc_prompt_name)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial, side = Path(f"{out}.partial"), Path(f"{out}.partial.json")
-    done = _resume(partial, side, _settings(args, loaded.source, query_prompt, doc_prompt))
+    done = _resume(partial, side, _settings(input, max_length, dtype, loaded.source, query_prompt, doc_prompt))
     if done > len(records):
         done = 0
         partial.write_bytes(b"")
-    show = not args.quiet and sys.stderr.isatty()
+    show = progress and sys.stderr.isatty()
     with tqdm(total=len(records), initial=done, desc="teacher-score", unit=" records", disable=not show) as bar, \
             open(partial, "a", encoding="utf-8") as f:
         for start in range(done, len(records), CHUNK_RECORDS):
             chunk = records[start:start + CHUNK_RECORDS]
             scores = score_records(encoder, chunk, query_prompt=query_prompt, doc_prompt=doc_prompt,
-                                   batch_size=args.batch_size, max_length=args.max_length)
+                                   batch_size=batch_size, max_length=max_length)
             for r, (ps, ns) in zip(chunk, scores):
                 f.write(json.dumps({**r, "pos_scores": ps, "neg_scores": ns}, ensure_ascii=False) + "\n")
             f.flush()
@@ -181,7 +163,4 @@ def cmd_teacher_score(args) -> int:
             bar.update(len(chunk))
     os.replace(partial, out)
     side.unlink(missing_ok=True)
-    resumed = f", resumed after {done} records" if done else ""
-    print(f"wrote {out}: {len(records)} records with pos_scores / neg_scores (teacher {args.model}, cosine) in "
-          f"{time.time() - t0:.1f}s{resumed}")
-    return 0
+    return {"out": out, "records": len(records), "resumed": done, "seconds": time.time() - t0}

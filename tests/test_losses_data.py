@@ -181,7 +181,7 @@ def test_bad_teacher_scores_are_record_errors(tmp_path):
 # ------------------------------------------------------------------------------------------ jaxembed teacher-score
 
 def test_teacher_score_writes_cosines_atomically_and_resumes(tmp_path, monkeypatch, capsys):
-    from jaxembed import hf, teacher_cli
+    from jaxembed import hf, teacher
     from jaxembed.cli import main
     from jaxembed.encode import Encoder
     from jaxembed.models.tiny import tiny_model_dir
@@ -197,8 +197,8 @@ def test_teacher_score_writes_cosines_atomically_and_resumes(tmp_path, monkeypat
     assert main(["teacher-score", "--model", str(model), "--input", str(bad), "--out", str(out)]) == 2
     assert "bad.jsonl:3: field 'pos': expected a list of non-empty texts (at least one)" in capsys.readouterr().err
     # stopped after the first chunk: OUT does not exist, the partial file holds the finished records
-    monkeypatch.setattr(teacher_cli, "CHUNK_RECORDS", 5)
-    real, calls = teacher_cli.score_records, []
+    monkeypatch.setattr(teacher, "CHUNK_RECORDS", 5)
+    real, calls = teacher.score_records, []
 
     def stop_after_one(*a, **kw):
         if calls:
@@ -206,12 +206,12 @@ def test_teacher_score_writes_cosines_atomically_and_resumes(tmp_path, monkeypat
         calls.append(len(a[1]))
         return real(*a, **kw)
 
-    monkeypatch.setattr(teacher_cli, "score_records", stop_after_one)
+    monkeypatch.setattr(teacher, "score_records", stop_after_one)
     with pytest.raises(KeyboardInterrupt):
         main(args)
     assert not out.exists() and len(Path(f"{out}.partial").read_text().splitlines()) == 5
     # the same command resumes after record 5 and scores only the rest
-    monkeypatch.setattr(teacher_cli, "score_records", lambda *a, **kw: calls.append(len(a[1])) or real(*a, **kw))
+    monkeypatch.setattr(teacher, "score_records", lambda *a, **kw: calls.append(len(a[1])) or real(*a, **kw))
     assert main(args) == 0
     assert calls == [5, 5, 2] and "resumed after 5 records" in capsys.readouterr().out
     assert not Path(f"{out}.partial").exists() and not Path(f"{out}.partial.json").exists()
