@@ -552,8 +552,9 @@ class NaturalST:
 
 def serve_natural(spec: str) -> None:
     """Worker process of the natural section: build the tool's trainer and its batches, run each batch once
-    (compilation, allocator), answer READY; then on each ``run`` line run every batch once more, timed, and answer
-    TIMES; on ``end`` answer RESULT (memory, token counts) and exit."""
+    (compilation, allocator), answer READY; then on each ``run`` line run every batch once more (``run I``: batch I
+    only), timed (wall and this process's CPU seconds), and answer TIMES; on ``end`` answer RESULT (memory, token
+    counts) and exit."""
     tool, folder, data, B, max_len, plan_steps, steps, store = json.loads(spec)
     if tool == "st":
         w = NaturalST(folder, data, B, max_len, plan_steps, steps, store)
@@ -565,10 +566,10 @@ def serve_natural(spec: str) -> None:
     ready = {"warmup_s": time.perf_counter() - t0, "peak_rss_mib": _peak_rss_mib(), "rss_mib": _rss_now_mib()}
     print("READY " + json.dumps(ready), flush=True)
     for line in sys.stdin:
-        cmd = line.strip()
+        cmd, _, arg = line.strip().partition(" ")
         if cmd == "run":
             times, cpu0 = [], _cpu_s()
-            for b in w.batches:
+            for b in ([w.batches[int(arg)]] if arg else w.batches):
                 t0 = time.perf_counter()
                 w.one(b)
                 times.append(time.perf_counter() - t0)
@@ -604,8 +605,8 @@ class NaturalWorker:
     def ready(self) -> dict:
         return self._answer("READY")
 
-    def run(self) -> dict:
-        self.p.stdin.write("run\n")
+    def run(self, batch: int | None = None) -> dict:
+        self.p.stdin.write("run\n" if batch is None else f"run {batch}\n")
         self.p.stdin.flush()
         return self._answer("TIMES")
 
@@ -635,18 +636,20 @@ def natural_phases(tools: list[str], resident: int) -> list[list[str]]:
 
 def measure_natural(tools: list[str], params: list, steps: int, rounds: int, resident: int, log) -> dict:
     """Interleaved measurement: the processes of a phase are started one after the other (each compiles and warms
-    up alone), then ``rounds`` rounds, each running every resident tool's ``steps`` batches once in turn (the order
-    rotates from round to round), so every ratio compares times taken minutes apart at most. resident 1 (when two
-    processes do not fit in memory): every round starts each tool's process afresh, in turn (the order rotates),
-    warm-up included; jaxembed's programs then come from a persistent compilation cache after the first round.
-    -> per tool: the worker's figures, its rounds (times, CPU seconds, load average); ``rounds``: the records."""
+    up alone), then ``rounds`` rounds; a round runs batch 0 in every resident tool in turn, then batch 1, ..., (the
+    order of the tools rotates from batch to batch and round to round), so the tools' times for the same batches
+    are taken seconds apart. resident 1 (when two processes do not fit in memory): every round starts each tool's
+    process afresh, in turn, warm-up included (jaxembed's programs then come from a persistent compilation cache
+    after the first round). -> per tool: the worker's figures and its rounds (wall and CPU seconds of the round's
+    batches, load average); ``rounds``: every record."""
     if resident == 1:
         return _measure_restarting(tools, params, steps, rounds, log)
     workers: dict[str, NaturalWorker] = {}
     out: dict[str, dict] = {t: {"rounds": []} for t in tools}
     records = []
+    phases = natural_phases(tools, resident)
     try:
-        for p, phase in enumerate(natural_phases(tools, resident)):
+        for p, phase in enumerate(phases):
             for t in phase:
                 if t not in workers:
                     log(f"  starting {t}")
@@ -654,18 +657,24 @@ def measure_natural(tools: list[str], params: list, steps: int, rounds: int, res
                     r = workers[t].ready()
                     log(f"  {t}: ready (warm-up {r['warmup_s']:.0f} s, RSS {r['rss_mib'] / 1024:.2f} GiB)")
             for k in range(rounds):
-                order = phase[k % len(phase):] + phase[:k % len(phase)]
-                for t in order:
-                    load = os.getloadavg()[0]
-                    r = workers[t].run()
-                    rec = {"phase": p, "round": k, "tool": t, "times_s": r["times_s"], "cpu_s": r["cpu_s"],
-                           "total_s": sum(r["times_s"]), "load_average_before": load,
-                           "load_average_after": os.getloadavg()[0]}
-                    records.append(rec)
-                    out[t]["rounds"].append(rec)
-                    log(f"  phase {p} round {k} {t}: {rec['total_s'] / steps:.2f} s/step "
-                        f"(load {load:.1f} -> {rec['load_average_after']:.1f})")
-            for t in [t for t in phase if t not in sum(natural_phases(tools, resident)[p + 1:], [])]:
+                rec = {t: {"phase": p, "round": k, "tool": t, "times_s": [], "cpu_s": 0.0,
+                           "load_average_before": os.getloadavg()[0]} for t in phase}
+                for i in range(steps):
+                    j = (k + i) % len(phase)
+                    for t in phase[j:] + phase[:j]:
+                        r = workers[t].run(i)
+                        rec[t]["times_s"] += r["times_s"]
+                        rec[t]["cpu_s"] += r["cpu_s"]
+                load = os.getloadavg()[0]
+                for t in phase:
+                    x = rec[t]
+                    x.update(total_s=sum(x["times_s"]), load_average_after=load)
+                    records.append(x)
+                    out[t]["rounds"].append(x)
+                log(f"  phase {p} round {k}: " + ", ".join(
+                    f"{t} {rec[t]['total_s'] / steps:.2f} s/step ({rec[t]['cpu_s'] / steps:.2f} CPU-s)" for t in phase)
+                    + f" (load {rec[phase[0]]['load_average_before']:.1f} -> {load:.1f})")
+            for t in [t for t in phase if t not in sum(phases[p + 1:], [])]:
                 out[t].update(workers.pop(t).end())
     except Exception as e:  # a crashed worker (out of memory, ...): its error, the others stopped
         for t in tools:
@@ -715,9 +724,10 @@ def _measure_restarting(tools: list[str], params: list, steps: int, rounds: int,
 
 
 def natural_ratios(row: dict, steps: int, B: int) -> None:
-    """Each tool's step (median over its rounds of the mean step of the same batches), examples/s, peak memory,
-    and the ratios: per round of the same phase, the reference's time over the tool's for the same batches; the
-    median over rounds (robust to load that changes between rounds)."""
+    """Each tool's step (median over its rounds of the mean step of the same batches), examples/s, CPU seconds
+    per step, peak memory, and the ratios: per round of the same phase, the reference's time over the tool's for
+    the same batches, the median over rounds; by wall time (``ratio_*``) and by each process's CPU time
+    (``ratio_per_cpu_s_*``: on a busy machine a process waits for a core, which its CPU time does not count)."""
     ok = {}
     for t in NATURAL_TOOLS:
         r = row.get(t)
@@ -727,38 +737,37 @@ def natural_ratios(row: dict, steps: int, B: int) -> None:
         r["step_s"] = statistics.median(per_round)
         r["step_s_rounds"] = per_round
         r["examples_per_s"] = B / r["step_s"]
-        cpu = sum(x["cpu_s"] for x in r["rounds"])
-        r["examples_per_cpu_s"] = B * steps * len(r["rounds"]) / cpu if cpu else None
+        r["cpu_s_per_step"] = statistics.median(x["cpu_s"] / steps for x in r["rounds"])
+        r["examples_per_cpu_s"] = B / r["cpu_s_per_step"] if r["cpu_s_per_step"] else None
+        r["cpu_utilisation"] = sum(x["cpu_s"] for x in r["rounds"]) / sum(x["total_s"] for x in r["rounds"])
         r["load_average_max"] = max(x["load_average_after"] for x in r["rounds"])
         ok[t] = r
 
-    def paired(a: str, b: str) -> list[float]:
+    def paired(a: str, b: str, key: str = "total_s") -> list[float]:
         """time(b) / time(a) per (phase, round) where both ran."""
-        ta = {(x["phase"], x["round"]): x["total_s"] for x in ok[a]["rounds"]}
-        return [x["total_s"] / ta[(x["phase"], x["round"])] for x in ok[b]["rounds"]
-                if (x["phase"], x["round"]) in ta]
+        ta = {(x["phase"], x["round"]): x[key] for x in ok[a]["rounds"]}
+        return [x[key] / ta[(x["phase"], x["round"])] for x in ok[b]["rounds"] if (x["phase"], x["round"]) in ta]
 
     for t in ("jaxembed-packed", "jaxembed-padded"):
         if t in ok and "st" in ok:
-            v = paired(t, "st")
-            row[f"ratio_{t}_over_st_rounds"] = v
-            row[f"ratio_{t}_over_st"] = statistics.median(v)
-            if ok[t]["examples_per_cpu_s"] and ok["st"]["examples_per_cpu_s"]:
-                row[f"ratio_per_cpu_s_{t}_over_st"] = ok[t]["examples_per_cpu_s"] / ok["st"]["examples_per_cpu_s"]
+            for name, key in (("ratio", "total_s"), ("ratio_per_cpu_s", "cpu_s")):
+                v = paired(t, "st", key)
+                row[f"{name}_{t}_over_st_rounds"] = v
+                row[f"{name}_{t}_over_st"] = statistics.median(v)
     if "jaxembed-packed" in ok and "jaxembed-padded" in ok:
-        v = paired("jaxembed-packed", "jaxembed-padded")
-        if v:
-            row["ratio_packed_over_padded_rounds"] = v
-            row["ratio_packed_over_padded"] = statistics.median(v)
-        elif "ratio_jaxembed-packed_over_st" in row and "ratio_jaxembed-padded_over_st" in row:  # other phases:
-            row["ratio_packed_over_padded"] = (row["ratio_jaxembed-packed_over_st"]  # through the reference
-                                               / row["ratio_jaxembed-padded_over_st"])
+        for name, key in (("ratio", "total_s"), ("ratio_per_cpu_s", "cpu_s")):
+            v = paired("jaxembed-packed", "jaxembed-padded", key)
+            if v:
+                row[f"{name}_packed_over_padded_rounds"] = v
+                row[f"{name}_packed_over_padded"] = statistics.median(v)
+            elif f"{name}_jaxembed-packed_over_st" in row and f"{name}_jaxembed-padded_over_st" in row:
+                row[f"{name}_packed_over_padded"] = (row[f"{name}_jaxembed-packed_over_st"]  # other phases:
+                                                     / row[f"{name}_jaxembed-padded_over_st"])  # via ST
         row["peak_rss_packed_over_padded"] = (ok["jaxembed-packed"]["peak_rss_mib"]
                                               / ok["jaxembed-padded"]["peak_rss_mib"])
     if "jaxembed-packed" in ok and "st" in ok:
         row["peak_rss_packed_over_st"] = ok["jaxembed-packed"]["peak_rss_mib"] / ok["st"]["peak_rss_mib"]
-    loads = [x["load_average_after"] for x in row.get("rounds", [])] + [x["load_average_before"]
-                                                                       for x in row.get("rounds", [])]
+    loads = [x[k] for x in row.get("rounds", []) for k in ("load_average_before", "load_average_after")]
     if loads:
         row["load_average_range"] = [min(loads), max(loads)]
         row["busy"] = max(loads) > BUSY_LOAD
@@ -806,12 +815,13 @@ def section_natural(args, cache: Path, log, thread_settings=(0,)) -> list[dict]:
 
 def natural_ratio_text(r: dict) -> list[str]:
     out = []
-    if "ratio_jaxembed-packed_over_st" in r:
-        out.append(f"packed/ST **{r['ratio_jaxembed-packed_over_st']:.2f}x**")
-    if "ratio_jaxembed-padded_over_st" in r:
-        out.append(f"padded/ST {r['ratio_jaxembed-padded_over_st']:.2f}x")
-    if "ratio_packed_over_padded" in r:
-        out.append(f"packed/padded {r['ratio_packed_over_padded']:.2f}x")
+    for key, label in (("jaxembed-packed_over_st", "packed/ST"), ("jaxembed-padded_over_st", "padded/ST"),
+                       ("packed_over_padded", "packed/padded")):
+        if f"ratio_{key}" in r:
+            bold = "**" if key == "jaxembed-packed_over_st" else ""
+            out.append(f"{label} {bold}{r[f'ratio_{key}']:.2f}x{bold}"
+                       + (f" (per CPU-second {r[f'ratio_per_cpu_s_{key}']:.2f}x)"
+                          if f"ratio_per_cpu_s_{key}" in r else ""))
     if "peak_rss_packed_over_padded" in r:
         out.append(f"peak RSS packed/padded {r['peak_rss_packed_over_padded']:.2f}")
     return out
@@ -831,8 +841,8 @@ def natural_figures(rows: list[dict]) -> list[str]:
             if v is None:
                 continue
             if "step_s" in v:
-                parts.append(f"{label} {v['step_s']:.2f} s/step, real tokens {100 * v['real_fraction']:.0f}%, "
-                             f"{v['peak_rss_mib'] / 1024:.2f} GiB peak RSS")
+                parts.append(f"{label} {v['step_s']:.2f} s/step ({v['cpu_s_per_step']:.2f} CPU-s), real tokens "
+                             f"{100 * v['real_fraction']:.0f}%, {v['peak_rss_mib'] / 1024:.2f} GiB peak RSS")
             else:
                 parts.append(f"{label} failed ({v.get('error', '')[:80]})")
         out.append(f"{head}: {', '.join(parts)}: {', '.join(natural_ratio_text(r))}")
@@ -1197,7 +1207,8 @@ def main():
                      f"{args.natural_max_len} tokens, 1 pos + 1 hard neg, AdamW, {result['setting']['precision']}, "
                      f"same rows for all tools, ST with its own dynamic padding and stock MNRL; each batch run once "
                      f"(compilation), then {args.natural_rounds} interleaved rounds ({args.natural_resident} tool "
-                     f"processes resident), ratio = median over rounds of the same batches' time, {load} | "
+                     f"processes resident; batch by batch, tools in turn), ratio = median over rounds of the same "
+                     f"batches' wall time (and of each process's CPU seconds), {load} | "
                      f"{'; '.join(natural_figures(result['natural']))} | `{result['command']}` |")
     print(json.dumps(result, indent=1))
     for line in lines:
