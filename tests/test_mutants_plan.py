@@ -62,6 +62,10 @@ def test_two_epochs_are_two_whole_rounds():
     store = make_store([("a", "A", 16, dict(epochs=2)), ("b", "B", 8, dict(epochs=2))])
     plan = build_plan(store, {"global_batch_size": 4, "curriculum": _cur()}, task_order=["A", "B"])
     assert plan.steps == 12 and summarize(plan)["curriculum"]["rounds"] == 2
+    # the plan's bookkeeping (mutants of their start values: `= 0` -> `= 1` / `-1`)
+    assert plan.meta["batches_per_unit"] == {"A": 8, "B": 4} and plan.meta["unresolved_in_batch_repeats"] == 0
+    assert plan.meta["curriculum"]["truncated_batches"] == 0 and plan.meta["dropped"] == {}
+    np.testing.assert_array_equal(plan.unit_ids, plan.task_ids)  # unit = task here, in the same table order
     k = _keys(plan)
     for half in (k[:6], k[6:]):  # round 1, round 2: every instance exactly once
         assert sorted(half.ravel().tolist()) == sorted([i for i in range(16)] + [1000 + i for i in range(8)])
@@ -92,6 +96,16 @@ def test_step_mode_past_one_pass_repeats_whole_passes():
     assert sorted(k[:6].ravel().tolist()) == sorted(list(range(16)) + [1000 + i for i in range(8)])  # pass 1
     np.testing.assert_array_equal(plan.task_ids[:8], one.task_ids)
     assert np.bincount(plan.example_ids[plan.dataset_ids == 0], minlength=16).sum() == 48  # 2 x 24
+    # one batch past a pass: a second round, truncated to the steps (`total = 0` -> `1`, `total += bd.shape[0]` ->
+    # `bd.shape[1]`, `DS.shape[0] - steps` -> `DS.shape[1] - steps`)
+    nine = build_plan(store, dict(cfg, steps=9), task_order=["A", "B"])
+    assert nine.steps == 9 and nine.meta["curriculum"]["truncated_batches"] == 5  # rounds of 6, 2, 6 batches
+    np.testing.assert_array_equal(nine.example_ids, plan.example_ids[:9])
+    # epochs 1: two passes are two rounds (`r % max(rounds, 1)` -> `max(rounds, 2)` counts empty rounds)
+    whole = make_store([("a", "A", 16, {}), ("b", "B", 8, {})])
+    two = build_plan(whole, dict(cfg, steps=12), task_order=["A", "B"])
+    assert two.steps == 12 and two.meta["curriculum"]["rounds"] == 2
+    assert two.meta["curriculum"]["truncated_batches"] == 0
 
 
 def test_step_mode_is_not_cut_short_by_a_round_without_a_whole_batch():
