@@ -114,6 +114,30 @@ def function_ranges(path: Path, names) -> list[tuple[int, int, str]]:
     return [found[n] for n in names]
 
 
+def annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(start, end) (line, column) of every type annotation: with ``from __future__ import annotations`` (every
+    mutated module) they are never evaluated, so a mutant there (``X | None`` -> ``X & None``) is equivalent."""
+    spans = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        anns = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            anns = [x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg]
+                    if x is not None and x.annotation is not None] + [node.returns]
+        elif isinstance(node, ast.AnnAssign):
+            anns = [node.annotation]
+        spans += [((x.lineno, x.col_offset), (x.end_lineno, x.end_col_offset)) for x in anns if x is not None]
+    return spans
+
+
+def _annotated(root: Path, m) -> bool:
+    spans = _ANN.setdefault(str(m.module_path), annotation_spans(root / m.module_path))
+    return any(a <= tuple(m.start_pos) < b for a, b in spans)
+
+
+_ANN: dict = {}
+
+
 def scratch_copy(dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
@@ -170,7 +194,7 @@ def filter_session(db_path: Path, ranges: dict, sample: int | None, seed: int) -
             line = m.start_pos[0]
             f = str(m.module_path)
             ok = any(o.fullmatch(m.operator_name) for o in ops) and any(
-                a <= line <= b for a, b, _ in ranges.get(f, []))
+                a <= line <= b for a, b, _ in ranges.get(f, [])) and not _annotated(db_path.parent, m)
             (keep if ok else out).append(item.job_id)
         if out:
             db.set_multiple_results(out, WorkResult(output="out of scope", worker_outcome=WorkerOutcome.SKIPPED))
@@ -205,13 +229,16 @@ def report(dest: Path, ranges: dict | None = None) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
-    counts = dict(total=0, killed=0, survived=0, timeouts=0, incompetent=0, pending=0)
+    counts = dict(total=0, killed=0, survived=0, timeouts=0, incompetent=0, pending=0, annotations_left_out=0)
     survivors = []
     with use_db(str(dest / "session.sqlite"), WorkDB.Mode.open) as db:
         results = dict(db.results)
         for item in db.work_items:
             r = results.get(item.job_id)
             if r is not None and r.worker_outcome == WorkerOutcome.SKIPPED:
+                continue
+            if _annotated(dest, item.mutations[0]):  # sessions made before annotations were filtered out
+                counts["annotations_left_out"] += 1
                 continue
             counts["total"] += 1
             if r is None:
