@@ -265,6 +265,12 @@ def init_source(config, workdir: str | Path) -> str:
     return str(out)
 
 
+def dev_eval_due(step: int, every: int, total: int) -> bool:
+    """Whether the dev evaluation runs after ``step`` (of ``total``): every ``every`` steps and at the last step;
+    ``every = 0``: at the last step only (``eval.every``)."""
+    return bool((every and step % every == 0) or step == total)
+
+
 def model_kwargs(config) -> dict:
     """The run config's ``model.*`` settings that shape the loaded model (``hf.load``'s keyword arguments)."""
     kw = dict(dtype=config.model.dtype, param_dtype=config.model.param_dtype, remat=config.model.remat)
@@ -745,7 +751,7 @@ def train(config, workdir: str | Path) -> dict:
         if monitor is not None:
             monitor.close()
         raise
-    eval_due = lambda s: bool(evaluator and c.eval.every and (s % c.eval.every == 0 or s == total))
+    eval_due = lambda s: evaluator is not None and dev_eval_due(s, int(c.eval.every), total)
     pending, flops_per_step = [], []
     consecutive, first_bad = 0, None
     last_save_time = time.time()

@@ -491,3 +491,12 @@ def test_damaged_run_config_is_one_line(config_file, tmp_path):
     with pytest.raises(UserError, match=r"config.json: not a valid config \(.*\); the run directory's config is "
                                         r"damaged \(fix: restore it"):
         _check_workdir(cfglib.load_config_file(str(config_file)), tmp_path)
+
+
+def test_dev_evaluation_steps():
+    """eval.every = N: every N steps and the last; eval.every = 0: the last step only (it once meant never)."""
+    from jaxembed.train import dev_eval_due
+
+    assert [s for s in range(1, 11) if dev_eval_due(s, 4, 10)] == [4, 8, 10]
+    assert [s for s in range(1, 11) if dev_eval_due(s, 0, 10)] == [10]
+    assert [s for s in range(1, 9) if dev_eval_due(s, 4, 8)] == [4, 8]
