@@ -12,13 +12,13 @@ distillation), ``sweep`` / ``sweep report`` (hyperparameter sweeps: local, SLURM
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 import time
 from pathlib import Path
 
+from jaxembed.demo import DEMO_TASKS
 from jaxembed.errors import UserError
 
 
@@ -136,80 +136,13 @@ def cmd_train(args) -> int:
     return 0 if summary["status"] == "completed" else 143
 
 
-DEMO_SENTENCES = [
-    "A man is playing a guitar.",
-    "Someone is playing an instrument.",
-    "A woman is slicing an onion.",
-    "A person is cutting vegetables in the kitchen.",
-    "The stock market fell sharply on Monday.",
-    "Shares dropped at the start of the week.",
-]
-
-
-DEMO_TASKS = ("STSBenchmark", "SICK-R", "MRPC", "WikiQA", "TREC")
-
-
 def cmd_demo(args) -> int:
-    """The main job on the built-in default: fine-tune all-MiniLM-L6-v2 on the shared multi-task data
-    (configs/demo.py), evaluate before and after, export, load the export with sentence-transformers."""
-    import numpy as np
+    """The main job on the built-in default (jaxembed.demo)."""
+    from jaxembed.demo import run_demo
 
-    from jaxembed import config as cfglib
-    from jaxembed import evaluate as evallib
-    from jaxembed import hf, paths
-    from jaxembed.encode import Encoder
-    from jaxembed.train import train
-
-    spec = str(paths.REPO_ROOT / "configs" / "demo.py") + (":tiny" if args.tiny else "")
-    cfg = cfglib.apply_overrides(cfglib.load_config_file(spec), [o[len("--config."):] for o in args.overrides])
-    tasks = tuple(args.tasks.split(",")) if args.tasks else DEMO_TASKS
-    workdir = Path(args.workdir)
-    print(f"model: {cfg.model.name}")
-    base = hf.load(cfg.model.name)
-    packing = cfglib.packing_enabled(cfg)  # data.packing (default True): packed rows in training and evaluation
-    enc = Encoder.from_loaded(base)
-    enc.packing = packing
-    emb = enc.encode(DEMO_SENTENCES, progress=False)
-    sim = enc.similarity(emb, emb)
-    print("\nbefore training, nearest neighbours by cosine similarity:")
-    for i, s in enumerate(DEMO_SENTENCES):
-        j = max((k for k in range(len(DEMO_SENTENCES)) if k != i), key=lambda k: sim[i, k])
-        print(f"  {s:<48} -> {DEMO_SENTENCES[j]!r} ({sim[i, j]:.3f})")
-    kw = dict(max_examples=args.max_examples or None, progress=not args.quiet)
-    sample = f", a fixed sample of <= {args.max_examples} examples each" if args.max_examples else ""
-    print(f"\n[1/3] evaluating the base model on {', '.join(tasks)} (../shared/data/eval{sample}; reporting only)")
-    before = evallib.evaluate(enc, tasks, **kw)
-    print(f"\n[2/3] training {spec} -> {workdir} ({cfg.plan.steps} steps of {cfg.plan.global_batch_size} queries, "
-          f"{'packed' if packing else 'padded'} rows; rerun to resume)")
-    t0 = time.time()
-    summary = train(cfg, workdir)
-    print(f"  {summary['status']} in {time.time() - t0:.0f}s; export: {summary.get('export')}")
-    if summary["status"] != "completed":
-        return 143
-    export_dir = summary["export"]
-    print(f"\n[3/3] evaluating the export ({export_dir})")
-    after_enc = Encoder.from_loaded(hf.load(export_dir))
-    after_enc.packing = packing
-    after = evallib.evaluate(after_enc, tasks, **kw)
-    try:
-        from sentence_transformers import SentenceTransformer
-
-        st = SentenceTransformer(export_dir, device="cpu")
-        diff = float(np.abs(st.encode(DEMO_SENTENCES) - after_enc.encode(DEMO_SENTENCES, progress=False)).max())
-        print(f"  sentence-transformers loads the export: max |difference| to jaxembed's embeddings {diff:.1e}")
-    except ImportError:
-        print("  (sentence-transformers is not installed: pip install -e '.[eval]' to check the export with it)")
-    print(f"\n{'task':<16}{'metric':<22}{'before':>8}{'after':>8}{'change':>9}")
-    for t in tasks:
-        b_, a_ = before[t]["main_score"], after[t]["main_score"]
-        metric = evallib.get_task(t).main_score
-        print(f"{t:<16}{metric:<22}{b_:8.2f}{a_:8.2f}{a_ - b_:+9.2f}")
-    mb = float(np.mean([before[t]["main_score"] for t in tasks]))
-    ma = float(np.mean([after[t]["main_score"] for t in tasks]))
-    print(f"{'average':<38}{mb:8.2f}{ma:8.2f}{ma - mb:+9.2f}")
-    (workdir / "demo_results.json").write_text(json.dumps({"before": before, "after": after}, indent=2))
-    print(f"\nresults: {workdir / 'demo_results.json'}")
-    return 0
+    return run_demo(args.workdir, tiny=args.tiny, overrides=[o[len("--config."):] for o in args.overrides],
+                    tasks=args.tasks.split(",") if args.tasks else None, max_examples=args.max_examples,
+                    progress=not args.quiet)
 
 
 def _device() -> str:
