@@ -1,0 +1,191 @@
+"""The shapes of packed batches, fixed before training (``jaxembed.data.pipeline`` packs each step to them; the
+layout is in its docstring): the ``Packing`` of a run (shards, one pack or two, gradient-cache sub-batches), the
+row length and the rows every step needs over the whole global batch (``step_pack_table``), and the few row
+counts the whole plan compiles for (``choose_rows``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxembed import packing as packlib
+from jaxembed.data.plan import Plan
+from jaxembed.data.step_rows import _step_text_lengths, _Tables
+from jaxembed.errors import UserError
+from jaxembed.tokenizer import Tokenizer
+
+#: a packed row holds at least this many token slots (several short texts per row; jaxembed.encode.ROW_TEXTS)
+MIN_ROW_LENGTH = 64
+#: the row lengths a run may take: powers of two from MIN_ROW_LENGTH up to this many times the longest text allowed
+ROW_LENGTH_SPAN = 4
+
+
+def sub_rows(sub_tokens: int, row_length: int) -> int:
+    """Rows of a gradient-cache sub-batch (per shard): ``sub_tokens`` token slots of rows of ``row_length``, at
+    least one row; 0 = no cache."""
+    return max(1, int(sub_tokens) // int(row_length)) if sub_tokens else 0
+
+
+def sub_batches(rows: int, row_length: int, sub_tokens: int) -> int:
+    """How many gradient-cache sub-batches a pack of ``rows`` rows (per shard) is encoded in (1 = at once)."""
+    r = sub_rows(sub_tokens, row_length)
+    if not r or rows <= r:
+        return 1
+    if rows % r:
+        raise ValueError(f"gradient cache: {rows} packed rows are not a multiple of the sub-batch's {r} rows")
+    return rows // r
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """How the loader packs a step (module docstring).
+
+    shards: row shards of the global batch (devices along the mesh's batch axes, all hosts); combined: one pack of
+    the queries and the candidates (``pack_*``) rather than two (``query_pack_*``, ``doc_pack_*``); min_row_length:
+    the shortest row; attention_cost: the relative cost of a token's attention per slot of its row (a slot of a row
+    of L costs 1 + attention_cost * L: attention is 4 L H of a layer's ~24 H^2 FLOPs per token, so 1 / (6 H)); the
+    row length with the least total cost is chosen; sub_tokens: gradient cache, token slots per shard of a
+    sub-batch of each pack (0: no cache)."""
+
+    shards: int = 1
+    combined: bool = True
+    min_row_length: int = MIN_ROW_LENGTH
+    attention_cost: float = 0.0
+    sub_tokens: tuple[int, ...] = (0,)
+
+    def __post_init__(self):
+        if self.shards < 1 or self.min_row_length < 1:
+            raise ValueError(f"shards ({self.shards}) and min_row_length ({self.min_row_length}) must be >= 1")
+        if len(self.sub_tokens) != len(self.packs):
+            raise ValueError(f"sub_tokens: one per pack ({', '.join(self.packs)}), got {self.sub_tokens}")
+
+    @property
+    def packs(self) -> tuple[str, ...]:
+        """The batch's packs: their key prefixes, ``{name}_input_ids`` etc."""
+        return ("pack",) if self.combined else ("query_pack", "doc_pack")
+
+    def row_lengths(self, cap: int) -> list[int]:
+        """The candidate row lengths for texts of at most ``cap`` tokens: powers of two from min_row_length up to
+        ROW_LENGTH_SPAN x the power of two >= cap."""
+        top = ROW_LENGTH_SPAN * (1 << (max(int(cap), self.min_row_length, 1) - 1).bit_length())
+        out, L = [], 1 << (max(self.min_row_length, 1) - 1).bit_length()
+        while L <= top:
+            out.append(L)
+            L *= 2
+        return out
+
+    def rows(self, needed: int, row_length: int, pack: int) -> int:
+        """The smallest row count of pack number ``pack`` (per shard) that holds ``needed`` rows: with the gradient
+        cache, a multiple of its sub-batch rows when it takes more than one."""
+        R = max(int(needed), 1)
+        r = sub_rows(self.sub_tokens[pack], row_length)
+        if r and R > r:
+            R = -(-R // r) * r
+        return R
+
+    def slot_cost(self, row_length: int) -> float:
+        return 1.0 + self.attention_cost * row_length
+
+    def key(self) -> list:
+        return [self.shards, self.combined, self.min_row_length, round(self.attention_cost, 9),
+                list(self.sub_tokens)]
+
+
+def packing_for(store, plan: Plan, tokenizer: Tokenizer, *, shards: int, combined: bool = True,
+                hidden_size: int = 0, gradcache_chunk: int = 0, num_candidates: int | None = None) -> Packing:
+    """The trainer's ``Packing``: ``shards`` devices along the batch axes; combined (queries and candidates in one
+    pack) or not; attention cost 1 / (6 hidden_size) (0: none); with the gradient cache (``gradcache_chunk``
+    queries per sub-batch of the padded path), sub-batches of as many token slots as that many padded queries
+    (chunk / shards x the longest query length) and their candidates (x K x the longest document length) take per
+    shard: the padded sub-batch's memory bound, spent on real tokens."""
+    t = _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
+    per_shard = -(-int(gradcache_chunk) // int(shards)) if gradcache_chunk else 0
+    q, d = per_shard * t.Lq_max, per_shard * t.K * t.Ld_max
+    return Packing(shards=int(shards), combined=combined, sub_tokens=(q + d,) if combined else (q, d),
+                   attention_cost=1.0 / (6 * hidden_size) if hidden_size else 0.0)
+
+
+#: a new packed shape is worth its compilation when it saves the token slots of this many average steps
+COMPILE_STEPS = 20
+#: at most this many (query rows, candidate rows) shapes per row length
+MAX_SHAPES = 8
+
+
+def choose_rows(table: dict[str, np.ndarray], packing: Packing, compile_steps: int = COMPILE_STEPS,
+                max_shapes: int = MAX_SHAPES) -> np.ndarray:
+    """The row counts of every step, int32 [S, packs] (per shard, for each of ``packing.packs``), from the whole
+    plan's table: a few shapes per row length, chosen greedily. Start with the shape that fits every step; add the
+    shape some step needs (``Packing.rows``) that saves the most token slots (each step takes the smallest chosen
+    shape it fits), as long as it saves at least ``compile_steps`` average steps' slots (a compilation costs about
+    that much) and there are fewer than ``max_shapes``. A pure function of the table, so every host and every
+    restart get the same shapes."""
+    L = np.asarray(table["row_length"])
+    cols = [np.asarray(table[f"{name}_rows"]) for name in packing.packs]
+    out = np.zeros((len(L), len(cols)), np.int32)
+    for length in np.unique(L[L > 0]):
+        idx = np.flatnonzero(L == length)
+        need = np.array([[packing.rows(c[i], int(length), k) for k, c in enumerate(cols)] for i in idx], np.int64)
+        shapes, inv, count = np.unique(need, axis=0, return_inverse=True, return_counts=True)
+        inv = inv.reshape(-1)
+        size = shapes.sum(axis=1)                           # rows of each distinct need, as a shape of its own
+        top = shapes.max(axis=0)
+        chosen = [tuple(int(x) for x in top)]               # fits every step
+        cost = np.full(len(shapes), int(top.sum()), np.int64)  # rows each need takes under the chosen shapes
+        fits = (shapes[None, :, :] <= shapes[:, None, :]).all(axis=2)  # [candidate shape, need]
+        while len(chosen) < max_shapes:
+            new = np.where(fits, np.minimum(cost[None, :], size[:, None]), cost[None, :])  # [candidate, need]
+            saved = (cost[None, :] - new) @ count
+            best = int(np.argmax(saved))
+            if saved[best] <= 0 or saved[best] < compile_steps * (cost @ count) / count.sum():
+                break
+            chosen.append(tuple(int(x) for x in shapes[best]))
+            cost = new[best]
+        for k, want in enumerate(shapes):
+            fit = min((sum(c), c) for c in chosen if all(x >= w for x, w in zip(c, want)))[1]
+            out[idx[inv == k]] = fit
+    return out
+
+
+def step_pack_table(store, plan: Plan, tokenizer: Tokenizer, packing: Packing, *, seed: int | None = None,
+                    negatives: str | None = None, chunk_steps: int = 256,
+                    tables: _Tables | None = None) -> dict[str, np.ndarray]:
+    """The packed shapes of every step of the plan over the whole global batch (module docstring), int32 [S]
+    each: row_length (L, one for the run: of the candidates ``Packing.row_lengths`` that hold the longest text,
+    the one with the least total cost, rows x L x ``Packing.slot_cost``), ``{pack}_rows`` for each of
+    ``packing.packs`` (rows best-fit decreasing needs at L on the fullest shard, before ``choose_rows``),
+    query_len / doc_len (the longest texts, as ``step_lengths``)."""
+    seed = plan.seed if seed is None else seed
+    negatives = negatives or plan.config.get("negatives", "first")
+    tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist())
+    G, S = plan.global_batch_size, packing.shards
+    if G % S:
+        raise UserError(f"global_batch_size {G} is not divisible by the {S} devices of the batch axes (fix: a "
+                        f"global batch size that is a multiple of {S})")
+    n_empty = len(tokenizer.tokenize([""], max_length=tables.Ld_max)[0])
+    cands = packing.row_lengths(max(tables.Lq_max, tables.Ld_max))
+    names = packing.packs
+    rows = np.full((len(cands), len(names), plan.steps), -1, np.int64)  # -1: L is below the step's longest text
+    out = {k: np.zeros(plan.steps, np.int32) for k in ("row_length", "query_len", "doc_len")}
+    for s, q, d in _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, 0, plan.steps, chunk_steps):
+        d = np.where(d < 0, n_empty, d)
+        out["query_len"][s], out["doc_len"][s] = max(int(q.max()), 1), max(int(d.max()), 1)
+        longest = max(int(q.max()), int(d.max()))
+        parts = ([np.concatenate([a, b]) for a, b in zip(np.split(q, S), np.split(d, S))],) if packing.combined \
+            else (np.split(q, S), np.split(d, S))
+        for i, L in enumerate(cands):
+            if L >= longest:
+                for k, shards in enumerate(parts):
+                    rows[i, k, s] = max(packlib.rows_needed(x, L) for x in shards)
+    best, best_cost = None, None
+    for i, L in enumerate(cands):
+        if (rows[i] < 0).any():
+            continue
+        n = sum(packing.rows(r, L, k) for k in range(len(names)) for r in rows[i, k])
+        cost = n * L * packing.slot_cost(L)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = i, cost
+    out["row_length"][:] = cands[best]
+    for k, name in enumerate(names):
+        out[f"{name}_rows"] = rows[best, k].astype(np.int32)
+    return out
