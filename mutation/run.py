@@ -322,8 +322,14 @@ def main(argv=None) -> int:
         return 0
     spec = MODULES[a.module]
     dest = Path(a.scratch) / (a.module + ("_before" if a.before else ""))
-    if a.report:
-        print(json.dumps(report(dest, in_scope(dest, spec)), indent=1))
+    if a.report:  # the counts as run.py counts them now (a session's result.json is brought up to date)
+        res = report(dest, in_scope(dest, spec))
+        f = dest / "result.json"
+        if f.exists():
+            old = json.loads(f.read_text())
+            old.update(res)
+            f.write_text(json.dumps(old, indent=1))
+        print(json.dumps(res, indent=1))
         return 0
     scratch_copy(dest)
     cfg = write_config(dest, spec, a.before)

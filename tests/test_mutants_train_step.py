@@ -60,3 +60,18 @@ def test_applied_skipped_applied(shared_data, tmp_path):
     assert len(sched) == 1 and int(sched[0].count) == 2
     o3 = _leaves(s3["opt_state"])
     assert sum(not np.array_equal(o3[k], o2[k]) for k in o2) > 1  # moments and Adam's count move again
+
+    # a finite loss with non-finite gradients is skipped too (`isfinite(loss) & isfinite(gnorm)` -> `|`): every
+    # norm's scale and bias 0 makes every embedding 0, whose loss is finite (all logits 0) and whose normalisation
+    # has a NaN gradient
+    zero = jax.tree_util.tree_map_with_path(
+        lambda k, x: np.zeros_like(x) if jax.tree_util.keystr(k).endswith(("['scale']", "['bias']")) else x,
+        s3["params"])
+    s4 = dict(s3, params=zero)
+    b = dict(host, step=np.asarray(3, np.asarray(host["step"]).dtype))
+    s5, m4 = step(jax.device_put(s4), P.to_global(b, parallel.batch_sharding(run.mesh)))
+    m4, s5 = jax.device_get(m4), jax.device_get(s5)
+    assert np.isfinite(m4["loss"]) and not np.isfinite(m4["grad_norm"]) and not bool(m4["ok"])
+    assert int(s5["skipped"]) == 2 and int(s5["nonfinite"]) == 1
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(s5["params"]),
+                                                                          jax.tree.leaves(zero)))
