@@ -133,3 +133,6 @@ def test_empty_and_unused_datasets_are_no_units():
     store = make_store([("a", "A", 16, dict(epochs=0)), ("z", "Z", 0, {}), ("b", "B", 8, {})])
     plan = build_plan(store, {"global_batch_size": 8, "curriculum": _cur(unit="dataset")}, task_order=["b"])
     assert plan.steps == 1 and [u["name"] for u in plan.meta["units"]] == ["b"]
+    one = make_store([("a", "A", 1, {}), ("b", "B", 2, {})])  # a one-example dataset is a unit (`sizes[d] > 1`)
+    plan = build_plan(one, {"global_batch_size": 1, "curriculum": _cur(unit="dataset")}, task_order=["a", "b"])
+    assert plan.steps == 3 and plan.meta["batches_per_unit"] == {"a": 1, "b": 2}
