@@ -331,6 +331,13 @@ def main(argv=None) -> int:
             f.write_text(json.dumps(old, indent=1))
         print(json.dumps(res, indent=1))
         return 0
+    if a.survivors_of:  # kept aside first: DIR may be this run's own folder (a rerun after new tests)
+        import tempfile
+
+        kept = Path(tempfile.mkdtemp()) / "session.sqlite"
+        shutil.copy(Path(a.survivors_of) / "session.sqlite", kept)
+        src_result = Path(a.survivors_of) / "result.json"
+        src_result = json.loads(src_result.read_text()) if src_result.exists() else {}
     scratch_copy(dest)
     cfg = write_config(dest, spec, a.before)
     ranges = in_scope(dest, spec)
@@ -340,7 +347,7 @@ def main(argv=None) -> int:
     cr = [str(Path(sys.executable).parent / "cosmic-ray")]
     run = lambda *args: subprocess.run([*cr, *args], cwd=dest, env=env, check=True)  # noqa: E731
     if a.survivors_of:
-        n, todo = reopen_survivors(Path(a.survivors_of), dest)
+        n, todo = reopen_survivors(kept.parent, dest)
     else:
         run("init", str(cfg), "session.sqlite")
         n, todo = filter_session(dest / "session.sqlite", ranges, a.sample, a.seed)
@@ -352,6 +359,9 @@ def main(argv=None) -> int:
     res = report(dest, ranges)
     res.update(module=a.module, before=a.before, in_scope=n, sample=a.sample, seed=a.seed,
                command=" ".join(["python mutation/run.py", *(argv or sys.argv[1:])]))
+    if a.survivors_of:  # the same mutants as that session: its scope and sample
+        res.update({k: src_result[k] for k in ("in_scope", "sample", "seed") if k in src_result})
+        res["rerun_of"] = src_result.get("command")
     (dest / "result.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res["counts"]))
     return 0
