@@ -1,4 +1,5 @@
-"""The commands of README.md and docs/*.md run as written, and their relative links resolve (docs/install.md).
+"""The commands of README.md and docs/*.md run as written, their relative links resolve, and the files and Python
+objects they name exist (docs/install.md).
 
 Every fenced ```bash block is split into commands (``bash -n`` decides where a command ends, so continuation lines,
 quotes, here-documents and loops stay whole; a block that is not valid bash fails here). Two trailing comments
@@ -532,3 +533,31 @@ def test_named_repository_files_exist():
     bad = [f"{page.relative_to(ROOT)}: `{p}`" for page in PAGES for p in named_paths(page)
            if not list(ROOT.glob(p.rstrip("/")))]
     assert not bad, "no such file or folder in the repository:\n" + "\n".join(bad)
+
+
+_DOTTED = re.compile(r"`(jaxembed(?:\.[A-Za-z_]\w*)+)(?:\(\))?`")
+
+
+def test_named_python_objects_exist():
+    """Every ``jaxembed.module.object`` a page names in inline code imports (a renamed function or a moved module
+    shows here)."""
+    import importlib
+
+    bad = []
+    for page in PAGES:
+        for name in sorted(set(_DOTTED.findall(_strip_fences(page.read_text(encoding="utf-8"))))):
+            parts, obj = name.split("."), None
+            for i in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:i]))
+                except ImportError:
+                    continue
+                try:
+                    for attr in parts[i:]:
+                        obj = getattr(obj, attr)
+                except AttributeError:
+                    obj = None
+                break
+            if obj is None:
+                bad.append(f"{page.relative_to(ROOT)}: `{name}`")
+    assert not bad, "not importable:\n" + "\n".join(bad)
