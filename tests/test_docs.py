@@ -561,3 +561,40 @@ def test_named_python_objects_exist():
             if obj is None:
                 bad.append(f"{page.relative_to(ROOT)}: `{name}`")
     assert not bad, "not importable:\n" + "\n".join(bad)
+
+
+_CONFIG_KEY = re.compile(r"`((?:model|data|plan|loss|optim|train|eval|export)\.[a-z_][\w.]*?)(?:=[^`]*)?`")
+#: words of that shape that are not config keys: sentence-transformers' attribute
+NOT_CONFIG_KEYS = {"model.max_seq_length"}
+
+
+def _config_keys(c, prefix: str = "") -> set[str]:
+    import ml_collections as mc
+
+    out = set()
+    for k, v in c.items():
+        out.add(prefix + k)
+        if isinstance(v, mc.ConfigDict):
+            out |= _config_keys(v, f"{prefix}{k}.")
+    return out
+
+
+def test_named_config_keys_exist():
+    """Every run-config key a page names in inline code (`data.packing`, `plan.curriculum.walk=balanced`) is a key
+    of ``default_config()`` (or of RetroMAE's config); file names (`plan.npz`) and the trainer's functions
+    (`train.prepare_store`) are not keys."""
+    from jaxembed import train
+    from jaxembed.config import default_config
+    from jaxembed.pretrain.retromae import default_config as retromae_config
+
+    known = _config_keys(default_config()) | _config_keys(retromae_config())
+    bad = []
+    for page in PAGES:
+        for m in _CONFIG_KEY.finditer(_strip_fences(page.read_text(encoding="utf-8"))):
+            key = m.group(1)
+            if re.search(r"\.(npz|json|py|safetensors|log|txt)$", key) or key in NOT_CONFIG_KEYS or (
+                    key.startswith("train.") and hasattr(train, key.split(".", 1)[1])):
+                continue
+            if key not in known:
+                bad.append(f"{page.relative_to(ROOT)}: `{m.group(0).strip('`')}`")
+    assert not bad, "not a config key (renamed?):\n" + "\n".join(bad)
