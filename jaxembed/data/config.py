@@ -56,6 +56,12 @@ extra_fields        record keys that are not fields of the format but are expect
                     and ignored, e.g. ``["fine_label"]``); any other unknown record key is an error
 =================== ==================================================================================
 
+Size: ~620 lines because this is the one schema of a dataset entry: the field table above, the defaults, the
+constructors and the check of every field are read together; and ``shared_train_config`` (the shared data as
+datasets, ~100 lines) is built from ``dataset_config`` and imported from here by the recipes and benchmarks, so a
+module of its own would have to import this one back. The checks that read records are
+``jaxembed.data.loss_checks``.
+
 Top level: ``datasets`` (list), ``on_error`` (``stop`` at the first bad record, or ``skip`` and count),
 ``sampling`` (``size``: proportional to dataset size, ``weights``: to ``weight`` (``None`` = 1.0),
 ``temperature``: to size ** (1 / sampling_temperature)), ``sampling_temperature`` (> 0), ``seed`` (integer >= 0).

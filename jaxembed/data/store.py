@@ -11,6 +11,10 @@
     out_dir/report.json, report.txt  records read / written / skipped per dataset, every skipped record with its
                                    file:line, field and reason
 
+Size: ~540 lines because the store's file layout is written (``write_store``) and read (``Store``) in one place,
+with the report of what was written; the record formats, the on_error policy and the counts are in
+``jaxembed.data.formats`` / ``records`` / ``tally``.
+
 The store is written to a temporary folder beside ``out_dir`` and renamed into place, so a crash never leaves a
 folder that opens as a store. Writing streams: records go to the ArrayRecord file as they are read; what is kept
 per record is a 4-byte label index, hashes (~40 bytes for the duplicate-id check, 8 for identical examples) and
