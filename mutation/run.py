@@ -341,7 +341,12 @@ def main(argv=None) -> int:
     scratch_copy(dest)
     cfg = write_config(dest, spec, a.before)
     ranges = in_scope(dest, spec)
+    sys.path.insert(0, str(REPO))
+    from jaxembed import paths
+
+    # the scratch copy has no ../shared/data: the real one, and a test that would skip without it fails instead
     env = dict(os.environ, PYTHONPATH=str(dest), PYTHONDONTWRITEBYTECODE="1",
+               JAXEMBED_DATA=str(paths.shared_data_dir()), JAXEMBED_REQUIRE_SHARED_DATA="1",
                JAX_COMPILATION_CACHE_DIR=str(Path(a.scratch) / "jax_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
     cr = [str(Path(sys.executable).parent / "cosmic-ray")]
