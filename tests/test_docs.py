@@ -585,7 +585,7 @@ def test_named_config_keys_exist():
     (`train.prepare_store`) are not keys."""
     from jaxembed import train
     from jaxembed.config import default_config
-    from jaxembed.pretrain.retromae import default_config as retromae_config
+    from jaxembed.pretrain.config import default_config as retromae_config
 
     known = _config_keys(default_config()) | _config_keys(retromae_config())
     bad = []
