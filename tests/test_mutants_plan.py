@@ -27,6 +27,19 @@ def test_walk_order_of_no_batches_is_empty():
             assert pos.shape == j.shape == (0,) and pos.dtype == j.dtype == np.int64
 
 
+def test_balanced_walk_by_hand():
+    """n = (2, 3), R = 3: unit 0's batch 1 is in cycle floor(1 * 3 / 2) = 1, before unit 1's batch 1 (same cycle,
+    later in the order); the mutant `// n[pos]` -> `/ n[pos]` (cycle 1.5) puts it after."""
+    pos, j = P.walk_order([2, 3], "balanced")
+    assert pos.tolist() == [0, 1, 0, 1, 1] and j.tolist() == [0, 0, 1, 1, 2]
+    pos, j = P.walk_order([2, 3], "cyclic")
+    assert pos.tolist() == [0, 1, 0, 1, 1] and j.tolist() == [0, 0, 1, 1, 2]
+    pos, j = P.walk_order([1, 4], "balanced")  # unit 0 in cycle 0 only; unit 1 in every cycle
+    assert pos.tolist() == [0, 1, 1, 1, 1] and j.tolist() == [0, 0, 1, 2, 3]
+    pos, _ = P.walk_order([4, 2], "balanced")  # unit 1's batch 1 in cycle floor(1 * 4 / 2) = 2
+    assert pos.tolist() == [0, 1, 0, 0, 1, 0]
+
+
 def test_compressed_batches_by_hand():
     """_compressed_batches: largest remainders (`q - n` -> `q + n`), never past a unit's cap (`-np.inf` ->
     `+np.inf`), None when the steps cover a pass (`steps * G` -> `steps / G`), a cap sum equal to the steps is
@@ -36,6 +49,9 @@ def test_compressed_batches_by_hand():
     np.testing.assert_array_equal(f(np.array([35, 45, 20]), 10, 1), [4, 4, 2])
     # caps (1, 12): q = (1.09, 10.9) -> floors (1, 10); the capped unit 0 cannot take the 12th batch
     np.testing.assert_array_equal(f(np.array([10, 100]), 12, 8), [1, 11])
+    # caps (1, 12), q = (1.57, 10.43): the capped unit has the larger remainder and still gets nothing (`n < cap`
+    # -> `n <= cap`)
+    np.testing.assert_array_equal(f(np.array([15, 100]), 12, 8), [1, 11])
     np.testing.assert_array_equal(f(np.array([15, 15]), 2, 8), [1, 1])  # caps (1, 1) sum to the steps exactly
     assert f(np.array([16, 16]), 4, 8) is None  # 4 batches of 8 cover the 32 rows: a full pass
     assert f(np.array([16, 16]), 3, 8).tolist() == [2, 1]
@@ -48,6 +64,8 @@ def test_unit_size_boundaries():
     unit = P._Unit("A", "curriculum", [0])
     P._check_unit_size(unit, 8, 8, infos, "curriculum unit")
     P._check_unit_size(unit, 0, 8, infos, "curriculum unit")
+    with pytest.raises(UserError, match="1 examples per pass"):  # `0 < n` -> `1 < n`
+        P._check_unit_size(unit, 1, 8, infos, "curriculum unit")
     with pytest.raises(UserError, match="curriculum unit 'A'.*7 examples per pass, fewer than global_batch_size 8"):
         P._check_unit_size(unit, 7, 8, infos, "curriculum unit")
     store = make_store([("a", "A", 16, {}), ("b", "B", 6, {})])
