@@ -10,8 +10,10 @@ from __future__ import annotations
 import jax
 
 # Dense bf16 peak FLOP/s per device (datasheets); None where unknown (CPU): MFU is then not reported.
+# First match wins (a device kind contains the key): the PCIe H100 before the SXM one.
 PEAK_FLOPS = {
-    "H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "V100": 125e12,
+    "H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
+    "V100": 125e12,
     "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12,
 }
 # Decoders with q/k/v/o projections and a gated (3-matrix) MLP: jaxembed.models.decoder.
@@ -59,9 +61,23 @@ def train_step_flops(config, q_rows: int, q_len: int, d_rows: int, d_len: int, e
     return enc * (4.0 if gradcache else 3.0) + 3 * 2.0 * q_rows * d_rows * emb_dim
 
 
-def peak_flops_per_device() -> float | None:
-    kind = jax.devices()[0].device_kind
+def peak_flops_for(kind: str) -> float | None:
+    """The dense bf16 peak FLOP/s of a device kind (``jax.Device.device_kind``, e.g. 'NVIDIA H100 80GB HBM3'),
+    None when the table has no entry for it (CPU)."""
     for name, v in PEAK_FLOPS.items():
         if name.lower() in kind.lower():
             return v
     return None
+
+
+def peak_flops_per_device() -> float | None:
+    return peak_flops_for(jax.devices()[0].device_kind)
+
+
+def device_memory_peak_gib() -> float | None:
+    """The peak device memory this process has allocated on its first local device (GiB, the allocator's
+    ``peak_bytes_in_use``), None where the backend keeps no such count (CPU)."""
+    stats = jax.local_devices()[0].memory_stats()
+    if not stats or "peak_bytes_in_use" not in stats:
+        return None
+    return stats["peak_bytes_in_use"] / 2**30

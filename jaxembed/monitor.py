@@ -50,7 +50,7 @@ class Monitor:
     progress bar (to stderr, only on a terminal unless ``progress=True``)."""
 
     STDOUT_KEYS = ("loss", "accuracy", "pos_sim", "hardest_neg_sim", "lr", "grad_norm", "examples_per_s",
-                   "tokens_per_s", "step_time_s", "mfu", "skipped")
+                   "tokens_per_s", "step_time_s", "mfu", "device_memory_peak_gib", "skipped")
 
     def __init__(self, workdir: str | Path, total_steps: int, start_step: int = 0, *, tensorboard: bool = True,
                  progress: bool | None = None, is_main: bool = True, wandb=None, run_config: dict | None = None):

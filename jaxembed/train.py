@@ -656,6 +656,9 @@ def _host_metrics(pending: list, run: Run, t_start: float, flops_per_step: list)
     peak = flopslib.peak_flops_per_device()
     if peak:
         out["mfu"] = sum(flops_per_step) / elapsed / (peak * jax.device_count())
+    mem = flopslib.device_memory_peak_gib()  # GPU / TPU: the allocator's high-water mark; CPU keeps none
+    if mem is not None:
+        out["device_memory_peak_gib"] = mem
     return out, rows
 
 

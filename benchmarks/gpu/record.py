@@ -1,0 +1,127 @@
+"""Record a GPU benchmark run (the files a device call brought back) in benchmarks/results/ and
+benchmarks/README.md: one result file per part, named by part and device (``gpu_<part>_<device>_<date>_<time>.json``,
+benchmarks/_record.py), and one README line per part.
+
+    python benchmarks/gpu/bench.py --record DIR     # DIR: the call's files_at (summary.json, part*.json)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from _record import record_line, save_result  # noqa: E402
+
+from bench import FILES  # noqa: E402
+
+
+def device_name(summary: dict) -> str:
+    smi = summary.get("device", {}).get("nvidia_smi")
+    if smi:
+        return smi.split(",")[0].strip()
+    j = summary.get("device", {}).get("jax") or {}
+    return j.get("kind") or "unknown"
+
+
+def device_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; 'cpu' -> 'cpu'."""
+    m = re.search(r"\b([A-Z]+\d{2,4}[A-Za-z]*)\b", name)
+    return (m.group(1) if m else re.sub(r"[^A-Za-z0-9]+", "_", name)).lower()
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f}%"
+
+
+def line_pytest(r: dict) -> str:
+    c = r.get("counts", {})
+    bad = [k for k, v in r.get("outcomes", {}).items() if v in ("failed", "error")]
+    return (f"{c.get('passed', 0)} passed, {c.get('failed', 0)} failed, {c.get('skipped', 0)} skipped"
+            + (f"; failing: {', '.join(bad)}" if bad else "") + (" (stopped at its time cap)" if r.get("timed_out")
+                                                                  else ""))
+
+
+def line_train(r: dict) -> str:
+    parts = []
+    for m, e in r.get("models", {}).items():
+        j, s = e.get("jaxembed", {}), e.get("st", {})
+        bits = []
+        for k, d in (("packed", j.get("packed")), ("padded", j.get("padded")), ("ST", s.get("natural"))):
+            if d and "examples_per_s" in d:
+                mem = d.get("device_peak_gib", d.get("xla_step_gib"))
+                bits.append(f"{k} {d['examples_per_s']:.0f} ex/s, {d['real_tokens_per_s'] / 1e3:.0f}k real tok/s, "
+                            f"MFU {_pct(d.get('mfu'))} (real tokens {_pct(d.get('mfu_real_tokens'))})"
+                            + (f", {mem:.1f} GiB" if mem is not None else ""))
+            elif d:
+                bits.append(f"{k} " + ("skipped" if "skipped" in d else "failed"))
+        txt = f"{m} B={e.get('batch')}: " + "; ".join(bits)
+        if "ratio_packed_over_st" in e:
+            txt += f": packed/ST **{e['ratio_packed_over_st']:.2f}x**"
+        if "ratio_packed_over_padded" in e:
+            txt += f", packed/padded {e['ratio_packed_over_padded']:.2f}x"
+        fj, fs = j.get("fixed", {}), s.get("fixed", {})
+        if "examples_per_s" in fj and "examples_per_s" in fs:
+            txt += (f"; fixed {fj.get('q_len')}/{fj.get('d_len')}: {fj['examples_per_s']:.0f} vs "
+                    f"{fs['examples_per_s']:.0f} ex/s ({e.get('ratio_fixed_over_st', 0):.2f}x, MFU "
+                    f"{_pct(fj.get('mfu'))} vs {_pct(fs.get('mfu'))})")
+        parts.append(txt)
+    return "; ".join(parts) or "no figures"
+
+
+def line_batch(r: dict) -> str:
+    if "largest_global_batch" not in r:
+        return "no figures"
+    rel = r.get("relative_to_reference", {})
+    curve = ", ".join(f"B={b}: {v['step_time_ratio']:.2f}x (ideal {v['ideal']:.0f}x)" for b, v in rel.items())
+    ov = r.get("cache_overhead")
+    return (f"largest global batch **{r['largest_global_batch']}** ({r['largest_candidates']} candidates); step time "
+            f"relative to B={r['sizes'][0]}: {curve}"
+            + (f"; gradient-cache overhead at B={r['overhead'][0]['global_batch']}: **{ov:.2f}x**" if ov else ""))
+
+
+def line_encode(r: dict) -> str:
+    out = []
+    for m, e in r.get("models", {}).items():
+        if "ratio" in e:
+            out.append(f"{m}: jaxembed {e['jaxembed_texts_per_s']:.0f} texts/s vs ST {e['st_texts_per_s']:.0f}: "
+                       f"**{e['ratio']:.2f}x** (max |diff| {e['max_abs_diff']:.2g})")
+        else:
+            out.append(f"{m}: " + ("skipped" if "skipped" in e else "failed"))
+    return "; ".join(out) or "no figures"
+
+
+SETTINGS = {
+    "pytest": "`pytest -m gpu` (attention kernels vs XLA, MFU / memory in the metrics, bf16 vs fp32, 80k candidates)",
+    "train": "train step, bf16 compute / fp32 master weights, shared snli + wikiqa natural lengths (the plan's "
+             "steps of its most common padded shape) and a fixed-length batch, 1 pos + 1 hard neg, AdamW; random "
+             "weights of real configs; ST: MultipleNegativesRankingLoss, bf16 autocast",
+    "batch": "BERT-base, 1 pos + 5 hard negs, gradient cache + tiled loss, fixed lengths",
+    "encode": "encode, bf16, snli + wikiqa texts, random weights of real configs",
+}
+LINES = {"pytest": line_pytest, "train": line_train, "batch": line_batch, "encode": line_encode}
+
+
+def record(folder: Path, results_dir=None, readme=None) -> list[str]:
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    name = device_name(summary)
+    slug = device_slug(name)
+    if summary.get("dry_run"):
+        name += " (dry run, tiny sizes)"
+    lines = []
+    for part, fname in FILES.items():
+        f = folder / fname
+        if not f.is_file():
+            continue
+        r = json.loads(f.read_text(encoding="utf-8"))
+        r = dict(r, device=name, summary={k: summary.get(k) for k in ("date", "device", "versions", "targets",
+                                                                       "todo", "next_command", "dry_run")})
+        save_result(f"gpu_{part}_{slug}", r, Path(results_dir) if results_dir else None)
+        line = (f"| {summary.get('date')} | gpu {part} | {name} | {SETTINGS[part]} | {LINES[part](r)} | "
+                f"`bash benchmarks/gpu/run.sh $OUT` |")
+        lines.append(record_line(line, readme=Path(readme) if readme else None))
+    save_result(f"gpu_summary_{slug}", summary, Path(results_dir) if results_dir else None)
+    return lines

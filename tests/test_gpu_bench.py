@@ -1,0 +1,245 @@
+"""The GPU benchmark (benchmarks/gpu, issue 18) and the trainer's device figures.
+
+On the CPU: MFU and device memory in the trainer's metrics from a (faked) device kind and allocator; the whole
+benchmark run end to end through its entry script with tiny sizes (--dry-run: every part, every worker, the
+same code as on a GPU), and its results recorded. On an accelerator only (marked ``gpu``, run by the benchmark's
+part 1): the device-memory count, a bf16 train step against float32, and a gradient-cache + tiled-loss step with
+more than 80,000 candidates against the plain step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU_BENCH = ROOT / "benchmarks" / "gpu"
+
+# ------------------------------------------------------------------------------------------------ trainer metrics
+
+
+class _FakeDevice:
+    def __init__(self, kind: str, stats: dict | None):
+        self.device_kind, self._stats = kind, stats
+
+    def memory_stats(self):
+        return self._stats
+
+
+def _fake_jax(monkeypatch, kind: str, stats: dict | None):
+    """jaxembed.flops sees one device of ``kind`` whose allocator reports ``stats`` (the rest of JAX is real)."""
+    from jaxembed import flops
+
+    dev = _FakeDevice(kind, stats)
+    monkeypatch.setattr(flops, "jax", SimpleNamespace(devices=lambda: [dev], local_devices=lambda: [dev]))
+
+
+def _metrics(monkeypatch, elapsed: float, flops_per_step: list[float]) -> dict:
+    """The trainer's logged figures of len(flops_per_step) steps that took ``elapsed`` seconds."""
+    import jax.numpy as jnp
+
+    from jaxembed import train
+
+    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: 100.0 + elapsed))
+    pending = [(s, {"loss": jnp.asarray(1.0), "ok": jnp.asarray(True)},
+                {"examples": 8, "tokens": 100, "padded_tokens": 128}) for s in range(len(flops_per_step))]
+    out, _ = train._host_metrics(pending, None, 100.0, flops_per_step)
+    return out
+
+
+def test_peak_flops_by_device_kind():
+    from jaxembed.flops import peak_flops_for
+
+    assert peak_flops_for("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops_for("NVIDIA H200") == 989e12
+    assert peak_flops_for("NVIDIA H100 PCIe") == 756e12  # before the SXM entry it contains
+    assert peak_flops_for("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops_for("cpu") is None
+
+
+def test_trainer_logs_mfu_and_device_memory_on_a_known_accelerator(monkeypatch):
+    """An H100 whose allocator peaked at 3 GiB: MFU = the steps' FLOPs / the time / the datasheet peak, and the
+    peak memory in GiB, in the logged line."""
+    _fake_jax(monkeypatch, "NVIDIA H100 80GB HBM3", {"peak_bytes_in_use": 3 * 2**30, "bytes_in_use": 2**30})
+    out = _metrics(monkeypatch, 2.0, [4e14, 6e14])
+    assert out["mfu"] == pytest.approx(1e15 / 2.0 / 989e12)
+    assert out["device_memory_peak_gib"] == pytest.approx(3.0)
+    assert out["step_time_s"] == pytest.approx(1.0)
+
+
+def test_trainer_logs_no_mfu_or_device_memory_where_unknown(monkeypatch):
+    """An unknown device (no datasheet peak) whose backend counts no memory -- the CPU -- gets neither figure."""
+    _fake_jax(monkeypatch, "SomeNewChip 9000", None)
+    out = _metrics(monkeypatch, 2.0, [4e14])
+    assert "mfu" not in out and "device_memory_peak_gib" not in out
+    monkeypatch.undo()
+    out = _metrics(monkeypatch, 2.0, [4e14])  # the real CPU backend
+    assert "mfu" not in out and "device_memory_peak_gib" not in out
+
+
+# ------------------------------------------------------------------------------------------------ the dry run
+
+
+@pytest.mark.timeout(900)  # ~70 CPU-s (6 processes, 5 tiny compilations); a busy machine needs more
+def test_gpu_benchmark_dry_run_end_to_end(shared_data, tmp_path):
+    """benchmarks/gpu/run.sh --dry-run on the CPU: the smoke step, pytest -m gpu (skipped here), part 2 (tiny
+    BERT: jaxembed packed / padded / fixed, sentence-transformers natural / fixed), part 3 (two global batches
+    with the gradient cache + tiled loss, and the plain step), part 4 (encode); every JSON written, the same texts
+    for both tools, MFU from the given peak, nothing left to do; then the results recorded."""
+    out, root = tmp_path / "out", tmp_path / "root"
+    # cheap compilation (the figures of a dry run mean nothing) and one compute thread per framework
+    env = dict(os.environ, GPU_BENCH_NO_WHEELS="1", PYTHON=sys.executable, JAX_PLATFORMS="cpu", OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1", XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 "
+                                               "--xla_llvm_disable_expensive_passes=true "
+                                               "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+                                               ).strip())
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    p = subprocess.run(["bash", str(GPU_BENCH / "run.sh"), str(out), "--dry-run", "--peak-flops", "1e12",
+                        "--root", str(root)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    files = sorted(x.name for x in out.iterdir())
+    assert files == ["log.txt", "part1_pytest.json", "part2_train.json", "part3_batch.json", "part4_encode.json",
+                     "summary.json"]
+    load = lambda n: json.loads((out / n).read_text())
+    s = load("summary.json")
+    assert s["dry_run"] and s["todo"] == {} and s["next_command"] is None, (s["todo"], p.stdout[-3000:])
+    assert [x for x in s["smoke"][0]["results"] if x["kind"] == "step"][0]["ok"]
+    assert s["device"]["jax"]["platform"] == "cpu" and "jax" in s["versions"]
+
+    t1 = load("part1_pytest.json")
+    assert "tests/test_gpu_bench.py" in t1["files"] and "tests/test_attention.py" in t1["files"]
+    assert "tests/test_ci_policy.py" not in t1["files"]  # it names the marker in a string only
+    assert t1["rc"] == 0 and t1["counts"].get("skipped", 0) >= 5 and not t1["counts"].get("failed")
+
+    e = load("part2_train.json")["models"]["tiny-bert"]
+    for tool, settings in (("jaxembed", ("packed", "padded", "fixed")), ("st", ("natural", "fixed"))):
+        for k in settings:
+            r = e[tool][k]
+            assert r["finite"] and r["step_s"] > 0 and r["examples_per_s"] > 0, (tool, k, r)
+            assert r["mfu"] == pytest.approx(r["flops_per_round"] / r["round_times_s"][0] / 1e12)
+    j, st = e["jaxembed"], e["st"]
+    # the same steps' texts for both tools: the same real tokens; packing computes fewer slots than padding
+    assert j["packed"]["real_tokens_per_round"] == j["padded"]["real_tokens_per_round"] == \
+        st["natural"]["real_tokens_per_round"]
+    assert j["packed"]["token_slots_per_round"] < j["padded"]["token_slots_per_round"]
+    assert j["fixed"]["real_fraction"] == st["fixed"]["real_fraction"] == 1.0
+    assert j["fixed"]["real_tokens_per_round"] == st["fixed"]["real_tokens_per_round"]
+    assert {"ratio_packed_over_st", "ratio_packed_over_padded", "ratio_fixed_over_st"} <= set(e)
+
+    b = load("part3_batch.json")
+    assert [t["global_batch"] for t in b["trials"] if "step_s" in t] == [16]
+    assert b["largest_global_batch"] == 16 and b["largest_candidates"] == 16 * 6
+    assert b["trials"][0]["finite"] and b["trials"][0]["mfu"] > 0
+    assert {t["setting"] for t in b["overhead"] if "step_s" in t} == {"plain", "cached"} and b["cache_overhead"] > 0
+
+    enc = load("part4_encode.json")["models"]["tiny-bert"]
+    assert enc["ratio"] > 0 and enc["min_cosine"] > 0.99  # the same random model in both tools
+
+    lines = subprocess.run([sys.executable, str(GPU_BENCH / "bench.py"), "--record", str(out), "--results-dir",
+                            str(tmp_path / "results"), "--readme", str(tmp_path / "README.md")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert lines.returncode == 0, lines.stderr[-2000:]
+    readme = (tmp_path / "README.md").read_text().splitlines()
+    assert len(readme) == 4 and all(x.startswith("| ") and "dry run" in x for x in readme)
+    assert "packed/ST" in readme[1] and "largest global batch **16**" in readme[2]
+    assert len(list((tmp_path / "results").glob("gpu_*_cpu_*.json"))) == 5
+
+
+def test_gpu_benchmark_figures_targets_and_the_next_call():
+    """The summary's arithmetic on made-up figures: step time relative to the reference batch, the cache's
+    overhead, each issue-18 target met or not, and the second call that measures what did not fit."""
+    sys.path.insert(0, str(GPU_BENCH))
+    import bench
+
+    trial = lambda B, t: {"global_batch": B, "candidates": 6 * B, "step_s": t}
+    res = {"sizes": [1024, 16384, 8192], "trials": [trial(1024, 1.0), trial(16384, 17.6), {"global_batch": 8192,
+           "skipped": "time"}], "overhead": [dict(trial(256, 0.3), setting="plain"),
+                                             dict(trial(256, 0.39), setting="cached")]}
+    f = bench.batch_figures(res)
+    assert f["largest_global_batch"] == 16384 and f["largest_candidates"] == 98304
+    assert f["relative_to_reference"]["16384"] == {"step_time_ratio": 17.6, "ideal": 16.0,
+                                                  "per_example_ratio": pytest.approx(1.1)}
+    assert f["cache_overhead"] == pytest.approx(1.3)
+    entry = lambda packed, st, mfu: {"jaxembed": {"packed": {"examples_per_s": packed, "mfu": mfu,
+                                                             "mfu_real_tokens": mfu / 2}},
+                                     "st": {"natural": {"examples_per_s": st}}}
+    models = {"minilm": entry(3000, 1500, 0.2), "bert-base": entry(900, 700, 0.45), "bert-large": entry(300, 200, 0.5)}
+    for e in models.values():
+        e.update(bench.ratios(e))
+    t = bench.targets({"train": {"models": models}, "batch": dict(res, **f)})
+    assert t["throughput"]["met"] is False and t["throughput"]["values"]["minilm"] == 2.0  # BERT-base: 1.29x
+    assert t["mfu"]["met"] is True and t["candidates"]["met"] is True and t["cache_overhead"]["met"] is True
+    assert bench.targets({})["mfu"]["met"] is None  # not measured
+    assert bench.next_command({}) is None
+    assert bench.next_command({"train": ["qwen2-0.5b:64"], "batch": [8192]}) == (
+        "bash benchmarks/gpu/run.sh $OUT --parts 2,3 --models qwen2-0.5b:64 --sizes 8192")
+
+
+# ------------------------------------------------------------------------------------------------ accelerator only
+
+
+def _steps(tmp_path: Path, *, dtype: str, B: int, K: int, chunk: int, tiled: bool, lq: int, ld: int, steps: int):
+    """(loss, grad_norm) of ``steps`` train steps of a tiny BERT (dropout off) on one fixed batch, the
+    benchmark's harness (benchmarks/gpu/harness.py) building the run."""
+    sys.path.insert(0, str(GPU_BENCH))
+    import harness as H
+
+    from jaxembed import parallel
+    from jaxembed.data.pipeline import to_global
+    from jaxembed.models.tiny import tiny_model_dir
+    from jaxembed.train import init_state, make_train_step
+
+    c = H.run_config(tiny_model_dir("bert"), 8, data=H.natural_data_file(tmp_path), store=tmp_path / f"store_k{K}",
+                     K=K, packing=False, chunk=chunk, tiled=tiled, plan_steps=2, dtype=dtype)
+    c.train.dropout = False
+    _, run = H.make_runs(c, tmp_path / f"run_{dtype}_{B}_{chunk}_{tiled}")
+    host = H.fixed_batch(H.loader_of(run, "padded").batch(0), B, K, lq, ld, 30522)
+    state, step = init_state(run), make_train_step(run)
+    batch = to_global(host, parallel.batch_sharding(run.mesh))
+    out = []
+    for _ in range(steps):
+        state, m = step(state, batch)
+        out.append((float(m["loss"]), float(m["grad_norm"])))
+    return np.array(out)
+
+
+@pytest.mark.gpu
+def test_device_memory_peak_counts_an_allocation_on_the_accelerator():
+    import jax
+    import jax.numpy as jnp
+
+    from jaxembed.flops import device_memory_peak_gib
+
+    x = jax.block_until_ready(jnp.ones((64, 1024, 1024), jnp.float32))  # 0.25 GiB
+    assert device_memory_peak_gib() >= 0.25
+    del x
+
+
+@pytest.mark.gpu
+def test_bf16_train_steps_track_float32_on_the_accelerator(shared_data, tmp_path):
+    """Three steps of a tiny BERT from the same weights on the same batch: bf16 compute (float32 master weights)
+    against float32, loss and gradient norm within bf16's error."""
+    kw = dict(B=64, K=2, chunk=0, tiled=False, lq=32, ld=64, steps=3)
+    f32 = _steps(tmp_path, dtype="float32", **kw)
+    bf16 = _steps(tmp_path, dtype="bfloat16", **kw)
+    assert np.isfinite(bf16).all()
+    np.testing.assert_allclose(bf16, f32, rtol=3e-2)
+
+
+@pytest.mark.gpu
+def test_step_with_80k_candidates_equals_the_plain_step_on_the_accelerator(shared_data, tmp_path):
+    """14,336 queries x 6 candidates = 86,016 candidates in one step of a tiny BERT: the gradient cache (8
+    sub-batches) with the tiled loss gives the loss and gradient norm of the plain step (the [B, N] logits built
+    whole, 4.9 GB), float32."""
+    kw = dict(dtype="float32", B=14336, K=6, lq=8, ld=16, steps=1)
+    plain = _steps(tmp_path, chunk=0, tiled=False, **kw)
+    cached = _steps(tmp_path, chunk=1792, tiled=True, **kw)
+    assert np.isfinite(cached).all()
+    np.testing.assert_allclose(cached, plain, rtol=2e-4)
