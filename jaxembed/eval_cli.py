@@ -73,6 +73,8 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--bidirectional", action="store_true", help="Qwen2/3 backbones: bidirectional attention")
     p.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn", "te", "pallas", "splash"],
                    help="attention kernel (model.attention; default auto: the platform's fused kernel where it fits)")
+    p.add_argument("--no-packing", action="store_true", help="pad one text per row instead of packing several "
+                   "texts per row (the same embeddings, slower; for comparison)")
     p.add_argument("--list", action="store_true", help="list the registered tasks and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_eval)
@@ -148,6 +150,7 @@ def cmd_eval(args) -> int:
 
     loaded = _load(args)
     encoder = Encoder.from_loaded(loaded)
+    encoder.packing = not args.no_packing
     times: dict[str, float] = {}
 
     def on_result(task, res, seconds):
@@ -269,7 +272,7 @@ def _run_mteb(args, common) -> int:
     loaded = _load(args)
     t0 = time.time()
     results = run_mteb(loaded, args.mteb, out=out, split=args.split, name=args.name, progress=not args.quiet,
-                       **common)
+                       packing=not args.no_packing, **common)
     width = max([len(n) for n in results] + [4])
     dims = sorted({d for r in results.values() for d in r.get("dims", {})}, key=int)
     print(f"{'task':<{width}}  {'main_score':>10}" + "".join(f"  {'@' + d:>8}" for d in dims))

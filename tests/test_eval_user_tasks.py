@@ -268,3 +268,36 @@ def test_eval_cli_takes_the_trainers_entries(user_sets, tmp_path, capsys, monkey
         assert main(["eval", "--model", str(tmp_path / "no-model"), *args, "-q"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and re.search(match, err), err
+
+
+def test_eval_cli_no_packing_pads_and_scores_the_same(tmp_path, monkeypatch, shared_data):
+    """`jaxembed eval --no-packing` (local evaluators and --mteb) encodes padded rows, one text per row, and scores
+    what the packed default scores."""
+    mteb = pytest.importorskip("mteb")
+    from jaxembed.cli import main
+    from jaxembed.encode import Encoder
+    from jaxembed.evaluate.mteb_adapter import mteb_task
+    from jaxembed.models.tiny import tiny_model_dir
+
+    seen = []
+    real_encode = Encoder.encode
+
+    def spy(self, *a, **k):
+        out = real_encode(self, *a, **k)
+        seen.append(self.last_stats["packing"])
+        return out
+
+    monkeypatch.setattr(Encoder, "encode", spy)
+    local = mteb_task("STSBenchmark-dev", max_examples=30)
+    monkeypatch.setattr(mteb, "get_task", lambda name, *a, **k: local)
+    model, scores = tiny_model_dir("bert"), {}
+    for flag in ([], ["--no-packing"]):
+        seen.clear()
+        out = tmp_path / f"r{len(flag)}.json"
+        assert main(["eval", "--model", str(model), "--tasks", "STSBenchmark-dev", "--max-examples", "30",
+                     "--out", str(out), "-q", *flag]) == 0
+        assert main(["eval", "--model", str(model), "--mteb", "STSBenchmark", "--out", str(tmp_path / f"m{len(flag)}"),
+                     "-q", *flag]) == 0
+        assert seen and set(seen) == {not flag}, seen
+        scores[bool(flag)] = json.loads(out.read_text())["STSBenchmark-dev"]["main_score"]
+    assert scores[True] == pytest.approx(scores[False], abs=1e-4)

@@ -350,11 +350,14 @@ def run_mteb(model_or_encoder, tasks: str | Iterable[str], *, out: str | os.Path
              max_examples: int | None = None, seed: int = 42, name: str | None = None,
              prompts: Mapping[str, str] | None = None, task_instructions: bool = False,
              instruction_template: str = DEFAULT_INSTRUCTION_TEMPLATE, experts: Router | None = None,
-             progress: bool = False, overwrite: bool = True) -> dict[str, dict]:
+             progress: bool = False, overwrite: bool = True, packing: bool | None = None) -> dict[str, dict]:
     """Run ``mteb.evaluate`` on local tasks (offline custom tasks) and / or MTEB tasks (their data from the hub
     or the local Hugging Face cache). Writes mteb's result files under ``out`` (``out/results/<model>/<revision>/
     <Task>.json``; Matryoshka dims under ``experiments/dim_<D>``) when given. -> {"Task": {"main_score": points,
-    ...}} with the full dimension at the top level and ``"dims"`` like ``evaluate``."""
+    ...}} with the full dimension at the top level and ``"dims"`` like ``evaluate``. packing: pack several texts
+    per row (True) or pad one per row (False); None: the encoder's own setting (packed by default)."""
+    import copy
+
     from jaxembed.evaluate.runner import _check_dims
 
     dims = _check_dims(dims)
@@ -367,6 +370,9 @@ def run_mteb(model_or_encoder, tasks: str | Iterable[str], *, out: str | os.Path
         model_or_encoder = hf.load(resolve_model_path(model_or_encoder))
         source = model_or_encoder.source
     base = as_encoder(model_or_encoder)  # one Encoder (one set of compilations) for every dim
+    if packing is not None and packing != base.packing:
+        base = copy.copy(base)  # the caller's encoder keeps its setting
+        base.packing = bool(packing)
     cache = mteb.ResultCache(cache_path=str(out)) if out is not None else None
     if not progress:
         import datasets
