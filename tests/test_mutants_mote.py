@@ -44,7 +44,8 @@ def test_experts_for_every_kind_of_task():
     assert s.expert_name("retrieval", "document") == "search_document"
     assert s.expert_name("sts") == "classification" and s.expert_name("sts", "document") == "classification"
     assert s.expert_name(None) == "classification"
-    with pytest.raises(UserError, match="say which"):
+    with pytest.raises(UserError, match="task 'retrieval' encodes queries with expert 'search_query' and documents "
+                                        "with 'search_document'; say which"):
         s.expert_name("retrieval")
     with pytest.raises(UserError, match="say which"):
         s.expert_name("retrieval", "passage")
@@ -93,7 +94,7 @@ class _Lin(nnx.Module):
         self.w = nnx.Param(jnp.zeros((3, 3)))
 
     def __call__(self, h, deterministic=True, rngs=None):
-        return h @ self.w[...]
+        return jnp.einsum("blh,hk->blk", h, self.w[...])  # one expert's [H, H] (`keepdims=True` would be [1, H, H])
 
 
 def _ffn():
