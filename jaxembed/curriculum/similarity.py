@@ -94,18 +94,9 @@ def load_similarity(path: str | os.PathLike) -> tuple[np.ndarray, list[str], str
     return S, names, unit, meta
 
 
-def _colour(v: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """Diverging blue - white - red colours for values in [lo, hi] (white at the middle). -> uint8 [..., 3]."""
-    t = np.clip((v - lo) / max(hi - lo, 1e-12), 0, 1) * 2 - 1
-    blue, red, white = np.array([49, 84, 170.0]), np.array([190, 40, 40.0]), np.array([255, 255, 255.0])
-    a = np.abs(t)[..., None]
-    end = np.where(t[..., None] < 0, blue, red)
-    return (white * (1 - a) + end * a).astype(np.uint8)
-
-
 def render_heatmap(S: np.ndarray, names: Sequence[str], path: str | os.PathLike, title: str = "") -> str:
-    """Write the similarity matrix as a PNG heat map (matplotlib when importable, else a built-in renderer).
-    -> which renderer drew it."""
+    """Write the similarity matrix as a PNG heat map with matplotlib (the optional viz extra). -> "matplotlib", or
+    why there is no heat map (matplotlib is not installed; the rest of the job does not need it)."""
     S = np.asarray(S, np.float64)
     off = S[~np.eye(len(S), dtype=bool)] if len(S) > 1 else S.reshape(-1)
     lo, hi = (float(off.min()), float(off.max())) if off.size else (0.0, 1.0)
@@ -115,8 +106,8 @@ def render_heatmap(S: np.ndarray, names: Sequence[str], path: str | os.PathLike,
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        _builtin_heatmap(S, names, path, title, lo, hi)
-        return "built-in (matplotlib is not installed)"
+        Path(path).unlink(missing_ok=True)  # no stale picture of an earlier matrix
+        return "skipped: matplotlib is not installed (fix: pip install 'jaxembed[viz]')"
     n = len(names)
     size = max(4.0, min(40.0, 0.25 * n + 3))
     fig, ax = plt.subplots(figsize=(size + 1.5, size))
@@ -130,27 +121,3 @@ def render_heatmap(S: np.ndarray, names: Sequence[str], path: str | os.PathLike,
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return "matplotlib"
-
-
-def _builtin_heatmap(S, names, path, title, lo, hi) -> None:
-    from jaxembed.data.plan import _draw_text, write_png
-
-    n = len(names)
-    cell = max(2, min(24, 800 // max(n, 1)))
-    show_labels = cell >= 10
-    lw = 8 * min(24, max([len(x) for x in names] + [1])) + 12 if show_labels else 8
-    top, bottom = 24, 28
-    w = max(lw + n * cell + 16, 8 * len(title) + 16, 420)
-    h = top + n * cell + bottom
-    img = np.full((h, w, 3), 255, np.uint8)
-    _draw_text(img, 4, 6, title or "task similarity", (0, 0, 0))
-    block = np.repeat(np.repeat(_colour(S, lo, hi), cell, axis=0), cell, axis=1)
-    img[top:top + n * cell, lw:lw + n * cell] = block
-    if show_labels:
-        for i, name in enumerate(names):
-            _draw_text(img, 4, top + i * cell + (cell - 10) // 2, name[:24], (0, 0, 0))
-    y = top + n * cell + 8
-    bar = _colour(np.linspace(lo, hi, 120)[None, :], lo, hi)
-    img[y:y + 10, lw:lw + 120] = np.repeat(bar, 10, axis=0)
-    _draw_text(img, lw + 128, y, f"{lo:.2f} - {hi:.2f}", (0, 0, 0))
-    write_png(path, img)
