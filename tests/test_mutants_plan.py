@@ -80,6 +80,9 @@ def test_two_epochs_are_two_whole_rounds():
     store = make_store([("a", "A", 16, dict(epochs=2)), ("b", "B", 8, dict(epochs=2))])
     plan = build_plan(store, {"global_batch_size": 4, "curriculum": _cur()}, task_order=["A", "B"])
     assert plan.steps == 12 and summarize(plan)["curriculum"]["rounds"] == 2
+    three = build_plan(make_store([("a", "A", 8, dict(epochs=3))]), {"global_batch_size": 8, "curriculum": _cur()},
+                       task_order=["A"])  # rounds of one batch each (`bd.shape[0] == 0` -> `== 1` ends it early)
+    assert three.steps == 3 and three.meta["curriculum"]["rounds"] == 3
     # the plan's bookkeeping (mutants of their start values: `= 0` -> `= 1` / `-1`)
     assert plan.meta["batches_per_unit"] == {"A": 8, "B": 4} and plan.meta["unresolved_in_batch_repeats"] == 0
     assert plan.meta["curriculum"]["truncated_batches"] == 0 and plan.meta["dropped"] == {}
