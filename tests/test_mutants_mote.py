@@ -94,7 +94,10 @@ class _Lin(nnx.Module):
         self.w = nnx.Param(jnp.zeros((3, 3)))
 
     def __call__(self, h, deterministic=True, rngs=None):
-        return jnp.einsum("blh,hk->blk", h, self.w[...])  # one expert's [H, H] (`keepdims=True` would be [1, H, H])
+        y = jnp.einsum("blh,hk->blk", h, self.w[...])  # one expert's [H, H] (`keepdims=True` would be [1, H, H])
+        if not deterministic:  # "dropout": needs the key MoTEFeedForward draws
+            y = y + jax.random.uniform(rngs.dropout(), y.shape)
+        return y
 
 
 def _ffn():
@@ -122,6 +125,13 @@ def test_feed_forward_takes_each_rows_and_tokens_expert():
     np.testing.assert_array_equal(out[:, :, 0], [[0, 0], [1, 1]])
     with pytest.raises(ValueError, match="needs a route"):
         ff(x, None)
+    # dropout: one key drawn from rngs for the call, only when not deterministic (`key = None if deterministic
+    # ...` -> `if not deterministic ...`)
+    r = nnx.Rngs(dropout=0)
+    same = np.asarray(ff(x, (jnp.asarray(2), None), deterministic=True, rngs=r))
+    np.testing.assert_array_equal(same, 3 * np.ones((2, 2, 3)))
+    noisy = np.asarray(ff(x, (jnp.asarray(2), None), deterministic=False, rngs=r))
+    assert np.all((noisy > 3) & (noisy < 4))
 
 
 def test_expert_paths():
@@ -188,6 +198,19 @@ def test_routed_adamw_equals_a_numpy_reference_with_idle_experts():
     assert int(adam.count) == count == 3 and adam.expert_count.tolist() == ecount.tolist() == [3, 1, 2, 2]
     np.testing.assert_allclose(np.asarray(p["a"]), want["a"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(p["ffn"]["experts"]["k"]), want["k"], rtol=1e-5, atol=1e-6)
+
+
+def test_scale_by_routed_adam_defaults_are_optax_adams():
+    """Called with its defaults (b1, b2, eps), on a tree without experts, scale_by_routed_adam is optax's Adam
+    (mutants of the default numbers)."""
+    params = {"a": jnp.asarray(np.random.default_rng(0).standard_normal((3, 2)), jnp.float32)}
+    ours, ref = optim.scale_by_routed_adam(), optax.scale_by_adam()
+    s_ours, s_ref = ours.init(params), ref.init(params)
+    for i in range(2):
+        g = {"a": jnp.asarray(np.random.default_rng(i + 5).standard_normal((3, 2)) * 1e-3, jnp.float32)}
+        u_ours, s_ours = ours.update(g, s_ours, params)
+        u_ref, s_ref = ref.update(g, s_ref, params)
+        np.testing.assert_allclose(np.asarray(u_ours["a"]), np.asarray(u_ref["a"]), rtol=1e-5, atol=1e-7)
 
 
 def test_idle_expert_is_bit_for_bit_untouched_and_active_none_is_dense():
