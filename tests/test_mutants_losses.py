@@ -187,3 +187,18 @@ def test_guards_and_errors():
     with pytest.raises(ValueError, match="cosent needs the pair scores"):
         objective.total_loss(q, q, pos, objective=objective.Objective(kinds=("cosent",)), contrastive=None,
                              weights=jnp.ones(2), temperature=0.1)
+
+
+def test_kl_distillation_needs_two_slots():
+    """A query with only its positive slot filled takes no part in KL (its KL is 0 and would only grow the count):
+    `jnp.sum(valid, axis=1) >= 2` -> `>= 1`."""
+    q = jnp.asarray([[1.0, 0.0], [0.0, 1.0]])
+    c = jnp.asarray([[1.0, 0.2], [0.3, 1.0], [0.1, 1.0], [1.0, 1.0]])
+    teacher = jnp.asarray([[0.9, 0.1], [0.8, 0.2]])
+    valid = jnp.asarray([[True, True], [True, False]])
+    loss, count = distill.distill_loss("kl", q, c, None, teacher, valid, None, temperature=0.5)
+    assert float(count) == 1
+    s = np.sum(_unit(np.asarray(q))[0] * _unit(np.asarray(c))[:2], axis=1) / 0.5
+    pt, ps = np.exp(np.asarray(teacher[0]) / 0.5), np.exp(s)
+    pt, ps = pt / pt.sum(), ps / ps.sum()
+    assert float(loss) == pytest.approx(float(np.sum(pt * (np.log(pt) - np.log(ps)))), abs=1e-6)
