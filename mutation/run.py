@@ -265,7 +265,7 @@ def report(dest: Path, ranges: dict | None = None) -> dict:
     return dict(counts=counts, survivors=sorted(survivors, key=lambda s: (s["where"], s["operator"])))
 
 
-def summary(scratch: Path, record: bool) -> dict:
+def summary(scratch: Path, record: bool, extra: Path | None = None) -> dict:
     """Every module's before / after counts (the result.json files of the runs in ``scratch``) and the mutants that
     survive after; with ``record``: a results JSON and a line in benchmarks/README.md (benchmarks/_record.py)."""
     out = {}
@@ -278,6 +278,11 @@ def summary(scratch: Path, record: bool) -> dict:
                 row[key] = dict(r["counts"], in_scope=r["in_scope"], sample=r["sample"], command=r["command"])
                 if key == "after":
                     row["survivors"] = r["survivors"]
+        f = None if extra is None else extra / name / "result.json"
+        if f is not None and f.exists():  # a further run with every new test (a full run or a second sample)
+            r = json.loads(f.read_text())
+            row["extra"] = dict(r["counts"], in_scope=r["in_scope"], sample=r["sample"], seed=r.get("seed"),
+                                command=r["command"], survivors=r["survivors"])
         out[name] = row
     if record:
         sys.path.insert(0, str(REPO / "benchmarks"))
@@ -292,8 +297,13 @@ def summary(scratch: Path, record: bool) -> dict:
             b, a = row.get("before"), row.get("after")
             if a:
                 n = f"{a['total']} of {a['in_scope']}" if a["sample"] else f"{a['total']}"
+                more = ""
+                if row.get("extra"):
+                    e = row["extra"]
+                    more = (f"; with every new test, {'a second sample of ' if e['sample'] else 'all '}{e['total']}: "
+                            f"**{e['score']} %**")
                 parts.append(f"{name} {b['score'] if b else '?'} % -> **{a['score']} %** ({n} mutants, "
-                             f"{a['survived']} survive)")
+                             f"{a['survived']} survive{more})")
         load = "/".join(f"{x:.1f}" for x in os.getloadavg())
         _record.record_line(f"| {datetime.date.today()} | mutation_score | cpu (2 cores) | cosmic-ray 8.7, the "
                             f"functions of docs/testing.md, killed % before -> after the tests/test_mutants_*.py, "
@@ -307,6 +317,8 @@ def main(argv=None) -> int:
     ap.add_argument("module", choices=sorted(MODULES) + ["summary"],
                     help="a module, or summary: every module's last before / after counts (--record: save them)")
     ap.add_argument("--record", action="store_true", help="summary: a results JSON and a benchmarks/README.md line")
+    ap.add_argument("--extra", default=None, metavar="SCRATCH",
+                    help="summary: also the runs in this scratch folder (with every new test: full runs, samples)")
     ap.add_argument("--before", action="store_true", help="without the module's new mutant-killing tests")
     ap.add_argument("--sample", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
@@ -318,7 +330,7 @@ def main(argv=None) -> int:
                          "with the current tests; its other results are kept (tests are only ever added)")
     a = ap.parse_args(argv)
     if a.module == "summary":
-        print(json.dumps(summary(Path(a.scratch), a.record), indent=1))
+        print(json.dumps(summary(Path(a.scratch), a.record, Path(a.extra) if a.extra else None), indent=1))
         return 0
     spec = MODULES[a.module]
     dest = Path(a.scratch) / (a.module + ("_before" if a.before else ""))
