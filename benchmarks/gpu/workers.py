@@ -368,8 +368,10 @@ def batch(a: dict) -> None:
     dl = H.Deadline(a["deadline"])
     root, K = Path(a["root"]), 6
     folder = H.model_folder(a["model"], root / "models")
-    c = H.run_config(folder, 8, data=H.natural_data_file(root), store=root / "store_k6", K=K, packing=False,
-                     chunk=a["chunk"], tiled=True, plan_steps=2)
+    # the plan's global batch (the template's rows, tiled to each size) is one sub-batch: the config asks for a
+    # multiple of it
+    c = H.run_config(folder, a["chunk"], data=H.natural_data_file(root), store=root / "store_k6", K=K,
+                     packing=False, chunk=a["chunk"], tiled=True, plan_steps=2)
     _, run = H.make_runs(c, Path(tempfile.mkdtemp(prefix="batch_", dir=root)))
     template = H.loader_of(run, "padded").batch(0)
     vocab = int(run.loaded.hf_config["vocab_size"])
