@@ -88,7 +88,7 @@ def line_encode(r: dict) -> str:
     for m, e in r.get("models", {}).items():
         if "ratio" in e:
             out.append(f"{m}: jaxembed {e['jaxembed_texts_per_s']:.0f} texts/s vs ST {e['st_texts_per_s']:.0f}: "
-                       f"**{e['ratio']:.2f}x** (max |diff| {e['max_abs_diff']:.2g})")
+                       f"**{e['ratio']:.2f}x** (embeddings' max abs difference {e['max_abs_diff']:.2g})")
         else:
             out.append(f"{m}: " + ("skipped" if "skipped" in e else "failed"))
     return "; ".join(out) or "no figures"
@@ -99,7 +99,7 @@ SETTINGS = {
     "train": "train step, bf16 compute / fp32 master weights, shared snli + wikiqa natural lengths (the plan's "
              "steps of its most common padded shape) and a fixed-length batch, 1 pos + 1 hard neg, AdamW; random "
              "weights of real configs; ST: MultipleNegativesRankingLoss, bf16 autocast",
-    "batch": "BERT-base, 1 pos + 5 hard negs, gradient cache + tiled loss, fixed lengths",
+    "batch": "{model}, 1 pos + 5 hard negs, gradient cache + tiled loss, q {q_len} / d {d_len} tokens",
     "encode": "encode, bf16, snli + wikiqa texts, random weights of real configs",
 }
 LINES = {"pytest": line_pytest, "train": line_train, "batch": line_batch, "encode": line_encode}
@@ -120,8 +120,10 @@ def record(folder: Path, results_dir=None, readme=None) -> list[str]:
         r = dict(r, device=name, summary={k: summary.get(k) for k in ("date", "device", "versions", "targets",
                                                                        "todo", "next_command", "dry_run")})
         save_result(f"gpu_{part}_{slug}", r, Path(results_dir) if results_dir else None)
-        line = (f"| {summary.get('date')} | gpu {part} | {name} | {SETTINGS[part]} | {LINES[part](r)} | "
-                f"`bash benchmarks/gpu/run.sh $OUT` |")
+        setting = SETTINGS[part].format(model=r.get("model"), q_len=r.get("q_len"), d_len=r.get("d_len"))
+        result = LINES[part](r).replace("|", "/")  # a table cell
+        line = (f"| {summary.get('date')} | gpu {part} | {name} | {setting} | {result} | "
+                "`bash benchmarks/gpu/run.sh $OUT` |")
         lines.append(record_line(line, readme=Path(readme) if readme else None))
     save_result(f"gpu_summary_{slug}", summary, Path(results_dir) if results_dir else None)
     return lines
