@@ -1158,6 +1158,8 @@ def main():
         result["natural"] = section_natural(args, cache, log, thread_settings)
     result["load_average_1min_at_end"] = os.getloadavg()[0]
     result["load_average_at_end"] = list(os.getloadavg())
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # every worker's CPU, compilation included
+    result["cpu_s_all"] = kids.ru_utime + kids.ru_stime + _cpu_s()
     result["wall_s"] = time.time() - t_start
     argv = [a for a in sys.argv[1:] if a != "--no-readme"]
     result["command"] = "python benchmarks/train_throughput.py " + " ".join(argv)
@@ -1202,13 +1204,15 @@ def main():
                      f"tokens, 1 pos + 1 neg, AdamW, {result['setting']['precision']}, median of {args.steps} after "
                      f"{args.warmup} warm-up, {load} | {'; '.join(figs)} | `{result['command']}` |")
     if result.get("natural"):
+        how = ("one tool process at a time, a fresh one per tool and round, the order alternating"
+               if args.natural_resident == 1 else f"{args.natural_resident} tool processes resident; batch by batch, "
+               "tools in turn")
         lines.append(f"| {result['date']} | train_throughput (natural lengths) | {dev} | the plan's first "
                      f"{args.natural_steps} batches of a {args.natural_plan_steps}-step plan, every text <= "
                      f"{args.natural_max_len} tokens, 1 pos + 1 hard neg, AdamW, {result['setting']['precision']}, "
                      f"same rows for all tools, ST with its own dynamic padding and stock MNRL; each batch run once "
-                     f"(compilation), then {args.natural_rounds} interleaved rounds ({args.natural_resident} tool "
-                     f"processes resident; batch by batch, tools in turn), ratio = median over rounds of the same "
-                     f"batches' wall time (and of each process's CPU seconds), {load} | "
+                     f"(compilation), then {args.natural_rounds} interleaved rounds ({how}), ratio = median over "
+                     f"rounds of the same batches' wall time (and of each process's CPU seconds), {load} | "
                      f"{'; '.join(natural_figures(result['natural']))} | `{result['command']}` |")
     print(json.dumps(result, indent=1))
     for line in lines:
