@@ -80,21 +80,26 @@ def add_parsers(subparsers) -> None:
     p.set_defaults(func=cmd_eval)
 
 
+def _read_json(flag: str, path: str):
+    """The JSON file given to ``flag``: every way it can be wrong is one line naming the flag and the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"{flag} {path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{flag} {path}: is a folder (fix: pass a .json file)") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{flag} {path}: not valid UTF-8 ({e.reason} at byte {e.start}) (fix: re-encode the "
+                        "file as UTF-8)") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{flag} {path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+
+
 def _prompts(path: str | None) -> dict | None:
     if path is None:
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except FileNotFoundError:
-        raise UserError(f"--prompts {path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"--prompts {path}: is a folder (fix: pass a .json file)") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"--prompts {path}: not valid UTF-8 ({e.reason} at byte {e.start}) (fix: re-encode the "
-                        "file as UTF-8)") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"--prompts {path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    obj = _read_json("--prompts", path)
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):
         raise UserError(f'--prompts {path}: expected a JSON object of strings, e.g. {{"STS": "...", "query": "..."}}')
     return obj
@@ -207,17 +212,7 @@ def _task_specs(items: list[str]) -> list[dict]:
 
 def _tasks_file(path: str) -> list:
     """A ``--tasks`` JSON file: a list of eval.tasks entries."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except FileNotFoundError:
-        raise UserError(f"--tasks {path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"--tasks {path}: is a folder (fix: a .json file with a list of tasks)") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"--tasks {path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"--tasks {path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    obj = _read_json("--tasks", path)
     if not isinstance(obj, list):
         raise UserError(f"--tasks {path}: expected a JSON list of tasks (names, \"mteb:NAME\", objects with name, "
                         f"type, path), got {type(obj).__name__}")
