@@ -254,3 +254,30 @@ def test_step_with_80k_candidates_equals_the_plain_step_on_the_accelerator(share
     assert np.isfinite(cached).all()
     np.testing.assert_allclose(cached[:, 0], plain[:, 0], rtol=1e-5)
     np.testing.assert_allclose(cached[:, 1], plain[:, 1], rtol=1e-3)
+
+
+def test_diag_kernel_summary_sums_device_kernels_by_name(tmp_path):
+    """benchmarks/gpu/diag.py's trace summary: device-stream events summed per kernel, host events left out, the
+    trace copied flat beside the profile folder (the device call returns no deeply nested folder)."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("diag", ROOT / "benchmarks" / "gpu" / "diag.py")
+    diag = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diag)
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+              {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+              {"ph": "X", "pid": 1, "name": "input_scatter_fusion", "dur": 300.0, "args": {"hlo_op": "scatter.1"}},
+              {"ph": "X", "pid": 1, "name": "input_scatter_fusion", "dur": 200.0},
+              {"ph": "X", "pid": 1, "name": "gemm", "dur": 100.0},
+              {"ph": "X", "pid": 2, "name": "PjitFunction", "dur": 10000.0}]
+    folder = tmp_path / "trace" / "plugins" / "profile" / "x"
+    folder.mkdir(parents=True)
+    with gzip.open(folder / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    s = diag.kernel_summary(tmp_path / "trace")
+    assert s["processes"] == ["/device:GPU:0"] and s["total_us"] == 600.0
+    top = s["kernels"][0]
+    assert (top["name"], top["us"], top["calls"], top["hlo"]) == ("input_scatter_fusion", 500.0, 2, "scatter.1")
+    assert top["share"] == pytest.approx(5 / 6)
+    assert (tmp_path / "trace.json.gz").is_file()

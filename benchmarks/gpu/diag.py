@@ -1,0 +1,190 @@
+"""Where a jaxembed training step spends its time on the device (issue 17 / 18 follow-up to the first GPU run):
+the packed step of one model under a few variants (dropout on / off, attention kernel), each timed over the same
+steps, the optimised HLO of the first variant, and a profiler trace (perfetto JSON) of it.
+
+    python benchmarks/gpu/diag.py --out OUT [--model minilm] [--batch 512] [--variants ...] [--budget 150]
+
+Every figure goes to OUT/diag.json as soon as it is measured; with --trace, the trace's kernels summed by name
+(OUT/kernels.json: the 60 costliest, with the HLO fusion each came from) and the perfetto trace itself, flat
+(OUT/trace.json.gz: the device call returns no deeply nested folder). Run with benchmarks/gpu/run.sh's
+environment (PYTHONPATH with the carried wheels; benchmarks/gpu/README.md has the call); on the CPU with
+--model tiny-bert --batch 16 (tests/test_gpu_bench.py). ``--record DIR`` files a returned DIR under
+benchmarks/results/ (gpu_diag_<device>_<date>_<time>.json) with a line in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1]))
+
+import harness as H  # noqa: E402
+
+VARIANTS = {  # name -> (train.dropout, model.attention, data.packing)
+    "packed_dropout_auto": (True, "auto", True),
+    "packed_nodrop_auto": (False, "auto", True),
+    "packed_nodrop_xla": (False, "xla", True),
+    "padded_dropout_auto": (True, "auto", False),
+    "padded_nodrop_auto": (False, "auto", False),
+}
+
+
+def kernel_summary(trace_dir: Path, top: int = 60) -> dict:
+    """The perfetto trace under ``trace_dir`` -> device time per kernel name (the events of the GPU's streams; on
+    the CPU, of XLA's thunks), the ``top`` costliest with their share; the trace copied to trace_dir/../trace.json.gz.
+    """
+    found = sorted(trace_dir.rglob("perfetto_trace.json.gz"))
+    if not found:
+        return {"error": f"no perfetto_trace.json.gz under {trace_dir}"}
+    raw = gzip.open(found[-1], "rt").read()
+    (trace_dir.parent / "trace.json.gz").write_bytes(gzip.compress(raw.encode()))
+    events = json.loads(raw)
+    events = events.get("traceEvents", events) if isinstance(events, dict) else events
+    names = {}  # pid -> process name (the GPU's streams are in a "/device:GPU:0" process)
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            names[e.get("pid")] = str(e.get("args", {}).get("name", ""))
+    dev_pids = {p for p, n in names.items() if "/device:" in n and "CPU" not in n.upper()} or set(names)
+    per: dict = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("pid") not in dev_pids:
+            continue
+        k = e.get("name", "?")
+        d = per.setdefault(k, {"us": 0.0, "n": 0, "hlo": (e.get("args") or {}).get("hlo_op", "")})
+        d["us"] += float(e.get("dur", 0.0))
+        d["n"] += 1
+    total = sum(v["us"] for v in per.values()) or 1.0
+    rows = sorted(per.items(), key=lambda kv: -kv[1]["us"])[:top]
+    return {"processes": sorted(names[p] for p in dev_pids), "total_us": total,
+            "kernels": [{"name": k[:200], "us": v["us"], "share": v["us"] / total, "calls": v["n"], "hlo": v["hlo"]}
+                        for k, v in rows]}
+
+
+def record(folder: Path) -> None:
+    """File a returned diag folder under benchmarks/results/ and a line in benchmarks/README.md."""
+    sys.path.insert(0, str(HERE.parent))
+    import _record
+
+    d = json.loads((folder / "diag.json").read_text())
+    if (folder / "kernels.json").is_file():
+        d["kernels"] = json.loads((folder / "kernels.json").read_text())
+    if (folder / "pytest.log").is_file():
+        d["pytest_tail"] = (folder / "pytest.log").read_text()[-4000:]
+    dev = str(d.get("device", "unknown"))
+    tag = dev.lower().replace("nvidia ", "").split()[0] if dev else "unknown"
+    _record.save_result(f"gpu_diag_{tag}", d)
+    parts = []
+    for name, v in d.get("variants", {}).items():
+        parts.append(f"{name} {v['step_s'] * 1e3:.0f} ms" if "step_s" in v else f"{name}: {next(iter(v))}")
+    _record.record_line(f"| {_record.run_id()[:10]} | gpu diag | {dev} | train step time per variant (dropout, "
+                        f"attention kernel, packing), {d.get('model')} B={d.get('batch')}, natural lengths | "
+                        f"{'; '.join(parts)} | `python benchmarks/gpu/diag.py --out $OUT --trace` |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--record", metavar="DIR", help="file DIR (a returned --out) under benchmarks/results/")
+    ap.add_argument("--model", default="minilm")
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--budget", type=float, default=150.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--take", type=int, default=4)
+    ap.add_argument("--trace", action="store_true", help="profiler trace of the first variant (perfetto JSON)")
+    a = ap.parse_args()
+    if a.record:
+        return record(Path(a.record))
+    if not a.out:
+        ap.error("--out is required")
+    t_end = time.time() + a.budget
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res: dict = {"model": a.model, "batch": a.batch, "variants": {}}
+
+    def save():
+        (out / "diag.json").write_text(json.dumps(res, indent=1))
+
+    import jax
+
+    from jaxembed import parallel
+    from jaxembed.data.pipeline import to_global
+    from jaxembed.train import init_state, make_train_step
+
+    res["device"] = jax.devices()[0].device_kind
+    root = Path(os.environ.get("DIAG_ROOT", "/tmp/gpu_bench"))
+    folder = H.model_folder(a.model, root / "models")
+    first = True
+    for name in a.variants.split(","):
+        if time.time() > t_end - 20:
+            res["variants"][name] = {"skipped": "budget"}
+            save()
+            continue
+        dropout, attn, packing = VARIANTS[name]
+        t0 = time.time()
+        try:
+            c = H.run_config(folder, a.batch, data=H.natural_data_file(root), store=root / "store_k2", plan_steps=40)
+            c.train.dropout = dropout
+            c.model.attention = attn
+            packed, padded = H.make_runs(c, Path(tempfile.mkdtemp(prefix="diag_", dir=root)))
+            run = packed if packing else padded
+            loader = H.loader_of(run, "packed" if packing else "padded")
+            hosts = [loader.batch(s) for s in range(a.take)]
+            state = init_state(run)
+            step = make_train_step(run)
+            dev = [to_global(h, parallel.batch_sharding(run.mesh)) for h in hosts]
+            t1 = time.perf_counter()
+            progs = {}
+            for b in dev:
+                key = tuple(sorted((k, tuple(v.shape)) for k, v in b.items()))
+                if key not in progs:
+                    progs[key] = step.lower(state, b).compile()
+                    if first:
+                        with gzip.open(out / f"hlo_{name}.txt.gz", "wt") as f:
+                            f.write(progs[key].as_text())
+            compile_s = time.perf_counter() - t1
+            seq = [progs[tuple(sorted((k, tuple(v.shape)) for k, v in b.items()))] for b in dev]
+            for p, b in zip(seq, dev):
+                state, m = p(state, b)
+            jax.block_until_ready(m["loss"])
+            times = []
+            for _ in range(a.rounds):
+                t1 = time.perf_counter()
+                for p, b in zip(seq, dev):
+                    state, m = p(state, b)
+                jax.block_until_ready(m["loss"])
+                times.append(time.perf_counter() - t1)
+            if first and a.trace and time.time() < t_end - 30:
+                tdir = out / "trace"
+                jax.profiler.start_trace(str(tdir), create_perfetto_trace=True)
+                for p, b in zip(seq, dev):
+                    state, m = p(state, b)
+                jax.block_until_ready(m["loss"])
+                jax.profiler.stop_trace()
+                ks = kernel_summary(tdir)
+                (out / "kernels.json").write_text(json.dumps(ks, indent=1))
+                res["top_kernels"] = ks.get("kernels", [])[:15]
+            shapes = sorted({str([list(v.shape) for k, v in h.items() if k.endswith("input_ids")]) for h in hosts})
+            res["variants"][name] = {"compile_s": compile_s, "programs": len(progs), "round_s": times,
+                                     "step_s": min(times) / len(dev), "shapes": shapes, "loss": float(m["loss"]),
+                                     "wall_s": time.time() - t0}
+        except Exception as e:  # noqa: BLE001 -- a variant's failure is a finding too
+            import traceback
+
+            res["variants"][name] = {"error": "".join(traceback.format_exception(e)[-4:])[-2000:]}
+        first = False
+        print(name, json.dumps(res["variants"][name])[:400], flush=True)
+        save()
+
+
+if __name__ == "__main__":
+    main()
