@@ -196,7 +196,9 @@ def test_run_config_and_cli_flag_reach_the_model(tmp_path, capsys):
 def _gpu_case(name, dtype):
     q, k, v = _qkv(n=4, kv=2, d=64, dtype=dtype)
     seg = attn.Segments(jnp.asarray(SEGMENTS), attn.positions_from_segments(jnp.asarray(SEGMENTS)))
-    tol = 2e-5 if dtype == jnp.float32 else 2e-2
+    # float32: Triton's dots in the Pallas kernel take TensorFloat-32 inputs (10-bit mantissa, relative error
+    # ~5e-4: 7.7e-4 seen on an H200), where the XLA reference multiplies in full float32
+    tol = (2e-3 if name == "pallas" else 2e-5) if dtype == jnp.float32 else 2e-2
     for causal in (False, True):
         ref = attn.attention(q, k, v, seg, causal=causal, implementation="xla")
         out = jax.jit(lambda q, k, v: attn.attention(q, k, v, seg, causal=causal, implementation=name))(q, k, v)

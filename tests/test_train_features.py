@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from flops_reference import train_step_flops as hand_count
@@ -35,13 +36,14 @@ def test_step_flops_equal_a_hand_count(arch, gradcache):
 
 
 @pytest.mark.gpu
-def test_mfu_is_logged_on_an_accelerator(shared_data, tmp_path):
+def test_mfu_is_logged_on_an_accelerator(shared_data, tmp_path, monkeypatch):
     """A few bf16 steps of a tiny BERT on the accelerator: every logged train line carries MFU, equal to the
     analytic FLOPs of the step over its time and the device's datasheet peak."""
     import jax
 
     from jaxembed import config as cfglib
     from jaxembed import flops
+    from jaxembed.data import pipeline
     from jaxembed.data.config import dataset_config
     from jaxembed.models.tiny import tiny_hf_config, tiny_model_dir
     from jaxembed.train import train
@@ -63,10 +65,31 @@ def test_mfu_is_logged_on_an_accelerator(shared_data, tmp_path):
     c.train.log_every = 1
     c.train.checkpoint_every = 0
     c.export.at_end = False
+    seen = []  # the host batches of the run, in order: the rows each step computes (packed by default)
+    real_to_global = pipeline.to_global
+
+    def recording_to_global(batch, *a, **kw):
+        seen.append({k: np.array(v) for k, v in batch.items()})
+        return real_to_global(batch, *a, **kw)
+
+    monkeypatch.setattr(pipeline, "to_global", recording_to_global)
     train(c, tmp_path / "run")
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_lines = [x for x in lines if x["split"] == "train"]
     assert train_lines and all(0 < x["mfu"] < 1 for x in train_lines)
-    per_step = hand_count(tiny_hf_config("bert"), 8, 16, 8, 16, 32, False)
-    for x in train_lines:
+    assert len(seen) == len(train_lines)
+    for x, b in zip(train_lines, seen):
+        per_step = hand_count(tiny_hf_config("bert"), *_computed_rows(b), 32, False,
+                              n_queries=len(b["query_prompt_length"]), n_candidates=len(b["doc_prompt_length"]))
         assert x["mfu"] == pytest.approx(per_step / x["step_time_s"] / (peak * jax.device_count()), rel=1e-3)
+
+
+def _computed_rows(b: dict) -> tuple[int, int, int, int]:
+    """(query rows, their length, candidate rows, their length) the step computes: padded texts, packed rows of
+    queries and of candidates, or one pack of both (counted on the query side)."""
+    if "pack_input_ids" in b:
+        r, l = b["pack_input_ids"].shape
+        return r, l, 0, l
+    q = b["query_pack_input_ids" if "query_pack_input_ids" in b else "query_input_ids"].shape
+    d = b["doc_pack_input_ids" if "doc_pack_input_ids" in b else "doc_input_ids"].shape
+    return q[0], q[1], d[0], d[1]
