@@ -186,6 +186,41 @@ def test_bfloat16_compute_and_params():
     assert_bf16_close(out, ref32, torch_bf16_out(tm, **inputs), mask, max_tol=0.018, mean_tol=0.015, label="bert")
 
 
+def _eqns(jaxpr):
+    """Every equation of a jaxpr, those of its sub-jaxprs (jit, custom_vjp, ...) included."""
+    for e in jaxpr.eqns:
+        yield e
+        for v in e.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _eqns(inner)
+
+
+def test_bf16_embedding_gradients_scatter_in_float32_and_no_token_types_gather_nothing():
+    """bf16 compute, float32 parameters: the embedding rows are gathered from the float32 tables, so the backward
+    scatter-adds run in float32 (a bf16 scatter-add with repeated indices is a compare-and-swap loop on GPUs:
+    4x slower steps seen on an H200); without token types, type 0's row is added, not scattered into per token.
+    The outputs and the type-0 gradient equal the explicit all-zero token types."""
+    tm, tcfg = _torch_model("bert")
+    cfg = models.config_from_hf(tcfg.to_dict(), dtype="bfloat16")
+    model, _ = models.load_weights(cfg, _state_dict(tm))
+    ids, mask, _ = _batch(0)
+    graphdef, params = nnx.split(model, nnx.Param)
+
+    def loss(p, types):
+        return jnp.sum(nnx.merge(graphdef, p)(ids, mask, types).astype(jnp.float32) ** 2)
+
+    scatters = [e for e in _eqns(jax.make_jaxpr(jax.grad(loss))(params, None).jaxpr)
+                if e.primitive.name.startswith("scatter")]
+    assert [str(e.invars[0].aval.dtype) for e in scatters] == ["float32", "float32"]  # words, positions
+    g_none, g_zero = jax.grad(loss)(params, None), jax.grad(loss)(params, jnp.zeros_like(ids))
+    tt = lambda g: np.asarray(g["embeddings"]["token_type_embeddings"]["embedding"][...])
+    np.testing.assert_allclose(tt(g_none)[0], tt(g_zero)[0], rtol=1e-4, atol=1e-4)
+    assert not tt(g_none)[1].any()
+    np.testing.assert_array_equal(np.asarray(model(ids, mask)), np.asarray(model(ids, mask, jnp.zeros_like(ids))))
+
+
 def test_params_carry_logical_sharding_axes():
     cfg = models.config_from_hf(_torch_model("bert")[1].to_dict())
     _, state = nnx.split(models.abstract_model(cfg), nnx.Param)

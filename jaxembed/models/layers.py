@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -79,10 +80,48 @@ def dense(
     )
 
 
+class Embed(nnx.Embed):
+    """``nnx.Embed`` that gathers rows of the table in its parameter dtype and casts the rows, not the table, to
+    the compute dtype: the same values, and the backward pass's scatter-add into the table runs in the parameter
+    dtype (float32). A bfloat16 scatter-add with repeated indices (every token of a batch into the token-type row,
+    the [CLS] / [SEP] / padding rows) is a compare-and-swap loop on GPUs (openxla/xla#26371), slow under that
+    contention; it also skips casting the whole table every step."""
+
+    def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
+        """inputs: integer array [...] -> rows [..., features] in the compute dtype."""
+        if not jnp.issubdtype(inputs.dtype, jnp.integer):
+            raise ValueError("Input type must be an integer or unsigned integer.")
+        rows = jnp.take(self.embedding[...], inputs, axis=0)
+        return rows if self.dtype is None else rows.astype(self.dtype)
+
+    def add_row(self, x: jax.Array, index: int = 0) -> jax.Array:
+        """x [..., features] + row ``index`` in the compute dtype, broadcast (a constant index: no gather). The
+        same values as adding ``self(full(index))``; the row's gradient is the sum of x's cotangent over its
+        leading axes, accumulated in float32 as the scatter-add would (a bfloat16 sum of thousands of tokens
+        loses digits)."""
+        return _add_row(x, self.embedding[...][index], jnp.dtype(self.dtype or x.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _add_row(x, row, dtype):
+    return x + row.astype(dtype)
+
+
+def _add_row_fwd(x, row, dtype):
+    return _add_row(x, row, dtype), jnp.zeros((0,), row.dtype)
+
+
+def _add_row_bwd(dtype, like, g):
+    return g, jnp.sum(g.astype(jnp.float32), axis=tuple(range(g.ndim - 1))).astype(like.dtype)
+
+
+_add_row.defvjp(_add_row_fwd, _add_row_bwd)
+
+
 def embed(num: int, features: int, axes: tuple[str | None, str | None], *, opts: RuntimeOptions, rngs: nnx.Rngs,
-          std: float = 0.02) -> nnx.Embed:
+          std: float = 0.02) -> Embed:
     """An embedding table of shape [num, features]."""
-    return nnx.Embed(
+    return Embed(
         num,
         features,
         dtype=to_dtype(opts.dtype),

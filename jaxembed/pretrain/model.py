@@ -84,7 +84,7 @@ class RetroMAE(nnx.Module):
     def decode(self, sentence, input_ids, attention_mask, *, deterministic=True, rngs=None) -> jax.Array:
         """sentence: [B, H] (h_X); input_ids, attention_mask: [B, L] (X_dec) -> decoder hidden states [B, L, H],
         with the sentence embedding in place of the first token (Eq. 3)."""
-        x = self.encoder.embeddings(input_ids, jnp.zeros_like(input_ids), deterministic=deterministic, rngs=rngs)
+        x = self.encoder.embeddings(input_ids, None, deterministic=deterministic, rngs=rngs)
         x = jnp.concatenate([sentence[:, None, :].astype(x.dtype), x[:, 1:]], axis=1)
         return run_layers(self.decoder, x, self.config.remat, attention_mask, deterministic=deterministic, rngs=rngs)
 

@@ -81,8 +81,9 @@ class BertEmbeddings(nnx.Module):
         self.dropout = nnx.Dropout(c.hidden_dropout_prob)
 
     def __call__(self, input_ids, token_type_ids, *, deterministic, rngs, positions=None):
-        """input_ids, token_type_ids: [B, L] int; positions: [B, L] per-text positions from 0 (packed rows) or
-        None (padded rows: 0.. per row; RoBERTa: counted over the real tokens) -> [B, L, H]."""
+        """input_ids: [B, L] int; token_type_ids: [B, L] int or None (all type 0); positions: [B, L] per-text
+        positions from 0 (packed rows) or None (padded rows: 0.. per row; RoBERTa: counted over the real tokens)
+        -> [B, L, H]."""
         if positions is not None:
             if self.c.offset_positions:  # RoBERTa numbers positions from padding_idx + 1
                 positions = positions + self.c.pad_token_id + 1
@@ -91,8 +92,13 @@ class BertEmbeddings(nnx.Module):
             positions = jnp.cumsum(real, axis=1) * real + self.c.pad_token_id
         else:
             positions = jnp.arange(input_ids.shape[1])[None, :]
-        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
-             + self.token_type_embeddings(token_type_ids))
+        # no token types (packed rows, single-segment texts): type 0's row added, not gathered per token (its
+        # gradient is then a sum, not a scatter-add of every token into one row)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        if token_type_ids is None:
+            x = self.token_type_embeddings.add_row(x, 0)
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.layer_norm(x), deterministic=deterministic, rngs=rngs)
 
 
@@ -174,8 +180,6 @@ class BertModel(nnx.Module):
         Packed rows: segment_ids [B, L] (0 = padding, 1.. per text) and positions [B, L] (from 0 per text)
         instead of attention_mask. experts: MoTE expert index (a scalar, per row [B], or per token [B, L]; None:
         the default expert); dense models take None."""
-        if token_type_ids is None:
-            token_type_ids = jnp.zeros_like(input_ids)
         segments, positions = segments_for(attention_mask, segment_ids, positions)
         x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, rngs=rngs, positions=positions)
         route = mote_route(self.config, experts, input_ids.shape[0])
