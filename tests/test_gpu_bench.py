@@ -281,3 +281,20 @@ def test_diag_kernel_summary_sums_device_kernels_by_name(tmp_path):
     assert (top["name"], top["us"], top["calls"], top["hlo"]) == ("input_scatter_fusion", 500.0, 2, "scatter.1")
     assert top["share"] == pytest.approx(5 / 6)
     assert (tmp_path / "trace.json.gz").is_file()
+
+
+def test_pytest_part_keeps_the_outcomes_of_a_run_stopped_at_its_cap():
+    """pytest -v's per-test lines are parsed, so a part stopped at its cap (no final summary) still says which
+    tests passed and failed (the first H200 call recorded '0 passed, 0 failed' for 7 finished tests)."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    import record
+
+    import bench
+
+    text = ("tests/a.py::t1 PASSED                                          [ 50%]\n"
+            "tests/a.py::t2[x] FAILED                                       [100%]\n"
+            "tests/a.py::t3 ")  # stopped while t3 ran
+    r = {"timed_out": True, "counts": {}, "outcomes": bench.pytest_outcomes(text)}
+    assert r["outcomes"] == {"tests/a.py::t1": "passed", "tests/a.py::t2[x]": "failed"}
+    assert record.line_pytest(r) == ("1 passed, 1 failed, 0 skipped; failing: tests/a.py::t2[x] (stopped at its "
+                                     "time cap)")
