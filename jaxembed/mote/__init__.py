@@ -4,12 +4,14 @@ The package's modules are listed below; this file re-exports their public names,
 for every one of them.
 """
 
+from jaxembed.mote.block import (
+    MoTEFeedForward, active_experts, dense_path, is_expert_path, make_route, stack_module,
+)
 from jaxembed.mote.spec import (
     CONFIG_FILE, DEFAULT_EXPERT, DEFAULT_EXPERTS, DEFAULT_ROUTING, FORMAT, PLACEMENTS, STATIC, TA_CL, WEIGHTS_FILE,
-    MoTEFeedForward, MoTESpec, _split_model, active_experts, average_experts, check_experts, check_routing,
-    dense_path, extract_expert, from_hf_experts, get_spec, hf_expert_tensors, is_expert_path, make_route,
-    mote_layers, read_spec, routing_tables, select_experts, spec_from_config, stack_module, ta_cl, upcycle,
-    validate_config,
+    MoTESpec, _split_model, average_experts, check_experts, check_routing, extract_expert, from_hf_experts,
+    get_spec, hf_expert_tensors, mote_layers, read_spec, routing_tables, select_experts, spec_from_config, ta_cl,
+    upcycle, validate_config,
 )
 
 __all__ = [
