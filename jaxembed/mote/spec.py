@@ -7,19 +7,16 @@ batch go through different experts (search query / search document). This module
 - ``MoTESpec``: the experts, the MoTE layers and the routing (task type -> query expert, document expert);
 - ``MoTEFeedForward``: the expert block (weights stacked [E, ...]) and its routing by an expert id per row
   (``jaxembed.mote.block``: what an expert is, the routing paths and their cost);
-- up-cycling (MoTE 3.1.1) from a dense model, expert averaging (Appendix B), per-expert dense extraction, and
-  the expert weights in Hugging Face layout (the full export / import);
+- up-cycling (MoTE 3.1.1) from a dense model, expert averaging (Appendix B), per-expert dense extraction
+  (``jaxembed.mote.upcycling``), and the expert weights in Hugging Face layout (the full export / import,
+  ``jaxembed.mote.export``);
 - the training side: per-task routing tables for the trainer, and TA-CL (MoTE 3.2, App. D.2): each task
   type's batching strategy and contrastive temperature.
-
-Up-cycling copies the dense block into every expert, so at step 0 the MoTE model computes exactly the dense
-model for every task (tests: <= 1e-6).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -28,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from jaxembed.errors import UserError
-from jaxembed.mote.block import MoTEFeedForward, dense_path, is_expert_path, make_route
+from jaxembed.mote.block import MoTEFeedForward, make_route
 
 #: MoTE App. D.1: four experts, one per instruction type.
 DEFAULT_EXPERTS = ("classification", "clustering", "search_query", "search_document")
@@ -321,190 +318,3 @@ def ta_cl(data_config, static: bool = False, pool_by_type: bool = True,
     if missing:
         raise UserError(f"TA-CL has no batching / temperature for {', '.join(missing)} (fix: pass "
                         "table={task_type: (strategy, temperature)})")
-
-
-# ------------------------------------------------------------------------------------ up-cycling and friends
-
-
-def _split_model(model):
-    """(backbone, rewrap(backbone) -> model of the same kind as ``model``)."""
-    from jaxembed.models.embedding import EmbeddingModel
-
-    if isinstance(model, EmbeddingModel):
-        def rewrap(backbone):
-            new = EmbeddingModel(backbone, model.head)
-            nnx.update(new.dense, nnx.state(model.dense))
-            return new
-
-        return model.backbone, rewrap
-    return model, lambda backbone: backbone
-
-
-def _rebuild(model, config, params: dict):
-    from jaxembed import models
-
-    backbone, rewrap = _split_model(model)
-    return rewrap(models.model_from_params(config, params))
-
-
-def get_spec(model) -> MoTESpec | None:
-    backbone, _ = _split_model(model)
-    return getattr(backbone.config, "mote", None)
-
-
-def _require_spec(model) -> MoTESpec:
-    spec = get_spec(model)
-    if spec is None:
-        raise UserError("this is a dense model without task experts (fix: up-cycle it with jaxembed.mote.upcycle, "
-                        "or train with model.mote.enabled=True)")
-    return spec
-
-
-def upcycle(model, spec: MoTESpec):
-    """MoTE 3.1.1: the MoTE model whose experts all start as copies of ``model``'s feed-forward blocks (and norms).
-    ``model``: an EmbeddingModel or a backbone of any registered architecture. Its embeddings at step 0 equal the
-    dense model's for every expert."""
-    from jaxembed import models
-
-    backbone, _ = _split_model(model)
-    config = backbone.config
-    if getattr(config, "mote", None) is not None:
-        raise UserError("the model already has task experts; up-cycling starts from a dense model")
-    bad = [i for i in spec.layers if not 0 <= i < config.num_layers]
-    if bad:
-        raise UserError(f"MoTE layers {bad} are outside the model's {config.num_layers} layers")
-    new_cfg = dataclasses.replace(config, mote=spec)
-    dense = models.flat_params(backbone)
-    params = {}
-    for path, shape in models.param_shapes(models.abstract_model(new_cfg)).items():
-        a = dense[dense_path(path)]
-        params[path] = np.broadcast_to(a, shape) if is_expert_path(path) else a
-    return _rebuild(model, new_cfg, params)
-
-
-def _expert_params(model, pick: Callable[[np.ndarray], np.ndarray], spec: MoTESpec | None):
-    """(params, config) of a model built from ``model``'s parameters with pick(stack [E, ...]) for every expert
-    stack; spec None -> the dense architecture."""
-    from jaxembed import models
-
-    backbone, _ = _split_model(model)
-    config = dataclasses.replace(backbone.config, mote=spec)
-    params = {}
-    for path, a in models.flat_params(backbone).items():
-        if is_expert_path(path):
-            params[path if spec is not None else dense_path(path)] = pick(a)
-        else:
-            params[path] = a
-    return params, config
-
-
-def extract_expert(model, name: str):
-    """The dense model (original architecture) whose feed-forward blocks are expert ``name``'s: the per-task model
-    of that expert, with the same embeddings as the MoTE model routed to it."""
-    spec = _require_spec(model)
-    e = spec.index(name)
-    params, config = _expert_params(model, lambda a: a[e], None)
-    return _rebuild(model, config, params)
-
-
-def average_experts(model, names: Sequence[str] | None = None):
-    """MoTE App. B, expert averaging: the dense model (original architecture) whose feed-forward blocks are the
-    mean of the experts' (all of them, or ``names``), norms included. Means are taken in float32."""
-    spec = _require_spec(model)
-    idx = [spec.index(n) for n in (names or spec.experts)]
-
-    def mean(a):
-        return np.mean(np.asarray(a[idx], np.float32), axis=0).astype(a.dtype)
-
-    params, config = _expert_params(model, mean, None)
-    return _rebuild(model, config, params)
-
-
-def select_experts(model, names: Iterable[str]):
-    """The MoTE model that keeps only the experts ``names`` (e.g. those of one task): its device memory holds
-    those experts only (MoTE 3.1: inactive experts can be offloaded)."""
-    spec = _require_spec(model)
-    sub = spec.subset(names)
-    idx = [spec.index(n) for n in sub.experts]
-    params, config = _expert_params(model, lambda a: a[idx], sub)
-    return _rebuild(model, config, params)
-
-
-# ------------------------------------------------------------------------- experts in Hugging Face layout
-
-
-def _ffn_paths(dense_config, spec: MoTESpec) -> dict[tuple, tuple]:
-    """Flax path -> shape of the dense model's feed-forward parameters in the MoTE layers."""
-    from jaxembed import models
-
-    layers = set(spec.layers)
-    return {p: s for p, s in models.param_shapes(models.abstract_model(dense_config)).items()
-            if len(p) > 2 and p[0] == "layers" and p[1] in layers and p[2] == "ffn"}
-
-
-def hf_expert_tensors(model) -> dict[str, np.ndarray]:
-    """Every expert's feed-forward weights of the MoTE layers in PyTorch layout, keyed
-    ``experts.<expert>.<Hugging Face key>`` (the keys ``transformers.AutoModel`` uses for the dense block)."""
-    from jaxembed import models
-    from jaxembed.models import mapping
-
-    backbone, _ = _split_model(model)
-    spec = _require_spec(backbone)
-    dense_cfg = dataclasses.replace(backbone.config, mote=None)
-    mod = models.spec_for(dense_cfg.model_type).module()
-    flat = {p: a for p, a in models.flat_params(backbone).items() if is_expert_path(p)}
-    out = {}
-    for e, name in enumerate(spec.experts):
-        sub = {dense_path(p): a[e] for p, a in flat.items()}
-        for k, v in mapping.flax_to_hf(mod.rules(dense_cfg), sub, dense_cfg.num_layers).items():
-            out[f"experts.{name}.{k}"] = v
-    return out
-
-
-def from_hf_experts(dense_model, spec: MoTESpec, tensors: Mapping[str, np.ndarray], source: str = WEIGHTS_FILE):
-    """The MoTE model with ``dense_model``'s shared weights and the experts ``spec.experts`` read from ``tensors``
-    (``experts.<expert>.<Hugging Face key>``, as ``hf_expert_tensors`` writes them). Experts of the file that
-    ``spec`` does not list are not read (a task-specific load)."""
-    from jaxembed import models
-    from jaxembed.models import mapping
-
-    backbone, _ = _split_model(dense_model)
-    dense_cfg = backbone.config
-    mod = models.spec_for(dense_cfg.model_type).module()
-    expected = _ffn_paths(dense_cfg, spec)
-    per_expert = []
-    for name in spec.experts:
-        prefix = f"experts.{name}."
-        sub = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-        if not sub:
-            raise UserError(f"{source}: no weights for expert {name!r} (fix: re-export the MoTE model)")
-        params, unused = mapping.hf_to_flax(mod.rules(dense_cfg), sub, dense_cfg.num_layers, expected, (),
-                                            f"{source} (expert {name})")
-        if unused:
-            raise UserError(f"{source}: expert {name!r} has tensors outside the MoTE layers {spec.layers}: "
-                            f"{', '.join(unused[:5])}")
-        per_expert.append(params)
-    new_cfg = dataclasses.replace(dense_cfg, mote=spec)
-    dense = models.flat_params(backbone)
-    params = {}
-    for path in models.param_shapes(models.abstract_model(new_cfg)):
-        if is_expert_path(path):
-            dp = dense_path(path)
-            params[path] = np.stack([np.asarray(p[dp]) for p in per_expert])
-        else:
-            params[path] = dense[path]
-    return _rebuild(dense_model, new_cfg, params)
-
-
-def read_spec(folder) -> MoTESpec | None:
-    """The MoTE spec of a model folder (``mote_config.json``), or None for a dense folder."""
-    from pathlib import Path
-
-    p = Path(folder) / CONFIG_FILE
-    if not p.exists():
-        return None
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise UserError(f"{p}: invalid JSON at line {e.lineno}: {e.msg}") from None
-    return MoTESpec.from_json(d, str(p))
