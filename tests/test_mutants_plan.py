@@ -1,6 +1,7 @@
-"""The curriculum walk of jaxembed/data/plan.py where its mutation run (docs/testing.md) found it untested: several
-rounds (epochs > 1, fractional epochs, step mode longer than one pass), the unit-size and compression boundaries, the
-empty walk, the dropped counts. Each test names the mutants it kills (line: original -> mutant). Pure numpy, < 1 s."""
+"""The curriculum walk of jaxembed/data/plan/ (curriculum.py, units.py) where its mutation run (docs/testing.md)
+found it untested: several rounds (epochs > 1, fractional epochs, step mode longer than one pass), the unit-size and
+compression boundaries, the empty walk, the dropped counts. Each test names the mutants it kills (line: original ->
+mutant). Pure numpy, < 1 s."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,8 @@ import pytest
 from data_fakes import make_store
 from jaxembed.data import plan as P
 from jaxembed.data.plan import build_plan, summarize
+from jaxembed.data.plan.curriculum import _compressed_batches
+from jaxembed.data.plan.units import _check_unit_size, _Unit
 from jaxembed.errors import UserError
 
 
@@ -44,7 +47,7 @@ def test_compressed_batches_by_hand():
     """_compressed_batches: largest remainders (`q - n` -> `q + n`), never past a unit's cap (`-np.inf` ->
     `+np.inf`), None when the steps cover a pass (`steps * G` -> `steps / G`), a cap sum equal to the steps is
     enough (`cap.sum() < steps` -> `<=`)."""
-    f = P._compressed_batches
+    f = _compressed_batches
     # q = 10 * (35, 45, 20) / 100 = (3.5, 4.5, 2): floors (3, 4, 2) + 1 to the first largest remainder
     np.testing.assert_array_equal(f(np.array([35, 45, 20]), 10, 1), [4, 4, 2])
     # caps (1, 12): q = (1.09, 10.9) -> floors (1, 10); the capped unit 0 cannot take the 12th batch
@@ -61,13 +64,13 @@ def test_unit_size_boundaries():
     """_check_unit_size: `0 < n < G` -> `0 < n <= G` (a unit of exactly one batch is fine) and -> `0 <= n < G` (an
     empty unit is no error); in a plan the check runs in the first round (`elif r == 0` -> `r == 1`)."""
     infos = make_store([("a", "A", 8, {})]).datasets
-    unit = P._Unit("A", "curriculum", [0])
-    P._check_unit_size(unit, 8, 8, infos, "curriculum unit")
-    P._check_unit_size(unit, 0, 8, infos, "curriculum unit")
+    unit = _Unit("A", "curriculum", [0])
+    _check_unit_size(unit, 8, 8, infos, "curriculum unit")
+    _check_unit_size(unit, 0, 8, infos, "curriculum unit")
     with pytest.raises(UserError, match="1 examples per pass"):  # `0 < n` -> `1 < n`
-        P._check_unit_size(unit, 1, 8, infos, "curriculum unit")
+        _check_unit_size(unit, 1, 8, infos, "curriculum unit")
     with pytest.raises(UserError, match="curriculum unit 'A'.*7 examples per pass, fewer than global_batch_size 8"):
-        P._check_unit_size(unit, 7, 8, infos, "curriculum unit")
+        _check_unit_size(unit, 7, 8, infos, "curriculum unit")
     store = make_store([("a", "A", 16, {}), ("b", "B", 6, {})])
     with pytest.raises(UserError, match="curriculum unit 'B'"):
         build_plan(store, {"global_batch_size": 8, "curriculum": _cur()}, task_order=["A", "B"])

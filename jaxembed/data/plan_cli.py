@@ -82,7 +82,7 @@ def apply_overrides(cfg: dict, items: list[str]) -> dict:
 
 def load_plan_config(spec: str | None):
     """(plan config as a plain dict, data config or None) from ``--config``."""
-    from jaxembed.data.plan import _config_dict
+    from jaxembed.data.plan.config import _config_dict
 
     if spec is None:
         return {}, None
