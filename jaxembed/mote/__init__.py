@@ -9,9 +9,10 @@ from jaxembed.mote.block import (
 )
 from jaxembed.mote.export import from_hf_experts, hf_expert_tensors, read_spec
 from jaxembed.mote.spec import (
-    CONFIG_FILE, DEFAULT_EXPERT, DEFAULT_EXPERTS, DEFAULT_ROUTING, FORMAT, PLACEMENTS, STATIC, TA_CL, WEIGHTS_FILE,
-    MoTESpec, check_experts, check_routing, mote_layers, routing_tables, spec_from_config, ta_cl, validate_config,
+    CONFIG_FILE, DEFAULT_EXPERT, DEFAULT_EXPERTS, DEFAULT_ROUTING, FORMAT, PLACEMENTS, WEIGHTS_FILE, MoTESpec,
+    check_experts, check_routing, mote_layers, routing_tables, spec_from_config, validate_config,
 )
+from jaxembed.mote.tacl import STATIC, TA_CL, ta_cl
 from jaxembed.mote.upcycling import _split_model, average_experts, extract_expert, get_spec, select_experts, upcycle
 
 __all__ = [
