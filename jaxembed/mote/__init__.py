@@ -1,7 +1,23 @@
-"""MoTE: Mixture of Task Experts (Romero et al. 2025, ``../shared/papers/mote.md``; DESIGN.md 2.3).
+"""MoTE: Mixture of Task Experts (Romero et al. 2025, ``../shared/papers/mote.md``; DESIGN.md 2.3; docs/mote.md).
 
-The package's modules are listed below; this file re-exports their public names, so ``jaxembed.mote.X`` works
-for every one of them.
+Every selected transformer block's feed-forward sublayer becomes |E| experts; a whole sequence goes through the
+expert of its task ("instruction type", MoTE 3.1): never per token, and queries and documents of one retrieval
+batch go through different experts (search query / search document). The modules, each importing only modules
+listed above it:
+
+- ``block``: the expert block ``MoTEFeedForward`` (weights stacked [E, ...]), the route it takes (``make_route``:
+  one expert per call, per row or per token) and the expert-stack parameter paths; what an expert is, and what
+  each routing path costs.
+- ``spec``: ``MoTESpec``: the experts, the MoTE layers and the routing (task type -> query expert, document
+  expert); the run config's ``model.mote`` section; the trainer's per-task routing tables.
+- ``tacl``: TA-CL (MoTE 3.2, App. D.2): each task type's batching strategy and contrastive temperature.
+- ``upcycling``: up-cycling a dense model (MoTE 3.1.1), and the way back to dense models: one expert's model,
+  expert averaging (App. B); a MoTE model with some of its experts.
+- ``export``: the experts in Hugging Face layout (the expert files of a full MoTE export, written and read).
+
+The model layer (``jaxembed.models``) never imports this package: the ``MoTESpec`` in an architecture config plugs
+into the feed-forward interface the backbones expose (``jaxembed.models.layers.feed_forward`` / ``mote_route``).
+This file re-exports the modules' public names: ``jaxembed.mote.X`` works for each of them.
 """
 
 from jaxembed.mote.block import (

@@ -1,17 +1,16 @@
-"""MoTE: Mixture of Task Experts (Romero et al. 2025, ``../shared/papers/mote.md``; DESIGN.md 2.3).
+"""The MoTE spec and its routing (MoTE 3.1: the routing R: I -> E; App. D.1; 5.3): which experts a model has,
+which blocks are MoTE blocks, and which expert a task uses.
 
-Every selected transformer block's feed-forward sublayer becomes |E| experts; a whole sequence goes through the
-expert of its task ("instruction type", MoTE 3.1): never per token, and queries and documents of one retrieval
-batch go through different experts (search query / search document). This module holds:
+Routing is by task, per whole sequence, never per token: a task type maps to one expert, and the queries and the
+documents of one retrieval batch go through different experts (search query / search document).
 
-- ``MoTESpec``: the experts, the MoTE layers and the routing (task type -> query expert, document expert);
-- ``MoTEFeedForward``: the expert block (weights stacked [E, ...]) and its routing by an expert id per row
-  (``jaxembed.mote.block``: what an expert is, the routing paths and their cost);
-- up-cycling (MoTE 3.1.1) from a dense model, expert averaging (Appendix B), per-expert dense extraction
-  (``jaxembed.mote.upcycling``), and the expert weights in Hugging Face layout (the full export / import,
-  ``jaxembed.mote.export``);
-- the training side: per-task routing tables for the trainer, and TA-CL (MoTE 3.2, App. D.2): each task
-  type's batching strategy and contrastive temperature (``jaxembed.mote.tacl``).
+- ``MoTESpec`` (the ``mote`` field of every architecture config): the experts, the MoTE layers (``mote_layers``:
+  every block or every other one), the routing (task type -> (query expert, document expert)) and the default
+  expert; ``expert_name`` / ``expert_for`` (task, side) are R. Its ``feed_forward`` and ``route`` are what the
+  model layer calls (``jaxembed.models.layers``), so the model layer never imports this package.
+- The run config's ``model.mote`` section: ``spec_from_config``, ``validate_config``.
+- ``routing_tables``: each plan task's query and document expert, for the trainer.
+- ``MoTESpec.to_json`` / ``from_json``: the ``mote_config.json`` of a full export (``jaxembed.mote.export``).
 """
 
 from __future__ import annotations
