@@ -53,9 +53,9 @@ MODULES = {
         timeout=300,
     ),
     "mote": dict(
-        files={"jaxembed/mote.py": ["mote_layers", "MoTESpec.index", "MoTESpec._route", "MoTESpec.experts_for",
-                                    "MoTESpec.expert_name", "MoTESpec.expert_for", "routing_tables",
-                                    "active_experts", "MoTEFeedForward.__call__", "make_route", "is_expert_path"],
+        files={"jaxembed/mote/spec.py": ["mote_layers", "MoTESpec.index", "MoTESpec._route", "MoTESpec.experts_for",
+                                         "MoTESpec.expert_name", "MoTESpec.expert_for", "routing_tables"],
+               "jaxembed/mote/block.py": ["active_experts", "MoTEFeedForward.__call__", "make_route", "is_expert_path"],
                "jaxembed/optim.py": ["_is_expert", "_num_experts", "_expert_view", "scale_by_routed_adam",
                                      "zero_idle_experts", "routed_adamw"]},
         tests=["tests/test_mote.py"],

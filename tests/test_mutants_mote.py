@@ -1,5 +1,5 @@
-"""MoTE routing (jaxembed/mote.py) and the routed optimizer's masking (jaxembed/optim.py) on toy inputs, against
-hand-written expectations and a float64 numpy AdamW: no model compile. The mutants each test kills
+"""MoTE routing (jaxembed/mote/spec.py, block.py) and the routed optimizer's masking (jaxembed/optim.py) on toy
+inputs, against hand-written expectations and a float64 numpy AdamW: no model compile. The mutants each test kills
 (docs/testing.md) are named in it."""
 
 import jax
