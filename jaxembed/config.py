@@ -148,6 +148,29 @@ def data_section(c: mc.ConfigDict) -> mc.ConfigDict:
     return d
 
 
+def load_data_config(spec: str):
+    """(data config, where) for the ``--config`` of ``jaxembed data prepare``: ``shared`` (every file of the shared
+    training data), or a config file's ``data`` section (or the data config itself when the file returns one)."""
+    from jaxembed.data.config import shared_train_config
+
+    if spec == "shared":
+        from jaxembed import paths
+
+        d = paths.shared_data_dir()
+        if not (d / "train").is_dir():
+            raise UserError(f"--config shared: {d / 'train'} does not exist (fix: set JAXEMBED_DATA to the shared "
+                            "data folder)")
+        return shared_train_config(d), "shared: data"
+    cfg = load_config_file(spec, also=", or 'shared'")
+    keys = set(cfg.keys()) if hasattr(cfg, "keys") else set()
+    if "data" in keys:
+        return data_section(cfg), f"{spec}: data"  # a run config: its data section without the run's 'store' key
+    if "datasets" in keys:
+        return cfg, f"{spec}: data"
+    raise UserError(f"{spec}: get_config() returned no 'data' field (fix: add config.data = a data config, see "
+                    "jaxembed.data.config.default_data_config)")
+
+
 def packing_enabled(c: mc.ConfigDict) -> bool:
     """``data.packing`` (True when a config file replaced ``config.data`` without it)."""
     return bool(c.data.get("packing", True))

@@ -1,16 +1,30 @@
-"""Run config files and what is written of them: ``load_config_file`` (``path/file.py[:arg]`` -> its
-``get_config(arg)``), ``apply_overrides`` (``--config.a.b=VALUE``), one-line errors for ml-collections' type errors
+"""Run config files and what is written of them: ``load_config_file`` (``PATH[:VARIANT]`` -> its
+``get_config(VARIANT)``), ``apply_overrides`` (``--config.a.b=VALUE``), one-line errors for ml-collections' type errors
 (``override_error``), and the resolved config of a run directory (``to_json``, ``write_resolved``). The defaults
-and the checks are ``jaxembed.config``, which re-exports these names."""
+and the checks are ``jaxembed.config``, which re-exports these names.
+
+The one loader of config files (``jaxembed train``, ``data prepare``, ``plan build``, ``score``, ``sweep``,
+``pretrain``): ``PATH[:VARIANT]`` is ml_collections' convention. The path is the whole text when such a file exists
+(a ':' in a folder name, a Windows drive), else the longest part before a ':' that is a file (``x.py:a:b`` passes
+``'a:b'``, as ml_collections does). ``get_config(VARIANT)``; without a variant (or an empty one, ``x.py:``)
+``get_config()`` when it can be called so (its own default applies), else ``get_config(None)``. Every call runs the
+file again (no cache: callers change the ConfigDict they get). The file runs as a module named
+``jaxembed_config_<stem>_<hash of its path>``, registered in ``sys.modules`` (dataclasses and pickle look classes up
+there); ``sys.path`` is left alone. Every error is one line with the fix: ``--config SPEC: ...`` for the argument
+(no such file, a folder, a variant get_config() cannot take), ``PATH:LINE: ...`` for an error in the file.
+"""
 
 from __future__ import annotations
 
 import ast
+import hashlib
+import importlib.machinery
 import importlib.util
 import inspect
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,39 +32,105 @@ import ml_collections as mc
 
 from jaxembed.errors import UserError, in_file, with_file
 
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://")
 
-def load_config_file(spec: str) -> mc.ConfigDict:
-    """``path/to/file.py[:arg]`` -> get_config(arg)."""
-    path, _, arg = spec.partition(":")
+
+def split_config_spec(spec: str) -> tuple[str, str | None]:
+    """``PATH[:VARIANT]`` -> (path, variant or None); see the module docstring. When no file matches, the path is
+    the longest part before a ':' that ends in ``.py``, else the part before the last ':' when what follows is no
+    path (``configs/x:tiny``), else the whole text (the caller reports it missing)."""
+    cuts = [i for i, ch in enumerate(spec) if ch == ":"]
+    if Path(spec).exists() or not cuts:
+        return spec, None
+    for i in reversed(cuts):
+        if Path(spec[:i]).is_file():
+            return spec[:i], spec[i + 1:] or None
+    for i in reversed(cuts):
+        if spec[:i].endswith(".py"):
+            return spec[:i], spec[i + 1:] or None
+    rest = spec[cuts[-1] + 1:]
+    if "/" not in rest and "\\" not in rest:
+        return spec[:cuts[-1]], rest or None
+    return spec, None
+
+
+def load_config_module(spec: str, also: str = ""):
+    """(module, path, variant) of a config file given as ``PATH[:VARIANT]``: the file run as a module. ``also``
+    names what else the flag takes, for the fix of a missing file (e.g. ``", or 'shared'"``)."""
+    path, variant = split_config_spec(spec)
     p = Path(path)
-    if not p.exists():
-        raise UserError(f"--config {path}: no such file (fix: e.g. --config configs/demo.py:tiny)")
-    spec_ = importlib.util.spec_from_file_location(f"jaxembed_config_{p.stem}", p)
-    module = importlib.util.module_from_spec(spec_)
+    if not p.is_file():
+        if p.is_dir():
+            what, fix = "is a folder, not a config file", "give a Python config file"
+        elif _URL.match(spec):
+            what, fix = "is a URL, config files are read from a local path", "download it and give its local path"
+        else:
+            what, fix = "no such file" + ("" if path == spec else f" {path}"), "give a Python config file"
+        raise UserError(f"--config {spec}: {what} (fix: {fix} as PATH or PATH:VARIANT, e.g. configs/demo.py:tiny"
+                        f"{also})")
+    digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:8]
+    name = "jaxembed_config_" + re.sub(r"\W", "_", p.stem) + "_" + digest
+    loader = importlib.machinery.SourceFileLoader(name, str(p))  # any file name, as ml_collections loads it
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+    sys.modules[name] = module  # while it runs too: @dataclass looks its module up there
     try:
-        spec_.loader.exec_module(module)
+        try:
+            loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
     except UserError as e:
-        raise UserError(with_file(e, p, "--config ")) from None
-    except Exception as e:
-        raise UserError(override_error(e, p, "--config ") or f"--config {in_file(e, p)}: the file failed to run "
+        raise UserError(with_file(e, p)) from None
+    except SyntaxError as e:
+        where = f"{e.filename or p}:{e.lineno}"
+        raise UserError(f"{where}: not valid Python ({e.msg}) (fix: correct that line)") from None
+    except Exception as e:  # noqa: BLE001 -- a broken config file is the user's to fix
+        raise UserError(override_error(e, p) or f"{in_file(e, p)}: the file failed to run "
                         f"({type(e).__name__}: {e})") from None
-    if not hasattr(module, "get_config"):
-        raise UserError(f"--config {path}: defines no get_config(arg=None)")
+    return module, path, variant
+
+
+def _needs_argument(fn) -> bool:
+    """Whether ``fn()`` (no argument) cannot be called but ``fn(x)`` can."""
     try:
-        params = inspect.signature(module.get_config).parameters
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        params = {"arg": None}
-    takes_arg = bool(params)
-    if arg and not takes_arg:
-        raise UserError(f"--config {spec}: get_config() takes no argument, so the variant {arg!r} cannot be passed "
-                        f"(fix: define get_config(arg=None) in {path}, or drop ':{arg}')")
+        return False
+    return bool(params) and params[0].default is inspect.Parameter.empty and params[0].kind in (
+        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _takes_argument(fn) -> bool:
     try:
-        cfg = module.get_config(arg or None) if takes_arg else module.get_config()  # ml_collections' get_config()
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
+
+
+def load_config_file(spec: str, also: str = "") -> mc.ConfigDict:
+    """``PATH[:VARIANT]`` -> ``get_config(VARIANT)`` of that Python file (see the module docstring)."""
+    module, path, variant = load_config_module(spec, also)
+    p = Path(path)
+    fn = getattr(module, "get_config", None)
+    if not callable(fn):
+        raise UserError(f"--config {path}: defines no get_config() (fix: define get_config(arg=None) returning a "
+                        "ConfigDict)")
+    if variant is not None and not _takes_argument(fn):
+        raise UserError(f"--config {spec}: get_config() takes no argument, so the variant {variant!r} cannot be "
+                        f"passed (fix: define get_config(arg=None) in {path}, or drop ':{variant}')")
+    try:
+        if variant is not None:
+            cfg = fn(variant)
+        else:
+            cfg = fn(None) if _needs_argument(fn) else fn()
     except UserError as e:  # e.g. dataset_config(tempreature=...): name the config file and line
-        raise UserError(with_file(e, p, "--config ")) from None
-    except Exception as e:
-        raise UserError(override_error(e, p, "--config ") or f"--config {in_file(e, p)}: get_config({arg!r}) failed "
-                        f"({type(e).__name__}: {e})") from None
+        raise UserError(with_file(e, p)) from None
+    except Exception as e:  # noqa: BLE001
+        raise UserError(override_error(e, p) or f"{in_file(e, p)}: get_config({variant!r}) "
+                        f"failed ({type(e).__name__}: {e})") from None
+    if cfg is None:
+        raise UserError(f"--config {path}: get_config() returned None (fix: end get_config with 'return config')")
     return cfg
 
 
@@ -59,19 +139,19 @@ _OVERRIDE = re.compile(r"Could not override field '([^']+)'.*is of original type
 
 
 
-def override_error(e: Exception, path: str | os.PathLike, prefix: str = "") -> str | None:
-    """One line, led by ``prefix`` + ``path:line``, for ml-collections' multi-line TypeError on assigning a value of
+def override_error(e: Exception, path: str | os.PathLike) -> str | None:
+    """One line, led by ``path:line``, for ml-collections' multi-line TypeError on assigning a value of
     another type to a config field (e.g. a dict to ``data.datasets``, a list); None for any other error."""
     m = _OVERRIDE.search(str(e)) if isinstance(e, TypeError) else None
     if m is None:
         return None
     field, given, kind = m.group(1), m.group(2).rsplit(".", 1)[-1], m.group(3).rsplit(".", 1)[-1]
     if field == "datasets" and given == "ConfigDict":
-        return (f"{prefix}{in_file(e, path)}: datasets is a list of dataset configs, a dict cannot be assigned to "
+        return (f"{in_file(e, path)}: datasets is a list of dataset configs, a dict cannot be assigned to "
                 "it (fix: c.data.datasets = datasets_from_dict({'name': 'path' or dict(path=..., ...), ...}), with "
                 "from jaxembed.data.config import datasets_from_dict)")
     given = "dict" if given == "ConfigDict" else given
-    return f"{prefix}{in_file(e, path)}: field '{field}' is a {kind}, a {given} cannot be assigned to it"
+    return f"{in_file(e, path)}: field '{field}' is a {kind}, a {given} cannot be assigned to it"
 
 
 def _parse_value(text: str, old: Any) -> Any:

@@ -2,7 +2,7 @@
 
 ``add_parsers(subparsers)`` adds the ``data`` command to the main parser; each sub-command sets ``func`` (returns
 the exit status; a UserError is printed on one line by the main CLI, exit status 2). This module parses arguments;
-the work is ``jaxembed.data.validate``, ``jaxembed.data.config_file`` and ``jaxembed.data.store``.
+the work is ``jaxembed.data.validate``, ``jaxembed.config.load_data_config`` and ``jaxembed.data.store``.
 
 - ``data validate FILE... [--format NAME] [--text-field F] [--label-field F] [--score-threshold X]``: checks every
   record, prints every problem (one per line: ``file:line: field 'x': what (fix: how)``) and a summary per file.
@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-from jaxembed.data.config_file import load_config_file, load_data_config  # noqa: F401 (load_config_file: re-exported)
 from jaxembed.data.validate import VALIDATE_FORMATS, check_paths, summary_line, validate_file
 
 
@@ -99,6 +98,7 @@ def cmd_validate(args) -> int:
 # ------------------------------------------------------------------------------------------------------ prepare
 
 def cmd_prepare(args) -> int:
+    from jaxembed.config import load_data_config
     from jaxembed.data.config import validate_data_config
     from jaxembed.data.store import write_store
 

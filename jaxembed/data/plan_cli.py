@@ -94,7 +94,7 @@ def load_plan_config(spec: str | None):
         if not isinstance(obj, dict):
             raise UserError(f"{spec}: expected a JSON object with the plan config fields")
         return (obj["plan"] if "plan" in obj else obj), obj.get("data")
-    from jaxembed.data.cli import load_config_file
+    from jaxembed.config import load_config_file
 
     cfg = load_config_file(spec)
     keys = set(cfg.keys()) if hasattr(cfg, "keys") else set()

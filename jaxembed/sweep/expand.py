@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import importlib.util
 import inspect
 import itertools
 import os
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxembed import config as cfglib
+from jaxembed.config_io import load_config_module
 from jaxembed.errors import UserError
 
 MANIFEST = "sweep.json"
@@ -131,15 +131,9 @@ def _hyper_groups(obj: Any, where: str) -> list[dict]:
 
 
 def load_hyper(config_spec: str) -> list[dict] | None:
-    """Call ``get_hyper(arg)`` of a config file (``file.py[:arg]``); None when the file defines none."""
-    path, _, arg = config_spec.partition(":")
-    p = Path(path)
-    spec = importlib.util.spec_from_file_location(f"jaxembed_sweep_{p.stem}", p)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        raise UserError(f"--config {path}: the file failed to run ({type(e).__name__}: {e})") from None
+    """Call ``get_hyper(arg)`` of a config file (``file.py[:arg]``, read as ``load_config_file`` reads it); None
+    when the file defines none."""
+    module, path, arg = load_config_module(config_spec)
     fn = getattr(module, "get_hyper", None)
     if fn is None:
         return None
