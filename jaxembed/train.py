@@ -17,14 +17,12 @@ its outcome (and fails with its error); Orbax writes checkpoints/ (each process 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import logging
 import math
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -44,6 +42,7 @@ from jaxembed.losses import CandidateInfo, LossOptions, QueryInfo, layout_pos_in
 from jaxembed.losses.infonce import contrastive_loss, query_terms
 from jaxembed.losses.matryoshka import matryoshka_loss
 from jaxembed.monitor import Monitor
+from jaxembed.signals import Interrupted, StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -491,88 +490,6 @@ def make_train_step(run: Run) -> Callable:
 # --------------------------------------------------------------------------------------------------- loop
 
 
-class Interrupted(BaseException):
-    """A stop signal inside ``_Signals.interruptible()`` (a BaseException, like KeyboardInterrupt, so that no
-    ``except Exception`` on the way swallows it)."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"signal {signum}")
-        self.signum = signum
-
-
-class _Signals:
-    """Stop requests (SIGTERM from a scheduler's preemption, SIGINT): the loop saves a checkpoint and stops at the
-    next step boundary.
-
-    One process: a Python handler sets a flag. Inside ``interruptible()`` (a dev evaluation, the export) the signal
-    raises ``Interrupted`` at once instead, so a preemption's grace period is not spent on work that the rerun
-    does again. Several processes: JAX's preemption service (started by jax.distributed) receives SIGTERM on any
-    host, and ``stop_at(step)`` becomes true on every process at the same step
-    (``multihost_utils.reached_preemption_sync_point``), so all save the same checkpoint and stop together; no
-    Python handler is installed then (it would take SIGTERM from that service)."""
-
-    def __init__(self, multi: bool = False):
-        self.multi = multi
-        self.received: int | None = None
-        self._old = {}
-        self._raise = False
-        self._warned = False
-
-    def __enter__(self):
-        if not self.multi:
-            for s in (signal.SIGTERM, signal.SIGINT):
-                try:
-                    self._old[s] = signal.signal(s, self._handle)
-                except ValueError:  # not the main thread
-                    pass
-        return self
-
-    def _handle(self, signum, frame):
-        again = self.received is not None
-        if not again:
-            self.received = signum
-        if self._raise:
-            self._raise = False
-            raise Interrupted(signum)
-        if again and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-
-    def stop_at(self, step: int) -> bool:
-        """Whether to save and stop after ``step`` (call it at every step, on every process)."""
-        if not self.multi:
-            return self.received is not None
-        from jax.experimental import multihost_utils
-
-        try:
-            hit = bool(multihost_utils.reached_preemption_sync_point(step))
-        except RuntimeError as e:  # jax_enable_preemption_service is off
-            if not self._warned:
-                log.warning("no preemption sync (%s): a SIGTERM stops the processes without a checkpoint", e)
-                self._warned = True
-            return False
-        if hit:
-            self.received = signal.SIGTERM
-        return hit
-
-    @contextlib.contextmanager
-    def interruptible(self):
-        """A signal inside raises Interrupted at once (one process; several: the block runs to its end)."""
-        if self.multi:
-            yield
-            return
-        if self.received is not None:
-            raise Interrupted(self.received)
-        self._raise = True
-        try:
-            yield
-        finally:
-            self._raise = False
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-
 def task_prompts(store) -> dict[str, str]:
     """Prompts of every task, keyed as mteb looks them up: ``{task}-query``, ``{task}-document`` and ``{task}``."""
     prompts = {}
@@ -784,7 +701,7 @@ def train(config, workdir: str | Path) -> dict:
 
     summary: dict = {}
     try:
-        with _Signals(multi) as sig:
+        with StopSignals(multi) as sig:
             if evaluator and c.eval.before and start == 0 and not _eval_logged(workdir, 0):
                 if evaluate_at(0, sig) is None:
                     status, stopped_in = "preempted", "the dev evaluation before training"

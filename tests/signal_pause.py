@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
         if prefix != "train" or at != step:
             return
         marker.write_text(str(at))
-        handler = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # jaxembed.train._Signals
+        handler = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # jaxembed.signals.StopSignals
         t0 = time.time()
         while handler is not None and handler.received is None and time.time() - t0 < 300:
             time.sleep(0.01)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -42,6 +41,7 @@ from jaxembed.pretrain import data as datalib
 from jaxembed.pretrain.config import DEFAULT_FIELDS, _err, default_config, validate  # noqa: F401 (re-exported)
 from jaxembed.pretrain.model import (BERT_FAMILY, RetroMAE, build_retromae, copy_head, load_mlm_head,
                                      retromae_loss)
+from jaxembed.signals import StopSignals
 from jaxembed.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -273,31 +273,6 @@ def to_device(run: Run, batch: dict) -> dict:
 
 # --------------------------------------------------------------------------------------------------- loop
 
-class _Signals:
-    """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and stops at the next step boundary."""
-
-    def __init__(self):
-        self.received: int | None = None
-        self._old = {}
-
-    def __enter__(self):
-        for s in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._old[s] = signal.signal(s, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signum
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-
 def encoder_model(run: Run, params) -> Any:
     """The trained encoder as an EmbeddingModel (export pooling and normalisation) from train-state params."""
     from jaxembed.models.embedding import EmbeddingModel, HeadConfig
@@ -345,7 +320,7 @@ def pretrain(config, workdir: str | Path, *, max_steps: int | None = None) -> di
     t_interval = last_save = time.time()
     stop_at = total if max_steps is None else min(total, start + int(max_steps))
     try:
-        with _Signals() as sig:
+        with StopSignals() as sig:
             for step in range(start, stop_at):
                 host = batch_at(run, step)
                 batch = to_device(run, host)

@@ -21,6 +21,7 @@ from typing import Any
 
 from jaxembed import paths
 from jaxembed.errors import UserError
+from jaxembed.signals import StopSignals
 from jaxembed.sweep.expand import MANIFEST, Sweep, SweepRun
 
 STATUS = "status.json"
@@ -123,31 +124,17 @@ class _Tee(io.TextIOBase):
             st.flush()
 
 
-class _StopSignals:
+class _StopSignals(StopSignals):
     """While a subprocess run is going: SIGTERM / SIGINT are passed on to it as SIGTERM (it saves a checkpoint and
-    exits 143); the sweep then stops."""
+    exits 143); the sweep then stops (a second signal is passed on too)."""
 
     def __init__(self):
+        super().__init__()
         self.proc = None
-        self.received = None
-        self._old = {}
 
-    def __enter__(self):
-        for s in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._old[s] = signal.signal(s, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        self.received = signum
+    def on_signal(self, signum, again):
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signal.signal(s, h)
 
 
 def train_command(sw: Sweep, run: SweepRun, launcher: str | None = None) -> list[str]:
