@@ -46,7 +46,7 @@ MODULES = {
         timeout=240,
     ),
     "train_step": dict(
-        files={"jaxembed/train.py": ["make_train_step.step"], "jaxembed/optim.py": ["keep_unless"]},
+        files={"jaxembed/train_step.py": ["make_train_step.step"], "jaxembed/optim.py": ["keep_unless"]},
         tests=["tests/test_train.py"],
         new_tests=["tests/test_mutants_train_step.py"],
         k="nonfinite",

@@ -1,0 +1,157 @@
+"""The train step: ``make_train_step(run)`` builds the jitted ``step(state, batch) -> (state, metrics)`` of a run
+(jaxembed.train_setup.Run), with its loss function: the batch encoded (jaxembed.train_encode: padded or packed
+rows, the gradient cache, MoTE's experts), each row's loss (jaxembed.losses.objective, Matryoshka, the GIST guide's
+mask), the gradients, the optimizer update (jaxembed.optim), and a non-finite step skipped (the state unchanged
+but its counters). The train state is described in jaxembed.train.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxembed import optim, parallel, train_encode
+from jaxembed.losses import CandidateInfo, LossOptions, QueryInfo, layout_pos_index, tiled_terms
+from jaxembed.losses.infonce import contrastive_loss, query_terms
+from jaxembed.losses.matryoshka import matryoshka_loss
+
+if TYPE_CHECKING:
+    from jaxembed.train import Run
+
+
+def make_train_step(run: Run) -> Callable:
+    """step(state, batch, single_task=False) -> (state, metrics), jitted. The batch's loss: each row follows its
+    dataset's loss kind (jaxembed.losses.objective; jaxembed.loss_setup says how that stays static under jit), with
+    distillation and the GIST guide's mask when configured."""
+    from jaxembed.loss_setup import make_loss_setup
+    from jaxembed.losses import objective as objlib
+    from jaxembed.losses.gist import guide_infos
+
+    c = run.config
+    K = run.K
+    setup_ = make_loss_setup(run)
+    objective, kind_table, guide = setup_.objective, setup_.kind_of_dataset, setup_.guide
+    terms_fn = tiled_terms(c.loss.block_q, c.loss.block_c) if c.loss.tiled else query_terms
+    chunk = c.train.gradcache_chunk or None
+    default_temp = float(c.loss.temperature)
+    graphdef, rest = run.graphdef, run.rest
+    routes = None if run.routes is None else tuple(np.asarray(r, np.int32) for r in run.routes)
+    num_experts = run.loaded.model.config.mote.num_experts if routes is not None else 0
+    inject = tuple(int(s) for s in c.train.inject_nonfinite_steps)
+    dims, dim_ws = tuple(c.loss.matryoshka_dims), tuple(c.loss.matryoshka_weights)
+    mesh = run.mesh
+    opts = {k: LossOptions(same_task=c.loss.same_task_mask, peg=k == "peg") for k in objective.contrastive}
+    sharded_loss = {k: parallel.shard_map_loss(mesh, terms_fn=terms_fn, opts=opts[k], symmetric=c.loss.symmetric,
+                                               peg_alpha=c.loss.peg_alpha, peg_beta=c.loss.peg_beta)
+                    for k in objective.contrastive} if c.loss.impl == "shard_map" else None
+
+    sub_tokens = run.packing.sub_tokens if run.packing is not None else (0, 0)
+    if run.packing is not None and run.packing.combined and routes is not None:
+        assert np.array_equal(routes[0], routes[1]), "a combined pack needs the same query and document experts"
+
+    def embed(merge, params, batch, keys=(None, None), experts=(None, None), one_expert=False):
+        """Queries [B, D] and candidates [B*K, D] of a padded or packed batch (jaxembed.train_encode); one_expert:
+        every row has the same expert (MoTE's fast path, jaxembed.mote)."""
+        return train_encode.embed_batch(merge, params, batch, K=K, mesh=mesh, keys=keys, experts=experts,
+                                        one_expert=one_expert, chunk=chunk, sub_tokens=sub_tokens)
+
+    def expert_ids(batch):
+        """MoTE: the expert of each query [B] and each candidate [B * K], by the row's task (MoTE 3.1)."""
+        t = batch["task_id"]
+        return jnp.asarray(routes[0])[t], jnp.repeat(jnp.asarray(routes[1])[t], K)
+
+    def guide_embeddings(guide_params, batch):
+        """GIST: the frozen guide's embeddings of the queries [B, G] and candidates [B*K, G] (no gradient)."""
+        gq, gd = embed(lambda p: nnx.merge(guide[0], p), guide_params, batch)
+        return jax.lax.stop_gradient(gq), jax.lax.stop_gradient(gd)
+
+    def loss_fn(params, batch, key, peg_t, single_task=False, guide_emb=None, frozen=None):
+        kq = kd = None
+        if c.train.dropout:
+            kq, kd = jax.random.split(key)
+        experts = expert_ids(batch) if routes is not None else (None, None)
+        base = rest if frozen is None else frozen  # LoRA: the frozen base weights come in as an input
+        eq, ed = embed(lambda p: nnx.merge(graphdef, p, base), params, batch, (kq, kd), experts, single_task)
+        b = eq.shape[0]
+        pos = layout_pos_index(b, K)
+        t = batch["temperature"]
+        temp = jnp.where(jnp.isnan(t), default_temp, t)
+        row_kind = jnp.asarray(kind_table)[batch["dataset_id"]] if objective.mixed else None
+        valid = objlib.candidate_valid(objective, batch["doc_valid"], row_kind, K)  # scored rows: no candidates
+        ci = CandidateInfo(valid, batch["doc_hash"], jnp.repeat(batch["task_id"], K))
+        qi = QueryInfo(pos_hash=batch["doc_hash"][::K], task=batch["task_id"], hash=batch["query_hash"])
+        if guide_emb is not None:  # GIST: candidates the guide finds as close as the positive are masked
+            gq, gc, limit = guide_infos(guide_emb[0], guide_emb[1], pos, float(c.loss.gist_margin),
+                                        c.loss.gist_margin_strategy)
+            qi, ci = qi._replace(guide=gq, guide_limit=limit), ci._replace(guide=gc)
+        weights = batch["weight"]
+
+        def contrastive(q, d, pos_, w, kind):
+            if sharded_loss is not None:
+                return sharded_loss[kind](q, d, pos_, w, qi, ci, peg_t, temp)
+            return contrastive_loss(q, d, pos_, temperature=temp, weights=w, qi=qi, ci=ci, opts=opts[kind],
+                                    symmetric=c.loss.symmetric, peg_t_prev=peg_t, peg_alpha=c.loss.peg_alpha,
+                                    peg_beta=c.loss.peg_beta, terms_fn=terms_fn)
+
+        kw = dict(objective=objective, contrastive=contrastive, weights=weights, temperature=temp, row_kind=row_kind,
+                  teacher=batch["teacher_score"].reshape(b, K) if objective.distill != "none" else None,
+                  cand_valid=batch["doc_valid"], pair_score=batch["pair_score"] if objective.scored else None,
+                  peg_t_prev=peg_t)
+        if dims:
+            loss, metrics = matryoshka_loss(eq, ed, pos, dims=dims, dim_weights=dim_ws, loss_fn=objlib.total_loss,
+                                            **kw)
+        else:
+            loss, metrics = objlib.total_loss(eq, ed, pos, **kw)
+        if inject:  # a real non-finite step: loss and every gradient NaN (nan * dloss), as a bf16 overflow gives
+            bad = jnp.any(jnp.asarray(inject) == batch["step"])
+            loss = loss * jnp.where(bad, jnp.nan, 1.0)
+        return loss, metrics
+
+    def step(state, batch, single_task=False, guide_params=None, frozen=None):
+        """single_task (static): every row of the batch has one task (MoTE: one expert per encode call);
+        guide_params: the GIST guide's (frozen: an input, not in the optimizer); frozen: LoRA's base weights (an
+        input, not a constant baked into the program; never differentiated)."""
+        key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+        guide_emb = None if guide_params is None else guide_embeddings(guide_params, batch)
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch, key,
+                                                                           state["peg_t"], single_task, guide_emb,
+                                                                           frozen)
+        gnorm = optax.global_norm(grads)
+        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+        extra = {}
+        if routes is not None:  # only the routed experts are updated (jaxembed.optim.routed_adamw)
+            from jaxembed import mote
+
+            extra["active"] = mote.active_experts(num_experts, *expert_ids(batch))
+        updates, new_opt = run.tx.update(grads, state["opt_state"], state["params"], **extra)
+        new_params = optax.apply_updates(state["params"], updates)
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+        peg_t = metrics.get("peg_t", state["peg_t"])
+        new_state = {  # a skipped step changes nothing but the counters (the schedule's too: lr = schedule(step))
+            "params": keep(new_params, state["params"]),
+            "opt_state": optim.keep_unless(ok, new_opt, state["opt_state"]),
+            "step": state["step"] + 1,
+            "rng": state["rng"],
+            "peg_t": jnp.where(ok, peg_t, state["peg_t"]),
+            "nonfinite": jnp.where(ok, 0, state["nonfinite"] + 1),
+            "skipped": state["skipped"] + (~ok).astype(jnp.int32),
+        }
+        out = {k: v for k, v in metrics.items()}
+        out.update(loss=loss, grad_norm=gnorm, lr=run.schedule(state["step"]), ok=ok, temperature=temp_of(batch))
+        return new_state, out
+
+    def temp_of(batch):
+        t = batch["temperature"]
+        return jnp.where(jnp.isnan(t), default_temp, t)
+
+    jitted = jax.jit(step, donate_argnums=(0,), static_argnames=("single_task",))
+    fixed = {} if guide is None else {"guide_params": guide[1]}
+    if run.lora is not None:  # the frozen base weights (run.rest, placed on the mesh by setup), as plain arrays: merge
+        fixed["frozen"] = nnx.to_pure_dict(rest)  # then makes their variables in the step's trace (nnx.remat needs it)
+    return functools.partial(jitted, **fixed) if fixed else jitted
