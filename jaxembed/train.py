@@ -13,32 +13,37 @@ the same moment. Each file of the run directory has one writer and the others wa
 the table is in docs/reliability.md): process 0 writes config.json / config.txt, store/, plan.npz / plan.json,
 plan_lengths.npz, metrics.jsonl, tensorboard/, init_from/, export/ and summary.json, every other process waits for
 its outcome (and fails with its error); Orbax writes checkpoints/ (each process its shards, process 0 the rest).
+
+This module is the loop (``train``: the loader, checkpoints, logging, the dev evaluation, stop signals); the
+parts it runs are, in order: jaxembed.train_setup (config -> ``Run``: model, mesh, store, plan, optimizer;
+``init_state``; the loader's length table; ``export_from_workdir``), jaxembed.train_step (``make_train_step``:
+the jitted step and its loss), jaxembed.train_metrics (the logged figures: throughput, MFU, ``step_flops``),
+jaxembed.signals (SIGTERM / SIGINT), jaxembed.train_export (the export and its model card). Their public names
+are importable from here too (``from jaxembed.train import setup, init_state, make_train_step, step_flops``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import hf, lora, optim, parallel, runfiles, train_encode
+from jaxembed import parallel, runfiles
 from jaxembed.checkpointing import Checkpointer
 from jaxembed.errors import UserError
 from jaxembed.monitor import Monitor
 from jaxembed.signals import Interrupted, StopSignals
-from jaxembed.train_export import _host_model, export_params, host_params, run_card, task_prompts
+from jaxembed.train_export import export_params, host_params, run_card, task_prompts  # noqa: F401 (re-exported)
 from jaxembed.train_metrics import _host_metrics, step_flops
+from jaxembed.train_setup import (  # noqa: F401 (re-exported: `from jaxembed.train import X` keeps working)
+    Run, _check_workdir, export_from_workdir, init_source, init_state, load_model, model_kwargs, pow2_lengths,
+    prepare_plan, prepare_store, setup, step_table)
 from jaxembed.train_step import make_train_step
 
 log = logging.getLogger(__name__)
@@ -48,323 +53,10 @@ class TrainingStopped(UserError):
     """The run stopped on purpose (non-finite steps); the message names step and task."""
 
 
-@dataclasses.dataclass
-class Run:
-    config: Any
-    workdir: Path
-    mesh: Any
-    loaded: hf.Loaded
-    store: Any
-    plan: Any
-    graphdef: Any
-    rest: Any
-    tx: Any
-    schedule: Callable
-    K: int
-    routes: tuple[np.ndarray, np.ndarray] | None = None  # MoTE: expert of each plan task's queries / documents [T]
-    packing: Any = None  # jaxembed.data.pipeline.Packing of the run's batches (data.packing), None = padded
-    lora: Any = None  # jaxembed.lora.LoRASpec (model.lora): params = the adapters, rest = the frozen base; None = off
-    lora_base: str = ""  # LoRA: the base model (folder or hub id) the adapters apply to (the PEFT export's base)
-
-    @property
-    def task_names(self) -> list[str]:
-        return list(self.plan.task_names) if hasattr(self.plan, "task_names") else []
-
-
-# ------------------------------------------------------------------------------------------------ set-up
-
-
-def _check_workdir(config, workdir: Path) -> None:
-    prev = workdir / "config.json"
-    if not prev.exists():
-        return
-    # the old config through today's defaults: a key added to jaxembed since that run takes its default, so adding a
-    # config key does not make earlier runs unresumable
-    old = json.loads(cfglib.to_json(cfglib.from_json(json.dumps(_read_config_json(prev)))))
-    new = json.loads(cfglib.to_json(config))
-    keys = ("model", "data", "plan", "loss", "optim")
-    diffs = [k for k in keys if old.get(k) != new.get(k)]
-    diffs += [f"train.{k}" for k in ("seed", "gradcache_chunk", "dropout")
-              if old.get("train", {}).get(k) != new["train"].get(k)]
-    if diffs:
-        raise UserError(f"{workdir} holds a run with a different config ({', '.join(diffs)} differ). Resuming needs "
-                        "the same config (fix: use a new --workdir, or the run's own config.json)")
-
-
-def _read_config_json(path: Path) -> dict:
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not a valid config ({e}); the run directory's config is damaged (fix: restore "
-                        "it from config.txt by hand, or use a new --workdir)") from None
-    if not isinstance(old, dict):
-        raise UserError(f"{path}: not a config object (fix: use a new --workdir)")
-    return old
-
-
-def _same_config_as_main(config, workdir: Path) -> None:
-    """On processes other than 0: the config process 0 wrote must be this process's own (all hosts of a pod run
-    the same --config and overrides)."""
-    if runfiles.is_main():
-        return
-    written = _read_config_json(workdir / "config.json")
-    mine = json.loads(cfglib.to_json(config))
-    diffs = sorted(k for k in set(written) | set(mine) if written.get(k) != mine.get(k))
-    if diffs:
-        raise UserError(f"process {runfiles.process_index()} has another config than process 0 ({', '.join(diffs)} "
-                        "differ) (fix: start every process with the same --config and --config.KEY=VALUE overrides)")
-
-
-def prepare_store(config, workdir: Path):
-    """The dataset store: ``data.store``, or ``<workdir>/store`` written once by process 0 (write_store writes a
-    temporary folder and renames it into place); the other processes open it when it is complete."""
-    from jaxembed.data.store import Store, write_store
-
-    if config.data.store:
-        return Store.open(config.data.store)
-    store_dir = workdir / "store"
-
-    def write():
-        if (store_dir / "manifest.json").exists():
-            return
-        with runfiles.writing("preparing the dataset store", store_dir,
-                              fix="run the same command again (the store is prepared from the start)"):
-            report = write_store(cfglib.data_section(config), store_dir)
-        log.info("prepared the dataset store: %s", report.summary() if hasattr(report, "summary") else report)
-
-    runfiles.main_first("store", write)
-    return Store.open(store_dir)
-
-
-def prepare_plan(config, store, workdir: Path):
-    """The batch plan: every process builds it (a pure function of data, config and seed); process 0 saves
-    plan.npz (or checks a saved one); the others then check that process 0 built the same plan."""
-    from jaxembed.data.plan import Plan, build_plan
-
-    plan = build_plan(store, config.plan, data_config=cfglib.data_section(config))
-    path = workdir / "plan.npz"
-    fingerprint = plan.fingerprint()
-
-    def save_or_check():
-        if path.exists():
-            saved = Plan.load(path)
-            if saved.fingerprint() != fingerprint:
-                raise UserError(f"{path}: the saved plan differs from the one the config builds (the data or the "
-                                "plan config changed); fix: use a new --workdir")
-        else:
-            with runfiles.writing("saving the batch plan", path):
-                plan.save(path)
-
-    def same_as_main():
-        if runfiles.is_main():
-            return
-        side = path.with_suffix(".json")
-        theirs = json.loads(side.read_text(encoding="utf-8")).get("fingerprint")
-        if theirs != fingerprint:
-            raise UserError(f"process {runfiles.process_index()} built another batch plan than process 0 "
-                            f"(fingerprint {fingerprint} vs {theirs} in {side}): the hosts read different data "
-                            "(fix: every host must see the same data files)")
-
-    runfiles.main_first("plan", save_or_check)
-    runfiles.all_agree("plan-check", same_as_main)
-    return plan
-
-
-def setup(config, workdir: str | Path) -> Run:
-    """Validate, join the other processes (a pod), create the run directory, load the model, the store and the
-    plan, build the optimizer."""
-    cfglib.validate(config)
-    parallel.initialize()  # before any other JAX call: every process of a pod joins here
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-
-    def write_config():
-        n = runfiles.process_count()
-        if n > 1 and config.eval.tasks:  # checked here, so that every process stops with this error
-            raise UserError(f"config.eval.tasks = {tuple(config.eval.tasks)}: dev evaluation during training runs in "
-                            f"a single process, not on {n} (fix: set --config.eval.tasks=() for the pod run and "
-                            "evaluate its export with `jaxembed eval`)")
-        _check_workdir(config, workdir)
-        with runfiles.writing("writing the config", workdir / "config.json"):
-            cfglib.write_resolved(config, workdir)
-
-    lora_spec = lora.spec_from_config(config)
-    if lora_spec is not None:  # a target regex that matches no layer: a one-line error before anything is written
-        lora.check_targets(config)
-    runfiles.main_first("config", write_config)  # process 0 checks the old config and writes the new one
-    runfiles.all_agree("config-check", lambda: _same_config_as_main(config, workdir))
-    mesh = parallel.make_mesh(config.train.mesh_data, config.train.mesh_fsdp)
-    kw = model_kwargs(config)
-    source = init_source(config, workdir)
-    loaded = load_model(config, source=source, **kw)
-    if lora_spec is not None:  # the adapters apply to these base weights only: a resume on others is an error
-        runfiles.main_first("lora-base", lambda: lora.check_base(workdir, lora.base_fingerprint(loaded.model),
-                                                                 source))
-    store = prepare_store(config, workdir)
-    plan = prepare_plan(config, store, workdir)
-    K = 1 + max(int(d.num_negatives) for d in store.datasets)
-    spec = getattr(loaded.model.config, "mote", None)
-    routes = None
-    if spec is not None:
-        from jaxembed import mote
-
-        task_types = {}
-        for d in store.datasets:
-            task_types.setdefault(d.task, d.task_type)
-        routes = mote.routing_tables(spec, list(plan.task_names), task_types)
-    graphdef, params, rest = nnx.split(loaded.model, lora.TRAINABLE if lora_spec is not None else nnx.Param, ...)
-    if lora_spec is not None:  # the frozen base weights: an input of the step, placed (FSDP-sharded) once here
-        rest = jax.device_put(rest, _shardings(mesh, config.train.param_sharding, rest, pure=False))
-    pure = nnx.to_pure_dict(params)
-    total = plan.steps
-    warmup = config.optim.warmup_steps if config.optim.warmup_steps >= 0 else int(config.optim.warmup_ratio * total)
-    tx, sched = optim.make_optimizer(
-        pure, lr=config.optim.lr, total_steps=total, warmup_steps=warmup, schedule_kind=config.optim.schedule,
-        weight_decay=config.optim.weight_decay, b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps,
-        grad_clip=config.optim.grad_clip, freeze=tuple(config.optim.freeze), end_factor=config.optim.end_factor,
-        routed=spec is not None)
-    packing = None
-    if cfglib.packing_enabled(config):
-        from jaxembed.data.pipeline import packing_for
-
-        # queries and candidates in one pack, unless MoTE routes some task's queries and documents to different
-        # experts (then two packs keep one expert per encode call, jaxembed.mote)
-        combined = routes is None or bool(np.array_equal(routes[0], routes[1]))
-        packing = packing_for(store, plan, loaded.tokenizer, shards=train_encode.row_shards(mesh), combined=combined,
-                              hidden_size=int(getattr(loaded.model.config, "hidden_size", 0) or 0),
-                              gradcache_chunk=config.train.gradcache_chunk, num_candidates=K)
-    base = source if not Path(os.path.expanduser(str(source))).is_dir() else str(Path(source).expanduser().resolve())
-    return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes, packing, lora_spec,
-               base if lora_spec is not None else "")
-
-
-def init_source(config, workdir: str | Path) -> str:
-    """The folder (or hub id) the run's weights come from: ``model.name``, or ``model.init_from`` (a previous
-    stage): a run's ``export/``; a run without one is exported from its latest checkpoint into
-    ``<workdir>/init_from`` (once; process 0 decides whether that is needed and writes it, every process takes
-    part in restoring the checkpoint); or a model folder. Only step 0 reads it: a resumed run restores its own
-    checkpoint."""
-    src = config.model.get("init_from") if "init_from" in config.model else ""
-    if not src:
-        return config.model.name
-    p = Path(os.path.expanduser(str(src)))
-    if not (p / "checkpoints").is_dir():
-        return str(p)  # a model folder
-    if (p / "export" / "config.json").is_file():
-        return str(p / "export")
-    out = Path(workdir) / "init_from"
-    need = runfiles.broadcast("init_from", "no" if (out / "config.json").is_file() else "yes") == "yes"
-    if need:
-        if runfiles.is_main():
-            print(f"model.init_from: exporting the latest checkpoint of {p} to {out}", flush=True)
-        export_from_workdir(p, out, lora_export="merged")  # a LoRA stage: its merged weights (no PEFT folder)
-    return str(out)
-
-
 def dev_eval_due(step: int, every: int, total: int) -> bool:
     """Whether the dev evaluation runs after ``step`` (of ``total``): every ``every`` steps and at the last step;
     ``every = 0``: at the last step only (``eval.every``)."""
     return bool((every and step % every == 0) or step == total)
-
-
-def model_kwargs(config) -> dict:
-    """The run config's ``model.*`` settings that shape the loaded model (``hf.load``'s keyword arguments)."""
-    kw = dict(dtype=config.model.dtype, param_dtype=config.model.param_dtype, remat=config.model.remat)
-    if config.model.max_length:
-        kw["max_length"] = config.model.max_length
-    if config.model.pooling:
-        kw["pooling"] = config.model.pooling
-    if config.model.causal is not None:
-        kw["causal"] = config.model.causal
-    if "attention" in config.model:
-        kw["attention"] = config.model.attention  # the attention kernel (jaxembed.models.attention)
-    return kw
-
-
-def load_model(config, source: str | None = None, **kw) -> hf.Loaded:
-    """The run's model: ``source`` (default ``config.model.name``) loaded with ``kw``; with
-    ``model.mote.enabled``, up-cycled into task experts (MoTE 3.1.1), or a MoTE export whose experts match the
-    config. With ``model.lora.enabled``, LoRA adapters wrap the targeted linear layers (jaxembed.lora; after MoTE's
-    up-cycling: adapters per expert), initialised from ``train.seed``."""
-    loaded = _load_base(config, source or config.model.name, **kw)
-    spec = lora.spec_from_config(config)
-    if spec is not None:
-        lora.apply(loaded.model, spec, seed=int(config.train.seed))
-    return loaded
-
-
-def _load_base(config, source: str, **kw) -> hf.Loaded:
-    m = config.model.mote if "mote" in config.model else None
-    if m is None or not m.enabled:
-        loaded = hf.load(source, **kw)
-        if getattr(loaded.model.config, "mote", None) is not None:
-            raise UserError(f"the model {source!r} is a MoTE model (task experts) but "
-                            "config.model.mote.enabled is False (fix: set model.mote.enabled=True, or start from a "
-                            "dense model, e.g. `jaxembed export --model ... --average-experts`)")
-        return loaded
-    from jaxembed import mote
-    from jaxembed.models import config_from_hf
-
-    folder = hf.resolve(source)
-    st = hf.read_sentence_transformers(folder)
-    try:
-        num_layers = config_from_hf(json.loads((st.transformer_dir / "config.json").read_text())).num_layers
-    except (OSError, ValueError, TypeError) as e:
-        raise UserError(f"{st.transformer_dir / 'config.json'}: cannot read the model config ({e})") from None
-    return hf.load(folder, mote=mote.spec_from_config(m, num_layers), **kw)
-
-
-def _shardings(mesh, strategy: str, state, pure: bool = True) -> Any:
-    """NamedShardings of an nnx state's variables from their logical axes (``parallel.param_specs``), as a pure
-    dict (pure=True) or an nnx state."""
-    specs = parallel.param_specs(state, mesh, strategy)
-    shard = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs,
-                         is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-    return nnx.to_pure_dict(shard) if pure and isinstance(shard, nnx.State) else shard
-
-
-def _param_shardings(run: Run, params_state) -> Any:
-    return _shardings(run.mesh, run.config.train.param_sharding, params_state)
-
-
-def init_state(run: Run) -> dict:
-    """The initial train state, placed on the mesh: params replicated or FSDP-sharded, and the optimizer's
-    parameter-shaped leaves (Adam's moments) sharded like their parameters. LoRA: params = the adapters only."""
-    _, params_state, _ = nnx.split(run.loaded.model, lora.TRAINABLE if run.lora is not None else nnx.Param, ...)
-    pure = nnx.to_pure_dict(params_state)
-    shardings = _param_shardings(run, params_state)
-    pure = jax.device_put(pure, shardings)
-    rep = parallel.replicated(run.mesh)
-    opt_state = jax.jit(run.tx.init, out_shardings=optim.state_shardings(run.tx, pure, shardings, rep))(pure)
-    state = {
-        "params": pure,
-        "opt_state": opt_state,
-        "step": jnp.asarray(0, jnp.int32),
-        "rng": jax.random.key_data(jax.random.key(run.config.train.seed)),
-        "peg_t": jnp.asarray(0.0, jnp.float32),
-        "nonfinite": jnp.asarray(0, jnp.int32),
-        "skipped": jnp.asarray(0, jnp.int32),
-    }
-    return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1
-                        else jax.device_put(x, rep), state)
-
-
-# --------------------------------------------------------------------------------------------------- loop
-
-
-def step_table(run: Run, cache: Path) -> dict[str, np.ndarray]:
-    """The plan's per-step text lengths (and packed rows, ``data.packing``): process 0 computes them (tokenizing
-    the plan) and writes the cache; the others read it when it is complete."""
-    from jaxembed.data.pipeline import cached_step_table
-
-    def compute():
-        with runfiles.writing("writing the length table", cache):
-            return cached_step_table(run.store, run.plan, run.loaded.tokenizer, cache, packing=run.packing,
-                                     num_candidates=run.K)
-
-    out = runfiles.main_first("lengths", compute)
-    return out if out is not None else cached_step_table(run.store, run.plan, run.loaded.tokenizer, cache,
-                                                         packing=run.packing, num_candidates=run.K)
 
 
 def _eval_logged(workdir: Path, step: int) -> bool:
@@ -554,13 +246,6 @@ def train(config, workdir: str | Path) -> dict:
     return summary
 
 
-def pow2_lengths(lengths: np.ndarray, smallest: int = 16) -> np.ndarray:
-    """Round each step's longest text up to a power of two (>= smallest): the loader then pads to one of
-    16 / 32 / 64 / ... (or the maximum length), so a run compiles its step for a handful of shapes."""
-    x = np.maximum(np.asarray(lengths), smallest)
-    return (2 ** np.ceil(np.log2(x))).astype(np.int32)
-
-
 def _nonfinite_message(run: Run, step: int, first: int, count: int, task: int) -> str:
     names = getattr(run.plan, "task_names", None)
     task_name = names[task] if names is not None and 0 <= task < len(names) else "mixed"
@@ -588,54 +273,3 @@ def make_evaluator(run: Run):
                 if isinstance(v, (int, float))}
 
     return evaluator
-
-
-def export_from_workdir(workdir: str | Path, out: str | Path, step: int | None = None, *, task: str | None = None,
-                        average_experts: bool = False, name: str | None = None, lora_export: str | None = None) -> Path:
-    """Export a checkpoint of a run (the latest, or ``step``) as a HF / sentence-transformers folder.
-
-    MoTE runs: the full export (every expert), or with ``task`` the plain dense folder of that task's expert, or
-    with ``average_experts`` the expert-averaged dense folder (MoTE App. B). LoRA runs: ``model.lora.export``, or
-    ``lora_export`` (merged / adapter / both); ``task`` and ``average_experts`` take the merged weights."""
-    if task is not None and average_experts:
-        raise UserError("export: give --task or --average-experts, not both")
-    workdir = Path(workdir)
-    cfg_file = workdir / "config.json"
-    if not cfg_file.exists():
-        raise UserError(f"{workdir}: not a jaxembed run directory (no config.json)")
-    config = cfglib.from_json(cfg_file.read_text())
-    run = setup(config, workdir)
-    ckpt = Checkpointer(workdir / "checkpoints", async_save=False)
-    steps = ckpt.all_steps()
-    if not steps:
-        raise UserError(f"{workdir / 'checkpoints'}: no checkpoint to export")
-    step = steps[-1] if step is None else step
-    if step not in steps:
-        raise UserError(f"--step {step}: no such checkpoint (have: {', '.join(map(str, steps))})")
-    try:
-        state = ckpt.restore(step, init_state(run))
-    except Exception as e:
-        raise UserError(f"{workdir / 'checkpoints' / str(step)}: unreadable checkpoint ({type(e).__name__}: "
-                        f"{' '.join(str(e).split())[:300]}) (fix: export another step with --step)") from None
-    finally:
-        ckpt.close()
-    params = host_params(state["params"])  # every process; then process 0 writes the folder, the others wait
-    from jaxembed import export as exportlib
-
-    def write():
-        with runfiles.writing("writing the export", out):
-            if task is None and not average_experts:
-                return export_params(run, params, Path(out), step=step, name=name, lora_export=lora_export)
-            model = _host_model(run, params)
-            if run.lora is not None:
-                model = lora.merged(model)
-            kw = dict(hf_config=run.loaded.hf_config, prompts={**run.loaded.st.prompts, **task_prompts(run.store)},
-                      similarity_fn_name=run.loaded.st.similarity_fn_name)
-            kind = f"expert {task}" if task is not None else "averaged"
-            kw["model_card"] = run_card(run, model, kw["prompts"], step=step, name=name, kind=kind)
-            if task is not None:
-                return exportlib.export_expert(model, run.loaded.tokenizer, Path(out), task, **kw)
-            return exportlib.export_averaged(model, run.loaded.tokenizer, Path(out), **kw)
-
-    runfiles.main_first("export-from-workdir", write)
-    return Path(out)

@@ -1,7 +1,7 @@
 """A run's export (the Hugging Face / sentence-transformers folder; jaxembed.export writes it): its parameters
 fetched to the host (``host_params``, a collective on a pod), the model with them (``_host_model``; LoRA: with
 the frozen base), the prompts of every task (``task_prompts``), its model card (``run_card``), and
-``export_params``, which writes the folder. ``jaxembed.train.export_from_workdir`` exports a run directory's
+``export_params``, which writes the folder. ``jaxembed.train_setup.export_from_workdir`` exports a run directory's
 checkpoint with them (``jaxembed export``, ``model.init_from``).
 """
 
@@ -17,7 +17,7 @@ from jaxembed import config as cfglib
 from jaxembed import lora, runfiles
 
 if TYPE_CHECKING:
-    from jaxembed.train import Run
+    from jaxembed.train_setup import Run
 
 
 def task_prompts(store) -> dict[str, str]:

@@ -14,7 +14,7 @@ from jaxembed import flops as flopslib
 from jaxembed import train_encode
 
 if TYPE_CHECKING:
-    from jaxembed.train import Run
+    from jaxembed.train_setup import Run
 
 
 def _host_metrics(pending: list, run: Run, t_start: float, flops_per_step: list) -> tuple[dict, list]:

@@ -22,7 +22,7 @@ from jaxembed.losses.infonce import contrastive_loss, query_terms
 from jaxembed.losses.matryoshka import matryoshka_loss
 
 if TYPE_CHECKING:
-    from jaxembed.train import Run
+    from jaxembed.train_setup import Run
 
 
 def make_train_step(run: Run) -> Callable:
