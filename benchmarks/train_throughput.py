@@ -57,10 +57,8 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,560 +66,44 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+from _harness.models import MODELS, model_folder  # noqa: E402
+from _harness.proc import (LineWorker, cpu_s, device_info, log, pin_threads, public_argv, run_worker,  # noqa: E402
+                           script_argv, worker_env)
+from _harness.recipe import TEMPERATURE, load_recipe, natural_store  # noqa: E402
+from _harness.steps import K, peak_flops, serve_natural, step_flops, worker_jaxembed, worker_st  # noqa: E402
 from _record import record_line, save_result  # noqa: E402
 
-K = 2               # candidates per query: the positive and one hard negative
 _START_LOAD = os.getloadavg()[0]
-TEMPERATURE = 0.05  # ST scale 20
 MAX_CANDIDATES = 80_000
 THREADS = [0]       # --threads (CPU), set in main
 CACHE = [ROOT / "runs" / "bench_models"]  # --cache, set in main
-
-BERT_BASE = dict(model_type="bert", vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                 intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2, hidden_act="gelu",
-                 hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, layer_norm_eps=1e-12, pad_token_id=0)
-QWEN2_05B = dict(model_type="qwen2", vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, intermediate_size=4864, max_position_embeddings=32768, rope_theta=1e6,
-                 rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=True, attention_dropout=0.0,
-                 use_sliding_window=False, sliding_window=None, max_window_layers=24)
-MODELS = {"minilm": None, "bert-base": BERT_BASE, "qwen2-0.5b": QWEN2_05B}
-
-
-# ------------------------------------------------------------------------------------------------ models
-
-
-def model_folder(name: str, cache: Path) -> Path:
-    """all-MiniLM-L6-v2's folder, or a sentence-transformers folder with a random-weight model of that size
-    (written once; transformers' default initialisation, seed 0; mean pooling + normalisation; the MiniLM
-    tokenizer, which only has to load: the benchmark feeds token ids)."""
-    from jaxembed import paths
-
-    if name == "minilm":
-        return paths.demo_model_dir()
-    out = cache / name
-    if (out / "modules.json").exists():
-        return out
-    import torch
-    from sentence_transformers import SentenceTransformer, models
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
-
-    cfg = dict(MODELS[name])
-    hf_dir = out.with_name(out.name + ".hf")
-    torch.manual_seed(0)
-    model = AutoModel.from_config(AutoConfig.for_model(**cfg))
-    model.save_pretrained(hf_dir)
-    AutoTokenizer.from_pretrained(str(paths.demo_model_dir())).save_pretrained(hf_dir)
-    tr = models.Transformer(str(hf_dir), max_seq_length=512)
-    st = SentenceTransformer(modules=[tr, models.Pooling(cfg["hidden_size"], "mean"), models.Normalize()],
-                             device="cpu")
-    st.save(str(out))
-    import shutil
-
-    shutil.rmtree(hf_dir)
-    return out
-
-
-def synthetic_ids(rows: int, length: int, vocab: int, seed: int):
-    """int32 [rows, length] token ids in [1000, vocab), distinct rows (no false negatives to mask)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return rng.integers(1000, min(vocab, 30000), size=(rows, length), dtype=np.int32)
 
 
 # ------------------------------------------------------------------------------------------------ workers
 
 
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
-
-
-def _rss_now_mib() -> float:
-    """Resident memory now (VmRSS): after the timed steps, the steady-state footprint without the one-time peak
-    of compilation that the high-water mark includes."""
-    try:
-        for line in open("/proc/self/status", encoding="utf-8"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return float("nan")
-
-
-def _cpu_s() -> float:
-    """CPU seconds of this process (all threads, user + system)."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def worker_jaxembed(folder: str, B: int, lq: int, ld: int, chunk: int, steps: int, warmup: int) -> dict:
-    import jax
-    import numpy as np
-    from flax import nnx
-
-    from jaxembed import hf, optim, parallel
-    from jaxembed.config import default_config
-    from jaxembed.data.pipeline import to_global
-    from jaxembed.train import Run, init_state, make_train_step
-
-    gpu = jax.default_backend() != "cpu"
-    dtype = "bfloat16" if gpu else "float32"
-    loaded = hf.load(folder, dtype=dtype, param_dtype="float32", max_length=max(lq, ld))
-    c = default_config()
-    c.model.name = folder
-    c.model.dtype = dtype
-    c.loss.temperature = TEMPERATURE
-    c.plan.global_batch_size = B
-    c.train.gradcache_chunk = chunk
-    c.train.dropout = True
-    if chunk and gpu:
-        c.loss.tiled = True  # with the cache, the [B, N] logits are what is left: tile them as the README says
-    graphdef, params, rest = nnx.split(loaded.model, nnx.Param, ...)
-    tx, sched = optim.make_optimizer(nnx.to_pure_dict(params), lr=2e-5, total_steps=10_000, warmup_steps=0,
-                                     weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip)
-    mesh = parallel.make_mesh(-1, 1)
-    # the trainer reads the loss of each dataset from a store and a plan: the snli store (one dataset, infonce)
-    from jaxembed import config as cfglib
-    from jaxembed.data.plan import build_plan
-    from jaxembed.data.store import Store
-
-    store = Store.open(natural_store("snli", 64, Path(os.environ.get("BENCH_CACHE", ROOT / "runs" / "bench_models"))))
-    plan = build_plan(store, c.plan, data_config=cfglib.data_section(natural_config("snli", folder, B, 64, 10, False)))
-    run = Run(c, Path("."), mesh, loaded, store, plan, graphdef, rest, tx, sched, K)
-    state = init_state(run)
-    step = make_train_step(run)
-    vocab = loaded.hf_config["vocab_size"]
-    n = B * K
-    host = {
-        "query_input_ids": synthetic_ids(B, lq, vocab, 1), "query_attention_mask": np.ones((B, lq), np.int32),
-        "query_prompt_length": np.zeros(B, np.int32),
-        "doc_input_ids": synthetic_ids(n, ld, vocab, 2), "doc_attention_mask": np.ones((n, ld), np.int32),
-        "doc_prompt_length": np.zeros(n, np.int32), "doc_valid": np.ones(n, bool),
-        "doc_hash": np.stack([np.arange(n, dtype=np.uint32) + 1, np.zeros(n, np.uint32)], 1),
-        "query_hash": np.stack([np.arange(B, dtype=np.uint32) + 1, np.ones(B, np.uint32)], 1),
-        "task_id": np.zeros(B, np.int32), "dataset_id": np.zeros(B, np.int32), "weight": np.ones(B, np.float32),
-        "example_index": np.arange(B, dtype=np.int64), "temperature": np.array(np.nan, np.float32),
-        "step": np.array(0, np.int64),
-    }
-    batch = to_global(host, parallel.batch_sharding(mesh))
-    rss_loaded = _peak_rss_mib()
-    t0 = time.perf_counter()
-    step = step.lower(state, batch).compile()  # ahead of time: the RSS high-water of compilation on its own
-    compile_s, rss_compiled = time.perf_counter() - t0, _peak_rss_mib()
-    try:
-        ma = step.memory_analysis()
-        xla_mib = (ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes) / 2**20
-    except Exception:  # not every backend reports it
-        xla_mib = None
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        state, m = step(state, batch)
-    jax.block_until_ready(m["loss"])
-    warm_s = time.perf_counter() - t0
-    times, cpu0 = [], _cpu_s()
-    for _ in range(steps):  # one sync per step: the step time is honest, the loop's dispatch overlap is small
-        t0 = time.perf_counter()
-        state, m = step(state, batch)
-        jax.block_until_ready(m["loss"])
-        times.append(time.perf_counter() - t0)
-    cpu = _cpu_s() - cpu0
-    dev = jax.devices()[0]
-    out = {"device": f"{dev.platform}:{dev.device_kind}", "times_s": times, "warmup_s": warm_s, "cpu_s": cpu,
-           "loss": float(m["loss"]), "peak_rss_mib": _peak_rss_mib(), "rss_after_load_mib": rss_loaded,
-           "rss_after_compile_mib": rss_compiled, "compile_s": compile_s, "rss_end_mib": _rss_now_mib(),
-           "xla_step_buffers_mib": xla_mib, "precision": dtype, "dim": int(loaded.model.dim),
-           "params": int(sum(x.size for x in jax.tree.leaves(nnx.to_pure_dict(params))))}
-    if gpu:
-        stats = dev.memory_stats() or {}
-        out["device_peak_mib"] = stats.get("peak_bytes_in_use", 0) / 2**20
-    return out
-
-
-def worker_st(folder: str, B: int, lq: int, ld: int, chunk: int, steps: int, warmup: int) -> dict:
-    import contextlib
-
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.losses import (CachedMultipleNegativesRankingLoss,
-                                                                   MultipleNegativesRankingLoss)
-    from torch import nn
-    from transformers.trainer_pt_utils import get_parameter_names
-
-    gpu = torch.cuda.is_available()
-    device = "cuda" if gpu else "cpu"
-    threads = int(os.environ.get("BENCH_THREADS", "0"))
-    if threads and not gpu:
-        torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = SentenceTransformer(folder, device=device)
-    model.max_seq_length = max(lq, ld)
-    model.train()
-    if chunk:
-        loss_fn = CachedMultipleNegativesRankingLoss(model, scale=1.0 / TEMPERATURE, mini_batch_size=chunk)
-    else:
-        loss_fn = MultipleNegativesRankingLoss(model, scale=1.0 / TEMPERATURE)
-    vocab = model[0].auto_model.config.vocab_size
-    import inspect
-
-    with_tt = "token_type_ids" in inspect.signature(model[0].auto_model.forward).parameters
-
-    def feats(ids):
-        t = torch.as_tensor(ids, dtype=torch.long, device=device)
-        f = {"input_ids": t, "attention_mask": torch.ones_like(t)}
-        if with_tt:
-            f["token_type_ids"] = torch.zeros_like(t)
-        return f
-
-    q = synthetic_ids(B, lq, vocab, 1)
-    d = synthetic_ids(B * K, ld, vocab, 2)
-    features = [feats(q), feats(d[0::K]), feats(d[1::K])]  # anchor, positive, negative
-    decay = set(get_parameter_names(model, [nn.LayerNorm],
-                                    [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]))
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    opt = torch.optim.AdamW([{"params": [p for n, p in named if n in decay], "weight_decay": 0.01},
-                             {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}], lr=2e-5)
-    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if gpu else contextlib.nullcontext
-    sync = torch.cuda.synchronize if gpu else (lambda: None)
-
-    def one_step():
-        with amp():
-            loss = loss_fn(features, None)
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    rss_loaded = _peak_rss_mib()
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        loss = one_step()
-    sync()
-    warm_s = time.perf_counter() - t0
-    times, cpu0 = [], _cpu_s()
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        loss = one_step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    cpu = _cpu_s() - cpu0
-    out = {"device": f"cuda:{torch.cuda.get_device_name()}" if gpu else "cpu:cpu", "times_s": times,
-           "warmup_s": warm_s, "cpu_s": cpu, "loss": float(loss.detach()), "peak_rss_mib": _peak_rss_mib(),
-           "rss_after_load_mib": rss_loaded, "rss_end_mib": _rss_now_mib(),
-           "precision": "bfloat16 autocast" if gpu else "float32",
-           "torch_threads": torch.get_num_threads(), "params": int(sum(p.numel() for p in model.parameters()))}
-    if gpu:
-        out["device_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
-    return out
-
-
 def spawn(tool: str, folder: Path, B: int, lq: int, ld: int, chunk: int, steps: int, warmup: int,
           timeout: float | None = None) -> dict:
     """Run one worker in a fresh process; -> its result, or {"error": ...} (out of memory, timeout, crash)."""
-    return _spawn_argv(["--_worker", json.dumps([tool, str(folder), B, lq, ld, chunk, steps, warmup])], timeout)
+    argv = script_argv(__file__, "--_worker", json.dumps([tool, str(folder), B, lq, ld, chunk, steps, warmup]))
+    return run_worker(argv, _worker_env(), timeout)
 
 
 def _worker_env() -> dict:
-    """A worker's environment: the store cache, and on CPU the same cores and compute threads for every tool
-    (the worker pins itself to the first --threads cores)."""
-    env = dict(os.environ, BENCH_CACHE=str(CACHE[0]))
-    if THREADS[0]:
-        n = THREADS[0]
-        env.update(BENCH_THREADS=str(n), OMP_NUM_THREADS=str(n), MKL_NUM_THREADS=str(n))
-        if n == 1:
-            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
-    return env
+    """The environment of a worker of the current thread setting (--threads) and --cache."""
+    return worker_env(THREADS[0], CACHE[0])
 
 
-def _spawn_argv(worker_args: list[str], timeout: float | None = None) -> dict:
-    argv = [sys.executable, str(Path(__file__).resolve()), *worker_args]
-    env = _worker_env()
-    t0 = time.time()
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout:.0f}s"}
-    for line in reversed(p.stdout.splitlines()):
-        if line.startswith("RESULT "):
-            res = json.loads(line[7:])
-            res["wall_s"] = time.time() - t0
-            return res
-    tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
-    return {"error": f"exit {p.returncode}: " + " | ".join(tail)}
+def natural_worker(tool: str, params: list, extra_env: dict | None = None) -> LineWorker:
+    """A serve_natural process of ``tool`` (steps.serve_natural: READY, run [I] -> TIMES, end -> RESULT)."""
+    argv = script_argv(__file__, "--_natural", json.dumps([tool, *params]))
+    return LineWorker(tool, argv, {**_worker_env(), **(extra_env or {})})
 
 
 # ------------------------------------------------------------------------------------------------ natural lengths
 
-NATURAL_DATA = ("snli", "demo")
 NATURAL_TOOLS = ("jaxembed-packed", "jaxembed-padded", "st")
 BUSY_LOAD = 2.5  # a figure measured while the 1-minute load average was above this is labelled busy
-
-
-def natural_config(data: str, folder: str, B: int, max_len: int, plan_steps: int, packing: bool, store: str = ""):
-    """The trainer's config for the natural-length setting: ``snli`` (shared snli_triplets: premise -> entailment,
-    contradiction as the hard negative) or ``demo`` (configs/demo.py's 14 datasets, their instructions, sampling
-    and one hard negative); every text at most ``max_len`` tokens, ``B`` queries, AdamW (the defaults: weight decay
-    0.01, clip 1.0), temperature 0.05, dropout on, float32; data.packing as given (``jaxembed train``'s default is
-    True)."""
-    import importlib.util
-
-    from jaxembed import paths
-    from jaxembed.config import default_config
-    from jaxembed.data.config import dataset_config
-
-    if data == "demo":
-        spec = importlib.util.spec_from_file_location("demo_config", ROOT / "configs" / "demo.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        c = mod.get_config()
-        for d in c.data.datasets:
-            d.max_query_length = d.max_doc_length = max_len
-    elif data == "snli":
-        c = default_config()
-        c.data.datasets = [dataset_config(name="snli", path=str(paths.shared_data_dir() / "train" /
-                                                                "snli_triplets.jsonl"),
-                                          task_type="nli", num_negatives=1, max_query_length=max_len,
-                                          max_doc_length=max_len)]
-    else:
-        raise SystemExit(f"error: --natural-data {data!r}: unknown (known: {', '.join(NATURAL_DATA)})")
-    c.model.name = str(folder)
-    c.model.max_length = max_len
-    c.data.store = store
-    c.data.packing = bool(packing)
-    c.plan.global_batch_size = B
-    c.plan.steps = plan_steps
-    c.loss.temperature = TEMPERATURE
-    c.train.dropout = True
-    c.eval.tasks, c.eval.every, c.eval.best_metric, c.eval.before = (), 0, "", False
-    c.export.at_end = False
-    return c
-
-
-def natural_store(data: str, max_len: int, cache: Path) -> Path:
-    """The dataset store of the setting (written once under --cache; every tool reads the same rows from it)."""
-    from jaxembed import config as cfglib
-    from jaxembed.data.store import write_store
-
-    out = cache / f"store_{data}_{max_len}"
-    if not (out / "manifest.json").exists():
-        write_store(cfglib.data_section(natural_config(data, "unused", 8, max_len, 1, True)), out)
-    return out
-
-
-def natural_texts(c, steps: int) -> list[dict]:
-    """The texts of the plan's first ``steps`` steps, as the loader builds them (instruction + text, the chosen
-    positive and negatives): per step {"anchor": [...], "positive": [...], "negative_1": [...], ...}; an empty
-    negative slot is the empty text (jaxembed encodes the empty text there too)."""
-    import numpy as np
-
-    from jaxembed import config as cfglib
-    from jaxembed.data.pipeline import _fetch, _row_items, _Tables
-    from jaxembed.data.plan import build_plan
-    from jaxembed.data.store import Store
-    from jaxembed.tokenizer import Tokenizer
-
-    store = Store.open(c.data.store)
-    plan = build_plan(store, c.plan, data_config=cfglib.data_section(c))
-    tok = Tokenizer.from_folder(c.model.name, c.model.max_length)
-    tables = _Tables(store.datasets, tok, np.unique(plan.dataset_ids).tolist())
-    G, K_ = plan.global_batch_size, tables.K
-    out = []
-    for s in range(steps):
-        ds, ex = plan.dataset_ids[s], plan.example_ids[s]
-        q, d, _, _ = _row_items(tables, _fetch(store, ds, ex), ds, np.arange(G), s, plan.seed,
-                                plan.config.get("negatives", "first"))
-        cols = {"anchor": [t for t, _ in q]}
-        for j in range(K_):
-            cols["positive" if j == 0 else f"negative_{j}"] = [d[r * K_ + j][0] if d[r * K_ + j] is not None else ""
-                                                              for r in range(G)]
-        out.append(cols)
-    return out
-
-
-class NaturalJaxembed:
-    """jaxembed's trainer as ``jaxembed train`` runs it (setup, the step table, pow2 length buckets, the loader's
-    packed or padded batches, the jitted step) on the plan's first ``steps`` batches."""
-
-    def __init__(self, folder: str, data: str, B: int, max_len: int, plan_steps: int, steps: int, packing: bool,
-                 store: str):
-        import tempfile
-
-        from jaxembed import parallel
-        from jaxembed.data.pipeline import batch_stats, make_loader, to_global
-        from jaxembed.train import init_state, make_train_step, pow2_lengths, setup, step_table
-
-        c = natural_config(data, folder, B, max_len, plan_steps, packing, store)
-        run = setup(c, tempfile.mkdtemp(prefix="bench_natural_"))
-        # the plan's length table, kept beside the store (keyed by plan, tokenizer and packing: a stale file is
-        # recomputed), so that a restarted worker (--natural-resident 1) does not tokenize the plan again
-        name = f"lengths_{Path(folder).name}_{B}_{plan_steps}_{'packed' if packing else 'padded'}.npz"
-        table = step_table(run, Path(store).parent / name)
-        lengths = tuple(pow2_lengths(x) for x in (table["query_len"], table["doc_len"]))  # length_buckets="pow2"
-        loader = make_loader(run.store, run.plan, run.loaded.tokenizer, lengths=lengths, num_candidates=run.K,
-                             packing=run.packing, pack_table=table if run.packing is not None else None)
-        host = [loader.batch(s) for s in range(steps)]
-        self.stats = [batch_stats(b, loader.batcher.shards if run.packing is not None else 1) for b in host]
-        self.shapes = sorted({tuple(loader.batcher.shape(s)) for s in range(steps)})
-        self.run_shapes = loader.shapes.get("packed_shapes")
-        self.batches = [to_global(b, parallel.batch_sharding(run.mesh)) for b in host]
-        self.packing, self.run = bool(packing), run
-        self.layout = ("one pack" if run.packing.combined else "two packs") if run.packing is not None else "padded"
-        self.state = init_state(run)
-        self.step = make_train_step(run)
-        self.rss_loaded = _peak_rss_mib()
-        self.loss = float("nan")
-
-    def one(self, b) -> None:
-        import jax
-
-        self.state, m = self.step(self.state, b)
-        self.loss = float(jax.block_until_ready(m["loss"]))
-
-    def info(self) -> dict:
-        import jax
-
-        real = sum(x["tokens"] for x in self.stats)
-        slots = sum(x["padded_tokens"] for x in self.stats)
-        cache = getattr(self.step, "_cache_size", None)
-        dev = jax.devices()[0]
-        return {"device": f"{dev.platform}:{dev.device_kind}", "real_tokens": real, "token_slots": slots,
-                "real_fraction": real / slots, "shapes": [list(x) for x in self.shapes],
-                "run_shapes": [list(x) for x in self.run_shapes] if self.run_shapes else None,
-                "compiled_programs": cache() if callable(cache) else None, "packing": self.packing,
-                "layout": self.layout, "loss": self.loss, "rss_after_load_mib": self.rss_loaded}
-
-
-class NaturalST:
-    """sentence-transformers on the same texts: (anchor, positive, negative_1, ...) columns, each tokenized with
-    its own dynamic padding (ST's collator: the longest text of the column in the batch), stock
-    MultipleNegativesRankingLoss at scale 20, AdamW with the Trainer's weight-decay groups, clipping 1.0."""
-
-    def __init__(self, folder: str, data: str, B: int, max_len: int, plan_steps: int, steps: int, store: str):
-        import torch
-        from sentence_transformers import SentenceTransformer
-        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-        from torch import nn
-        from transformers.trainer_pt_utils import get_parameter_names
-
-        c = natural_config(data, folder, B, max_len, plan_steps, True, store)
-        cols = natural_texts(c, steps)
-        threads = int(os.environ.get("BENCH_THREADS", "0"))
-        if threads:
-            torch.set_num_threads(threads)
-        torch.manual_seed(0)
-        model = SentenceTransformer(folder, device="cpu")
-        model.max_seq_length = max_len
-        model.train()
-        self.loss_fn = MultipleNegativesRankingLoss(model, scale=1.0 / TEMPERATURE)
-        self.batches, self.real, self.slots = [], 0, 0
-        for step_cols in cols:
-            f = []
-            for texts in step_cols.values():
-                t = model.tokenize(texts)
-                self.real += int(t["attention_mask"].sum())
-                self.slots += int(t["attention_mask"].numel())
-                f.append(t)
-            self.batches.append(f)
-        decay = set(get_parameter_names(model, [nn.LayerNorm], [r"bias", r"layernorm", r"rmsnorm",
-                                                                r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]))
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW([{"params": [p for n, p in named if n in decay], "weight_decay": 0.01},
-                                      {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}],
-                                     lr=2e-5)
-        self.model = model
-        self.rss_loaded = _peak_rss_mib()
-        self.loss = float("nan")
-
-    def one(self, f) -> None:
-        import torch
-
-        loss = self.loss_fn(f, None)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        self.loss = float(loss.detach())
-
-    def info(self) -> dict:
-        import torch
-
-        return {"device": "cpu:cpu", "real_tokens": self.real, "token_slots": self.slots,
-                "real_fraction": self.real / self.slots, "loss": self.loss, "rss_after_load_mib": self.rss_loaded,
-                "torch_threads": torch.get_num_threads()}
-
-
-def serve_natural(spec: str) -> None:
-    """Worker process of the natural section: build the tool's trainer and its batches, run each batch once
-    (compilation, allocator), answer READY; then on each ``run`` line run every batch once more (``run I``: batch I
-    only), timed (wall and this process's CPU seconds), and answer TIMES; on ``end`` answer RESULT (memory, token
-    counts) and exit."""
-    tool, folder, data, B, max_len, plan_steps, steps, store = json.loads(spec)
-    if tool == "st":
-        w = NaturalST(folder, data, B, max_len, plan_steps, steps, store)
-    else:
-        w = NaturalJaxembed(folder, data, B, max_len, plan_steps, steps, tool == "jaxembed-packed", store)
-    t0 = time.perf_counter()
-    for b in w.batches:
-        w.one(b)
-    ready = {"warmup_s": time.perf_counter() - t0, "peak_rss_mib": _peak_rss_mib(), "rss_mib": _rss_now_mib()}
-    print("READY " + json.dumps(ready), flush=True)
-    for line in sys.stdin:
-        cmd, _, arg = line.strip().partition(" ")
-        if cmd == "run":
-            times, cpu0 = [], _cpu_s()
-            for b in ([w.batches[int(arg)]] if arg else w.batches):
-                t0 = time.perf_counter()
-                w.one(b)
-                times.append(time.perf_counter() - t0)
-            print("TIMES " + json.dumps({"times_s": times, "cpu_s": _cpu_s() - cpu0}), flush=True)
-        elif cmd == "end":
-            print("RESULT " + json.dumps({**w.info(), **ready, "peak_rss_mib": _peak_rss_mib(),
-                                          "rss_end_mib": _rss_now_mib()}), flush=True)
-            return
-
-
-class NaturalWorker:
-    """The parent's handle on one serve_natural process (stdin / stdout lines; stderr to a file, its tail on error)."""
-
-    def __init__(self, tool: str, params: list, extra_env: dict | None = None):
-        import tempfile
-
-        self.tool = tool
-        self.err = tempfile.TemporaryFile(mode="w+")
-        argv = [sys.executable, str(Path(__file__).resolve()), "--_natural", json.dumps([tool, *params])]
-        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
-                                  bufsize=1, env={**_worker_env(), **(extra_env or {})})
-        self.t0 = time.time()
-
-    def _answer(self, prefix: str) -> dict:
-        for line in self.p.stdout:
-            if line.startswith(prefix + " "):
-                return json.loads(line[len(prefix) + 1:])
-        self.p.wait()
-        self.err.seek(0)
-        tail = self.err.read().strip().splitlines()[-3:]
-        raise RuntimeError(f"{self.tool}: exit {self.p.returncode}: " + " | ".join(tail))
-
-    def ready(self) -> dict:
-        return self._answer("READY")
-
-    def run(self, batch: int | None = None) -> dict:
-        self.p.stdin.write("run\n" if batch is None else f"run {batch}\n")
-        self.p.stdin.flush()
-        return self._answer("TIMES")
-
-    def end(self) -> dict:
-        self.p.stdin.write("end\n")
-        self.p.stdin.flush()
-        out = self._answer("RESULT")
-        self.p.wait()
-        out["wall_s"] = time.time() - self.t0
-        return out
-
-    def kill(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait()
 
 
 def natural_phases(tools: list[str], resident: int) -> list[list[str]]:
@@ -644,7 +126,7 @@ def measure_natural(tools: list[str], params: list, steps: int, rounds: int, res
     batches, load average); ``rounds``: every record."""
     if resident == 1:
         return _measure_restarting(tools, params, steps, rounds, log)
-    workers: dict[str, NaturalWorker] = {}
+    workers: dict[str, LineWorker] = {}
     out: dict[str, dict] = {t: {"rounds": []} for t in tools}
     records = []
     phases = natural_phases(tools, resident)
@@ -653,7 +135,7 @@ def measure_natural(tools: list[str], params: list, steps: int, rounds: int, res
             for t in phase:
                 if t not in workers:
                     log(f"  starting {t}")
-                    workers[t] = NaturalWorker(t, params)
+                    workers[t] = natural_worker(t, params)
                     r = workers[t].ready()
                     log(f"  {t}: ready (warm-up {r['warmup_s']:.0f} s, RSS {r['rss_mib'] / 1024:.2f} GiB)")
             for k in range(rounds):
@@ -698,7 +180,7 @@ def _measure_restarting(tools: list[str], params: list, steps: int, rounds: int,
         for t in tools[k % len(tools):] + tools[:k % len(tools)]:
             w = None
             try:
-                w = NaturalWorker(t, params, extra_env=env)
+                w = natural_worker(t, params, extra_env=env)
                 ready = w.ready()
                 load = os.getloadavg()[0]
                 r = w.run()
@@ -852,47 +334,6 @@ def natural_figures(rows: list[dict]) -> list[str]:
 # ------------------------------------------------------------------------------------------------ figures
 
 
-def device_info() -> dict:
-    """The machine: CPU model and cores; the accelerator (from nvidia-smi, without starting a framework)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cpu_count": os.cpu_count(), "gpu": None}
-    try:
-        p = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=20)
-        if p.returncode == 0 and p.stdout.strip():
-            info["gpu"] = p.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return info
-
-
-def peak_flops(device: str) -> float | None:
-    from jaxembed.flops import PEAK_FLOPS
-
-    for name, v in PEAK_FLOPS.items():
-        if name.lower() in device.lower():
-            return v
-    return None
-
-
-def step_flops(folder: Path, B: int, lq: int, ld: int, cached: bool) -> float:
-    """Analytic FLOPs of one step (jaxembed.flops.train_step_flops) from the folder's config.json."""
-    from jaxembed import models
-    from jaxembed.flops import train_step_flops
-    from jaxembed.hf import read_sentence_transformers
-
-    st = read_sentence_transformers(folder)
-    cfg = models.config_from_hf(json.loads((st.transformer_dir / "config.json").read_text()))
-    return train_step_flops(cfg, B, lq, B * K, ld, cfg.hidden_size, cached)
-
-
 def figures(res: dict, B: int, lq: int, ld: int, flops: float, warmup: int = 1) -> dict:
     if "error" in res or not res["times_s"]:  # failed, or a memory-only run (no timed step)
         return res
@@ -1021,14 +462,9 @@ def section_loader(args, step_row: dict | None, log) -> dict:
     from jaxembed.data.store import Store, write_store
     from jaxembed.tokenizer import Tokenizer
 
-    sys.path.insert(0, str(ROOT / "configs"))
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("demo_config", ROOT / "configs" / "demo.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config()
     from jaxembed import config as cfglib
+
+    c = load_recipe("configs/demo.py")
 
     store_dir = Path(args.cache) / "store"
     if not (store_dir / "manifest.json").exists():
@@ -1110,15 +546,11 @@ def main():
     args = ap.parse_args()
 
     if args._natural:
-        n = int(os.environ.get("BENCH_THREADS", "0"))
-        if n and hasattr(os, "sched_setaffinity"):  # before any framework starts its thread pools
-            os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:n]))
+        pin_threads()
         return serve_natural(args._natural)
     if args._worker:
         tool, folder, B, lq, ld, chunk, steps, warmup = json.loads(args._worker)
-        n = int(os.environ.get("BENCH_THREADS", "0"))
-        if n and hasattr(os, "sched_setaffinity"):  # before any framework starts its thread pools
-            os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:n]))
+        pin_threads()
         fn = worker_jaxembed if tool == "jaxembed" else worker_st
         print("RESULT " + json.dumps(fn(folder, B, lq, ld, chunk, steps, warmup)), flush=True)
         return
@@ -1136,10 +568,6 @@ def main():
     if "throughput" in sections or "scaling" in sections:
         natural_store("snli", 64, cache)  # the synthetic workers' run reads its loss settings from a store
     t_start = time.time()
-
-    def log(msg):
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
     log(f"device: {info}")
     result = {"benchmark": "train_throughput", "date": datetime.date.today().isoformat(), "device_info": info,
               "setting": {"q_len": args.q_len, "d_len": args.d_len, "candidates_per_query": K,
@@ -1159,10 +587,9 @@ def main():
     result["load_average_1min_at_end"] = os.getloadavg()[0]
     result["load_average_at_end"] = list(os.getloadavg())
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # every worker's CPU, compilation included
-    result["cpu_s_all"] = kids.ru_utime + kids.ru_stime + _cpu_s()
+    result["cpu_s_all"] = kids.ru_utime + kids.ru_stime + cpu_s()
     result["wall_s"] = time.time() - t_start
-    argv = [a for a in sys.argv[1:] if a != "--no-readme"]
-    result["command"] = "python benchmarks/train_throughput.py " + " ".join(argv)
+    result["command"] = "python benchmarks/train_throughput.py " + " ".join(public_argv(sys.argv[1:]))
     kind = "gpu" if gpu else "cpu"
     save_result(args.name or f"train_throughput_{kind}", result)
 
