@@ -78,7 +78,6 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -87,6 +86,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+from _harness.proc import log, public_argv, script_argv  # noqa: E402
+from _harness.recipe import load_recipe, no_eval  # noqa: E402
+from _harness.runs import finished_run, lock, record_differences  # noqa: E402,F401
+from _harness.scoring import DIMS, STS_TASKS, diff_row, mteb_check, run_eval, summarize  # noqa: E402,F401
+# the sentence-transformers side: its runs are _harness/st_train.py's; these names are also read from this script
+from _harness.st import PlanBatchSampler, make_masked_mnrl, stock_datasets  # noqa: E402,F401
+from _harness.st_train import train_st, train_st_stock  # noqa: E402
 from _record import record_line, save_result  # noqa: E402
 
 ABLATIONS = ("peg", "mrl", "curriculum", "mote", "mote_clustering", "padded")
@@ -103,9 +109,6 @@ CLUSTERING_ARMS = ("ic_clustering", "mote_clustering")
 #: every jaxembed arm (--job ARM:SEED)
 ARMS = ("base", "peg", "mrl", "curriculum", "curriculum_balanced", "curriculum_shuffled", "curriculum_vanilla",
         "curriculum_masked", "mote", "ic_clustering", "mote_clustering", "padded")
-#: Data-CUBE's measure: the average over the STS tasks
-STS_TASKS = ("STSBenchmark", "SICK-R")
-DIMS = (256, 128, 64)
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -166,12 +169,7 @@ def parse_args(argv=None):
 def recipe_config(args, seed: int, store_dir: Path | None):
     """The recipe (--recipe, configs/demo.py by default) with this benchmark's steps / batch / seed; no dev
     evaluation, one checkpoint at the end."""
-    from jaxembed import config as cfglib
-
-    path, _, variant = args.recipe.partition(":")
-    if not Path(path).is_absolute():
-        path = str(ROOT / path)
-    c = cfglib.load_config_file(f"{path}:{variant}" if variant else path)
+    c = load_recipe(args.recipe)
     c.plan.global_batch_size = args.batch_size
     c.plan.steps = args.steps
     c.data.seed = seed          # the plan's order
@@ -179,10 +177,7 @@ def recipe_config(args, seed: int, store_dir: Path | None):
     c.train.checkpoint_every = 0
     c.train.log_every = 10
     c.train.progress = False
-    c.eval.tasks = ()
-    c.eval.every = 0
-    c.eval.best_metric = ""
-    c.eval.before = False
+    no_eval(c)
     if store_dir is not None:
         c.data.store = str(store_dir)
     return c
@@ -278,347 +273,6 @@ def run_record(c, tool: str, args) -> dict:
     return {"config": json.loads(cfglib.to_json(c)), "st_loss": args.st_loss if tool == "st" else None}
 
 
-def _flat(d, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def record_differences(old: dict, new: dict) -> list[str]:
-    """Keys where a finished run's record and the wanted one differ. A key that only the new config has (a field
-    added to jaxembed since the run) counts only when it is not at its default: other engineers extend
-    default_config() while runs exist, and a new field at its default changes nothing the run did."""
-    from jaxembed import config as cfglib
-
-    if old.get("st_loss") != new.get("st_loss"):
-        return ["st_loss"]
-    a, b = _flat(old["config"]), _flat(new["config"])
-    defaults = _flat(json.loads(cfglib.to_json(cfglib.default_config())))
-    diff = [k for k in a.keys() & b.keys() if a[k] != b[k]]
-    diff += [k for k in b.keys() - a.keys() if k not in defaults or defaults[k] != b[k]]
-    return sorted(diff)
-
-
-# ------------------------------------------------------------------------------------ sentence-transformers
-
-
-class PlanBatchSampler:
-    """Yields the row indices of plan step 0, 1, ... (rows are laid out step-major: row = step * G + r), so a
-    torch DataLoader over the flattened plan gives exactly jaxembed's batches in jaxembed's order."""
-
-    def __init__(self, steps: int, batch_size: int):
-        self.steps, self.batch_size = steps, batch_size
-
-    def __iter__(self):
-        for s in range(self.steps):
-            yield list(range(s * self.batch_size, (s + 1) * self.batch_size))
-
-    def __len__(self):
-        return self.steps
-
-
-def plan_rows(store, plan, tok):
-    """The flattened plan as ST dataset rows: {"anchor", "positive", "negative_1", ..., "label"}, where anchor is
-    instruction + query and the documents are exactly the loader's choice for that (step, row). label holds
-    [id(positive), id(negative_1) or -1 when the slot is empty, ..., step]: text identities (ids of the raw text
-    without instruction, as jaxembed's hashes) for the masks, and the step for the token check."""
-    import numpy as np
-
-    from jaxembed.data.pipeline import _fetch, _row_items, _Tables
-
-    tables = _Tables(store.datasets, tok, np.unique(plan.dataset_ids).tolist())
-    used = np.unique(plan.dataset_ids).tolist()
-    lq = {tables.max_q[d] for d in used}
-    ld = {tables.max_d[d] for d in used}
-    if len(lq) != 1 or len(ld) != 1:
-        raise SystemExit(f"error: the datasets of the plan have different max lengths (queries {sorted(lq)}, "
-                         f"documents {sorted(ld)}); ST's collator takes one length per column")
-    K = tables.K
-    negatives = plan.config.get("negatives", "first")
-    G = plan.global_batch_size
-    ids: dict[str, int] = {}
-    rows = []
-    for s in range(plan.steps):
-        ds, ex = plan.dataset_ids[s], plan.example_ids[s]
-        q_items, d_items, _, d_raw = _row_items(tables, _fetch(store, ds, ex), ds, np.arange(G), s, plan.seed,
-                                                negatives)
-        for r in range(G):
-            row = {"anchor": q_items[r][0]}
-            label = []
-            for j in range(K):
-                item, raw = d_items[r * K + j], d_raw[r * K + j]
-                row["positive" if j == 0 else f"negative_{j}"] = item[0] if item is not None else ""
-                label.append(ids.setdefault(raw, len(ids)) if raw is not None else -1)
-            row["label"] = label + [s]
-            rows.append(row)
-    return rows, K, lq.pop(), ld.pop()
-
-
-def make_masked_mnrl():
-    import torch
-    import torch.nn.functional as F
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-
-    class MaskedMNRL(MultipleNegativesRankingLoss):
-        """ST's MultipleNegativesRankingLoss (query -> documents, joint softmax) with jaxembed's two masks: an
-        empty negative slot (label id -1) is no candidate, and a candidate whose text is the query's own positive
-        (same id, another column) is no negative. labels: int64 [B, K + 1] = ids of (positive, negatives), step."""
-
-        def compute_loss_from_embeddings(self, embeddings, labels):
-            q, docs = embeddings[0], embeddings[1:]
-            B, K = q.shape[0], len(docs)
-            cand = torch.cat(docs, 0)                        # column-major: all positives, then negatives_1, ...
-            cid = labels[:, :K].T.reshape(-1)                # [K*B] text ids in the same order
-            logits = self.similarity_fct(q, cand) * self.scale   # [B, K*B]
-            rows = torch.arange(B, device=q.device)
-            allowed = (cid >= 0)[None, :] & (cid[None, :] != labels[:, :1])
-            allowed[rows, rows] = True                       # the own positive (column r) always counts
-            logits = logits.masked_fill(~allowed, float("-inf"))
-            return F.cross_entropy(logits, rows)
-
-    return MaskedMNRL
-
-
-def loss_agreement(c, store, plan, loader, st_loss, collator, rows, K: int, doc_cols: list[str]) -> dict:
-    """Before training, with dropout off and the same starting weights: ST's loss on a batch vs jaxembed's
-    InfoNCE on jaxembed's loader batch of the same step, for the first step, the first step with empty negative
-    slots and the first step whose queries share a positive. -> {step: (st, jaxembed)}."""
-    import numpy as np
-    import torch
-
-    from jaxembed import hf
-    from jaxembed.losses import CandidateInfo, QueryInfo, layout_pos_index
-    from jaxembed.losses.infonce import contrastive_loss
-
-    G = plan.global_batch_size
-    labels = np.array([r["label"] for r in rows]).reshape(plan.steps, G, K + 1)
-    empty = np.flatnonzero((labels[:, :, 1:K] < 0).any(axis=(1, 2)))
-    shared = np.flatnonzero([len(set(x[:, 0].tolist())) < G for x in labels])
-    steps = [0] + [int(a[0]) for a in (empty, shared) if a.size]
-    model = hf.load(c.model.name, max_length=c.model.max_length or None).model
-    out = {}
-    was_training = st_loss.model.training
-    st_loss.model.eval()
-    for s in dict.fromkeys(steps):
-        b = loader.batch(s)
-        eq = model(b["query_input_ids"], b["query_attention_mask"], b["query_prompt_length"], deterministic=True)
-        ed = model(b["doc_input_ids"], b["doc_attention_mask"], b["doc_prompt_length"], deterministic=True)
-        qi = QueryInfo(pos_hash=b["doc_hash"][::K])
-        ci = CandidateInfo(b["doc_valid"], b["doc_hash"], None)
-        jl, _ = contrastive_loss(eq, ed, layout_pos_index(eq.shape[0], K), temperature=float(c.loss.temperature),
-                                 qi=qi, ci=ci)
-        batch = collator(rows[s * G:(s + 1) * G])
-        labels = batch.pop("label")
-        feats = [{k[len(col) + 1:]: v for k, v in batch.items() if k.startswith(col + "_")}
-                 for col in ["anchor", *doc_cols]]
-        with torch.no_grad():
-            sl = float(st_loss(feats, labels))
-        out[int(s)] = (sl, float(jl))
-    st_loss.model.train(was_training)
-    return out
-
-
-def train_st(args, seed: int, rundir: Path, store_dir: Path) -> dict:
-    """One sentence-transformers run on the plan of ``seed``; saves the model to rundir/model."""
-    import numpy as np
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-    from torch import nn
-    from transformers import set_seed
-    from transformers.optimization import get_linear_schedule_with_warmup
-    from transformers.trainer_pt_utils import get_parameter_names
-
-    from jaxembed import config as cfglib
-    from jaxembed.data.pipeline import make_loader
-    from jaxembed.data.plan import build_plan
-    from jaxembed.data.store import Store
-    from jaxembed.hf import read_sentence_transformers
-    from jaxembed.tokenizer import Tokenizer
-
-    c = arm_config(args, "base", seed, store_dir)
-    store = Store.open(store_dir)
-    plan = build_plan(store, c.plan, data_config=cfglib.data_section(c))
-    jax_plan = rundir.parent / f"jaxembed_base_s{seed}" / "plan.npz"
-    if jax_plan.exists():
-        from jaxembed.data.plan import Plan
-
-        if Plan.load(jax_plan).fingerprint() != plan.fingerprint():
-            raise SystemExit(f"error: the plan differs from {jax_plan}")
-    info = read_sentence_transformers(Path(c.model.name))
-    if not info.head.include_prompt:
-        raise SystemExit("error: this model's pooling excludes prompt tokens; pass the instructions as ST prompts "
-                         "(prompt_length) instead of prefixed text")
-    tok = Tokenizer.from_folder(info.transformer_dir, c.model.max_length or info.max_seq_length,
-                                lowercase=info.do_lower_case)
-    if np.isfinite(plan.temperatures).any():
-        raise SystemExit("error: the recipe gives some tasks their own temperature; the ST side has one scale "
-                         "(run the parity on a recipe without per-dataset temperatures, e.g. configs/demo.py)")
-    if "mote" in c.model and c.model.mote.enabled:
-        raise SystemExit("error: the ST side has no MoTE; run --tools jaxembed for a MoTE recipe")
-    rows, K, Lq, Ld = plan_rows(store, plan, tok)
-    loader = make_loader(store, plan, tok)  # jaxembed's batches, to check ST's tokenization against
-
-    if args.st_threads:
-        torch.set_num_threads(args.st_threads)
-    set_seed(seed)  # as the HF Trainer does: dropout stream
-    model = SentenceTransformer(c.model.name, device="cpu")
-    if not getattr(model[1], "include_prompt", True):
-        raise SystemExit("error: the ST Pooling excludes prompt tokens")
-    model.max_seq_length = c.model.max_length or model.max_seq_length
-    doc_cols = ["positive"] + [f"negative_{j}" for j in range(1, K)]
-    lengths = {"anchor": Lq, **{col: Ld for col in doc_cols}}
-
-    class Collator(SentenceTransformerDataCollator):
-        """ST's collator, with one max length per column (queries Lq, documents Ld) and a check that every batch
-        tokenizes to the very ids of jaxembed's loader batch for the same step."""
-
-        checked = 0
-
-        def _get_task_for_column(self, column_name, column_position, router_mapping):
-            self._column = column_name
-            return None
-
-        def _get_max_length_for_task(self, task):
-            return lengths[self._column]
-
-        def __call__(self, features):
-            batch = super().__call__(features)
-            step = int(batch["label"][0, -1])
-            ref = loader.batch(step)
-            pairs = [("anchor", ref["query_input_ids"], ref["query_attention_mask"])]
-            pairs += [(col, ref["doc_input_ids"][j::K], ref["doc_attention_mask"][j::K])
-                      for j, col in enumerate(doc_cols)]
-            for col, rid, rmask in pairs:
-                ids, mask = batch[f"{col}_input_ids"].numpy(), batch[f"{col}_attention_mask"].numpy()
-                for r in range(ids.shape[0]):
-                    a, b = ids[r][mask[r] == 1], rid[r][rmask[r] == 1]
-                    if not np.array_equal(a, b):
-                        raise SystemExit(f"error: step {step} row {r} column {col}: ST tokens {a.tolist()} != "
-                                         f"jaxembed tokens {b.tolist()}")
-            Collator.checked += 1
-            return batch
-
-    collator = Collator(preprocess_fn=model.preprocess)
-    dl = torch.utils.data.DataLoader(rows, batch_sampler=PlanBatchSampler(plan.steps, plan.global_batch_size),
-                                     collate_fn=collator)
-    scale = 1.0 / float(c.loss.temperature)
-    loss_fn = (make_masked_mnrl() if args.st_loss == "masked" else MultipleNegativesRankingLoss)(model, scale=scale)
-    # the HF Trainer's optimizer: AdamW, no weight decay on LayerNorm weights and biases
-    decay = set(get_parameter_names(model, [nn.LayerNorm],
-                                    [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]))
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    groups = [{"params": [p for n, p in named if n in decay], "weight_decay": c.optim.weight_decay},
-              {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=c.optim.lr, betas=(c.optim.b1, c.optim.b2), eps=c.optim.eps)
-    warmup = c.optim.warmup_steps if c.optim.warmup_steps >= 0 else int(c.optim.warmup_ratio * plan.steps)
-    sched = get_linear_schedule_with_warmup(opt, warmup, plan.steps)
-    agree = loss_agreement(c, store, plan, loader, loss_fn, collator, rows, K, doc_cols)
-    diff = max(abs(a - b) for a, b in agree.values())
-    print(f"[st seed {seed}] loss before training, ST vs jaxembed (no dropout): " +
-          ", ".join(f"step {s}: {a:.6f} vs {b:.6f}" for s, (a, b) in agree.items()) + f"; max |diff| {diff:.2e}",
-          flush=True)
-    if args.st_loss == "masked" and diff > 1e-3:
-        raise SystemExit(f"error: ST's masked loss and jaxembed's InfoNCE differ by {diff:.2e} on the same batch")
-    Collator.checked = 0
-    model.train()
-    losses, log = [], []
-    t0 = time.time()
-    for step, batch in enumerate(dl):
-        labels = batch.pop("label")
-        features = [{k[len(col) + 1:]: v for k, v in batch.items() if k.startswith(col + "_")}
-                    for col in ["anchor", *doc_cols]]
-        loss = loss_fn(features, labels)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), c.optim.grad_clip)
-        opt.step()
-        sched.step()
-        model.zero_grad()
-        losses.append(float(loss))
-        if (step + 1) % c.train.log_every == 0:
-            rec = {"step": step + 1, "loss": statistics.mean(losses[-c.train.log_every:]),
-                   "grad_norm": float(gnorm), "time": round(time.time() - t0, 1)}
-            log.append(rec)
-            print(f"[st seed {seed}] step {step + 1}/{plan.steps} loss {rec['loss']:.4f} ({rec['time']}s)",
-                  flush=True)
-    train_s = time.time() - t0
-    model.save(str(rundir / "model"))
-    return {"train_s": train_s, "log": log, "token_checks": Collator.checked, "plan": plan.fingerprint(),
-            "loss_agreement_before_training": {str(k): v for k, v in agree.items()},
-            "loss_fn": type(loss_fn).__name__, "scale": scale, "warmup_steps": warmup}
-
-
-def stock_datasets(store, plan, rows: list[dict], K: int) -> dict[str, list[dict]]:
-    """The plan's rows (``plan_rows``) grouped by dataset for a stock ST ``DatasetDict``: columns anchor, positive,
-    negative_1, ... (no label, no empty slot); rows whose negative slots are empty go to ``<name>_pairs``."""
-    G = plan.global_batch_size
-    out: dict[str, list[dict]] = {}
-    for i, row in enumerate(rows):
-        name = store.datasets[int(plan.dataset_ids[i // G][i % G])].name
-        negs = [row[f"negative_{j}"] for j in range(1, K) if row.get(f"negative_{j}")]
-        rec = {"anchor": row["anchor"], "positive": row["positive"]}
-        rec.update({f"negative_{j + 1}": t for j, t in enumerate(negs)})
-        key = name if len(negs) == K - 1 else f"{name}_pairs" if not negs else f"{name}_{len(negs)}neg"
-        out.setdefault(key, []).append(rec)
-    return out
-
-
-def train_st_stock(args, seed: int, rundir: Path, store_dir: Path) -> dict:
-    """One stock sentence-transformers run (see the module docstring) on the examples of the plan of ``seed``;
-    saves the model to rundir/model."""
-    import datasets
-    import torch
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, \
-        SentenceTransformerTrainingArguments
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-    from sentence_transformers.sentence_transformer.training_args import MultiDatasetBatchSamplers
-
-    from jaxembed import config as cfglib
-    from jaxembed.data.plan import build_plan
-    from jaxembed.data.store import Store
-    from jaxembed.hf import read_sentence_transformers
-    from jaxembed.tokenizer import Tokenizer
-
-    c = arm_config(args, "base", seed, store_dir)
-    store = Store.open(store_dir)
-    plan = build_plan(store, c.plan, data_config=cfglib.data_section(c))
-    info = read_sentence_transformers(Path(c.model.name))
-    tok = Tokenizer.from_folder(info.transformer_dir, c.model.max_length or info.max_seq_length,
-                                lowercase=info.do_lower_case)
-    rows, K, Lq, Ld = plan_rows(store, plan, tok)
-    groups = stock_datasets(store, plan, rows, K)
-    train_ds = datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in groups.items()})
-    if args.st_threads:
-        torch.set_num_threads(args.st_threads)
-    model = SentenceTransformer(c.model.name, device="cpu")
-    model.max_seq_length = max(Lq, Ld)  # stock ST: one length for every column
-    warmup = c.optim.warmup_steps if c.optim.warmup_steps >= 0 else int(c.optim.warmup_ratio * plan.steps)
-    targs = SentenceTransformerTrainingArguments(
-        output_dir=str(rundir / "trainer"), max_steps=plan.steps, per_device_train_batch_size=plan.global_batch_size,
-        learning_rate=c.optim.lr, warmup_steps=warmup, lr_scheduler_type="linear", weight_decay=c.optim.weight_decay,
-        max_grad_norm=c.optim.grad_clip, adam_beta1=c.optim.b1, adam_beta2=c.optim.b2, adam_epsilon=c.optim.eps,
-        seed=seed, data_seed=seed, multi_dataset_batch_sampler=MultiDatasetBatchSamplers.PROPORTIONAL,
-        logging_steps=c.train.log_every, save_strategy="no", report_to="none", use_cpu=True,
-        dataloader_num_workers=0, disable_tqdm=True)
-    loss = MultipleNegativesRankingLoss(model, scale=1.0 / float(c.loss.temperature))
-    trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=train_ds, loss=loss)
-    t0 = time.time()
-    out = trainer.train()
-    train_s = time.time() - t0
-    model.save(str(rundir / "model"))
-    log = [{"step": x["step"], "loss": x["loss"], "grad_norm": x.get("grad_norm")}
-           for x in trainer.state.log_history if "loss" in x]
-    return {"train_s": train_s, "log": log, "steps": int(out.global_step), "plan": plan.fingerprint(),
-            "datasets": {k: len(v) for k, v in groups.items()}, "loss_fn": type(loss).__name__,
-            "max_seq_length": model.max_seq_length, "warmup_steps": warmup,
-            "trainer": "SentenceTransformerTrainer (stock)"}
-
-
 def train_jaxembed(args, arm: str, seed: int, rundir: Path, store_dir: Path) -> dict:
     from jaxembed.train import train
 
@@ -645,7 +299,9 @@ def child(args) -> None:
     rundir = wd / f"{tool}_{arm}_s{seed}"
     rundir.mkdir(parents=True, exist_ok=True)
     if tool in ("st", "st_stock"):
-        res = (train_st if tool == "st" else train_st_stock)(args, seed, rundir, wd / "store")
+        c = arm_config(args, "base", seed, wd / "store")
+        res = (train_st(c, seed, rundir, args.st_loss, args.st_threads) if tool == "st"
+               else train_st_stock(c, seed, rundir, args.st_threads))
         res["model_dir"] = str(rundir / "model")
     else:
         res = train_jaxembed(args, arm, seed, rundir, wd / "store")
@@ -656,32 +312,16 @@ def child(args) -> None:
 # ------------------------------------------------------------------------------------------------ driver
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 def run_training(args, tool: str, arm: str, seed: int) -> dict:
     wd = Path(args.workdir)
     rundir = wd / f"{tool}_{arm}_s{seed}"
-    want = run_record(arm_config(args, arm, seed, wd / "store"), tool, args)
-    done = rundir / "train.json"
-    if done.exists():
-        prev = json.loads(done.read_text())
-        diff = record_differences(prev["record"], want)
-        if not diff:
-            log(f"{tool} {arm} seed {seed}: reusing {rundir}")
-            return prev
-        raise SystemExit(f"error: {rundir} holds a finished run of another config ({', '.join(diff[:8])} differ); "
-                         "fix: use another --workdir, or delete that run directory to retrain it")
-    if rundir.exists():
-        import shutil
-
-        shutil.rmtree(rundir)  # an interrupted run (no train.json): start it again
+    prev = finished_run(rundir, run_record(arm_config(args, arm, seed, wd / "store"), tool, args),
+                        f"{tool} {arm} seed {seed}")
+    if prev is not None:
+        return prev
     log(f"{tool} {arm} seed {seed}: training ({args.steps} steps, batch {args.batch_size})")
-    argv = [sys.executable, str(Path(__file__).resolve()), "--_train", f"{tool}:{arm}:{seed}",
-            *[a for a in _forward_argv(args)]]
-    subprocess.run(argv, check=True)
-    res = json.loads(done.read_text())
+    subprocess.run(script_argv(__file__, "--_train", f"{tool}:{arm}:{seed}", *_forward_argv(args)), check=True)
+    res = json.loads((rundir / "train.json").read_text())
     log(f"{tool} {arm} seed {seed}: trained in {res['train_s']:.0f}s")
     return res
 
@@ -702,119 +342,6 @@ def _forward_argv(args) -> list[str]:
     return out
 
 
-def run_eval(args, rundir: Path, model_dir: str, experts=None) -> dict:
-    out = rundir / "eval.json"
-    key = f"{args.eval_tasks}|{args.eval_max_examples}|{DIMS}|{experts}"
-    if out.exists():
-        prev = json.loads(out.read_text())
-        if prev.get("key") == key:
-            return prev["results"]
-    from jaxembed.evaluate import evaluate
-
-    t0 = time.time()
-    # a Path, not a str: jaxembed.evaluate's as_encoder takes anything with .encode for an encoder (str has one)
-    res = evaluate(Path(model_dir), args.eval_tasks, dims=list(DIMS), max_examples=args.eval_max_examples or None,
-                   experts=experts)
-    log(f"  evaluated {rundir.name} in {time.time() - t0:.0f}s: " +
-        ", ".join(f"{t} {r['main_score']:.2f}" for t, r in res.items()))
-    out.write_text(json.dumps({"key": key, "results": res}, indent=1) + "\n")
-    return res
-
-
-def mteb_check(args, runs: dict) -> dict:
-    """mteb on --mteb-tasks for seed-0 models: jaxembed's MTEB encoder for both, ST's own encoder for the ST one."""
-    tasks = [t for t in args.mteb_tasks.split(",") if t]
-    if not tasks:
-        return {}
-    import tempfile
-
-    import mteb
-
-    from jaxembed.evaluate import mteb_tasks, run_mteb
-    from jaxembed.evaluate.mteb_adapter import _scores_of
-
-    out = {}
-    for (tool, arm, seed), r in runs.items():
-        if arm != "base" or seed != min(args.seeds):
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            mx = args.eval_max_examples or None
-            res = run_mteb(Path(r["model_dir"]), tasks, out=tmp, max_examples=mx)
-            row = {t: {"local": r["eval"][t]["main_score"], "mteb_jaxembed_encoder": res[t]["main_score"]}
-                   for t in tasks}
-            if tool in ("st", "st_stock"):
-                from sentence_transformers import SentenceTransformer
-
-                st_model = SentenceTransformer(r["model_dir"], device="cpu")
-                st_res = mteb.evaluate(st_model, mteb_tasks(tasks, max_examples=mx), cache=mteb.ResultCache(cache_path=tmp),
-                                       overwrite_strategy="always", show_progress_bar=False, co2_tracker=False)
-                for tr in st_res.task_results:
-                    row[tr.task_name]["mteb_st_encoder"] = _scores_of(tr)["main_score"]
-        out[f"{tool}_s{seed}"] = row
-        log(f"  mteb {tool} seed {seed}: {row}")
-    return out
-
-
-def summarize(runs: dict, tool: str, arm: str, seeds, dim: str | None = None) -> dict | None:
-    """Per task: mean over seeds and the seeds' values; the average over tasks per seed, its mean and spread."""
-    got = [runs[(tool, arm, s)] for s in seeds if (tool, arm, s) in runs]
-    if not got:
-        return None
-
-    def score(r, t):
-        e = r["eval"][t]
-        return e["main_score"] if dim is None else e["dims"][dim]["main_score"]
-
-    tasks = list(got[0]["eval"])
-    per_task = {t: {"mean": statistics.mean(score(r, t) for r in got), "seeds": [score(r, t) for r in got]}
-                for t in tasks}
-    avgs = [statistics.mean(score(r, t) for t in tasks) for r in got]
-    out = {"per_task": per_task, "average": statistics.mean(avgs), "average_seeds": avgs,
-           "spread": (max(avgs) - min(avgs)) if len(avgs) > 1 else 0.0, "seeds": [s for s in seeds
-                                                                                   if (tool, arm, s) in runs]}
-    for key, group in task_groups(tasks).items():  # the STS average (Data-CUBE) and each task type's (MoTE)
-        vals = [statistics.mean(score(r, t) for t in group) for r in got]
-        out.setdefault("groups", {})[key] = {"tasks": group, "average": statistics.mean(vals), "seeds": vals,
-                                             "spread": (max(vals) - min(vals)) if len(vals) > 1 else 0.0}
-    return out
-
-
-def task_groups(tasks) -> dict[str, list[str]]:
-    """{"sts_average": the STS tasks of STS_TASKS (Data-CUBE's measure), "type:<Type>": the tasks of each MTEB task
-    type (MoTE's per-type averages)}, over the evaluated tasks."""
-    from jaxembed.evaluate.tasks import get_task
-
-    out = {"sts_average": [t for t in tasks if t in STS_TASKS]} if any(t in STS_TASKS for t in tasks) else {}
-    for t in tasks:
-        out.setdefault(f"type:{get_task(t).type}", []).append(t)
-    return out
-
-
-def _diff_row(runs, arm: str, ref: str, seeds, dim: str | None = None) -> dict | None:
-    """arm vs ref over the seeds both have: averages, the difference per seed, its mean and spread, and the same for
-    the STS average and each task type."""
-    both = [s for s in seeds if ("jaxembed", arm, s) in runs and ("jaxembed", ref, s) in runs]
-    a, b = (summarize(runs, "jaxembed", x, both, dim) for x in (arm, ref))
-    if not both or a is None or b is None:
-        return None
-
-    def diff(x, y):
-        d = [p - q for p, q in zip(x, y)]
-        return {"difference": statistics.mean(d), "difference_seeds": d,
-                "difference_spread": (max(d) - min(d)) if len(d) > 1 else 0.0}
-
-    row = {"seeds": both, "reference": ref, "baseline_average": b["average"], "arm_average": a["average"],
-           "baseline_average_seeds": b["average_seeds"], "arm_average_seeds": a["average_seeds"],
-           "baseline_spread": b["spread"], "arm_spread": a["spread"], **diff(a["average_seeds"], b["average_seeds"]),
-           "per_task": {t: {"baseline": b["per_task"][t]["mean"], "arm": a["per_task"][t]["mean"]}
-                        for t in a["per_task"]}}
-    row["groups"] = {k: {"baseline": b["groups"][k]["average"], "arm": g["average"], "tasks": g["tasks"],
-                         "baseline_seeds": b["groups"][k]["seeds"], "arm_seeds": g["seeds"],
-                         **diff(g["seeds"], b["groups"][k]["seeds"])}
-                     for k, g in a.get("groups", {}).items()}
-    return row
-
-
 def ablation_rows(runs: dict, arms, seeds) -> dict:
     """Each arm vs the baseline ('base'; at 384 dims and every Matryoshka view), plus its REFERENCES (the curriculum
     arms vs Vanilla, the balanced walk vs the cyclic one, MoTE with clustering data vs the baseline with it) as
@@ -822,15 +349,15 @@ def ablation_rows(runs: dict, arms, seeds) -> dict:
     out = {}
     dims = DIMS if all("dims" in e for r in runs.values() for e in r["eval"].values()) else ()
     for a in arms:
-        row = _diff_row(runs, a, "base", seeds)
+        row = diff_row(runs, a, "base", seeds)
         if row is None:
             continue
         for d in dims:
-            x = _diff_row(runs, a, "base", seeds, str(d))
+            x = diff_row(runs, a, "base", seeds, str(d))
             row[f"dim{d}"] = {"baseline_average": x["baseline_average"], "arm_average": x["arm_average"],
                               "difference": x["difference"]}
         for key, ref in REFERENCES.get(a, []):
-            v = _diff_row(runs, a, ref, seeds)
+            v = diff_row(runs, a, ref, seeds)
             if v is not None:
                 row[f"{key}_average"] = v["baseline_average"]
                 row[f"difference_vs_{key}"] = v["difference"]
@@ -842,18 +369,7 @@ def ablation_rows(runs: dict, arms, seeds) -> dict:
 
 def _public_argv(argv: list[str]) -> list[str]:
     """The command line without --workdir / --name / --no-readme (machine-local or bookkeeping)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in ("--workdir", "--name"):
-            skip = True
-            continue
-        if a.startswith(("--workdir=", "--name=")) or a == "--no-readme":
-            continue
-        out.append(a)
-    return out
+    return public_argv(argv, valued=("--workdir", "--name"))
 
 
 def main():
@@ -896,10 +412,10 @@ def main():
     runs = {}
     for tool, arm, s in jobs:
         r = run_training(args, tool, arm, s)
-        r["eval"] = run_eval(args, wd / f"{tool}_{arm}_s{s}", r["model_dir"],
+        r["eval"] = run_eval(wd / f"{tool}_{arm}_s{s}", r["model_dir"], args.eval_tasks, args.eval_max_examples,
                              experts if arm.startswith("mote") else None)
         runs[(tool, arm, s)] = r
-    mteb_res = mteb_check(args, runs)
+    mteb_res = mteb_check(runs, args.mteb_tasks, args.eval_max_examples, min(args.seeds))
 
     # ---- summary
     par = {t: summarize(runs, t, "base", args.seeds) for t in ("jaxembed", "st", "st_stock")}
@@ -984,15 +500,6 @@ def markdown_table(ablation: dict) -> str:
 # ------------------------------------------------------------------------------------- one run at a time
 
 
-def _lock(wd: Path):
-    """An exclusive lock on <workdir>/.quality_parity.lock (jobs started side by side prepare a store once)."""
-    import fcntl
-
-    f = open(wd / ".quality_parity.lock", "w")
-    fcntl.flock(f, fcntl.LOCK_EX)
-    return f
-
-
 def prepare_stores(args, arms) -> None:
     """The dataset store of each data config the arms train on (the recipe's; with the clustering sets), written
     once; a store prepared from another data config stops the script."""
@@ -1001,7 +508,7 @@ def prepare_stores(args, arms) -> None:
 
     wd = Path(args.workdir)
     wd.mkdir(parents=True, exist_ok=True)
-    with _lock(wd):
+    with lock(wd / ".quality_parity.lock"):  # jobs started side by side prepare a store once
         for arm in dict.fromkeys("ic_clustering" if a in CLUSTERING_ARMS else "base" for a in arms):
             c = arm_config(args, arm, args.seeds[0], None)
             where = wd if arm == "base" else wd / "clustering"
@@ -1037,7 +544,8 @@ def run_jobs(args) -> None:
         t0 = time.time()
         r = run_training(args, "jaxembed", arm, seed)
         t1 = time.time()
-        r["eval"] = run_eval(args, rundir, r["model_dir"], experts if arm.startswith("mote") else None)
+        r["eval"] = run_eval(rundir, r["model_dir"], args.eval_tasks, args.eval_max_examples,
+                             experts if arm.startswith("mote") else None)
         one = summarize({("jaxembed", arm, seed): r}, "jaxembed", arm, [seed])
         res = {"arm": arm, "seed": seed, "steps": args.steps, "global_batch_size": args.batch_size,
                "eval": {"tasks": args.eval_tasks, "max_examples": args.eval_max_examples},
