@@ -44,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from jaxembed.errors import UserError
+from jaxembed.models import dropout
 from jaxembed.models.layers import layer_dropout_key
 
 #: the variable type of the adapter weights: the trainable parameters of a LoRA run
@@ -149,8 +150,7 @@ class LoRALinear(nnx.Module):
         key = layer_dropout_key()
         h = x
         if self.rate > 0 and key is not None:
-            keep = jax.random.bernoulli(jax.random.fold_in(key, self.uid), 1.0 - self.rate, h.shape)
-            h = jnp.where(keep, h / (1.0 - self.rate), jnp.zeros_like(h))
+            h = dropout.apply(h, self.rate, jax.random.fold_in(key, self.uid))
         dtype = self.base.dtype or jnp.result_type(x.dtype, self.lora_a.dtype)
         a, b = self.lora_a[...].astype(dtype), self.lora_b[...].astype(dtype)
         z = jnp.matmul(jnp.matmul(h.astype(dtype), a), b)

@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxembed.errors import UserError
+from jaxembed.models import dropout as _dropout
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "te", "pallas", "splash")
 _PLATFORM = {"cudnn": "gpu", "te": "gpu", "pallas": "gpu", "splash": "tpu"}
@@ -223,8 +224,7 @@ def xla_attention(q, k, v, seg: Segments, *, causal=False, bias=None, scale=None
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1)
     if dropout:
-        keep = jax.random.bernoulli(rngs.dropout(), 1.0 - dropout_rate, probs.shape)
-        probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+        probs = _dropout.apply(probs, dropout_rate, rngs.dropout())
     return jnp.einsum("bnts,bsnd->btnd", probs.astype(v.dtype), v)
 
 

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxembed.models.dropout import Dropout
 from jaxembed.models.layers import (RuntimeOptions, activation, attention, call_ffn, check_attention, dense, embed,
                                     feed_forward, layer_norm, mote_route, run_layers, segments_for)
 
@@ -78,7 +79,7 @@ class BertEmbeddings(nnx.Module):
         self.position_embeddings = embed(c.max_position_embeddings, c.hidden_size, (None, "embed"), opts=c, rngs=rngs)
         self.token_type_embeddings = embed(c.type_vocab_size, c.hidden_size, (None, "embed"), opts=c, rngs=rngs)
         self.layer_norm = layer_norm(c.hidden_size, c.layer_norm_eps, opts=c, rngs=rngs)
-        self.dropout = nnx.Dropout(c.hidden_dropout_prob)
+        self.dropout = Dropout(c.hidden_dropout_prob)
 
     def __call__(self, input_ids, token_type_ids, *, deterministic, rngs, positions=None):
         """input_ids: [B, L] int; token_type_ids: [B, L] int or None (all type 0); positions: [B, L] per-text
@@ -112,7 +113,7 @@ class BertAttention(nnx.Module):
         self.key = dense(h, h, ("embed", "qkv"), bias=True, opts=c, rngs=rngs)
         self.value = dense(h, h, ("embed", "qkv"), bias=True, opts=c, rngs=rngs)
         self.output = dense(h, h, ("qkv", "embed"), bias=True, opts=c, rngs=rngs)
-        self.dropout = nnx.Dropout(c.hidden_dropout_prob)
+        self.dropout = Dropout(c.hidden_dropout_prob)
 
     def __call__(self, x, mask, *, deterministic, rngs):
         """x: [B, L, H], mask: ``Segments`` or an attention mask [B, L] -> [B, L, H]."""
@@ -136,7 +137,7 @@ class BertFeedForward(nnx.Module):
         self.intermediate = dense(c.hidden_size, c.intermediate_size, ("embed", "mlp"), bias=True, opts=c, rngs=rngs)
         self.output = dense(c.intermediate_size, c.hidden_size, ("mlp", "embed"), bias=True, opts=c, rngs=rngs)
         self.norm = layer_norm(c.hidden_size, c.layer_norm_eps, opts=c, rngs=rngs)
-        self.dropout = nnx.Dropout(c.hidden_dropout_prob)
+        self.dropout = Dropout(c.hidden_dropout_prob)
         self.act = activation(c.hidden_act)
 
     def __call__(self, s, *, deterministic, rngs):

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxembed.models.dropout import Dropout
 from jaxembed.models.layers import (RMSNorm, RuntimeOptions, activation, attention, call_ffn, check_attention, dense,
                                     embed, feed_forward, mote_route, run_layers, segments_for, to_dtype)
 
@@ -155,7 +156,7 @@ class T5Attention(nnx.Module):
         self.k = dense(c.d_model, inner, ("embed", "qkv"), bias=False, opts=c, rngs=rngs, std=c.d_model ** -0.5)
         self.v = dense(c.d_model, inner, ("embed", "qkv"), bias=False, opts=c, rngs=rngs, std=c.d_model ** -0.5)
         self.o = dense(inner, c.d_model, ("qkv", "embed"), bias=False, opts=c, rngs=rngs, std=inner ** -0.5)
-        self.dropout = nnx.Dropout(c.dropout_rate)
+        self.dropout = Dropout(c.dropout_rate)
 
     def __call__(self, x, mask, bias, *, deterministic, rngs):
         """x: [B, L, D], mask: ``Segments`` or an attention mask [B, L], bias: [1, N, L, L] -> [B, L, D]."""
@@ -183,7 +184,7 @@ class T5FeedForward(nnx.Module):
         else:
             self.wi = dense(c.d_model, c.d_ff, ("embed", "mlp"), bias=False, opts=c, rngs=rngs, std=std_in)
         self.wo = dense(c.d_ff, c.d_model, ("mlp", "embed"), bias=False, opts=c, rngs=rngs, std=c.d_ff ** -0.5)
-        self.dropout = nnx.Dropout(c.dropout_rate)
+        self.dropout = Dropout(c.dropout_rate)
         self.act = activation(c.dense_act_fn)
 
     def __call__(self, x, *, deterministic, rngs):
@@ -218,7 +219,7 @@ class T5EncoderModel(nnx.Module):
                                              opts=c, rngs=rngs, std=c.d_model ** -0.5)
         self.layers = nnx.List([T5Layer(c, rngs, i) for i in range(c.num_layers)])
         self.final_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, opts=c, rngs=rngs)
-        self.dropout = nnx.Dropout(c.dropout_rate)
+        self.dropout = Dropout(c.dropout_rate)
 
     def position_bias(self, length: int) -> jax.Array:
         """The relative position bias shared by all layers: [1, N, L, L] in the compute dtype."""
