@@ -183,6 +183,10 @@ def get_config(arg=None):
     c.plan.global_batch_size = 8
     c.plan.steps = 8
     c.optim.lr = 1e-3
+    # Adam's epsilon well above float32 reduction noise: the runs compared here (2 processes x 2 devices against
+    # 1 x 4) sum the same gradients in another order (~1e-7 relative); at the default 1e-8, an element whose
+    # gradient is that noise moves by +-lr per step (m / sqrt(v) = its sign) in one run and not the other
+    c.optim.eps = 1e-6
     c.train.log_every = 2
     c.train.checkpoint_every = 3
     c.train.async_checkpoints = True
