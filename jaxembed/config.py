@@ -52,7 +52,7 @@ def default_config() -> mc.ConfigDict:
     ))
     from jaxembed import mote
 
-    c.model.mote = mc.ConfigDict(dict(   # MoTE task experts (DESIGN.md 2.3, jaxembed/mote.py)
+    c.model.mote = mc.ConfigDict(dict(   # MoTE task experts (DESIGN.md 2.3, jaxembed/mote/)
         enabled=False,          # up-cycle the dense model's feed-forward blocks into task experts
         experts=mote.DEFAULT_EXPERTS,     # expert names (MoTE App. D.1: four instruction types)
         placement="every",      # 'every' block (EB) | 'every_other' block (EOB: blocks 1, 3, 5, ...)
