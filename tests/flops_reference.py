@@ -45,3 +45,14 @@ def train_step_flops(hf: dict, q_rows: int, q_len: int, d_rows: int, d_len: int,
     forward = layers * (q_rows * layer_forward_flops(hf, q_len) + d_rows * layer_forward_flops(hf, d_len))
     sim = _matmul(q_rows if n_queries is None else n_queries, dim, d_rows if n_candidates is None else n_candidates)
     return (4 if gradcache else 3) * forward + 3 * sim
+
+
+def computed_rows(b: dict) -> tuple[int, int, int, int]:
+    """(query rows, their length, candidate rows, their length) a host batch makes the step compute: padded texts,
+    packed rows of queries and of candidates, or one pack of both (counted on the query side)."""
+    if "pack_input_ids" in b:
+        r, l = b["pack_input_ids"].shape
+        return r, l, 0, l
+    q = b["query_pack_input_ids" if "query_pack_input_ids" in b else "query_input_ids"].shape
+    d = b["doc_pack_input_ids" if "doc_pack_input_ids" in b else "doc_input_ids"].shape
+    return q[0], q[1], d[0], d[1]

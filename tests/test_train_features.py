@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from flops_reference import computed_rows
 from flops_reference import train_step_flops as hand_count
 
 BERT_BASE = dict(model_type="bert", vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -79,17 +80,6 @@ def test_mfu_is_logged_on_an_accelerator(shared_data, tmp_path, monkeypatch):
     assert train_lines and all(0 < x["mfu"] < 1 for x in train_lines)
     assert len(seen) == len(train_lines)
     for x, b in zip(train_lines, seen):
-        per_step = hand_count(tiny_hf_config("bert"), *_computed_rows(b), 32, False,
+        per_step = hand_count(tiny_hf_config("bert"), *computed_rows(b), 32, False,
                               n_queries=len(b["query_prompt_length"]), n_candidates=len(b["doc_prompt_length"]))
         assert x["mfu"] == pytest.approx(per_step / x["step_time_s"] / (peak * jax.device_count()), rel=1e-3)
-
-
-def _computed_rows(b: dict) -> tuple[int, int, int, int]:
-    """(query rows, their length, candidate rows, their length) the step computes: padded texts, packed rows of
-    queries and of candidates, or one pack of both (counted on the query side)."""
-    if "pack_input_ids" in b:
-        r, l = b["pack_input_ids"].shape
-        return r, l, 0, l
-    q = b["query_pack_input_ids" if "query_pack_input_ids" in b else "query_input_ids"].shape
-    d = b["doc_pack_input_ids" if "doc_pack_input_ids" in b else "doc_input_ids"].shape
-    return q[0], q[1], d[0], d[1]

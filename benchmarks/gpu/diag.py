@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -116,9 +117,8 @@ def main() -> None:
 
     import jax
 
-    from jaxembed import parallel
-    from jaxembed.data.pipeline import to_global
-    from jaxembed.train import init_state, make_train_step
+    import workers as W
+    from jaxembed.train import init_state
 
     res["device"] = jax.devices()[0].device_kind
     root = Path(os.environ.get("DIAG_ROOT", "/tmp/gpu_bench"))
@@ -139,34 +139,15 @@ def main() -> None:
             run = packed if packing else padded
             loader = H.loader_of(run, "packed" if packing else "padded")
             hosts = [loader.batch(s) for s in range(a.take)]
-            state = init_state(run)
-            step = make_train_step(run)
-            dev = [to_global(h, parallel.batch_sharding(run.mesh)) for h in hosts]
-            t1 = time.perf_counter()
-            progs = {}
-            for b in dev:
-                key = tuple(sorted((k, tuple(v.shape)) for k, v in b.items()))
-                if key not in progs:
-                    progs[key] = step.lower(state, b).compile()
-                    if first:
-                        with gzip.open(out / f"hlo_{name}.txt.gz", "wt") as f:
-                            f.write(progs[key].as_text())
-            compile_s = time.perf_counter() - t1
-            seq = [progs[tuple(sorted((k, tuple(v.shape)) for k, v in b.items()))] for b in dev]
-            for p, b in zip(seq, dev):
-                state, m = p(state, b)
-            jax.block_until_ready(m["loss"])
-            times = []
-            for _ in range(a.rounds):
-                t1 = time.perf_counter()
-                for p, b in zip(seq, dev):
-                    state, m = p(state, b)
-                jax.block_until_ready(m["loss"])
-                times.append(time.perf_counter() - t1)
+            state, kept = init_state(run), {}
+            state, timed = W._compile_and_time(run, state, hosts, a.rounds, H.Deadline(t_end - 10), keep=kept)
+            if first:
+                with gzip.open(out / f"hlo_{name}.txt.gz", "wt") as f:
+                    f.write(kept["programs"][0].as_text())
             if first and a.trace and time.time() < t_end - 30:
                 tdir = out / "trace"
                 jax.profiler.start_trace(str(tdir), create_perfetto_trace=True)
-                for p, b in zip(seq, dev):
+                for p, b in zip(kept["programs"], kept["batches"]):
                     state, m = p(state, b)
                 jax.block_until_ready(m["loss"])
                 jax.profiler.stop_trace()
@@ -174,12 +155,11 @@ def main() -> None:
                 (out / "kernels.json").write_text(json.dumps(ks, indent=1))
                 res["top_kernels"] = ks.get("kernels", [])[:15]
             shapes = sorted({str([list(v.shape) for k, v in h.items() if k.endswith("input_ids")]) for h in hosts})
-            res["variants"][name] = {"compile_s": compile_s, "programs": len(progs), "round_s": times,
-                                     "step_s": min(times) / len(dev), "shapes": shapes, "loss": float(m["loss"]),
-                                     "wall_s": time.time() - t0}
+            times = timed["round_times_s"]
+            res["variants"][name] = {"compile_s": timed["compile_s"], "programs": timed["programs"],
+                                     "round_s": times, "step_s": min(times) / len(hosts), "shapes": shapes,
+                                     "loss": timed["loss"], "wall_s": time.time() - t0}
         except Exception as e:  # noqa: BLE001 -- a variant's failure is a finding too
-            import traceback
-
             res["variants"][name] = {"error": "".join(traceback.format_exception(e)[-4:])[-2000:]}
         first = False
         print(name, json.dumps(res["variants"][name])[:400], flush=True)

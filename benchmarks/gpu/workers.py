@@ -44,10 +44,12 @@ def _error(e: BaseException) -> str:
 # ------------------------------------------------------------------------------------------------ jaxembed
 
 
-def _compile_and_time(run, state, hosts: list[dict], rounds: int, dl: H.Deadline, sync_each: bool = False):
+def _compile_and_time(run, state, hosts: list[dict], rounds: int, dl: H.Deadline, sync_each: bool = False,
+                      keep: dict | None = None):
     """Compile the run's step for each distinct shape of ``hosts`` (ahead of time), run them once (warm-up), then
     ``rounds`` timed rounds over all of them (one device sync per round: the loop's dispatch overlaps as in the
-    trainer). -> (state, figures)."""
+    trainer). -> (state, figures). ``keep``: a dict that receives the compiled program of each batch
+    ("programs") and the device batches ("batches"), for a caller that runs them again (benchmarks/gpu/diag.py)."""
     import jax
 
     from jaxembed import parallel
@@ -68,6 +70,8 @@ def _compile_and_time(run, state, hosts: list[dict], rounds: int, dl: H.Deadline
                 mem[k] = max(mem.get(k, 0.0), v)
     compile_s = time.perf_counter() - t0
     progs = [compiled[shape(b)] for b in dev]
+    if keep is not None:
+        keep.update(programs=progs, batches=dev)
     t0 = time.perf_counter()
     for p, b in zip(progs, dev):
         state, m = p(state, b)

@@ -43,12 +43,14 @@ def apply(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
 
 
 class Dropout(nnx.Dropout):
-    """``flax.nnx.Dropout`` drawing its mask with ``keep_mask`` (the models' hidden-state dropout)."""
+    """``flax.nnx.Dropout`` drawing its mask with ``keep_mask`` (``apply``; the models' hidden-state dropout)."""
 
     def __call__(self, inputs, *, deterministic: bool | None = None, rngs=None) -> jax.Array:
         det = self.deterministic if deterministic is None else deterministic
         if self.rate == 0.0 or det:
             return inputs
+        if self.broadcast_dims:
+            raise ValueError("jaxembed's Dropout draws one mask element per input element (no broadcast_dims)")
         rngs = self.rngs if rngs is None else rngs
         if rngs is None:
             raise ValueError("dropout is on (deterministic=False) but no rngs were given")
@@ -58,10 +60,4 @@ class Dropout(nnx.Dropout):
             key = rngs()
         else:
             key = rngs
-        shape = list(inputs.shape)
-        for d in self.broadcast_dims:
-            shape[d] = 1
-        if self.rate >= 1.0:
-            return jnp.zeros_like(inputs)
-        keep = jnp.broadcast_to(keep_mask(key, 1.0 - self.rate, tuple(shape)), inputs.shape)
-        return jax.lax.select(keep, inputs / (1.0 - self.rate), jnp.zeros_like(inputs))
+        return apply(inputs, self.rate, key)

@@ -170,16 +170,14 @@ def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
     np.testing.assert_allclose(lrs, [_lr(t) for t in range(STEPS)], rtol=1e-5, atol=1e-9)
 
     # ---- MFU: the analytic FLOPs of the step (a hand count, tests/flops_reference.py) over its time and the peak
+    from flops_reference import computed_rows
     from flops_reference import train_step_flops as hand_count
     from jaxembed.models.tiny import tiny_hf_config
-
-    def computed(b, side):  # the rows the step computes: padded texts, or packed rows of several texts
-        return b[f"{side}_pack_input_ids" if f"{side}_pack_input_ids" in b else f"{side}_input_ids"].shape
 
     assert len(seen) == STEPS
     for x, b in zip(train_lines, seen):
         nq = len(b["query_prompt_length"])
-        per_step = hand_count(tiny_hf_config("bert"), *computed(b, "query"), *computed(b, "doc"), 32, False,
+        per_step = hand_count(tiny_hf_config("bert"), *computed_rows(b), 32, False,
                               n_queries=nq, n_candidates=len(b["doc_prompt_length"]))
         assert x["mfu"] * x["step_time_s"] * PEAK * 8 == pytest.approx(per_step, rel=1e-6)
 
