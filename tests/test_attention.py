@@ -110,6 +110,12 @@ def test_segment_runs_give_cudnn_lengths_and_offsets():
     np.testing.assert_array_equal(np.asarray(l2)[0, :3], [3, 5, -1])
     np.testing.assert_array_equal(np.asarray(o2)[0, :3], [0, 3, -1])
     np.testing.assert_array_equal(np.asarray(attn.positions_from_segments(left))[0], [0, 1, 2, 0, 1, 2, 3, 4])
+    # a bound on the runs per row: the same runs, M columns (+1 for offsets, still ending in -1)
+    l5, o5 = attn.segment_runs(jnp.asarray(SEGMENTS), max_runs=5)
+    assert l5.shape == (2, 5) and o5.shape == (2, 6)
+    np.testing.assert_array_equal(np.asarray(l5), np.asarray(lengths)[:, :5])
+    np.testing.assert_array_equal(np.asarray(o5)[:, :5], np.asarray(offsets)[:, :5])
+    assert (np.asarray(o5)[:, -1] == -1).all()
 
 
 def test_auto_resolves_per_platform_and_feature():
@@ -244,12 +250,13 @@ def test_splash_on_tpu_matches_xla():
 
 
 @pytest.mark.gpu
-def test_auto_packed_model_matches_xla_on_the_accelerator():
-    """A tiny BERT on packed rows with the platform's kernel (auto) against the XLA reference, bfloat16."""
+@pytest.mark.parametrize("kernel", ["cudnn", "pallas"])
+def test_fused_kernel_packed_model_matches_xla_on_the_accelerator(kernel):
+    """A tiny BERT on packed rows with a GPU kernel against the XLA reference (what auto runs on GPU), bf16."""
     cfg = models.config_from_hf(dict(model_type="bert", vocab_size=128, hidden_size=128, num_hidden_layers=2,
                                      num_attention_heads=2, intermediate_size=256), dtype="bfloat16")
     ref_model = models.init_model(dataclasses.replace(cfg, attention="xla"), seed=0)
-    auto_model = models.model_from_params(cfg, models.flat_params(ref_model))
+    auto_model = models.model_from_params(dataclasses.replace(cfg, attention=kernel), models.flat_params(ref_model))
     ids = jnp.asarray(np.random.default_rng(0).integers(3, 128, SEGMENTS.shape), jnp.int32)
     pos = attn.positions_from_segments(jnp.asarray(SEGMENTS))
     a = ref_model(ids, segment_ids=jnp.asarray(SEGMENTS), positions=pos)
@@ -295,11 +302,13 @@ def test_kernels_without_window_or_softcap_refuse_in_one_line(monkeypatch):
             attn.check(name, dtype=jnp.bfloat16, head_dim=64, softcap=True)  # when the model is built
         assert "soft-capping" in _one_line(e)
     assert attn.resolve("splash", window=True, softcap=True, **kw) == "splash"
-    # auto on a Hopper GPU: cudnn, but xla for a window shorter than the row or soft-capping
+    # auto on a Hopper GPU: xla (cuDNN's packed layout was 27x slower on an H200: the module docstring), on a TPU
+    # splash, with its window and soft-capping
     monkeypatch.setattr(attn, "_platform", lambda: "gpu")
     monkeypatch.setattr(attn, "_cudnn_ok", lambda dtype, head_dim: None)
-    assert attn.resolve("auto", **kw) == "cudnn"
-    assert attn.resolve("auto", window=True, **kw) == attn.resolve("auto", softcap=True, **kw) == "xla"
+    assert attn.resolve("auto", **kw) == attn.resolve("auto", window=True, softcap=True, **kw) == "xla"
+    monkeypatch.setattr(attn, "_platform", lambda: "tpu")
+    assert attn.resolve("auto", window=True, softcap=True, **kw) == "splash"
 
 
 def test_a_window_as_long_as_the_row_reaches_any_kernel(monkeypatch):

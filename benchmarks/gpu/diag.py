@@ -33,9 +33,9 @@ import harness as H  # noqa: E402
 VARIANTS = {  # name -> (train.dropout, model.attention, data.packing)
     "packed_dropout_auto": (True, "auto", True),
     "packed_nodrop_auto": (False, "auto", True),
-    "packed_nodrop_xla": (False, "xla", True),
+    "packed_nodrop_pallas": (False, "pallas", True),
+    "packed_nodrop_cudnn": (False, "cudnn", True),
     "padded_dropout_auto": (True, "auto", False),
-    "padded_nodrop_auto": (False, "auto", False),
 }
 
 
@@ -86,9 +86,65 @@ def record(folder: Path) -> None:
     parts = []
     for name, v in d.get("variants", {}).items():
         parts.append(f"{name} {v['step_s'] * 1e3:.0f} ms" if "step_s" in v else f"{name}: {next(iter(v))}")
+    for shape, cases in d.get("attention_ms", {}).items():
+        parts.append(f"attention alone (fwd + bwd) {shape}: " + ", ".join(
+            f"{k} {v} ms" if isinstance(v, (int, float)) else f"{k}: {str(v).split(':')[0]}" for k, v in cases.items()))
     _record.record_line(f"| {_record.run_id()[:10]} | gpu diag | {dev} | train step time per variant (dropout, "
                         f"attention kernel, packing), {d.get('model')} B={d.get('batch')}, natural lengths | "
                         f"{'; '.join(parts)} | `python benchmarks/gpu/diag.py --out $OUT --trace` |")
+
+
+def max_runs(ids) -> int:
+    """ids [R, L] (host) -> the most runs of equal ids in one row (texts + the padding run)."""
+    import numpy as np
+
+    ids = np.asarray(ids)
+    return int((np.concatenate([np.ones((ids.shape[0], 1), bool), ids[:, 1:] != ids[:, :-1]], 1)).sum(1).max())
+
+
+def attention_bench(ids_list, heads: int, head_dim: int, t_end: float, iters: int = 20) -> dict:
+    """The attention call alone, forward + backward, on the packed rows' segment ids (a list of [R, L] host
+    arrays), bfloat16 q / k / v [R, L, heads, head_dim]: the XLA path with and without attention dropout, cuDNN
+    with max segments = L (what the model passes) and = the rows' real bound, Pallas. -> {case: ms per call}."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxembed.models import attention as A
+
+    out = {}
+    for ids in ids_list:
+        R, L = ids.shape
+        m = max_runs(ids)
+        key = f"{R}x{L} (max runs {m})"
+        ks = jax.random.split(jax.random.key(0), 4)
+        q, k, v, g = (jax.random.normal(kk, (R, L, heads, head_dim), jnp.bfloat16) for kk in ks)
+        seg = A.Segments(jnp.asarray(ids))
+        cases = {
+            "xla": lambda q, k, v: A.xla_attention(q, k, v, seg),
+            "xla_dropout": lambda q, k, v: A.xla_attention(q, k, v, seg, dropout_rate=0.1, deterministic=False,
+                                                           rngs=nnx.Rngs(dropout=0)),
+            "cudnn_M=L": lambda q, k, v: A.cudnn_attention(q, k, v, seg),
+            f"cudnn_M={m}": lambda q, k, v: A.cudnn_attention(q, k, v, seg, max_runs=m),
+            "pallas": lambda q, k, v: A.pallas_attention(q, k, v, seg),
+        }
+        res = out.setdefault(key, {})
+        for name, fn in cases.items():
+            if time.time() > t_end:
+                res[name] = "skipped: budget"
+                continue
+            try:
+                step = jax.jit(jax.grad(lambda q, k, v, fn=fn: (fn(q, k, v).astype(jnp.float32) * g).sum(),
+                                        argnums=(0, 1, 2)))
+                jax.block_until_ready(step(q, k, v))
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    r = step(q, k, v)
+                jax.block_until_ready(r)
+                res[name] = round((time.perf_counter() - t0) / iters * 1e3, 3)
+            except Exception as e:  # noqa: BLE001 -- a kernel's failure is a finding too
+                res[name] = "error: " + "".join(traceback.format_exception_only(e))[-300:]
+    return out
 
 
 def main() -> None:
@@ -102,6 +158,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--take", type=int, default=4)
     ap.add_argument("--trace", action="store_true", help="profiler trace of the first variant (perfetto JSON)")
+    ap.add_argument("--attn", action="store_true",
+                    help="also time the attention call alone (forward + backward) per kernel on the packed rows")
     a = ap.parse_args()
     if a.record:
         return record(Path(a.record))
@@ -154,6 +212,14 @@ def main() -> None:
                 ks = kernel_summary(tdir)
                 (out / "kernels.json").write_text(json.dumps(ks, indent=1))
                 res["top_kernels"] = ks.get("kernels", [])[:15]
+            if first and a.attn and packing:
+                cfg = json.loads((Path(folder) / "config.json").read_text())
+                heads = int(cfg["num_attention_heads"])
+                hd = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+                ids = {str(v.shape): v for h in hosts for kk, v in h.items() if kk.endswith("segment_ids")}
+                res["attention_ms"] = attention_bench(list(ids.values())[:2], heads, hd, t_end - 30)
+                print("attention_ms", json.dumps(res["attention_ms"]), flush=True)
+                save()
             shapes = sorted({str([list(v.shape) for k, v in h.items() if k.endswith("input_ids")]) for h in hosts})
             times = timed["round_times_s"]
             res["variants"][name] = {"compile_s": timed["compile_s"], "programs": timed["programs"],

@@ -39,7 +39,8 @@ def _pct(x) -> str:
 
 def line_pytest(r: dict) -> str:
     c = r.get("counts", {})
-    if not c and r.get("outcomes"):  # stopped before pytest's summary: count the per-test lines (pytest -v)
+    if not any(k in c for k in ("passed", "failed", "skipped", "error", "errors")) and r.get("outcomes"):
+        # stopped before pytest's summary (its header's "N deselected" is no summary): count the per-test lines
         c = {k: sum(v == k for v in r["outcomes"].values()) for k in ("passed", "failed", "skipped")}
     bad = [k for k, v in r.get("outcomes", {}).items() if v in ("failed", "error")]
     return (f"{c.get('passed', 0)} passed, {c.get('failed', 0)} failed, {c.get('skipped', 0)} skipped"

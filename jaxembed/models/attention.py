@@ -20,9 +20,13 @@ Implementations (``model.attention``; ``IMPLEMENTATIONS``):
   and a full or causal mask; rows padded to a multiple of 128.
 - ``te``: Transformer Engine's JAX fused attention (``transformer_engine.jax.attention.fused_attn``) with a
   ``SequenceDescriptor`` from segment ids and positions (CUDA GPU; imported only when asked for).
-- ``auto``: per platform: TPU -> splash; CUDA GPU (Hopper+, half precision, head_dim % 8 == 0 and <= 256) ->
-  cudnn; otherwise xla. Calls the fast kernels cannot serve (the T5 bias, attention dropout in training; on GPU a
-  sliding window shorter than the row and attention logit soft-capping) use xla.
+- ``auto``: per platform: TPU -> splash; otherwise (GPU included) xla. Calls splash cannot serve (the T5 bias,
+  attention dropout in training) use xla. Measured on an H200 (benchmarks/README.md, gpu diag 2026-11-26):
+  on MiniLM's packed rows [195, 128] the attention call alone (forward + backward) takes 0.58 ms with xla, 0.42 ms
+  with pallas and 15.7 ms with cudnn (3.6 ms with its max segments cut to the rows' 22 runs: JAX's wrapper sizes
+  cuDNN's statistics and work by B x max segments); the training step 10.5 ms with xla vs 101 ms with cudnn, and
+  cudnn failed outright on [1024, 128] padded rows (CUDNN_STATUS_EXECUTION_FAILED). So GPU runs use xla unless
+  a kernel is asked for.
 
 Sliding windows (Mistral, Gemma's local layers) and attention logit soft-capping (Gemma 2) are applied by xla
 (in the mask / on the logits) and by splash (``LocalMask``, ``attn_logits_soft_cap``). A window at least as long
@@ -170,11 +174,7 @@ def resolve(name: str, *, dtype, head_dim: int, bias: bool, dropout: bool, windo
     if name == "auto":
         if bias or dropout:
             return "xla"
-        if _platform() == "tpu":
-            return "splash"
-        if _platform() == "gpu" and _cudnn_ok(dtype, head_dim) is None and not window and not softcap:
-            return "cudnn"
-        return "xla"
+        return "splash" if _platform() == "tpu" else "xla"  # GPU: xla (measured, module docstring)
     if name != "xla" and dropout:
         raise UserError(f"model.attention={name!r} has no attention dropout, which this training step uses (fix: "
                         "model.attention='auto' (xla while dropout is on) or train.dropout=False)")
@@ -228,10 +228,13 @@ def xla_attention(q, k, v, seg: Segments, *, causal=False, bias=None, scale=None
     return jnp.einsum("bnts,bsnd->btnd", probs.astype(v.dtype), v)
 
 
-def segment_runs(ids: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Runs of equal ids per row as cuDNN's packed layout wants them: (lengths [B, L] with -1 after the last run,
-    offsets [B, L + 1] of each run's first column, -1 after the last run). Padding is a run of its own."""
+def segment_runs(ids: jax.Array, max_runs: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """Runs of equal ids per row as cuDNN's packed layout wants them: (lengths [B, M] with -1 after the last run,
+    offsets [B, M + 1] of each run's first column, -1 after the last run). Padding is a run of its own.
+    max_runs: M, the most runs a row may have (None: L, which always holds); the caller guarantees it (runs past
+    it are dropped)."""
     b, l = ids.shape
+    m_cols = l if max_runs is None else min(int(max_runs), l)
     boundary = jnp.concatenate([jnp.ones((b, 1), bool), ids[:, 1:] != ids[:, :-1]], axis=1)
     run = jnp.cumsum(boundary, axis=1, dtype=jnp.int32) - 1
     nruns = run[:, -1:] + 1
@@ -240,15 +243,16 @@ def segment_runs(ids: jax.Array) -> tuple[jax.Array, jax.Array]:
     lengths = jnp.where(m < nruns, counts, -1)
     starts = jnp.cumsum(counts, axis=1, dtype=jnp.int32) - counts
     offsets = jnp.concatenate([jnp.where(m < nruns, starts, -1), jnp.full((b, 1), -1, jnp.int32)], axis=1)
-    return lengths, offsets
+    return lengths[:, :m_cols], jnp.concatenate([offsets[:, :m_cols], offsets[:, -1:]], axis=1)
 
 
-def cudnn_attention(q, k, v, seg: Segments, *, causal=False, scale=None):
-    """cuDNN flash attention in the packed (THD) layout: one segment per run of equal ids. CUDA, Hopper+."""
+def cudnn_attention(q, k, v, seg: Segments, *, causal=False, scale=None, max_runs: int | None = None):
+    """cuDNN flash attention in the packed (THD) layout: one segment per run of equal ids. CUDA, Hopper+.
+    max_runs: the most runs of equal ids a row has (``segment_runs``; None: the row length)."""
     from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
 
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    lengths, offsets = segment_runs(seg.ids)
+    lengths, offsets = segment_runs(seg.ids, max_runs)
     return dot_product_attention(q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets,
                                  kv_offsets=offsets, scale=scale,
                                  mask_type=MaskType.PADDING_CAUSAL if causal else MaskType.PADDING,
