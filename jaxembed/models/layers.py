@@ -67,8 +67,8 @@ def dense(
     rngs: nnx.Rngs,
     std: float = 0.02,
 ) -> nnx.Linear:
-    """A linear layer; kernel shape [din, dout] (transpose of PyTorch's [dout, din])."""
-    return nnx.Linear(
+    """A linear layer (``Dense``); kernel shape [din, dout] (transpose of PyTorch's [dout, din])."""
+    return Dense(
         din,
         dout,
         use_bias=bias,
@@ -78,6 +78,25 @@ def dense(
         bias_init=_init(nnx.initializers.zeros_init(), (axes[1],)),
         rngs=rngs,
     )
+
+
+class Dense(nnx.Linear):
+    """``nnx.Linear`` whose bias gradient is summed in float32. Autodiff's transpose of the bias broadcast is a
+    reduction in the compute dtype: in bfloat16 a sum over thousands of tokens stalls once the partial sum
+    outgrows the addends (on the CPU the bias gradient of 3,456 tokens of cotangent 1 came out as 1,024), where
+    PyTorch accumulates in float32. Forward values are nnx.Linear's."""
+
+    def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
+        """inputs [..., din] -> [..., dout]."""
+        if self.bias is None:
+            return super().__call__(inputs, out_sharding=out_sharding)
+        kernel = self.kernel[...]
+        inputs, kernel = self.promote_dtype((inputs, kernel), dtype=self.dtype)
+        kw = {"out_sharding": out_sharding}
+        if self.preferred_element_type is not None:
+            kw["preferred_element_type"] = self.preferred_element_type
+        y = self.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision, **kw)
+        return _add_row(y, self.bias[...], y.dtype)
 
 
 class Embed(nnx.Embed):
@@ -116,6 +135,26 @@ def _add_row_bwd(dtype, like, g):
 
 
 _add_row.defvjp(_add_row_fwd, _add_row_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _mul_row(x, row, dtype):
+    """x [..., F] * row [F] cast to ``dtype``; the row's gradient sum(g * x) over the leading axes is accumulated
+    in float32 (``Dense``'s docstring says why)."""
+    return x * row.astype(dtype)
+
+
+def _mul_row_fwd(x, row, dtype):
+    return _mul_row(x, row, dtype), (x, row)
+
+
+def _mul_row_bwd(dtype, res, g):
+    x, row = res
+    grow = jnp.sum(g.astype(jnp.float32) * x.astype(jnp.float32), axis=tuple(range(g.ndim - 1)))
+    return (g * row.astype(dtype)).astype(x.dtype), grow.astype(row.dtype)
+
+
+_mul_row.defvjp(_mul_row_fwd, _mul_row_bwd)
 
 
 def embed(num: int, features: int, axes: tuple[str | None, str | None], *, opts: RuntimeOptions, rngs: nnx.Rngs,
@@ -170,7 +209,7 @@ class RMSNorm(nnx.Module):
             return (x32 * jax.lax.rsqrt(var + self.eps) * (1.0 + self.scale[...].astype(jnp.float32))).astype(
                 self.dtype)
         y = (x32 * jax.lax.rsqrt(var + self.eps)).astype(self.dtype)
-        return y * self.scale[...].astype(self.dtype)
+        return _mul_row(y, self.scale[...], y.dtype)  # the scale's gradient summed in float32 (Dense)
 
 
 def gelu_new(x):
