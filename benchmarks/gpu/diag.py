@@ -154,6 +154,7 @@ def main() -> None:
     ap.add_argument("--model", default="minilm")
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--dtype", default="bfloat16", help="compute dtype (float32 for what the CPU benchmarks run)")
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--take", type=int, default=4)
@@ -168,7 +169,7 @@ def main() -> None:
     t_end = time.time() + a.budget
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    res: dict = {"model": a.model, "batch": a.batch, "variants": {}}
+    res: dict = {"model": a.model, "batch": a.batch, "dtype": a.dtype, "variants": {}}
 
     def save():
         (out / "diag.json").write_text(json.dumps(res, indent=1))
@@ -190,7 +191,8 @@ def main() -> None:
         dropout, attn, packing = VARIANTS[name]
         t0 = time.time()
         try:
-            c = H.run_config(folder, a.batch, data=H.natural_data_file(root), store=root / "store_k2", plan_steps=40)
+            c = H.run_config(folder, a.batch, data=H.natural_data_file(root), store=root / "store_k2", plan_steps=40,
+                             dtype=a.dtype)
             c.train.dropout = dropout
             c.model.attention = attn
             packed, padded = H.make_runs(c, Path(tempfile.mkdtemp(prefix="diag_", dir=root)))
