@@ -201,3 +201,22 @@ def test_readme_results_figures_are_in_their_records():
                 fig, d = float(text), len(text.split(".")[1])
                 ok = any(round(v, d) == fig or round(v / 1024, d) == fig for v in values)
                 assert ok, f"{row[0]}: {text} is not a value of {rec.name} (rounded to {d} decimals)"
+
+
+def test_readme_method_table_figures_are_in_their_record():
+    """The README's 'Does each method help?' table (issue 22): six arms, each row's record exists and holds every
+    figure of the row as printed."""
+    import json
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    rows = _table(readme, "| arm | average (spread of 3 seeds) | vs base | vs its reference | STS average | record |")
+    assert len(rows) == 6
+    for row in rows:
+        rec = _record_file(row[5])
+        assert rec.parent == RESULTS and rec.exists(), row
+        values = _values(json.loads(rec.read_text()))
+        for cell in row[1:5]:
+            for text in re.findall(r"[-+]?\d+\.\d+", cell.replace("**", "")):
+                fig, d = float(text), len(text.split(".")[1])
+                assert any(round(v, d) == fig for v in values), f"{row[0]}: {text} is not a value of {rec.name}"
