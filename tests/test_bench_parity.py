@@ -185,38 +185,35 @@ def test_readme_results_figures_are_in_their_records():
     figure of the row is a value of that record as printed (rounded to the printed decimals; GiB figures from the
     record's MiB). A row that restates a row of docs/benchmarks.md (same record, same figures) is checked strictly
     there."""
-    import json
-    import re
-
     readme = (ROOT / "README.md").read_text()
     rows = _table(readme, "| what | jaxembed | sentence-transformers | record |")
     assert len(rows) >= 3
     assert any(r[0].startswith("train throughput vs ST (packed)") for r in rows), "the packed throughput row is gone"
     for row in rows:
-        rec = _record_file(row[3])
-        assert rec.parent == RESULTS and rec.exists(), row
-        values = _values(json.loads(rec.read_text()))
-        for cell in row[1:3]:
-            for text in re.findall(r"[-+]?\d+\.\d+", cell.replace("**", "")):
-                fig, d = float(text), len(text.split(".")[1])
-                ok = any(round(v, d) == fig or round(v / 1024, d) == fig for v in values)
-                assert ok, f"{row[0]}: {text} is not a value of {rec.name} (rounded to {d} decimals)"
+        _assert_figures_in_record(row, row[1:3], row[3], gib=True)
+
+
+def _assert_figures_in_record(row: list[str], cells: list[str], record_cell: str, gib: bool = False) -> None:
+    """The record of ``record_cell`` exists under benchmarks/results/ and holds every figure of ``cells`` as
+    printed (rounded to the printed decimals; with ``gib`` also a MiB value printed in GiB)."""
+    import json
+    import re
+
+    rec = _record_file(record_cell)
+    assert rec.parent == RESULTS and rec.exists(), row
+    values = _values(json.loads(rec.read_text()))
+    for cell in cells:
+        for text in re.findall(r"[-+]?\d+\.\d+", cell.replace("**", "")):
+            fig, d = float(text), len(text.split(".")[1])
+            ok = any(round(v, d) == fig or (gib and round(v / 1024, d) == fig) for v in values)
+            assert ok, f"{row[0]}: {text} is not a value of {rec.name} (rounded to {d} decimals)"
 
 
 def test_readme_method_table_figures_are_in_their_record():
     """The README's 'Does each method help?' table (issue 22): six arms, each row's record exists and holds every
     figure of the row as printed."""
-    import json
-    import re
-
     readme = (ROOT / "README.md").read_text()
     rows = _table(readme, "| arm | average (spread of 3 seeds) | vs base | vs its reference | STS average | record |")
     assert len(rows) == 6
     for row in rows:
-        rec = _record_file(row[5])
-        assert rec.parent == RESULTS and rec.exists(), row
-        values = _values(json.loads(rec.read_text()))
-        for cell in row[1:5]:
-            for text in re.findall(r"[-+]?\d+\.\d+", cell.replace("**", "")):
-                fig, d = float(text), len(text.split(".")[1])
-                assert any(round(v, d) == fig for v in values), f"{row[0]}: {text} is not a value of {rec.name}"
+        _assert_figures_in_record(row, row[1:5], row[5])
