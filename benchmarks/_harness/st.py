@@ -22,6 +22,20 @@ def trainer_adamw(model, lr: float, weight_decay: float, **kw):
     return torch.optim.AdamW(groups, lr=lr, **kw)
 
 
+def st_step(model, loss_fn, opt, features, amp):
+    """One sentence-transformers training step as the HF Trainer runs it: the loss under ``amp`` (a context
+    manager factory: autocast, or a null context), backward, grad-norm clipping at 1.0, the optimizer step. -> loss."""
+    import torch
+
+    with amp():
+        loss = loss_fn(features, None)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def column_features(batch: dict, columns: list[str]) -> list[dict]:
     """A collated batch ({"<column>_input_ids": ..., ...}) as ST's loss takes it: one feature dict per column."""
     return [{k[len(col) + 1:]: v for k, v in batch.items() if k.startswith(col + "_")} for col in columns]

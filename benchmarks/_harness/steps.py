@@ -14,7 +14,7 @@ from pathlib import Path
 from .models import synthetic_ids
 from .proc import cpu_s, peak_rss_mib, rss_now_mib
 from .recipe import ROOT, TEMPERATURE, natural_config, natural_store, natural_texts
-from .st import trainer_adamw
+from .st import st_step, trainer_adamw
 
 K = 2  # candidates per query: the positive and one hard negative
 
@@ -148,13 +148,7 @@ def worker_st(folder: str, B: int, lq: int, ld: int, chunk: int, steps: int, war
     sync = torch.cuda.synchronize if gpu else (lambda: None)
 
     def one_step():
-        with amp():
-            loss = loss_fn(features, None)
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+        return st_step(model, loss_fn, opt, features, amp)
 
     rss_loaded = peak_rss_mib()
     t0 = time.perf_counter()

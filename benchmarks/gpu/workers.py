@@ -22,7 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-import harness as H
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _harness
+
+import harness as H  # noqa: E402
+from _harness.st import st_step, trainer_adamw  # noqa: E402
 
 
 def emit(**kw) -> None:
@@ -217,19 +220,6 @@ def _st_loss_cls():
     return MultipleNegativesRankingLoss
 
 
-def _st_optimizer(model):
-    """AdamW, lr 2e-5, weight decay 0.01 except norms and biases (the HF Trainer's grouping)."""
-    import torch
-    from torch import nn
-    from transformers.trainer_pt_utils import get_parameter_names
-
-    decay = set(get_parameter_names(model, [nn.LayerNorm],
-                                    [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]))
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    return torch.optim.AdamW([{"params": [p for n, p in named if n in decay], "weight_decay": 0.01},
-                              {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}], lr=2e-5)
-
-
 def train_st(a: dict) -> None:
     """sentence-transformers on the same model folder and the same steps' texts (each column padded to its longest
     text, as its collator does), then the fixed-length batch; bf16 autocast around forward and backward (the HF
@@ -252,7 +242,7 @@ def train_st(a: dict) -> None:
     model = _st_model(folder, device)
     model.train()
     loss_fn = _st_loss_cls()(model, scale=1.0 / H.TEMPERATURE)
-    opt = _st_optimizer(model)
+    opt = trainer_adamw(model, lr=2e-5, weight_decay=0.01)  # the HF Trainer's AdamW groups
     kind = torch.cuda.get_device_name() if gpu else "cpu"
     peak = H.peak_flops(kind, a.get("peak_flops"))
     emit(kind="setup", tool="st", model=name, batch=B, device=kind, steps=steps, torch=torch.__version__,
@@ -265,13 +255,7 @@ def train_st(a: dict) -> None:
         return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in f.items()}
 
     def one_step(f):  # bf16 autocast on the GPU; on the CPU (the dry run) float32: CPU autocast is very slow
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=gpu):
-            loss = loss_fn(f, None)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+        return st_step(model, loss_fn, opt, f, lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=gpu))
 
     dim = int(model.get_sentence_embedding_dimension())
     lq, ld = _fixed_lengths(a, info)
