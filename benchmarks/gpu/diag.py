@@ -94,14 +94,6 @@ def record(folder: Path) -> None:
                         f"{'; '.join(parts)} | `python benchmarks/gpu/diag.py --out $OUT --trace` |")
 
 
-def max_runs(ids) -> int:
-    """ids [R, L] (host) -> the most runs of equal ids in one row (texts + the padding run)."""
-    import numpy as np
-
-    ids = np.asarray(ids)
-    return int((np.concatenate([np.ones((ids.shape[0], 1), bool), ids[:, 1:] != ids[:, :-1]], 1)).sum(1).max())
-
-
 def attention_bench(ids_list, heads: int, head_dim: int, t_end: float, iters: int = 20) -> dict:
     """The attention call alone, forward + backward, on the packed rows' segment ids (a list of [R, L] host
     arrays), bfloat16 q / k / v [R, L, heads, head_dim]: the XLA path with and without attention dropout, cuDNN
@@ -115,7 +107,7 @@ def attention_bench(ids_list, heads: int, head_dim: int, t_end: float, iters: in
     out = {}
     for ids in ids_list:
         R, L = ids.shape
-        m = max_runs(ids)
+        m = int((A.segment_runs(jnp.asarray(ids))[0] > 0).sum(axis=1).max())  # texts + the padding run
         key = f"{R}x{L} (max runs {m})"
         ks = jax.random.split(jax.random.key(0), 4)
         q, k, v, g = (jax.random.normal(kk, (R, L, heads, head_dim), jnp.bfloat16) for kk in ks)
