@@ -96,8 +96,6 @@ class Dense(nnx.Linear):
         if self.preferred_element_type is not None:
             kw["preferred_element_type"] = self.preferred_element_type
         y = self.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision, **kw)
-        if y.dtype == jnp.float32:  # autodiff already sums in float32: the plain add, as nnx.Linear
-            return y + self.bias[...].astype(y.dtype)
         return _add_row(y, self.bias[...], y.dtype)
 
 
@@ -211,8 +209,6 @@ class RMSNorm(nnx.Module):
             return (x32 * jax.lax.rsqrt(var + self.eps) * (1.0 + self.scale[...].astype(jnp.float32))).astype(
                 self.dtype)
         y = (x32 * jax.lax.rsqrt(var + self.eps)).astype(self.dtype)
-        if y.dtype == jnp.float32:
-            return y * self.scale[...].astype(y.dtype)
         return _mul_row(y, self.scale[...], y.dtype)  # the scale's gradient summed in float32 (Dense)
 
 
