@@ -96,7 +96,20 @@ def expected_skip(item) -> str | None:
     return None
 
 
+# The files that take longest on the 2-core CI machine (seconds of one file, measured), run first: `make test` hands
+# whole files to its pytest-xdist workers in collection order (--dist loadfile --no-loadscope-reorder, Makefile), so a
+# long file started last would run alone at the end (the multidevice suite did: +2 minutes).
+FIRST_FILES = {
+    "tests/test_multidevice.py": 114,
+    "tests/test_train.py": 63,
+    "tests/test_gpu_bench.py": 62,
+    "tests/test_pod.py": 54,
+}
+
+
 def pytest_collection_modifyitems(config, items):
+    first = list(FIRST_FILES)
+    items.sort(key=lambda item: first.index(f) if (f := item.nodeid.split("::")[0]) in first else len(first))
     for item in items:
         limit = LONG_TESTS.get(item.nodeid.split("[")[0])
         if limit is not None and item.get_closest_marker("timeout") is None:
