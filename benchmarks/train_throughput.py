@@ -38,14 +38,16 @@ Sections (--sections, default all):
                tokens: jaxembed's `jaxembed train` step as it runs by default (packed rows, data.packing=True),
                jaxembed padded (data.packing=False: one text per row, pow2 length buckets) and sentence-
                transformers (stock MultipleNegativesRankingLoss, its own dynamic padding: each column padded to
-               its longest text) on the same texts: the plan's first --natural-steps batches. Each tool runs in a
+               its longest text) on the same texts: --natural-steps batches of the plan (--natural-pick: spread
+               evenly over the plan, a run's average, or its first ones). Each tool runs in a
                long-lived process: it builds its batches, runs each once (compilation, allocator), then the parent
                runs --natural-rounds rounds, each running every tool's batches in turn, and reports the median
                over rounds of the time ratio for the same batches (robust to load that changes between rounds),
                the fraction of the computed token slots that hold real tokens, and each process's peak RSS
 
     python benchmarks/train_throughput.py --sections natural --threads 1 [--natural-models minilm:64]
-        [--natural-data snli,demo] [--natural-steps 4] [--natural-rounds 3] [--natural-resident 3]
+        [--natural-data snli,demo] [--natural-steps 4] [--natural-pick spread] [--natural-rounds 3]
+        [--natural-resident 3]
 
     python benchmarks/train_throughput.py [--models minilm:32,bert-base:8,qwen2-0.5b:4] [--steps 3]
         [--warmup 1] [--q-len 32] [--d-len 64] [--sections throughput,scaling,loader] [--device-info]
@@ -69,7 +71,7 @@ sys.path.insert(0, str(HERE))
 from _harness.models import MODELS, model_folder  # noqa: E402
 from _harness.proc import (LineWorker, cpu_s, device_info, log, pin_threads, public_argv, run_worker,  # noqa: E402
                            script_argv, worker_env)
-from _harness.recipe import TEMPERATURE, load_recipe, natural_store  # noqa: E402
+from _harness.recipe import NATURAL_PICKS, TEMPERATURE, load_recipe, natural_steps, natural_store  # noqa: E402
 from _harness.steps import K, peak_flops, serve_natural, step_flops, worker_jaxembed, worker_st  # noqa: E402
 from _record import record_line, save_result  # noqa: E402
 
@@ -257,8 +259,8 @@ def natural_ratios(row: dict, steps: int, B: int) -> None:
 
 def section_natural(args, cache: Path, log, thread_settings=(0,)) -> list[dict]:
     """Natural lengths: for each --natural-models entry and --natural-data set, jaxembed packed (the default),
-    jaxembed padded (data.packing=False) and sentence-transformers on the same rows (the plan's first
-    --natural-steps batches), measured interleaved (measure_natural)."""
+    jaxembed padded (data.packing=False) and sentence-transformers on the same rows (--natural-steps batches of
+    the plan, --natural-pick), measured interleaved (measure_natural)."""
     rows = []
     tools = [t for t in args.natural_tools.split(",") if t]
     bad = [t for t in tools if t not in NATURAL_TOOLS]
@@ -277,10 +279,12 @@ def section_natural(args, cache: Path, log, thread_settings=(0,)) -> list[dict]:
                 row = {"model": name, "random_weights": MODELS[name] is not None, "data": data, "global_batch": B,
                        "max_len": args.natural_max_len, "steps": args.natural_steps, "rounds": args.natural_rounds,
                        "resident": args.natural_resident, "plan_steps": args.natural_plan_steps,
+                       "pick": args.natural_pick,
+                       "plan_step_ids": natural_steps(args.natural_plan_steps, args.natural_steps, args.natural_pick),
                        "threads_per_tool": threads or "all cores, framework default"}
                 log(f"natural {name} {data} B={B}, {_threads_text(threads)}: {', '.join(tools)}")
                 params = [str(folder), data, B, args.natural_max_len, args.natural_plan_steps, args.natural_steps,
-                          str(store)]
+                          str(store), args.natural_pick]
                 row.update(measure_natural(tools, params, args.natural_steps, args.natural_rounds,
                                            args.natural_resident, log))
                 natural_ratios(row, args.natural_steps, B)
@@ -528,8 +532,11 @@ def main():
     ap.add_argument("--natural-data", default="snli,demo", help="natural section: snli and / or demo")
     ap.add_argument("--natural-max-len", type=int, default=64, help="natural section: tokens per text at most")
     ap.add_argument("--natural-steps", type=int, default=4,
-                    help="natural section: the plan's first N batches, each run once (compilation), then once per "
-                         "round, timed")
+                    help="natural section: N batches of the plan (--natural-pick), each run once (compilation), "
+                         "then once per round, timed")
+    ap.add_argument("--natural-pick", default="spread", choices=NATURAL_PICKS,
+                    help="natural section: which steps: spread evenly over the plan (a run's average lengths and "
+                         "shapes) or the plan's first ones")
     ap.add_argument("--natural-rounds", type=int, default=3,
                     help="natural section: rounds; each runs every resident tool's batches in turn (interleaved)")
     ap.add_argument("--natural-resident", type=int, default=3,
@@ -540,7 +547,8 @@ def main():
                     help="natural section: comma list of jaxembed-packed, jaxembed-padded, st")
     ap.add_argument("--natural-plan-steps", type=int, default=1000,
                     help="natural section: the plan's length; a run's packed shapes are chosen over all its steps "
-                         "(a shape is added when it saves ~20 steps' padding), so a longer run gets fuller rows")
+                         "(a shape is added when it saves more slots than a compilation costs), so a longer run "
+                         "gets fuller rows")
     ap.add_argument("--_worker", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_natural", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -634,8 +642,11 @@ def main():
         how = ("one tool process at a time, a fresh one per tool and round, the order alternating"
                if args.natural_resident == 1 else f"{args.natural_resident} tool processes resident; batch by batch, "
                "tools in turn")
-        lines.append(f"| {result['date']} | train_throughput (natural lengths) | {dev} | the plan's first "
-                     f"{args.natural_steps} batches of a {args.natural_plan_steps}-step plan, every text <= "
+        ids = natural_steps(args.natural_plan_steps, args.natural_steps, args.natural_pick)
+        which = ("the first" if args.natural_pick == "first" else "spread evenly over the plan:") + " steps " + \
+            ", ".join(map(str, ids))
+        lines.append(f"| {result['date']} | train_throughput (natural lengths) | {dev} | {args.natural_steps} "
+                     f"batches ({which}) of a {args.natural_plan_steps}-step plan, every text <= "
                      f"{args.natural_max_len} tokens, 1 pos + 1 hard neg, AdamW, {result['setting']['precision']}, "
                      f"same rows for all tools, ST with its own dynamic padding and stock MNRL; each batch run once "
                      f"(compilation), then {args.natural_rounds} interleaved rounds ({how}), ratio = median over "

@@ -97,6 +97,45 @@ def test_choose_rows_fits_every_step_with_few_shapes():
         assert len({tuple(r) for r in one.tolist()}) == 1 and (one == R.max(axis=0)).all()
 
 
+def _total_rows(need: np.ndarray, shapes) -> int:
+    """Rows over the plan when each step takes the smallest of ``shapes`` that holds its need."""
+    return sum(min(sum(c) for c in shapes if all(x >= w for x, w in zip(c, n))) for n in need.tolist())
+
+
+def test_choose_rows_adds_a_shape_only_when_it_saves_a_compilation():
+    rng = np.random.default_rng(1)
+    S, L = 400, 64
+    table = {"row_length": np.full(S, L), "query_pack_rows": rng.integers(10, 30, S),
+             "doc_pack_rows": rng.integers(5, 60, S)}
+    need = np.stack([table["query_pack_rows"], table["doc_pack_rows"]], 1)
+    counts = []
+    for compile_slots in (64 * 40, 64 * 400, 64 * 4000, 64 * 10 ** 7):
+        packing = P.Packing(combined=False, sub_tokens=(0, 0), compile_slots=compile_slots)
+        R = P.choose_rows(table, packing)
+        assert (R >= need).all()
+        shapes = sorted({tuple(r) for r in R.tolist()})
+        counts.append(len(shapes))
+        assert R.sum() == _total_rows(need, shapes)  # each step takes the smallest chosen shape it fits
+        if len(shapes) < P.MAX_SHAPES:  # stopped because no further shape saves a compilation's slots
+            best = max(R.sum() - _total_rows(need, shapes + [tuple(n)]) for n in need.tolist())
+            assert best * L < compile_slots
+    assert counts[0] > counts[1] > counts[2] >= counts[3] == 1, counts
+
+
+def test_compile_cost_follows_the_model_and_the_platform():
+    from types import SimpleNamespace
+
+    minilm = SimpleNamespace(model_type="bert", hidden_size=384, num_layers=6, intermediate_size=1536)
+    tiny = SimpleNamespace(model_type="bert", hidden_size=32, num_layers=2, intermediate_size=37)
+    cpu = P.compile_cost_slots(minilm, "cpu")
+    # MiniLM on a CPU core: 8 s of compilation = 8 x 6.3e10 / (6 x 10.6M) slots, about 2 steps of B=64 demo rows
+    assert cpu == pytest.approx(8.0 * 6.3e10 / (6 * 6 * (4 * 384 ** 2 + 2 * 384 * 1536)))
+    assert 2 * 3000 < cpu < 3 * 3700
+    assert P.compile_cost_slots(tiny, "cpu") > 500 * cpu  # a tiny model: its step is cheap, a compile is not
+    assert P.compile_cost_slots(minilm, "gpu", 989e12) > 1000 * cpu  # an H200 trains ~1000x more slots per second
+    assert P.compile_cost_slots(SimpleNamespace(model_type="unknown", hidden_size=8, num_layers=1), "cpu") == 0.0
+
+
 # ------------------------------------------------------------------------------------------ the train step
 
 

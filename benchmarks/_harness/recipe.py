@@ -100,8 +100,23 @@ def natural_store(data: str, max_len: int, cache: Path) -> Path:
     return out
 
 
-def natural_texts(c, steps: int) -> list[dict]:
-    """The texts of the plan's first ``steps`` steps, as the loader builds them (instruction + text, the chosen
+#: which steps of the plan the natural-length setting runs: the first ones, or spread evenly over the plan (a
+#: run's average: the steps' lengths, and so their padding and packed shapes, vary along the plan)
+NATURAL_PICKS = ("first", "spread")
+
+
+def natural_steps(plan_steps: int, steps: int, pick: str = "first") -> list[int]:
+    """The plan's step numbers of the setting: ``first`` 0 .. steps-1; ``spread`` steps evenly spaced over the
+    plan (i x plan_steps // steps)."""
+    if pick not in NATURAL_PICKS:
+        raise SystemExit(f"error: --natural-pick {pick!r}: unknown (known: {', '.join(NATURAL_PICKS)})")
+    if pick == "first":
+        return list(range(steps))
+    return [i * plan_steps // steps for i in range(steps)]
+
+
+def natural_texts(c, steps: list[int]) -> list[dict]:
+    """The texts of the plan's ``steps`` (step numbers), as the loader builds them (instruction + text, the chosen
     positive and negatives): per step {"anchor": [...], "positive": [...], "negative_1": [...], ...}; an empty
     negative slot is the empty text (jaxembed encodes the empty text there too)."""
     from jaxembed import config as cfglib
@@ -115,7 +130,7 @@ def natural_texts(c, steps: int) -> list[dict]:
     tables = loader_tables(store, plan, tok)
     G, K_ = plan.global_batch_size, tables.K
     out = []
-    for s in range(steps):
+    for s in steps:
         q, d, _, _ = step_items(tables, store, plan, s)
         cols = {"anchor": [t for t, _ in q]}
         for j in range(K_):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .models import synthetic_ids
 from .proc import cpu_s, peak_rss_mib, rss_now_mib
-from .recipe import ROOT, TEMPERATURE, natural_config, natural_store, natural_texts
+from .recipe import ROOT, TEMPERATURE, natural_config, natural_steps, natural_store, natural_texts
 from .st import st_step, trainer_adamw
 
 K = 2  # candidates per query: the positive and one hard negative
@@ -175,10 +175,11 @@ def worker_st(folder: str, B: int, lq: int, ld: int, chunk: int, steps: int, war
 
 class NaturalJaxembed:
     """jaxembed's trainer as ``jaxembed train`` runs it (setup, the step table, pow2 length buckets, the loader's
-    packed or padded batches, the jitted step) on the plan's first ``steps`` batches."""
+    packed or padded batches, the jitted step) on ``steps`` batches of the plan (``natural_steps``: the first
+    ones, or spread over the plan)."""
 
     def __init__(self, folder: str, data: str, B: int, max_len: int, plan_steps: int, steps: int, packing: bool,
-                 store: str):
+                 store: str, pick: str = "first"):
         import tempfile
 
         from jaxembed import parallel
@@ -194,9 +195,10 @@ class NaturalJaxembed:
         lengths = tuple(pow2_lengths(x) for x in (table["query_len"], table["doc_len"]))  # length_buckets="pow2"
         loader = make_loader(run.store, run.plan, run.loaded.tokenizer, lengths=lengths, num_candidates=run.K,
                              packing=run.packing, pack_table=table if run.packing is not None else None)
-        host = [loader.batch(s) for s in range(steps)]
+        ids = natural_steps(plan_steps, steps, pick)
+        host = [loader.batch(s) for s in ids]
         self.stats = [batch_stats(b, loader.batcher.shards if run.packing is not None else 1) for b in host]
-        self.shapes = sorted({tuple(loader.batcher.shape(s)) for s in range(steps)})
+        self.shapes = sorted({tuple(loader.batcher.shape(s)) for s in ids})
         self.run_shapes = loader.shapes.get("packed_shapes")
         self.batches = [to_global(b, parallel.batch_sharding(run.mesh)) for b in host]
         self.packing, self.run = bool(packing), run
@@ -231,13 +233,14 @@ class NaturalST:
     its own dynamic padding (ST's collator: the longest text of the column in the batch), stock
     MultipleNegativesRankingLoss at scale 20, AdamW with the Trainer's weight-decay groups, clipping 1.0."""
 
-    def __init__(self, folder: str, data: str, B: int, max_len: int, plan_steps: int, steps: int, store: str):
+    def __init__(self, folder: str, data: str, B: int, max_len: int, plan_steps: int, steps: int, store: str,
+                 pick: str = "first"):
         import torch
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
         c = natural_config(data, folder, B, max_len, plan_steps, True, store)
-        cols = natural_texts(c, steps)
+        cols = natural_texts(c, natural_steps(plan_steps, steps, pick))
         threads = int(os.environ.get("BENCH_THREADS", "0"))
         if threads:
             torch.set_num_threads(threads)
@@ -283,11 +286,12 @@ def serve_natural(spec: str) -> None:
     (compilation, allocator), answer READY; then on each ``run`` line run every batch once more (``run I``: batch I
     only), timed (wall and this process's CPU seconds), and answer TIMES; on ``end`` answer RESULT (memory, token
     counts) and exit."""
-    tool, folder, data, B, max_len, plan_steps, steps, store = json.loads(spec)
+    tool, folder, data, B, max_len, plan_steps, steps, store, *rest = json.loads(spec)
+    pick = rest[0] if rest else "first"
     if tool == "st":
-        w = NaturalST(folder, data, B, max_len, plan_steps, steps, store)
+        w = NaturalST(folder, data, B, max_len, plan_steps, steps, store, pick)
     else:
-        w = NaturalJaxembed(folder, data, B, max_len, plan_steps, steps, tool == "jaxembed-packed", store)
+        w = NaturalJaxembed(folder, data, B, max_len, plan_steps, steps, tool == "jaxembed-packed", store, pick)
     t0 = time.perf_counter()
     for b in w.batches:
         w.one(b)

@@ -46,13 +46,15 @@ class Packing:
     the shortest row; attention_cost: the relative cost of a token's attention per slot of its row (a slot of a row
     of L costs 1 + attention_cost * L: attention is 4 L H of a layer's ~24 H^2 FLOPs per token, so 1 / (6 H)); the
     row length with the least total cost is chosen; sub_tokens: gradient cache, token slots per shard of a
-    sub-batch of each pack (0: no cache)."""
+    sub-batch of each pack (0: no cache); compile_slots: what one more compilation of the step costs, in token
+    slots of one shard (``compile_cost_slots``; 0: ``COMPILE_STEPS`` average steps), for ``choose_rows``."""
 
     shards: int = 1
     combined: bool = True
     min_row_length: int = MIN_ROW_LENGTH
     attention_cost: float = 0.0
     sub_tokens: tuple[int, ...] = (0,)
+    compile_slots: float = 0.0
 
     def __post_init__(self):
         if self.shards < 1 or self.min_row_length < 1:
@@ -92,24 +94,54 @@ class Packing:
                 list(self.sub_tokens)]
 
 
+#: seconds one compilation of a train step takes, by platform (measured: all-MiniLM-L6-v2 at B=64, one CPU core,
+#: 7.5-8.5 s per packed shape; on an H200, 20-46 s for MiniLM to BERT-large, benchmarks/results/gpu_train_h200_*)
+COMPILE_SECONDS = {"cpu": 8.0, "gpu": 30.0, "tpu": 30.0}
+#: the train step's sustained matrix FLOP/s per device on a CPU (measured: MiniLM-L6 packed demo-mix step at B=64,
+#: 3,680 slots x 63.7 MFLOP in 3.7 s on one core); on accelerators MFU_GUESS x the device's peak (H200: 14-27 %)
+CPU_TRAIN_FLOPS = 6.3e10
+MFU_GUESS = 0.2
+
+
+def compile_cost_slots(model_config, platform: str, peak_flops: float | None = None) -> float:
+    """What one compilation of the train step costs in token slots of one device: COMPILE_SECONDS of the
+    platform x the slots a device trains per second (its FLOP/s over 3 x 2 FLOPs per matrix parameter per
+    token, ``jaxembed.flops``). MiniLM-L6 on a CPU core: ~7.9k slots (about 2 steps of B=64); a tiny test model:
+    millions (one shape). 0 (the COMPILE_STEPS rule) for a model without a FLOP formula."""
+    from jaxembed import flops as flopslib
+
+    try:
+        per_slot = 6.0 * flopslib.layer_matrix_params(model_config)
+    except (AttributeError, ValueError):
+        return 0.0
+    if platform == "cpu":
+        rate = CPU_TRAIN_FLOPS
+    else:
+        rate = MFU_GUESS * (peak_flops or 5e14)
+    return COMPILE_SECONDS.get(platform, 30.0) * rate / max(per_slot, 1.0)
+
+
 def packing_for(store, plan: Plan, tokenizer: Tokenizer, *, shards: int, combined: bool = True,
-                hidden_size: int = 0, gradcache_chunk: int = 0, num_candidates: int | None = None) -> Packing:
+                hidden_size: int = 0, gradcache_chunk: int = 0, num_candidates: int | None = None,
+                compile_slots: float = 0.0) -> Packing:
     """The trainer's ``Packing``: ``shards`` devices along the batch axes; combined (queries and candidates in one
     pack) or not; attention cost 1 / (6 hidden_size) (0: none); with the gradient cache (``gradcache_chunk``
     queries per sub-batch of the padded path), sub-batches of as many token slots as that many padded queries
     (chunk / shards x the longest query length) and their candidates (x K x the longest document length) take per
-    shard: the padded sub-batch's memory bound, spent on real tokens."""
+    shard: the padded sub-batch's memory bound, spent on real tokens; compile_slots: ``compile_cost_slots``."""
     t = _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
     per_shard = -(-int(gradcache_chunk) // int(shards)) if gradcache_chunk else 0
     q, d = per_shard * t.Lq_max, per_shard * t.K * t.Ld_max
     return Packing(shards=int(shards), combined=combined, sub_tokens=(q + d,) if combined else (q, d),
-                   attention_cost=1.0 / (6 * hidden_size) if hidden_size else 0.0)
+                   attention_cost=1.0 / (6 * hidden_size) if hidden_size else 0.0,
+                   compile_slots=float(compile_slots))
 
 
-#: a new packed shape is worth its compilation when it saves the token slots of this many average steps
+#: without a compile cost (``Packing.compile_slots`` 0), a new packed shape is worth its compilation when it saves
+#: the token slots of this many average steps
 COMPILE_STEPS = 20
 #: at most this many (query rows, candidate rows) shapes per row length
-MAX_SHAPES = 8
+MAX_SHAPES = 16
 
 
 def choose_rows(table: dict[str, np.ndarray], packing: Packing, compile_steps: int = COMPILE_STEPS,
@@ -117,9 +149,9 @@ def choose_rows(table: dict[str, np.ndarray], packing: Packing, compile_steps: i
     """The row counts of every step, int32 [S, packs] (per shard, for each of ``packing.packs``), from the whole
     plan's table: a few shapes per row length, chosen greedily. Start with the shape that fits every step; add the
     shape some step needs (``Packing.rows``) that saves the most token slots (each step takes the smallest chosen
-    shape it fits), as long as it saves at least ``compile_steps`` average steps' slots (a compilation costs about
-    that much) and there are fewer than ``max_shapes``. A pure function of the table, so every host and every
-    restart get the same shapes."""
+    shape it fits), as long as it saves at least what a compilation costs (``packing.compile_slots``, or else
+    ``compile_steps`` average steps' slots) and there are fewer than ``max_shapes``. A pure function of the table
+    and the packing, so every host and every restart get the same shapes."""
     L = np.asarray(table["row_length"])
     cols = [np.asarray(table[f"{name}_rows"]) for name in packing.packs]
     out = np.zeros((len(L), len(cols)), np.int32)
@@ -137,7 +169,9 @@ def choose_rows(table: dict[str, np.ndarray], packing: Packing, compile_steps: i
             new = np.where(fits, np.minimum(cost[None, :], size[:, None]), cost[None, :])  # [candidate, need]
             saved = (cost[None, :] - new) @ count
             best = int(np.argmax(saved))
-            if saved[best] <= 0 or saved[best] < compile_steps * (cost @ count) / count.sum():
+            worth = packing.compile_slots / float(length) if packing.compile_slots else \
+                compile_steps * (cost @ count) / count.sum()  # a compilation's cost, in rows of this length
+            if saved[best] <= 0 or saved[best] < worth:
                 break
             chosen.append(tuple(int(x) for x in shapes[best]))
             cost = new[best]

@@ -88,8 +88,8 @@ import numpy as np
 
 from jaxembed import packing as packlib
 from jaxembed.data.pack_shapes import (COMPILE_STEPS, MAX_SHAPES, MIN_ROW_LENGTH,  # noqa: F401 (re-exported)
-                                       ROW_LENGTH_SPAN, Packing, choose_rows, packing_for, step_pack_table,
-                                       sub_batches, sub_rows)
+                                       ROW_LENGTH_SPAN, Packing, choose_rows, compile_cost_slots, packing_for,
+                                       step_pack_table, sub_batches, sub_rows)
 from jaxembed.data.step_rows import (_M64, _SEED_SALT, _fetch, _row_items, _splitmix,  # noqa: F401 (re-exported)
                                      _step_text_lengths, _Tables, _tokenize_unique, choose_docs, choose_indices,
                                      row_key, row_scores, step_lengths, text_hash)
@@ -455,5 +455,5 @@ def batch_stats(batch: dict, shards: int = 1) -> dict:
 
 
 __all__ = ["make_loader", "to_global", "step_lengths", "cached_step_lengths", "cached_step_table", "step_pack_table",
-           "Packing", "packing_for", "choose_rows", "sub_batches", "sub_rows", "choose_docs",
+           "Packing", "packing_for", "choose_rows", "compile_cost_slots", "sub_batches", "sub_rows", "choose_docs",
            "choose_indices", "row_scores", "row_key", "text_hash", "Loader", "StepBatcher", "batch_stats", "split_combined"]
