@@ -68,6 +68,48 @@ def test_xla_reference_is_each_text_alone(causal):
     np.testing.assert_allclose(_real(out), _naive(q, k, v, causal)[SEGMENTS > 0], atol=1e-5)
 
 
+class _Rngs:
+    """The ``rngs.dropout()`` the attention call draws its dropout key from."""
+
+    def dropout(self):
+        return jax.random.key(3)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "bias", "softcap", "window", "dropout", "bf16"])
+def test_heads_first_xla_path_equals_the_einsum_path_with_gradients(case):
+    """The CPU formulation (heads-first products, normalised after the product, its own backward, dropout mask
+    drawn as the einsum path draws it) gives the einsum path's outputs and gradients of q, k, v and the bias."""
+    dtype = jnp.bfloat16 if case == "bf16" else jnp.float32
+    q, k, v = _qkv(dtype=dtype)
+    b, l = SEGMENTS.shape
+    bias = jnp.asarray(np.random.default_rng(5).standard_normal((1, 4, l, l)), jnp.float32)
+    kw = {"causal": dict(causal=True), "softcap": dict(softcap=2.0), "window": dict(window=7),
+          "dropout": dict(dropout_rate=0.25, deterministic=False, rngs=_Rngs())}.get(case, {})
+    seg = attn.Segments(jnp.asarray(SEGMENTS))
+
+    def loss(q, k, v, bias, heads_first):
+        out = attn.xla_attention(q, k, v, seg, heads_first=heads_first, bias=bias if case == "bias" else None, **kw)
+        return jnp.sum(jnp.sin(out.astype(jnp.float32)) * (jnp.asarray(SEGMENTS) > 0)[:, :, None, None])
+
+    tol = 2e-2 if case == "bf16" else 2e-6
+    for hf in (True, False):
+        assert attn.xla_attention(q, k, v, seg, heads_first=hf, **kw).dtype == dtype
+    np.testing.assert_allclose(_real(attn.xla_attention(q, k, v, seg, heads_first=True, **kw)),
+                               _real(attn.xla_attention(q, k, v, seg, heads_first=False, **kw)), atol=tol)
+    new = jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, bias, True)
+    ref = jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, bias, False)
+    for a, r in zip(new, ref):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(r, np.float32), atol=tol * 4)
+    if case == "bias":
+        assert float(jnp.abs(new[3]).max()) > 1e-3  # the bias gets a gradient (T5's is a parameter)
+    if case == "dropout":  # the mask is used: dropout changes the output
+        plain = attn.xla_attention(q, k, v, seg, heads_first=True)
+        assert float(jnp.abs(attn.xla_attention(q, k, v, seg, heads_first=True, **kw) - plain).max()) > 1e-2
+    if case in ("plain", "causal"):  # and both equal each text alone (numpy)
+        np.testing.assert_allclose(_real(attn.xla_attention(q, k, v, seg, heads_first=True, **kw)),
+                                   _real(_naive(q, k, v, case == "causal")), atol=1e-5)
+
+
 @pytest.mark.parametrize("kernel", ["pallas", "splash"])
 def test_pallas_kernels_interpreted_match_xla(kernel):
     """The GPU Triton kernel (mha with segment_ids) and TPU splash attention (SegmentIds), run in Pallas interpret

@@ -8,8 +8,11 @@ per text (1, 2, ...) and padding as segment 0; a padded row (one text) has the a
 
 Implementations (``model.attention``; ``IMPLEMENTATIONS``):
 
-- ``xla``: the reference, everywhere. ``jax.nn.dot_product_attention(implementation='xla')`` with a boolean
-  [B, 1, T, S] mask built from the segment ids; attention dropout and the T5 bias are only supported here.
+- ``xla``: the reference, everywhere, with a boolean [B, 1, T, S] mask built from the segment ids; attention
+  dropout and the T5 bias are only supported here. On CPUs: heads-first batched products, the softmax normalised
+  after the product, with its own backward (``xla_attention(heads_first=True)``, ~45 % less time per attention
+  call in inference); elsewhere ``jax.nn.dot_product_attention(implementation='xla')`` / einsums. Both give the
+  same outputs and gradients (tests/test_attention.py).
 - ``cudnn``: cuDNN flash attention (CUDA GPU, Hopper or later, bfloat16 / float16). Segments go in as
   per-segment lengths and offsets (cuDNN's packed "THD" layout, ``jax._src.cudnn.fused_attention_stablehlo``:
   ``jax.nn.dot_product_attention`` only takes one length per row), so no mask or bias tensor is built and no
@@ -46,6 +49,7 @@ The GPU / TPU kernels are checked against ``xla`` in tests/test_attention.py: in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -203,15 +207,79 @@ def softcap_logits(logits: jax.Array, cap: float) -> jax.Array:
     return cap * jnp.tanh(logits / cap)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _softmax_av(logits, mask, keep, v, keep_prob):
+    return _softmax_av_fwd(logits, mask, keep, v, keep_prob)[0]
+
+
+def _softmax_av_fwd(logits, mask, keep, v, keep_prob):
+    """softmax(logits where mask) [with dropout: kept / keep_prob] @ v, normalised after the product.
+
+    logits: float32 [B, N, T, S] (scaled, biased); mask: bool [B or 1, 1, T, S]; keep: None, or the bool dropout
+    mask [B, N, T, S] with ``keep_prob`` (a Python float); v: [B, N, S, D] -> [B, N, T, D]. The row sums divide
+    the [T, D] product instead of the [T, S] probabilities (one pass fewer over the largest tensor), as flash
+    attention does."""
+    m = jax.lax.stop_gradient(jnp.max(jnp.where(mask, logits, -jnp.inf), axis=-1, keepdims=True))
+    e = jnp.where(mask, jnp.exp(logits - m), 0.0)
+    s = jnp.sum(e, axis=-1, keepdims=True)
+    ed = e if keep is None else jnp.where(keep, e, 0.0) * (1.0 / keep_prob)
+    o = jnp.matmul(ed.astype(v.dtype), v, preferred_element_type=jnp.float32) / s
+    return o.astype(v.dtype), (e, s, keep, v, o)
+
+
+def _softmax_av_bwd(keep_prob, res, do):
+    """The standard attention backward: dV = Pd^T dO; dPd = dO V^T; dP = dropout(dPd); dlogits = P (dP - delta)
+    with delta = rowsum(dO * O) (= rowsum(P * dP), also with dropout)."""
+    e, s, keep, v, o = res
+    p = e / s
+    pd = p if keep is None else jnp.where(keep, p, 0.0) * (1.0 / keep_prob)
+    dv = jnp.matmul(jnp.swapaxes(pd, -1, -2).astype(v.dtype), do, preferred_element_type=jnp.float32)
+    dp = jnp.matmul(do, jnp.swapaxes(v, -1, -2), preferred_element_type=jnp.float32)
+    if keep is not None:
+        dp = jnp.where(keep, dp, 0.0) * (1.0 / keep_prob)
+    delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
+    return p * (dp - delta), None, None, dv.astype(v.dtype)
+
+
+_softmax_av.defvjp(_softmax_av_fwd, _softmax_av_bwd)
+
+
+def _xla_heads_first(q, k, v, mask, *, scale, bias, softcap, keep):
+    """q [B, T, N, D], k / v [B, S, N, D] (heads expanded) -> [B, T, N, D]: heads-first batched products and
+    ``_softmax_av``; softcap: through autodiff of the logits (its derivative is in the logits' gradient)."""
+    qh, kh, vh = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))  # [B, N, T or S, D]
+    logits = jnp.matmul(qh, jnp.swapaxes(kh, -1, -2), preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        logits = softcap_logits(logits, softcap)
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    keep_mask, keep_prob = keep if keep is not None else (None, 1.0)
+    return jnp.swapaxes(_softmax_av(logits, mask, keep_mask, vh, keep_prob), 1, 2)
+
+
 def xla_attention(q, k, v, seg: Segments, *, causal=False, bias=None, scale=None, dropout_rate=0.0,
-                  deterministic=True, rngs=None, window=None, softcap=None):
+                  deterministic=True, rngs=None, window=None, softcap=None, heads_first: bool | None = None):
     """The reference. q: [B, T, N, D]; k, v: [B, S, K, D]; bias: additive [1 or B, N, T, S]; window: sliding
     window (``segment_mask``); softcap: logits = softcap * tanh(scaled logits / softcap), before the mask (as
-    transformers' Gemma) -> [B, T, N, D]."""
+    transformers' Gemma) -> [B, T, N, D]. heads_first (default: on CPUs): the same attention as heads-first
+    batched products with the normalisation after the product and its own backward (``_softmax_av``); measured
+    on one CPU core, the attention call of a MiniLM layer: forward on [16, 128] packed rows 14.2 -> 7.9 ms,
+    forward + backward on [60, 64] rows 69 -> 53 ms; whole runs: WikiQA encode 9.3 -> 8.85 s, the demo-mix train
+    step 3.38 -> 3.35 s. Not yet measured on a GPU, so GPUs keep the einsum path (``heads_first=False``)."""
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     mask = segment_mask(seg.ids, causal, window)
     dropout = dropout_rate > 0.0 and not deterministic
+    if heads_first is None:
+        heads_first = _platform() == "cpu"
+    if heads_first:
+        k, v = _expand_kv(k, v, q.shape[2])
+        keep = None
+        if dropout:
+            b, t, n, _ = q.shape
+            keep = (_dropout.keep_mask(rngs.dropout(), 1.0 - dropout_rate, (b, n, t, k.shape[1])),
+                    1.0 - dropout_rate)
+        return _xla_heads_first(q, k, v, mask, scale=scale, bias=bias, softcap=softcap, keep=keep)
     if not dropout and softcap is None:
         return jax.nn.dot_product_attention(q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
                                             scale=scale, implementation="xla")
