@@ -1,10 +1,11 @@
 """Each tool's train step as a throughput worker runs it, in a process of its own: jaxembed's jitted step and
 sentence-transformers' step (MultipleNegativesRankingLoss, the HF Trainer's AdamW groups, clipping), on a fixed
-synthetic batch (``worker_jaxembed`` / ``worker_st``: compile, warm up, time) or on the plan's first batches at
+synthetic batch (``worker_jaxembed`` / ``worker_st``: compile, warm up, time) or on batches of the plan at
 natural lengths (``NaturalJaxembed`` / ``NaturalST``, served by ``serve_natural``); the analytic FLOPs of a step."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -264,14 +265,7 @@ class NaturalST:
         self.loss = float("nan")
 
     def one(self, f) -> None:
-        import torch
-
-        loss = self.loss_fn(f, None)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        self.loss = float(loss.detach())
+        self.loss = float(st_step(self.model, self.loss_fn, self.opt, f, contextlib.nullcontext).detach())
 
     def info(self) -> dict:
         import torch
@@ -286,8 +280,7 @@ def serve_natural(spec: str) -> None:
     (compilation, allocator), answer READY; then on each ``run`` line run every batch once more (``run I``: batch I
     only), timed (wall and this process's CPU seconds), and answer TIMES; on ``end`` answer RESULT (memory, token
     counts) and exit."""
-    tool, folder, data, B, max_len, plan_steps, steps, store, *rest = json.loads(spec)
-    pick = rest[0] if rest else "first"
+    tool, folder, data, B, max_len, plan_steps, steps, store, pick = json.loads(spec)
     if tool == "st":
         w = NaturalST(folder, data, B, max_len, plan_steps, steps, store, pick)
     else:
