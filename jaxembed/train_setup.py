@@ -208,17 +208,15 @@ def setup(config, workdir: str | Path) -> Run:
     packing = None
     if cfglib.packing_enabled(config):
         from jaxembed import flops as flopslib
-        from jaxembed.data.pack_shapes import compile_cost_slots
         from jaxembed.data.pipeline import packing_for
 
         # queries and candidates in one pack, unless MoTE routes some task's queries and documents to different
         # experts (then two packs keep one expert per encode call, jaxembed.mote)
         combined = routes is None or bool(np.array_equal(routes[0], routes[1]))
         packing = packing_for(store, plan, loaded.tokenizer, shards=train_encode.row_shards(mesh), combined=combined,
-                              hidden_size=int(getattr(loaded.model.config, "hidden_size", 0) or 0),
-                              gradcache_chunk=config.train.gradcache_chunk, num_candidates=K,
-                              compile_slots=compile_cost_slots(loaded.model.config, jax.default_backend(),
-                                                               flopslib.peak_flops_per_device()))
+                              model_config=loaded.model.config, platform=jax.default_backend(),
+                              peak_flops=flopslib.peak_flops_per_device(),
+                              gradcache_chunk=config.train.gradcache_chunk, num_candidates=K)
     base = source if not Path(os.path.expanduser(str(source))).is_dir() else str(Path(source).expanduser().resolve())
     return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes, packing, lora_spec,
                base if lora_spec is not None else "")

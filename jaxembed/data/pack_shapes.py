@@ -122,19 +122,21 @@ def compile_cost_slots(model_config, platform: str, peak_flops: float | None = N
 
 
 def packing_for(store, plan: Plan, tokenizer: Tokenizer, *, shards: int, combined: bool = True,
-                hidden_size: int = 0, gradcache_chunk: int = 0, num_candidates: int | None = None,
-                compile_slots: float = 0.0) -> Packing:
+                model_config=None, platform: str = "cpu", peak_flops: float | None = None, gradcache_chunk: int = 0,
+                num_candidates: int | None = None) -> Packing:
     """The trainer's ``Packing``: ``shards`` devices along the batch axes; combined (queries and candidates in one
-    pack) or not; attention cost 1 / (6 hidden_size) (0: none); with the gradient cache (``gradcache_chunk``
+    pack) or not; from the model's config, attention cost 1 / (6 hidden_size) and what a compilation costs on
+    ``platform`` (``compile_cost_slots``; none without a config); with the gradient cache (``gradcache_chunk``
     queries per sub-batch of the padded path), sub-batches of as many token slots as that many padded queries
     (chunk / shards x the longest query length) and their candidates (x K x the longest document length) take per
-    shard: the padded sub-batch's memory bound, spent on real tokens; compile_slots: ``compile_cost_slots``."""
+    shard: the padded sub-batch's memory bound, spent on real tokens."""
     t = _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
     per_shard = -(-int(gradcache_chunk) // int(shards)) if gradcache_chunk else 0
     q, d = per_shard * t.Lq_max, per_shard * t.K * t.Ld_max
+    hidden = int(getattr(model_config, "hidden_size", 0) or 0)
     return Packing(shards=int(shards), combined=combined, sub_tokens=(q + d,) if combined else (q, d),
-                   attention_cost=1.0 / (6 * hidden_size) if hidden_size else 0.0,
-                   compile_slots=float(compile_slots))
+                   attention_cost=1.0 / (6 * hidden) if hidden else 0.0,
+                   compile_slots=compile_cost_slots(model_config, platform, peak_flops) if model_config else 0.0)
 
 
 #: without a compile cost (``Packing.compile_slots`` 0), a new packed shape is worth its compilation when it saves

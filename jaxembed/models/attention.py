@@ -244,17 +244,17 @@ def _softmax_av_bwd(keep_prob, res, do):
 _softmax_av.defvjp(_softmax_av_fwd, _softmax_av_bwd)
 
 
-def _xla_heads_first(q, k, v, mask, *, scale, bias, softcap, keep):
+def _xla_heads_first(q, k, v, mask, *, scale, bias, softcap, keep, keep_prob):
     """q [B, T, N, D], k / v [B, S, N, D] (heads expanded) -> [B, T, N, D]: heads-first batched products and
-    ``_softmax_av``; softcap: through autodiff of the logits (its derivative is in the logits' gradient)."""
+    ``_softmax_av`` (keep: dropout mask [B, N, T, S] or None); softcap: through autodiff of the logits (its
+    derivative is in the logits' gradient)."""
     qh, kh, vh = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))  # [B, N, T or S, D]
     logits = jnp.matmul(qh, jnp.swapaxes(kh, -1, -2), preferred_element_type=jnp.float32) * scale
     if softcap is not None:
         logits = softcap_logits(logits, softcap)
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
-    keep_mask, keep_prob = keep if keep is not None else (None, 1.0)
-    return jnp.swapaxes(_softmax_av(logits, mask, keep_mask, vh, keep_prob), 1, 2)
+    return jnp.swapaxes(_softmax_av(logits, mask, keep, vh, keep_prob), 1, 2)
 
 
 def xla_attention(q, k, v, seg: Segments, *, causal=False, bias=None, scale=None, dropout_rate=0.0,
@@ -274,12 +274,10 @@ def xla_attention(q, k, v, seg: Segments, *, causal=False, bias=None, scale=None
         heads_first = _platform() == "cpu"
     if heads_first:
         k, v = _expand_kv(k, v, q.shape[2])
-        keep = None
-        if dropout:
-            b, t, n, _ = q.shape
-            keep = (_dropout.keep_mask(rngs.dropout(), 1.0 - dropout_rate, (b, n, t, k.shape[1])),
-                    1.0 - dropout_rate)
-        return _xla_heads_first(q, k, v, mask, scale=scale, bias=bias, softcap=softcap, keep=keep)
+        b, t, n, _ = q.shape
+        keep = _dropout.keep_mask(rngs.dropout(), 1.0 - dropout_rate, (b, n, t, k.shape[1])) if dropout else None
+        return _xla_heads_first(q, k, v, mask, scale=scale, bias=bias, softcap=softcap, keep=keep,
+                                keep_prob=1.0 - dropout_rate if dropout else 1.0)
     if not dropout and softcap is None:
         return jax.nn.dot_product_attention(q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
                                             scale=scale, implementation="xla")
