@@ -14,7 +14,7 @@ from flax import nnx
 
 from jaxembed import pooling
 from jaxembed.models import init_model
-from jaxembed.models.layers import RuntimeOptions, dense
+from jaxembed.models.layers import RuntimeOptions, dense, gelu
 
 # sentence-transformers Dense activation names (torch class paths) <-> ours.
 DENSE_ACTIVATIONS = {
@@ -25,7 +25,7 @@ DENSE_ACTIVATIONS = {
     "torch.nn.modules.activation.SiLU": "silu",
 }
 _ACT_FNS = {"identity": lambda x: x, "tanh": jnp.tanh, "relu": jax.nn.relu,
-            "gelu": lambda x: jax.nn.gelu(x, approximate=False), "silu": jax.nn.silu}
+            "gelu": gelu, "silu": jax.nn.silu}
 
 
 @dataclasses.dataclass(frozen=True)
