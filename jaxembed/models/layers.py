@@ -253,9 +253,10 @@ _INV_SQRT_2PI = 0.3989422804014327
 
 def gelu(x):
     """Exact GELU, x * Phi(x) (HF ``gelu``, torch's ``nn.GELU()``), the values of ``jax.nn.gelu(x,
-    approximate=False)``. On CPUs with its own backward, g * (Phi(x) + x phi(x)) from the forward's Phi(x), one
-    erf per element (autodiff of jax.nn.gelu's erfc form: forward + backward of a [3456, 1536] activation on one
-    core 38.9 ms, this 12.5 ms, measured). GPUs keep autodiff until measured there."""
+    approximate=False)``. On CPUs as torch computes it, x * (1 + erf(x / sqrt 2)) / 2 (XLA's CPU erfc, which
+    jax.nn.gelu uses, is slow: a [3456, 1536] activation on one core 15.0 -> 2.5 ms forward), with its own backward,
+    g * (Phi(x) + x phi(x)) from the forward's Phi(x) (forward + backward 38.9 -> 12.5 ms). GPUs keep jax.nn.gelu
+    until measured there."""
     if _attn._platform() != "cpu":
         return jax.nn.gelu(x, approximate=False)
     return _gelu_cpu(x)
