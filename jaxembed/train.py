@@ -143,8 +143,10 @@ def train(config, workdir: str | Path) -> dict:
         if value is None and c.eval.best_metric:
             raise UserError(f"config.eval.best_metric = {c.eval.best_metric!r} is not among the dev "
                             f"metrics: {', '.join(sorted(metrics))}")
+        # a tie goes to the later step, as Orbax's BestN keeps the later of equal checkpoints (a stable sort, the
+        # last n kept): the summary's best step is always a kept checkpoint
         if value is not None and math.isfinite(value) and (
-                best_value is None or (value > best_value if c.eval.best_mode == "max" else value < best_value)):
+                best_value is None or (value >= best_value if c.eval.best_mode == "max" else value <= best_value)):
             best, best_value = at, value
         return metrics
 

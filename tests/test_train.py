@@ -280,7 +280,8 @@ def test_dev_evaluation_hook_and_best_checkpoint(config_file, tmp_path):
     assert [x["step"] for x in evals] == [2, 4]
     scores = {x["step"]: x["STSBenchmark-dev/main_score"] for x in evals}
     assert all(0 < v <= 100 for v in scores.values())
-    best = max(scores, key=scores.get)
+    top = max(scores.values())
+    best = max(s for s, v in scores.items() if v == top)  # a tie goes to the later step (the one Orbax keeps)
     assert summary["best_step"] == best
     kept = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
     assert best in kept and 4 in kept  # the best by the dev metric, and the latest
@@ -326,6 +327,28 @@ def _copy_run(src: Path, dst: Path, *drop: str) -> Path:
     for name in drop:
         shutil.rmtree(dst / name)
     return dst
+
+
+@pytest.mark.parametrize("mode", ["max", "min"])
+def test_checkpointer_keeps_the_best_and_the_later_of_a_tie(tmp_path, mode):
+    """keep_last=1 with a best metric: the best step is kept beside the latest; of two equal metrics the later
+    checkpoint is kept, which is the step the trainer reports as best (jaxembed.train: ties go to the later)."""
+    import jax.numpy as jnp
+
+    from jaxembed.checkpointing import Checkpointer
+
+    sign = 1.0 if mode == "max" else -1.0
+
+    def kept(values):
+        d = tmp_path / f"{mode}_{len(list(tmp_path.iterdir()))}"
+        ck = Checkpointer(d, keep_last=1, best_metric="m", best_mode=mode, async_save=False)
+        for s, v in values.items():
+            ck.save(s, {"w": jnp.full((4,), float(s))}, None if v is None else {"m": sign * v})
+        ck.close()
+        return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit())
+
+    assert kept({2: 5.0, 3: None, 4: 4.0, 5: None}) == [2, 5]  # the best, the latest
+    assert kept({2: 5.0, 3: None, 4: 5.0, 5: None}) == [4, 5]  # a tie: the later
 
 
 def test_checkpointer_skips_unreadable_checkpoints(tmp_path):
