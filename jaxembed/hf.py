@@ -4,7 +4,8 @@ Reads ``config.json``, weights (``model.safetensors``, sharded safetensors with 
 installed -- ``pytorch_model.bin`` through ``torch.load(weights_only=True)``), tokenizer files, and the
 sentence-transformers pipeline (``modules.json``: Transformer, Pooling, Dense, Normalize;
 ``sentence_bert_config.json``; ``config_sentence_transformers.json`` with prompts). Never unpickles arbitrary
-objects and never runs remote code.
+objects and never runs remote code. A damaged weights file (truncated, a bad header, a missing shard, a pickle of
+other objects than tensors) is a ModelLoadError: one line naming the file, what is wrong and the fix.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import json
 import logging
 import os
+import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -68,36 +70,116 @@ def _read_json(path: Path) -> Any:
         raise ModelLoadError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
 
 
+_DAMAGED = "fix: the file is damaged: download or copy it again, or export the model again"
+_ST_HEADER_LIMIT = 100_000_000  # the safetensors format's own limit on the header size
+
+
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """Read a .safetensors file into numpy arrays (memory-mapped, zero-copy; bfloat16 via ml_dtypes)."""
+    """Read a .safetensors file into numpy arrays (memory-mapped, zero-copy; bfloat16 via ml_dtypes).
+
+    The header is checked against the file before any tensor is read: a truncated file, a header that is not
+    JSON, a tensor whose bytes lie beyond the end of the file or do not match its shape each give one
+    ModelLoadError naming the file."""
     import ml_dtypes
 
     dtypes = dict(_ST_DTYPES, BF16=ml_dtypes.bfloat16)
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
+        first = f.read(8)
+        if len(first) < 8:
+            raise ModelLoadError(f"{path}: truncated: a safetensors file starts with an 8-byte header length, the "
+                                 f"file has {size} bytes ({_DAMAGED})")
+        n = int.from_bytes(first, "little")
+        if n > _ST_HEADER_LIMIT:
+            raise ModelLoadError(f"{path}: not a safetensors file: its first 8 bytes give a header of {n} bytes, "
+                                 f"more than the format allows ({_DAMAGED})")
+        if 8 + n > size:
+            raise ModelLoadError(f"{path}: truncated: its header alone says {8 + n} bytes, the file has {size} "
+                                 f"({_DAMAGED})")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ModelLoadError(f"{path}: bad header: not UTF-8 text (byte {e.start} of the header) ({_DAMAGED})"
+                             ) from None
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path}: bad header JSON: {e.msg} at byte {e.pos} of the {n}-byte header "
+                             f"({_DAMAGED})") from None
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{path}: bad header: a JSON {type(header).__name__}, not an object ({_DAMAGED})")
     header.pop("__metadata__", None)
-    buf = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
-    out = {}
+    data = size - 8 - n  # bytes after the header
+    spans = {}
     for key, info in header.items():
+        ok = isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list)
+        offsets = info.get("data_offsets") if ok else None
+        ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in offsets + info["shape"])
+        if not ok or offsets[0] > offsets[1]:
+            raise ModelLoadError(f"{path}: bad header: tensor {key!r} needs a dtype, a shape of integers and "
+                                 f"data_offsets [start, end], got {json.dumps(info)[:200]} ({_DAMAGED})")
         if info["dtype"] not in dtypes:
             raise ModelLoadError(f"{path}: tensor {key} has unsupported dtype {info['dtype']}")
-        start, end = info["data_offsets"]
-        out[key] = buf[start:end].view(dtypes[info["dtype"]]).reshape(info["shape"])
-    return out
+        spans[key] = offsets
+    if spans:
+        key, (start, end) = max(spans.items(), key=lambda kv: kv[1][1])
+        if end > data:
+            raise ModelLoadError(f"{path}: truncated: its header says {8 + n + end} bytes, the file has {size} "
+                                 f"(tensor {key!r} at data bytes {start}..{end} lies beyond the end) ({_DAMAGED})")
+    for key, (start, end) in spans.items():
+        info = header[key]
+        need = int(np.prod(info["shape"], dtype=np.int64)) * np.dtype(dtypes[info["dtype"]]).itemsize
+        if end - start != need:
+            raise ModelLoadError(f"{path}: bad header: tensor {key!r} ({info['dtype']}, shape {info['shape']}) "
+                                 f"needs {need} bytes, its data_offsets [{start}, {end}] give {end - start} "
+                                 f"({_DAMAGED})")
+    if not spans or data == 0:
+        return {k: np.zeros(header[k]["shape"], dtypes[header[k]["dtype"]]) for k in spans}
+    buf = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
+    return {key: buf[start:end].view(dtypes[header[key]["dtype"]]).reshape(header[key]["shape"])
+            for key, (start, end) in spans.items()}
+
+
+_TO_SAFETENSORS = ("convert the folder to safetensors, e.g. transformers.AutoModel.from_pretrained(FOLDER)"
+                   ".save_pretrained(OUT, safe_serialization=True), or sentence_transformers.SentenceTransformer"
+                   "(FOLDER).save(OUT)")
 
 
 def _read_torch_bin(path: Path) -> dict[str, np.ndarray]:
+    """A PyTorch pickle of plain tensors (a state dict), through ``torch.load(weights_only=True)``: anything else
+    (a pickled module, other objects, a damaged file) is refused in one line."""
     try:
         import torch
     except ImportError:
         raise ModelLoadError(
             f"{path}: only PyTorch pickle weights were found and torch is not installed. Install torch "
-            "(pip install torch==2.13.0) to read them safely, or convert the folder to model.safetensors."
+            f"(pip install torch==2.13.0) to read them safely (fix: or {_TO_SAFETENSORS})"
         ) from None
     log.warning("%s: reading PyTorch weights with torch.load(weights_only=True) (no arbitrary unpickling)", path)
-    sd = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # a pickle of other objects than tensors: refused, never unpickled
+        raise ModelLoadError(f"{path}: a PyTorch pickle that torch.load(weights_only=True) refuses "
+                             f"({_first_sentence(e)}); jaxembed reads safetensors, and PyTorch pickles only when "
+                             f"they hold plain tensors (fix: {_TO_SAFETENSORS})") from None
+    except Exception as e:  # a damaged file (torch's zip reader, an EOF in the pickle)
+        raise ModelLoadError(f"{path}: unreadable PyTorch pickle ({type(e).__name__}: {_first_sentence(e)}) "
+                             f"({_DAMAGED}; or {_TO_SAFETENSORS})") from None
+    bad = ("not a dict of tensors but a " + type(sd).__name__ if not isinstance(sd, dict) else next(
+        (f"key {k!r} holds a {type(v).__name__}, not a tensor" for k, v in sd.items()
+         if not isinstance(k, str) or not isinstance(v, torch.Tensor)), None))
+    if bad:
+        raise ModelLoadError(f"{path}: {bad}; jaxembed reads safetensors, and PyTorch pickles only when they hold "
+                             f"a state dict of plain tensors (fix: {_TO_SAFETENSORS})")
     return {k: v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy() for k, v in sd.items()}
+
+
+def _first_sentence(e: BaseException) -> str:
+    """The part of an exception's message that says what is wrong (torch's run to many lines of advice)."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    text = next((x.split("error:", 1)[1].strip() for x in lines if "Unpickler error:" in x), lines[0] if lines else "")
+    cut = re.search(r"(?<=[a-z0-9)\]])\. ", text)
+    return (text[:cut.start()] if cut else text.rstrip("."))[:300]
 
 
 def read_weights(folder: Path) -> tuple[dict[str, np.ndarray], str]:
@@ -107,15 +189,31 @@ def read_weights(folder: Path) -> tuple[dict[str, np.ndarray], str]:
         if (folder / single).exists():
             return reader(folder / single), str(folder / single)
         if (folder / index).exists():
-            shards = sorted(set(_read_json(folder / index)["weight_map"].values()))
             tensors = {}
-            for s in shards:
-                if not (folder / s).exists():
-                    raise ModelLoadError(f"{folder / index}: lists shard {s}, which is missing")
+            for s in _shards(folder / index):
                 tensors.update(reader(folder / s))
             return tensors, str(folder / index)
     raise ModelLoadError(f"{folder}: no weights found (model.safetensors, model.safetensors.index.json or "
                          "pytorch_model.bin)")
+
+
+def _shards(index: Path) -> list[str]:
+    """The shard files an index names (``weight_map``: tensor -> file in the same folder), each checked to exist."""
+    doc = _read_json(index)
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(v, str) for v in weight_map.values()):
+        raise ModelLoadError(f"{index}: field 'weight_map': missing or not a mapping tensor name -> shard file "
+                             f"({_DAMAGED})")
+    shards = sorted(set(weight_map.values()))
+    for s in shards:
+        if Path(s).is_absolute() or ".." in Path(s).parts:
+            raise ModelLoadError(f"{index}: names shard {s!r}, outside the model folder (fix: shards are files in "
+                                 "the folder of the index)")
+        if not (index.parent / s).is_file():
+            raise ModelLoadError(f"{index}: names shard {s}, which is missing from {index.parent} (fix: download "
+                                 "or copy every shard the index names, or the whole folder again)")
+    return shards
 
 
 @dataclasses.dataclass
