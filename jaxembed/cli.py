@@ -6,7 +6,8 @@ model card; ``--push-to-hub ORG/NAME`` uploads it, jaxembed/hub.py),
 ``train`` (run or resume training), ``eval`` (local evaluators, MTEB), ``synth personas`` / ``judge`` (LLM data
 tools), ``pretrain retromae`` (RetroMAE), ``score`` / ``curriculum`` / ``mine`` (reference-model
 scores, Data-CUBE task order, hard-negative mining), ``teacher-score`` (a teacher's pos_scores / neg_scores for
-distillation), ``sweep`` / ``sweep report`` (hyperparameter sweeps: local, SLURM array, TPU command list), ``demo`` (the built-in default job). User errors print one line naming file, line, field and fix (exit 2).
+distillation), ``sweep`` / ``sweep report`` (hyperparameter sweeps: local, SLURM array, TPU command list), ``demo`` (the built-in default job). User errors print one line naming file, line, field and fix (exit 2); Ctrl-C
+(KeyboardInterrupt) in any command prints one line (exit 130).
 """
 
 from __future__ import annotations
@@ -240,6 +241,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status: 0, 2 for a user error (one line), 130 for Ctrl-C (SIGINT; one line)."""
+    name = ["jaxembed"]
+    try:
+        return _main(argv, name)
+    except KeyboardInterrupt:
+        # every writer removes its temporary files and folders as the KeyboardInterrupt passes through it, so only
+        # the traceback is left to replace; 130 = 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+        print(f"error: interrupted (Ctrl-C): `{' '.join(name)}` stopped before it finished (run the same command "
+              "again to do the work)", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None, name: list[str]) -> int:
+    """``main`` without its Ctrl-C handling; ``name`` receives the command's words for the message."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     overrides = [u for u in unknown if u.startswith("--config.")]
@@ -247,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     if rest or (overrides and args.command not in ("train", "demo", "sweep", "pretrain")):
         parser.error(f"unrecognized arguments: {' '.join(rest or overrides)}")
     args.overrides = overrides
+    name += [args.command] + [v for k, v in sorted(vars(args).items())
+                              if k.endswith(("_command", "_action")) and isinstance(v, str)]
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

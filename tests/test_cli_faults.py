@@ -134,3 +134,79 @@ def test_damaged_weights_in_export_eval_and_train(minilm_dir, shared_data, tmp_p
         line = _one_line(capsys.readouterr().err)
         assert line.startswith(want), (args, line)
     assert not (tmp_path / "exported").exists()
+
+
+# --------------------------------------------------------------------------------------------------- Ctrl-C
+
+
+def _ctrl_c(tmp_path: Path, args: list[str], at: str) -> tuple[int, str]:
+    """The real console script, with SIGINT sent from inside the work: right after the first call of ``at``
+    (MODULE:FUNCTION) returns. Returns (exit status, stderr) once the fault was reached."""
+    import runs
+
+    marker = tmp_path / "marker"
+    r = subprocess.run([JAXEMBED, *args], env=runs.env(1, fault=f"sigint_after={at}", marker=marker),
+                       capture_output=True, text=True, timeout=600)
+    assert marker.exists() and f"sigint_after {at}" in marker.read_text(), (r.returncode, r.stderr[-3000:])
+    return r.returncode, r.stderr
+
+
+def test_ctrl_c_in_data_prepare_is_one_line(tmp_path):
+    """SIGINT after the first of two datasets is written: exit 130, one line, no store and no temporary folder."""
+    paths = []
+    for k in range(2):
+        p = tmp_path / f"d{k}.jsonl"
+        p.write_text("".join(json.dumps({"query": f"q{k} {i}", "pos": [f"p{k} {i}"]}) + "\n" for i in range(20)))
+        paths.append(p)
+    cfg = tmp_path / "data.py"
+    cfg.write_text("from jaxembed.data.config import dataset_config, default_data_config\n\n\n"
+                   "def get_config(arg=None):\n    c = default_data_config()\n"
+                   f"    c.datasets = [dataset_config(name='d{0}', path={str(paths[0])!r}, task_type='retrieval'), "
+                   f"dataset_config(name='d1', path={str(paths[1])!r}, task_type='retrieval')]\n    return c\n")
+    out = tmp_path / "out" / "store"
+    rc, err = _ctrl_c(tmp_path, ["data", "prepare", "--config", str(cfg), "--out", str(out), "-q"],
+                      "jaxembed.data.store:_write_dataset")
+    assert rc == 130, err
+    assert _one_line(err) == ("error: interrupted (Ctrl-C): `jaxembed data prepare` stopped before it finished (run "
+                              "the same command again to do the work)")
+    assert not out.exists() and os.listdir(out.parent) == []  # the temporary folder is removed
+
+
+def test_ctrl_c_in_export_is_one_line(minilm_dir, tmp_path):
+    """SIGINT once model.safetensors is written into the export's temporary folder: exit 130, one line, no export
+    and no temporary folder."""
+    out = tmp_path / "out" / "exported"
+    rc, err = _ctrl_c(tmp_path, ["export", "--model", str(minilm_dir), "--out", str(out)],
+                      "jaxembed.export:write_safetensors")
+    assert rc == 130, err
+    assert _one_line(err) == ("error: interrupted (Ctrl-C): `jaxembed export` stopped before it finished (run the "
+                              "same command again to do the work)")
+    assert not out.exists() and os.listdir(out.parent) == []
+
+
+def test_second_ctrl_c_in_train_is_one_line(shared_data, tmp_path):
+    """`jaxembed train`: the first Ctrl-C asks for a checkpoint at the next step boundary; a second one, before
+    that boundary, stops at once: exit 130, one line (the process sends itself both right after it logs step 1)."""
+    from jaxembed.models.tiny import tiny_model_dir
+
+    model = tiny_model_dir("bert", num_layers=1, max_length=32)
+    cfg = tmp_path / "train.py"
+    cfg.write_text("from jaxembed.config import default_config\nfrom jaxembed.data.config import dataset_config\n\n\n"
+                   "def get_config(arg=None):\n    c = default_config()\n"
+                   f"    c.model.name = {str(model)!r}\n    c.model.max_length = 32\n"
+                   f"    c.data.datasets = [dataset_config(name='w', path={str(shared_data / 'train/wikiqa.jsonl')!r},"
+                   " task_type='retrieval', num_negatives=1, max_query_length=16, max_doc_length=16)]\n"
+                   "    c.plan.global_batch_size = 4\n    c.plan.steps = 50\n    c.train.log_every = 1\n"
+                   "    c.export.at_end = False\n    return c\n")
+    wd = tmp_path / "run"
+    import runs
+
+    marker = tmp_path / "marker"
+    r = subprocess.run([JAXEMBED, "train", "--config", str(cfg), "--workdir", str(wd)],
+                       env=runs.env(1, fault="sigint_after=jaxembed.monitor:Monitor.log,sigints=2", marker=marker),
+                       capture_output=True, text=True, timeout=600)
+    assert marker.exists(), r.stderr[-3000:]
+    assert r.returncode == 130, r.stderr[-3000:]
+    assert _one_line(r.stderr) == ("error: interrupted (Ctrl-C): `jaxembed train` stopped before it finished (run "
+                                   "the same command again to do the work)")
+    assert not (wd / "summary.json").exists()

@@ -10,6 +10,11 @@ a held fault is reached, so that a test acts on an event, not after a sleep:
 - ``slow_writes=SECONDS``: a slow shared disk: the first write to a run file (config.json / config.txt, the plan,
   the length table, the store's manifest) writes half, flushes, sleeps SECONDS, writes the rest, so a reader that
   does not wait for the writer sees half a file.
+- ``sigint_after=MODULE:NAME``: Ctrl-C inside the work: the first call of ``MODULE.NAME`` (a function, or a
+  method ``Class.method``) returns, the marker is touched and the process sends itself SIGINT, which Python's
+  default handler turns into KeyboardInterrupt at once (e.g. ``jaxembed.export:write_safetensors``: the export's
+  temporary folder holds model.safetensors then). ``sigints=2``: two SIGINTs, one after the other (Ctrl-C pressed
+  twice; each reaches the handler before the next is sent).
 """
 
 import os
@@ -37,8 +42,33 @@ def _install(faults: dict) -> None:
     hooks = {}
     if "hold_save" in faults:
         hooks["orbax.checkpoint._src.path.atomicity"] = lambda m: _hold_save(m, faults["hold_save"])
+    if "sigint_after" in faults:
+        module, _, name = faults["sigint_after"].partition(":")
+        hooks[module] = lambda m: _sigint_after(m, name, int(faults.get("sigints", 1)))
     if hooks:
         _after_import(hooks)
+
+
+def _sigint_after(module, name: str, count: int) -> None:
+    import signal
+
+    *outer, attr = name.split(".")
+    owner = module
+    for part in outer:
+        owner = getattr(owner, part)
+    original = getattr(owner, attr)
+    fired = []
+
+    def wrapped(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if not fired:
+            fired.append(True)
+            _touch_marker(f"sigint_after {module.__name__}:{name}")
+            for _ in range(count):  # a Python handler runs before os.kill returns (same thread, next bytecode)
+                os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    setattr(owner, attr, wrapped)
 
 
 def _after_import(hooks: dict) -> None:
