@@ -9,6 +9,9 @@ import gzip
 import json
 import os
 import re
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -418,3 +421,126 @@ def test_typos_and_folders_on_the_command_line(tmp_path, capsys):
     rc, err = _main(["encode", "--model", "/no/model", "--input", str(tmp_path), "--out", str(tmp_path / "o.npy")],
                     capsys)
     assert rc == 2 and err == f"error: {tmp_path}: is a folder, not a file (fix: pass a .jsonl or .txt file)"
+
+
+# ------------------------------------------------------------------------------------------ inputs that never end
+
+JAXEMBED = str(Path(sys.executable).parent / "jaxembed")  # the console script of this environment
+
+
+def _not_regular_files(tmp_path) -> dict:
+    """A character device, a named pipe and a socket: {kind: (path, the message's reason and fix, the socket)}."""
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    sock_path = tmp_path / "s.jsonl"
+    sock = socket.socket(socket.AF_UNIX)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # a relative name: AF_UNIX paths are limited to ~107 bytes
+    try:
+        sock.bind("s.jsonl")
+    finally:
+        os.chdir(cwd)
+    return {"device": ("/dev/zero", "is a character device, not a regular file (fix: pass a data file; a device "
+                                    "such as /dev/zero or a terminal may never end)", None),
+            "fifo": (str(fifo), "is a named pipe (FIFO), not a regular file (fix: write the data to a file first "
+                                "(cmd > data.jsonl): a dataset is read more than once, a pipe only once; gzip, bzip2 "
+                                "and xz files are read as they are)", None),
+            "socket": (str(sock_path), "is a socket, not a regular file (fix: pass a data file)", sock)}
+
+
+def test_inputs_that_are_not_regular_files_are_named(tmp_path, capsys):
+    """/dev/zero, a FIFO, a socket: `data validate` and `data prepare` say what the path is, in one line, before
+    reading it (such an input may never end)."""
+    cases = _not_regular_files(tmp_path)
+    try:
+        for kind, (path, said, _) in cases.items():
+            assert run_data_cli(["data", "validate", path]) == 2, kind
+            assert _one_line(capsys.readouterr().out) == f"error: {path}: {said}", kind
+            cfg = _config_file(tmp_path, [path])  # the real CLI, in a process of its own, with a time limit
+            out = subprocess.run([JAXEMBED, "data", "prepare", "--config", str(cfg), "--out", str(tmp_path / "store")],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 2 and _one_line(out.stderr) == (
+                f"error: {cfg}: data.datasets[0].path: {path}: {said}"), (kind, out.stderr)
+            assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == [], kind
+    finally:
+        cases["socket"][2].close()
+
+
+def test_line_limit_holds_while_reading_csv_and_compressed_files(tmp_path, monkeypatch, capsys):
+    """A line over the limit is passed over without being held, in CSV / TSV files too and in gzip files; it is one
+    bad record, counted, and reading goes on."""
+    import tracemalloc
+
+    monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 1 << 20)
+    long_line = b'"' + b"x" * (24 << 20) + b'",p,n'
+    body = b"anchor,positive,negative\nq,p,n\n" + long_line + b"\nr,p,n\n"
+    files = [tmp_path / "t.csv", tmp_path / "t.csv.gz", tmp_path / "t.jsonl.gz"]
+    files[0].write_bytes(body)
+    files[1].write_bytes(gzip.compress(body, 1))
+    files[2].write_bytes(gzip.compress(b"\n".join([GOOD.encode(), b'{"query": "' + b"x" * (24 << 20) + b'"}',
+                                                   GOOD.replace('"q"', '"r"').encode()]) + b"\n", 1))
+    for f in files:
+        tracemalloc.start()
+        try:
+            rc = run_data_cli(["data", "validate", str(f)])
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        out = capsys.readouterr().out
+        line = 3 if ".csv" in f.name else 2
+        assert rc == 1 and re.search(rf"{re.escape(str(f))}:{line}: line of 25,16\d,\d\d\d bytes is longer than the "
+                                     r"limit of 1,048,576 bytes \(fix: one record per line", out), out
+        assert "3 records" in out and "2 valid, 1 invalid [line of" in out, out
+        assert peak < 8 << 20, (f.name, peak)  # the 24 MiB line was never held
+
+
+def test_stdin_lines_are_limited_while_reading(tmp_path, monkeypatch, capsys):
+    """`encode --input -` reads at most the limit of a line from standard input, then stops with one line."""
+    import io
+
+    monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr("sys.stdin", io.StringIO("ok\n" + "x" * 5000 + "\n"))
+    rc, err = _main(["encode", "--model", "/no/model", "--input", "-", "--out", str(tmp_path / "o.npy")], capsys)
+    assert rc == 2 and err == ("error: -:2: line longer than the limit of 1,000 characters (fix: one text per line "
+                               "(or raise jaxembed.data.jsonl.MAX_LINE_BYTES))"), err
+
+
+def test_next_prepare_removes_the_folders_of_killed_writers_of_this_host(tmp_path):
+    """kill -9 during `data prepare` leaves its temporary folder; the next `data prepare` removes it, in one log
+    line, and leaves alone what may be a live writer's: another host's folder, a running pid's, a locked one."""
+    import fcntl
+
+    from jaxembed import runfiles
+
+    data = _write(tmp_path / "d.jsonl", [GOOD])
+    cfg = _config_file(tmp_path, [data])
+    killer = tmp_path / "killed.py"  # the same config, killed (SIGKILL) once the store's temporary folder is made
+    killer.write_text(cfg.read_text() + "\n\nimport os, signal\nimport jaxembed.data.store as _s\n"
+                      "_s._write_dataset = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n")
+    out = tmp_path / "store"
+    p = subprocess.run([JAXEMBED, "data", "prepare", "--config", str(killer), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == -9, p.stderr
+    (left,) = [d.name for d in tmp_path.iterdir() if d.name.startswith(".store.tmp-")]
+    host_part = runfiles.unique_tmp(out).name.rsplit("-", 2)[0]  # .store.tmp-{this host}
+    dead = int(left[len(host_part) + 1:].split("-")[0])
+    assert left.startswith(host_part + "-") and dead != os.getpid()
+    keep = [f".store.tmp-otherhost-{dead}-0123456789ab",  # another host of a pod: its pid says nothing here
+            f"{host_part}-{os.getpid()}-0123456789ab",  # this host, a running process (this test)
+            f"{host_part}-{dead}-00000000000a",  # this host, dead pid, but locked: a writer in another pid namespace
+            f".store.tmp-{dead}-01234567"]  # an older name without a host
+    for name in keep:
+        (tmp_path / name).mkdir()
+    fd = os.open(tmp_path / keep[2], os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        p = subprocess.run([JAXEMBED, "data", "prepare", "--config", str(cfg), "--out", str(out), "-q"],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        os.close(fd)
+    assert p.returncode == 0, p.stderr
+    assert _one_line(p.stderr) == (f"WARNING jaxembed.data.leftovers: {tmp_path}: removed 1 temporary folder left by "
+                                   f"data prepare processes of this host that are no longer running: {left}")
+    assert sorted(d.name for d in tmp_path.iterdir() if d.name.startswith(".store.")) == sorted(keep)
+    assert (out / "manifest.json").exists()
+

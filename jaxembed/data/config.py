@@ -454,6 +454,13 @@ def _check_data_path(x: str, wp: str) -> None:
         raise UserError(f"{wp}: {x} is a folder, neither a data file nor a datasets.save_to_disk folder (fix: give "
                         "the .jsonl / .parquet / .csv files (a glob such as dir/*.parquet works), or format='hf' "
                         "with record_format=... to read the folder with datasets.load_dataset)")
+    if not q.is_dir():  # a device, a named pipe or a socket is named as what it is
+        from jaxembed.data.jsonl import check_input_file
+
+        try:
+            check_input_file(q)
+        except UserError as e:
+            raise UserError(f"{wp}: {e}") from None
     try:
         require(source_kind(q), x)
     except UserError as e:

@@ -7,6 +7,8 @@ evaluation sets, the LLM data tools, pre-training):
   the line; a UTF-8 byte-order mark at the start is removed; CRLF line ends are accepted (a line ends at ``\\n``);
 - gzip, bzip2 and xz files are read transparently (told by their first bytes, whatever the suffix); zstd, zip and
   UTF-16 files are a clear error;
+- only regular files are read: a device (``/dev/zero``), a named pipe (FIFO, also ``<(cmd)``) or a socket is an
+  error that says what the path is (such an input may never end, and a dataset is read more than once);
 - a line longer than ``MAX_LINE_BYTES`` is not read into memory: it is reported (the rest of the file is read);
 - a line that ``json.loads`` cannot turn into an object is reported with the reason, including what ``json``
   raises besides ``JSONDecodeError``: nesting too deep (``RecursionError``), an integer of more than 4300 digits
@@ -20,6 +22,7 @@ import gzip
 import json
 import lzma
 import re
+import stat
 import sys
 import zlib
 from dataclasses import dataclass
@@ -51,13 +54,33 @@ class BadLine:
     field: str | None = None
 
 
+#: what a path that is not a regular file is (by ``stat.S_IFMT``), and the fix
+_NOT_REGULAR = {
+    stat.S_IFCHR: ("a character device", "pass a data file; a device such as /dev/zero or a terminal may never "
+                                         "end"),
+    stat.S_IFBLK: ("a block device", "pass a data file"),
+    stat.S_IFIFO: ("a named pipe (FIFO)", "write the data to a file first (cmd > data.jsonl): a dataset is read "
+                                          "more than once, a pipe only once; gzip, bzip2 and xz files are read as "
+                                          "they are"),
+    stat.S_IFSOCK: ("a socket", "pass a data file"),
+}
+
+
 def check_input_file(path, what: str = "a .jsonl file") -> Path:
-    """``path`` as a Path; an InputError when it is missing or a folder."""
+    """``path`` as a Path; an InputError when it is missing, a folder, or not a regular file (a device, a named
+    pipe, a socket: an input that may never end)."""
     p = Path(path)
-    if not p.exists():
-        raise InputError(path, None, "no such file", "check the path")
-    if p.is_dir():
+    try:
+        st = p.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise InputError(path, None, "no such file", "check the path") from None
+    except OSError as e:
+        raise InputError(path, None, f"cannot be read ({e.strerror})", "check the path and its permissions") from None
+    if stat.S_ISDIR(st.st_mode):
         raise InputError(path, None, "is a folder, not a file", f"pass {what}")
+    if not stat.S_ISREG(st.st_mode):
+        kind, fix = _NOT_REGULAR.get(stat.S_IFMT(st.st_mode), ("not a regular file", f"pass {what}"))
+        raise InputError(path, None, f"is {kind}, not a regular file", fix)
     return p
 
 
@@ -79,10 +102,11 @@ def open_binary(path) -> BinaryIO:
     return open(p, "rb")
 
 
-def iter_byte_lines(path, max_line_bytes: int | None = None) -> Iterator[tuple[int, bytes | BadLine]]:
-    """(line number from 1, line bytes without the line end, or a BadLine for a line over ``max_line_bytes``).
-    A final newline does not start another record. A truncated or corrupt compressed file is an InputError naming
-    the line where it breaks."""
+def iter_byte_lines(path, max_line_bytes: int | None = None, keep_ends: bool = False
+                    ) -> Iterator[tuple[int, bytes | BadLine]]:
+    """(line number from 1, line bytes without the line end (``keep_ends``: with it), or a BadLine for a line over
+    ``max_line_bytes``, whose bytes are counted and passed over, never held). A final newline does not start
+    another record. A truncated or corrupt compressed file is an InputError naming the line where it breaks."""
     limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
     f = open_binary(path)
     i = 0
@@ -111,10 +135,11 @@ def iter_byte_lines(path, max_line_bytes: int | None = None) -> Iterator[tuple[i
                                  "one record per line: is the file a JSON array or a pretty-printed document? "
                                  "(or raise jaxembed.data.jsonl.MAX_LINE_BYTES)")
                 continue
-            if raw.endswith(b"\n"):
-                raw = raw[:-1]
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
+            if not keep_ends:
+                if raw.endswith(b"\n"):
+                    raw = raw[:-1]
+                if raw.endswith(b"\r"):
+                    raw = raw[:-1]
             if i == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
             yield i, raw
@@ -205,9 +230,17 @@ def iter_lines(path: str) -> Iterator[tuple[int, str]]:
     """(line number from 1, line without its line end); ``-`` reads standard input. A bad line (not UTF-8, too
     long) raises an InputError naming it."""
     if path == "-":
-        for i, line in enumerate(sys.stdin, 1):
+        limit = MAX_LINE_BYTES
+        i = 0
+        while True:
+            line = sys.stdin.readline(limit + 1)  # at most the limit (in characters) is held
+            if not line:
+                return
+            i += 1
+            if len(line) > limit and not line.endswith("\n"):
+                raise InputError(path, i, f"line longer than the limit of {limit:,} characters",
+                                 "one text per line (or raise jaxembed.data.jsonl.MAX_LINE_BYTES)")
             yield i, line.rstrip("\r\n")
-        return
     for i, line in iter_text_lines(path):
         if isinstance(line, BadLine):
             raise _error(path, i, line)

@@ -17,13 +17,13 @@ is a one-line UserError naming the extra.
 from __future__ import annotations
 
 import csv
-import io
 import math
 import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from jaxembed.data.jsonl import MAX_LINE_BYTES, BadLine, check_input_file, open_binary
+from jaxembed.data import jsonl
+from jaxembed.data.jsonl import BadLine, check_input_file
 from jaxembed.errors import InputError, UserError
 
 #: file kinds read by the path's suffix (compression suffixes aside)
@@ -153,20 +153,59 @@ def _number(s: str):
     return v if math.isfinite(v) else s
 
 
+class _LongLine(Exception):
+    """Raised by ``_CsvLines`` for a line over the limit (the csv reader passes it on and starts afresh after)."""
+
+    def __init__(self, line: int, bad: BadLine):
+        super().__init__(bad.reason)
+        self.line, self.bad = line, bad
+
+
+class _CsvLines:
+    """The decoded lines of a file, with their line ends, for ``csv.reader``: read by
+    ``jaxembed.data.jsonl.iter_byte_lines``, so a line over ``MAX_LINE_BYTES`` is never held (it raises
+    ``_LongLine``; the next line follows), a byte-order mark at the start is removed, and gzip / bzip2 / xz files
+    are decompressed. A line ends at ``\\n``, ``\\r\\n`` or ``\\r`` (as the csv module reads). ``line``: the number of
+    the last line returned or passed over."""
+
+    def __init__(self, path):
+        self._raw = jsonl.iter_byte_lines(path, keep_ends=True)
+        self._pending: list[bytes] = []
+        self.line = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        while not self._pending:  # (a first line that is only a byte-order mark has no line left)
+            _, raw = next(self._raw)
+            if isinstance(raw, BadLine):
+                self.line += 1
+                raise _LongLine(self.line, raw)
+            self._pending = raw.splitlines(keepends=True)[::-1]  # bytes: split at \n, \r\n and \r only
+        self.line += 1
+        return self._pending.pop().decode("utf-8")  # a UnicodeDecodeError names self.line (iter_csv)
+
+    def close(self) -> None:
+        self._raw.close()
+
+
 def iter_csv(path, delimiter: str = ",", numeric: Iterable[str] = ()) -> Iterator[tuple[int, dict | BadLine]]:
     """(line number of the row's first line, row dict keyed by the header, or a BadLine) of a CSV / TSV file with
     a header line. Cells are strings; the columns named in ``numeric`` (scores, labels) are read as numbers when
-    they are ones. A row with another number of fields than the header is a BadLine. gzip / bzip2 / xz files are
+    they are ones. A row with another number of fields than the header, or a line longer than
+    ``jaxembed.data.jsonl.MAX_LINE_BYTES`` (never read into memory), is a BadLine. gzip / bzip2 / xz files are
     decompressed (``jaxembed.data.jsonl.open_binary``)."""
     numeric = set(numeric)
-    csv.field_size_limit(MAX_LINE_BYTES)
-    raw = open_binary(path)
-    text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
-    reader = csv.reader(text, delimiter=delimiter)
-    line = 1
+    csv.field_size_limit(jsonl.MAX_LINE_BYTES)
+    lines = _CsvLines(path)
+    reader = csv.reader(lines, delimiter=delimiter)
     try:
         try:
             header = next(reader, None)
+        except _LongLine as e:
+            raise InputError(path, e.line, f"unreadable header ({e.bad.reason})",
+                             "the first line must name the columns") from None
         except (csv.Error, UnicodeDecodeError) as e:
             raise InputError(path, 1, f"unreadable header ({e})", "the first line must name the columns") from None
         if header is None:
@@ -180,19 +219,20 @@ def iter_csv(path, delimiter: str = ",", numeric: Iterable[str] = ()) -> Iterato
             if h in seen:
                 raise InputError(path, 1, f"column {h!r} appears twice in the header", "rename one of them")
             seen.add(h)
-        line = reader.line_num + 1
         while True:
-            start = line
+            start = lines.line + 1
             try:
                 row = next(reader)
             except StopIteration:
                 break
+            except _LongLine as e:  # the row it was part of is this one bad record; reading goes on after it
+                yield e.line, e.bad
+                continue
             except UnicodeDecodeError as e:
-                raise InputError(path, start, f"not valid UTF-8 ({e.reason})",
+                raise InputError(path, lines.line, f"not valid UTF-8 ({e.reason})",
                                  "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
             except csv.Error as e:
                 raise InputError(path, start, f"unreadable CSV ({e})", "check the quoting of this row") from None
-            line = reader.line_num + 1
             if not row:
                 yield start, BadLine("empty line", "remove blank lines: each line is one row")
                 continue
@@ -202,7 +242,7 @@ def iter_csv(path, delimiter: str = ",", numeric: Iterable[str] = ()) -> Iterato
                 continue
             yield start, {h: (_number(v) if h in numeric else v) for h, v in zip(header, row)}
     finally:
-        text.close()
+        lines.close()
 
 
 # ------------------------------------------------------------------------------------------ Hugging Face datasets

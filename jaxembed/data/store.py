@@ -11,16 +11,18 @@
     out_dir/report.json, report.txt  records read / written / skipped per dataset, every skipped record with its
                                    file:line, field and reason
 
-Size: ~540 lines because the store's file layout is written (``write_store``) and read (``Store``) in one place,
+Size: ~560 lines because the store's file layout is written (``write_store``) and read (``Store``) in one place,
 with the report of what was written; the record formats, the on_error policy and the counts are in
 ``jaxembed.data.formats`` / ``records`` / ``tally``.
 
-The store is written to a temporary folder beside ``out_dir`` and renamed into place, so a crash never leaves a
-folder that opens as a store. Writing streams: records go to the ArrayRecord file as they are read; what is kept
-per record is a 4-byte label index, hashes (~40 bytes for the duplicate-id check, 8 for identical examples) and
-the ArrayRecord writer's index (~5 bytes); skipped records beyond the first thousand wait in a spool file until
-the report is written. No record, id or text is kept (``benchmarks/prepare_memory.py`` measures it). ``Store.open(out_dir)`` reads it back: ``example(dataset, i)`` is the normalised
-Example ``{"id", "query", "pos", "neg", "label"?}`` of record i.
+The store is written to a temporary folder beside ``out_dir`` (``.{name}.tmp-{host}-{pid}-{random}``) and renamed
+into place, so a crash never leaves a folder that opens as a store; the folders that killed writers of this host
+left behind are removed when the next store is written (``jaxembed.data.leftovers``). Writing streams: records go to
+the ArrayRecord file as they are read; what is kept per record is a 4-byte label index, hashes (~40 bytes for the
+duplicate-id check, 8 for identical examples) and the ArrayRecord writer's index (~5 bytes); skipped records beyond
+the first thousand wait in a spool file until the report is written. No record, id or text is kept
+(``benchmarks/prepare_memory.py`` measures it). ``Store.open(out_dir)`` reads it back: ``example(dataset, i)`` is
+the normalised Example ``{"id", "query", "pos", "neg", "label"?}`` of record i.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ import os
 import shutil
 import sys
 import threading
-import uuid
 from array import array
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
 
+from jaxembed import runfiles
 from jaxembed.data import config as dc
+from jaxembed.data import leftovers
 from jaxembed.data.formats import ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset, source_size
 from jaxembed.errors import UserError
 
@@ -352,8 +355,10 @@ def write_store(data_config, out_dir, where: str = "data", progress: bool | None
     on_error = data_config.get("on_error", "stop")
     report = PrepareReport(out_dir=str(out), on_error=on_error)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    leftovers.remove_dead(out)  # the temporary folders of killed writers of this host
+    tmp = runfiles.unique_tmp(out)
     tmp.mkdir()
+    lock = leftovers.hold(tmp)  # held while writing: a live writer's folder is never taken for a leftover
     try:
         infos, entries = [], []
         for i, ds in enumerate(data_config["datasets"]):
@@ -382,6 +387,8 @@ def write_store(data_config, out_dir, where: str = "data", progress: bool | None
             t.close()  # the spool files (anonymous) are gone with their handles
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        leftovers.release(lock)
     report.out_dir = str(out)
     return report
 
@@ -390,7 +397,7 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
     old = None
     if out.exists():
         if any(out.iterdir()):
-            old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            old = runfiles.unique_tmp(out, ".old")
             os.rename(out, old)
         else:
             out.rmdir()

@@ -11,13 +11,18 @@ VALIDATE_FORMATS = ("auto", "triplets", "scored_pairs", "labelled_pairs", "class
 
 
 def check_paths(files) -> None:
-    """Usage errors first: every path is a file or a ``datasets.save_to_disk`` folder."""
+    """Usage errors first: every path is a regular file or a ``datasets.save_to_disk`` folder (a missing path, a
+    device, a named pipe or a socket is named as what it is)."""
+    from jaxembed.data.jsonl import check_input_file
     from jaxembed.data.sources import is_saved_dataset
 
     for f in files:
-        if not Path(f).is_file() and not is_saved_dataset(f):
-            raise UserError(f"{f}: " + ("is a folder, not a file (nor a datasets.save_to_disk folder)"
-                                        if Path(f).is_dir() else "no such file") + " (fix: check the path)")
+        if is_saved_dataset(f):
+            continue
+        if Path(f).is_dir():
+            raise UserError(f"{f}: is a folder, not a file (nor a datasets.save_to_disk folder) (fix: check the "
+                            "path)")
+        check_input_file(f)
 
 
 def validate_file(path: str, fmt: str = "auto", text_field: str | None = None, label_field: str | None = None,
