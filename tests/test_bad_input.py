@@ -544,3 +544,43 @@ def test_next_prepare_removes_the_folders_of_killed_writers_of_this_host(tmp_pat
     assert sorted(d.name for d in tmp_path.iterdir() if d.name.startswith(".store.")) == sorted(keep)
     assert (out / "manifest.json").exists()
 
+
+# ------------------------------------------------------------------------------------ empty after tokenisation
+
+#: texts that tokenise to the special tokens alone: zero-width characters, NUL, a byte-order mark, a soft hyphen
+INVISIBLE = {"\u200b": "U+200B ZERO WIDTH SPACE", "\u0000": "U+0000 NUL", "\ufeff": "U+FEFF BYTE ORDER MARK",
+             "\u200c\u200d\u2060": "U+200C ZERO WIDTH NON-JOINER, U+200D ZERO WIDTH JOINER, U+2060 WORD JOINER",
+             "\u00ad": "U+00AD SOFT HYPHEN"}
+
+
+def test_texts_of_invisible_characters_are_empty_like_whitespace(tmp_path, capsys):
+    """A text with no content once whitespace, control and zero-width characters are dropped is refused and
+    counted as whitespace-only text is ("empty text"): in `data validate`, `data prepare` and encode's input."""
+    rows = [GOOD, '{"query": "   ", "pos": ["p"]}'] + [
+        json.dumps({"query": f"q{i}", "pos": [t]}) for i, t in enumerate(INVISIBLE)] + [
+        json.dumps({"query": " \u200b\t", "pos": ["p"]}), json.dumps({"query": "\u200bok", "pos": ["p"]})]
+    p = _write(tmp_path / "inv.jsonl", rows)
+    n = len(INVISIBLE) + 2
+    assert run_data_cli(["data", "validate", str(p)]) == 1
+    out = capsys.readouterr().out
+    assert f"{p}:2: field 'query': empty text (fix: remove the record or give it text)" in out
+    for i, names in enumerate(INVISIBLE.values()):
+        assert (f"{p}:{i + 3}: field 'pos[0]': empty text (no content: only {names}) (fix: remove the record or "
+                "give it text)") in out, out
+    assert (f"{p}:{n + 1}: field 'query': empty text (no content: only U+200B ZERO WIDTH SPACE and whitespace) "
+            "(fix: remove the record or give it text)") in out, out
+    assert (f"{p}: {n + 2} records (triplets): 2 valid, {n} invalid [field 'pos[0]': empty text: {n - 2}; field "
+            "'query': empty text: 2]") in out, out
+    cfg = _config_file(tmp_path, [p], on_error="skip")
+    assert run_data_cli(["data", "prepare", "--config", str(cfg), "--out", str(tmp_path / "s"), "-q"]) == 0
+    rep = json.loads((tmp_path / "s" / "report.json").read_text())
+    assert rep["datasets"][0]["reasons"] == {"field 'query': empty text": 2, "field 'pos[0]': empty text": n - 2}
+    assert rep["written"] == 2 and f"{n} invalid skipped" in capsys.readouterr().out
+    cfg = _config_file(tmp_path, [p], on_error="stop")
+    assert run_data_cli(["data", "prepare", "--config", str(cfg), "--out", str(tmp_path / "s2")]) == 2
+    assert _one_line(capsys.readouterr().out).startswith(f"error: {p}:2: field 'query': empty text (fix: ")
+    src = _write(tmp_path / "enc.jsonl", ['{"text": "a"}', '{"text": "\\u200b\\u200b"}'])
+    rc, err = _main(["encode", "--model", "/no/model", "--input", str(src), "--out", str(tmp_path / "o.npy")], capsys)
+    assert rc == 2 and err == (f"error: {src}:2: field 'text': empty text (no content: only U+200B ZERO WIDTH SPACE) "
+                               "(fix: remove the record or give it text)"), err
+

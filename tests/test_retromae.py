@@ -205,6 +205,20 @@ def test_data_reading_and_batches(tmp_path):
     assert spread < 0.5 * np.ptp(lengths)                                     # similar lengths share a batch
 
 
+def test_texts_of_invisible_characters_count_as_empty(tmp_path):
+    """Pre-training skips and counts a text of only zero-width characters, NUL or a byte-order mark as it does a
+    whitespace-only one ("empty text"): each would be encoded as the special tokens alone."""
+    from jaxembed.pretrain import data as datalib
+
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["a text", "   ", "\u200b", "\u0000", "\ufeff",
+                                                                   "\u200c\u200d \u2060", "\u200bok"]))
+    (tmp_path / "t.txt").write_text("plain line\n\u200b\u200b\n", encoding="utf-8")
+    texts, rep = datalib.read_texts([str(f), str(tmp_path / "t.txt")], ("text",))
+    assert texts == ["a text", "\u200bok", "plain line"]
+    assert rep["skipped"] == {"empty text": 6}
+
+
 @pytest.fixture(scope="module")
 def job(shared_data, minilm_dir, tmp_path_factory):
     """The :tiny job through the CLI (4 steps, checkpoints at 2 and 4), and the same job paused after 2 steps

@@ -12,7 +12,9 @@ evaluation sets, the LLM data tools, pre-training):
 - a line longer than ``MAX_LINE_BYTES`` is not read into memory: it is reported (the rest of the file is read);
 - a line that ``json.loads`` cannot turn into an object is reported with the reason, including what ``json``
   raises besides ``JSONDecodeError``: nesting too deep (``RecursionError``), an integer of more than 4300 digits
-  (``ValueError``); a key that appears twice in one object is an error (JSON readers silently keep the last).
+  (``ValueError``); a key that appears twice in one object is an error (JSON readers silently keep the last);
+- a text with no content (``is_empty_text``: only whitespace, control, zero-width / format characters or byte-order
+  marks, which tokenizers drop) is an "empty text".
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import lzma
 import re
 import stat
 import sys
+import unicodedata
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +164,39 @@ def iter_text_lines(path) -> Iterator[tuple[int, str | BadLine]]:
         yield i, raw if isinstance(raw, BadLine) else decode_line(raw)
 
 
+#: characters a tokenizer drops besides whitespace: control characters (NUL, ...) and format characters (zero-width
+#: space U+200B, joiners U+200C / U+200D, word joiner U+2060, soft hyphen U+00AD, byte-order mark U+FEFF, ...)
+_NO_CONTENT_CATEGORIES = ("Cc", "Cf")
+EMPTY_TEXT_FIX = "remove the record or give it text"
+_NAMES = {"\x00": "NUL", "\ufeff": "BYTE ORDER MARK"}  # names unicodedata lacks or gives otherwise
+
+
+def is_empty_text(text: str) -> bool:
+    """Whether ``text`` has no content once whitespace, control and format (zero-width, byte-order mark)
+    characters are dropped, as tokenizers drop them: it would be encoded as the special tokens alone."""
+    s = text.strip()
+    if not s:
+        return True
+    if " " < s[0] < "\x7f":  # printable ASCII: content (the common case, decided by one character)
+        return False
+    return all(c.isspace() or unicodedata.category(c) in _NO_CONTENT_CATEGORIES for c in s)
+
+
+def empty_text(text: str, what: str = "empty text") -> str | None:
+    """The reason ``text`` is refused when it has no content (``is_empty_text``): ``what`` for whitespace only,
+    ``what`` with the invisible characters named in parentheses otherwise (the reason is counted without them);
+    None for a text with content."""
+    if not is_empty_text(text):
+        return None
+    seen = sorted({c for c in text if not c.isspace()})
+    if not seen:
+        return what
+    names = ", ".join(f"U+{ord(c):04X} {_NAMES.get(c) or unicodedata.name(c, '')}".rstrip()
+                      for c in seen[:3]) + (", ..." if len(seen) > 3 else "")
+    also = " and whitespace" if any(c.isspace() for c in text) else ""
+    return f"{what} (no content: only {names}{also})"
+
+
 class _DuplicateKey(Exception):
     def __init__(self, key: str):
         super().__init__(key)
@@ -266,8 +302,9 @@ def text_field(path: str, line: int, obj: dict, field: str) -> str:
     if not isinstance(v, str):
         raise InputError(path, line, f"expected a string, got {type(v).__name__}", "store the text as a string",
                          field=field)
-    if not v.strip():
-        raise InputError(path, line, "empty text", "remove the record or give it text", field=field)
+    empty = empty_text(v)
+    if empty:
+        raise InputError(path, line, empty, EMPTY_TEXT_FIX, field=field)
     return v
 
 
@@ -288,7 +325,8 @@ def read_texts(path: str, field: str = "text", fmt: str | None = None) -> list[s
         raise InputError(path, None, f"unknown input format {fmt!r}", "use 'jsonl' or 'text'")
     out = []
     for i, line in iter_lines(path):
-        if not line.strip():
-            raise InputError(path, i, "empty line", "each line is one text: remove blank lines")
+        empty = empty_text(line, "empty line")
+        if empty:
+            raise InputError(path, i, empty, "each line is one text: remove blank lines")
         out.append(line)
     return out

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from jaxembed.data.config import KALM_TEMPLATE, TASK_TYPES
+from jaxembed.data.jsonl import EMPTY_TEXT_FIX, empty_text
 from jaxembed.errors import InputError
 
 Example = dict  # {"id", "query", "pos": list[str], "neg": list[str], "label"?, "score"?, "pos_scores"?, "neg_scores"?}
@@ -105,8 +106,9 @@ class _Filtered(Exception):
 def _check_text(v: Any, key: str) -> str:
     if not isinstance(v, str):
         raise _Bad(key, f"expected a string, got {_type(v)}", "store the text as a JSON string")
-    if not v.strip():
-        raise _Bad(key, "empty text", "remove the record or give it text")
+    empty = empty_text(v)
+    if empty:  # whitespace, control, zero-width characters and byte-order marks only: tokenised to nothing
+        raise _Bad(key, empty, EMPTY_TEXT_FIX)
     try:
         v.encode("utf-8")
     except UnicodeEncodeError as e:

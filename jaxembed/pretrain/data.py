@@ -28,6 +28,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxembed.data.formats import Skip, iter_json_objects, iter_raw_lines
+from jaxembed.data.jsonl import is_empty_text
 from jaxembed.errors import UserError
 from jaxembed.tokenizer import Tokenizer, bucket_for, length_buckets
 
@@ -43,7 +44,7 @@ def read_texts(paths: Sequence[str] = (), fields: Sequence[str] = ("text",), sto
     def add(t: str) -> bool:
         t = t.strip()
         rep["texts_found"] += 1
-        if not t:
+        if is_empty_text(t):  # also zero-width characters, NUL, byte-order marks alone: tokenised to nothing
             rep["skipped"]["empty text"] += 1
             return True
         if dedup:
