@@ -116,7 +116,7 @@ def test_deep_nesting_and_huge_integer_in_data_validate_and_prepare(tmp_path, ca
 
 
 def _config_file(tmp_path, paths, on_error="stop", **ds_kw) -> Path:
-    entries = [dict(name=f"d{i}", path=str(p), task_type="retrieval", **ds_kw) for i, p in enumerate(paths)]
+    entries = [dict(dict(name=f"d{i}", path=str(p), task_type="retrieval"), **ds_kw) for i, p in enumerate(paths)]
     f = tmp_path / f"cfg_{on_error}.py"
     f.write_text("from jaxembed.data.config import dataset_config, default_data_config\n\n"
                  "def get_config(arg=None):\n"
@@ -584,3 +584,25 @@ def test_texts_of_invisible_characters_are_empty_like_whitespace(tmp_path, capsy
     assert rc == 2 and err == (f"error: {src}:2: field 'text': empty text (no content: only U+200B ZERO WIDTH SPACE) "
                                "(fix: remove the record or give it text)"), err
 
+
+# ------------------------------------------------------------------------------------------- missing task type
+
+def test_missing_task_type_names_the_fix_for_the_format_at_hand(tmp_path, capsys):
+    """A dataset without task_type whose records give none: sentence-transformers rows get the ST choices, BGE
+    triplets their 'type' field, other formats a task type to set."""
+    st = _write(tmp_path / "st.jsonl", ['{"anchor": "a", "positive": "p"}', '{"anchor": "b", "positive": "q"}'])
+    bge = _write(tmp_path / "bge.jsonl", [GOOD])
+    pairs = _write(tmp_path / "pairs.jsonl", ['{"sentence1": "a", "sentence2": "b", "label": 1}'])
+    tts = "one of retrieval, reranking, sts, pair_classification, classification, clustering, nli"
+    for path, said in [
+        (st, f"{st} holds sentence-transformers rows, which have no task type (fix: set task_type: nli or sts for "
+             "symmetric pairs, without instruction; retrieval for query -> passage, with one)"),
+        (bge, f"the records of {bge} have no BGE 'type' field to take it from (fix: set task_type, or give every "
+              "record a 'type': normal, only_1neg, symmetric_sts, symmetric_class, symmetric_clustering or a task "
+              "type)"),
+        (pairs, f"labelled_pairs records ({pairs}) have no task type (fix: set task_type, e.g. pair_classification)"),
+    ]:
+        cfg = _config_file(tmp_path, [path], task_type=None)
+        assert run_data_cli(["data", "prepare", "--config", str(cfg), "--out", str(tmp_path / "s")]) == 2
+        assert _one_line(capsys.readouterr().out) == (
+            f"error: {cfg}: data.datasets[0].task_type: required ({tts}): {said}")

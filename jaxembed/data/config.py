@@ -293,6 +293,10 @@ def effective_record_format(ds) -> str:
     return _get(ds, "record_format", "auto") if fmt in SOURCE_FORMATS else fmt
 
 
+#: the task types for sentence-transformers data, which has none (the fix of a dataset without task_type)
+ST_TASK_TYPE_FIX = "nli or sts for symmetric pairs, without instruction; retrieval for query -> passage, with one"
+
+
 def _validate_dataset(ds, w: str, names: set[str]) -> None:
     if not _is_mapping(ds):
         raise UserError(f"{w}: expected a dataset config (dataset_config(...)), got {type(ds).__name__}")
@@ -368,8 +372,7 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
     rec = effective_record_format(ds)
     if tt is None:
         if rec not in ("auto", "triplets"):
-            hint = (" (fix: sentence-transformers data has no task type: nli or sts for symmetric pairs, without "
-                    "instruction; retrieval for query -> passage, with one)") if rec == "st" else ""
+            hint = f" (fix: sentence-transformers data has no task type: {ST_TASK_TYPE_FIX})" if rec == "st" else ""
             raise UserError(f"{w}.task_type: required (one of {', '.join(TASK_TYPES)}){hint}")
     else:
         _one_of(f"{w}.task_type", tt, TASK_TYPES)

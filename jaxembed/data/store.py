@@ -11,7 +11,7 @@
     out_dir/report.json, report.txt  records read / written / skipped per dataset, every skipped record with its
                                    file:line, field and reason
 
-Size: ~560 lines because the store's file layout is written (``write_store``) and read (``Store``) in one place,
+Size: ~580 lines because the store's file layout is written (``write_store``) and read (``Store``) in one place,
 with the report of what was written; the record formats, the on_error policy and the counts are in
 ``jaxembed.data.formats`` / ``records`` / ``tally``.
 
@@ -41,7 +41,8 @@ from typing import Sequence
 from jaxembed import runfiles
 from jaxembed.data import config as dc
 from jaxembed.data import leftovers
-from jaxembed.data.formats import ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset, source_size
+from jaxembed.data.formats import (BGE_TYPES, ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset,
+                                   source_size)
 from jaxembed.errors import UserError
 
 STORE_FORMAT = "jaxembed-store"
@@ -178,11 +179,32 @@ class PrepareReport:
 
 # ------------------------------------------------------------------------------------------------------ writing
 
+#: a task type to suggest for the record formats that carry none (sentence-transformers rows: dc.ST_TASK_TYPE_FIX)
+_TASK_TYPE_EXAMPLES = {"scored_pairs": "sts", "labelled_pairs": "pair_classification",
+                       "classification": "classification"}
+
+
+def _no_task_type(ds, info: ReadInfo, where: str) -> UserError:
+    """The error for a dataset whose config has no task_type and whose records give none, with the fix for the
+    record format at hand: BGE triplets take it from their 'type' field; the other formats have no such field."""
+    head = f"{where}.task_type: required (one of {', '.join(dc.TASK_TYPES)}): "
+    src = _sources(ds)
+    if info.format == "st":
+        return UserError(f"{head}{src} holds sentence-transformers rows, which have no task type (fix: set "
+                         f"task_type: {dc.ST_TASK_TYPE_FIX})")
+    if info.format in (None, "triplets"):
+        return UserError(f"{head}the records of {src} have no BGE 'type' field to take it from (fix: set task_type, "
+                         f"or give every record a 'type': {', '.join(t for t in BGE_TYPES if t not in dc.TASK_TYPES)} "
+                         "or a task type)")
+    eg = _TASK_TYPE_EXAMPLES.get(info.format)
+    return UserError(f"{head}{info.format} records ({src}) have no task type (fix: set task_type"
+                     + (f", e.g. {eg}" if eg else "") + ")")
+
+
 def _resolve_info(ds, info: ReadInfo, size: int, where: str) -> DatasetInfo:
     tt = ds.get("task_type") or info.task_type
     if tt is None:
-        raise UserError(f"{_sources(ds)}: the records have no BGE 'type' field to take the task type from, and "
-                        f"{where}.task_type is not set (fix: set task_type to one of {', '.join(dc.TASK_TYPES)})")
+        raise _no_task_type(ds, info, where)
     qi = ds.get("query_instruction")
     di = ds.get("doc_instruction")
     if qi is None:
@@ -294,6 +316,8 @@ def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str, progr
     try:
         for ex in apply_policy(read_dataset(ds, info), on_error, tally):
             tt = task_type_cfg or info.task_type
+            if tt is None and info.format != "triplets":  # only BGE triplets may give it in a later record
+                raise _no_task_type(ds, info, where)
             if "label" not in ex and tt in ("classification", "clustering") and len(ex["pos"]) == 1:
                 ex["label"] = ex["pos"][0]  # BGE classification: the positive is the label's description
             labels.add(ex.get("label"))
