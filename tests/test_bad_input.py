@@ -534,8 +534,8 @@ def test_next_prepare_removes_the_folders_of_killed_writers_of_this_host(tmp_pat
     fd = os.open(tmp_path / keep[2], os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_SH)
     try:
-        p = subprocess.run([JAXEMBED, "data", "prepare", "--config", str(cfg), "--out", str(out), "-q"],
-                           capture_output=True, text=True, timeout=120)
+        p = subprocess.run([JAXEMBED, "data", "prepare", "--config", str(cfg), "--out", "store", "-q"],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)  # the log names the folder
     finally:
         os.close(fd)
     assert p.returncode == 0, p.stderr

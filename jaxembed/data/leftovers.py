@@ -123,6 +123,6 @@ def remove_dead(out: Path) -> list[str]:
             removed.append(entry.name)
     if removed:
         log.warning("%s: removed %d temporary folder%s left by data prepare processes of this host that are no "
-                    "longer running: %s", out.parent, len(removed), "s" if len(removed) != 1 else "",
+                    "longer running: %s", os.path.abspath(out.parent), len(removed), "s" if len(removed) != 1 else "",
                     ", ".join(removed))
     return removed
