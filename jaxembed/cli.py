@@ -82,6 +82,7 @@ def cmd_export(args) -> int:
     from jaxembed.outputs import check_output
 
     check_output(args.out, "folder", "--out")
+    export.check_target(args.out, "--out", workdir=args.workdir, source=args.model)
     repo = args.push_to_hub
     if repo is None and (args.private or args.revision or args.commit_message):
         raise UserError("export: --private, --revision and --commit-message go with --push-to-hub ORG/NAME")

@@ -30,6 +30,36 @@ _POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tok
                  "lasttoken": "pooling_mode_lasttoken"}
 
 
+def check_target(out: str | os.PathLike, flag: str = "--out", *, workdir: str | os.PathLike | None = None,
+                 source: str | os.PathLike | None = None) -> Path:
+    """Refuse, before any work, an export folder that would replace what jaxembed did not write: one that is, or
+    contains, the run directory ``workdir`` or the model folder ``source`` being exported, or lies inside the run's
+    checkpoints; or an existing folder that is not an unchanged earlier export (``runfiles.replace_refusal``: an
+    application folder, a model folder of someone else's, an export with the user's files added). -> the path."""
+    out = Path(os.path.expanduser(str(out)))
+    real = Path(os.path.realpath(out))
+    guarded = []
+    if workdir is not None:
+        w = Path(os.path.realpath(os.path.expanduser(str(workdir))))
+        guarded += [("the run directory", w, False), ("the run's checkpoints", w / "checkpoints", True)]
+    if source is not None and Path(os.path.expanduser(str(source))).exists():
+        guarded.append(("the model folder being exported", Path(os.path.realpath(os.path.expanduser(str(source)))),
+                        False))
+    for what, p, no_inside in guarded:
+        where = ("is" if real == p else "contains" if real in p.parents else
+                 "lies inside" if no_inside and p in real.parents else None)
+        if where:
+            example = w / "export" if workdir is not None else real.parent / f"{real.name}_export"
+            raise UserError(f"{flag} {out}: {where} {what} ({p}); the export would replace it, so nothing is written "
+                            f"(fix: another folder, e.g. {example})")
+    why = runfiles.replace_refusal(out)
+    if why is not None:
+        raise UserError(f"{flag} {out}: {why}; the export replaces only a folder jaxembed exported before, unchanged "
+                        "since, so nothing there is touched (fix: choose a new or empty folder, or move those files "
+                        "elsewhere first)")
+    return out
+
+
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
     """Write a .safetensors file (any numpy dtype incl. ml_dtypes bfloat16), atomically."""
     header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}

@@ -7,7 +7,8 @@ Writing (any process, any file system that renames atomically, e.g. local disks,
   give their processes the same pid.
 - ``write_text`` / ``write_bytes`` / ``write_with``: write the temporary file, flush it to disk, ``os.replace`` it
   onto ``path``: a reader sees the old file or the new one, never a part.
-- ``atomic_dir(path)``: a folder written as a whole (an export): built under a temporary name, swapped into place.
+- ``atomic_dir(path)``: a folder written as a whole (an export): built under a temporary name, swapped into place;
+  it replaces only a folder it wrote itself, unchanged since (its ``MANIFEST``).
 - ``writing(what, path)`` / ``write_failed(what, path, error)``: the one-line UserError for a write that failed
   (disk full, no permission).
 
@@ -95,23 +96,111 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-@contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty temporary folder beside ``path``; on success it replaces ``path`` (an older folder there is
-    moved aside first and then removed), on an error it is removed and ``path`` is left as it was.
+#: The file that ``atomic_dir`` writes into each folder it completes: every file and folder it wrote, with each
+#: file's size (and SHA-256 up to ``_HASHED_BYTES``). A folder is replaced only when it is such a folder, unchanged.
+MANIFEST = "jaxembed_export.json"
+_HASHED_BYTES = 32 << 20  # larger files (the weights) are compared by size: hashing them at every export costs
 
-    A folder that exists, is not empty and has no ``config.json`` / ``modules.json`` (not an earlier export) is
-    never replaced: UserError."""
+
+def _walk(folder: Path) -> tuple[dict[str, int], list[str]]:
+    """({relative file path: size}, [relative folder paths]) of everything under ``folder`` (links not followed)."""
+    files, dirs = {}, []
+    for root, dnames, fnames in os.walk(folder, followlinks=False):
+        r = Path(root)
+        for d in dnames:
+            dirs.append((r / d).relative_to(folder).as_posix())
+        for f in fnames:
+            p = r / f
+            files[p.relative_to(folder).as_posix()] = p.lstat().st_size
+    return files, sorted(dirs)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path, **info: Any) -> None:
+    """Record every file and folder under ``folder`` in its ``MANIFEST`` (``info``: extra fields)."""
+    files, dirs = _walk(folder)
+    files.pop(MANIFEST, None)
+    entries = {name: ({"size": size, "sha256": _sha256(folder / name)} if size <= _HASHED_BYTES else {"size": size})
+               for name, size in sorted(files.items())}
+    body = {"written_by": "jaxembed", **info, "files": entries, "folders": dirs}
+    (folder / MANIFEST).write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
+
+
+def replace_refusal(path: str | os.PathLike) -> str | None:
+    """Why the existing ``path`` must not be replaced by a folder that ``atomic_dir`` writes, or None: it is absent,
+    an empty folder, or a folder ``atomic_dir`` wrote whose files are all as it wrote them (its ``MANIFEST``).
+    Anything else may hold a person's work: a file, a link, a folder of other files, a jaxembed folder with files
+    added, removed or changed since."""
     out = Path(path)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (
-            (out / "config.json").exists() or (out / "modules.json").exists()))):
-        raise UserError(f"{out}: exists and is not a model folder; it is not replaced (fix: a new or empty "
-                        "output folder)")
+    if out.is_symlink():
+        return "is a symbolic link"
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        return "is a file"
+    if not any(out.iterdir()):
+        return None
+    try:
+        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        listed, folders = dict(manifest["files"]), set(manifest["folders"])
+    except FileNotFoundError:
+        if (out / "config.json").exists() or (out / "modules.json").exists():
+            names = sorted(p.name for p in out.iterdir())
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            return f"holds files jaxembed did not write ({shown}; no {MANIFEST}: not an export of jaxembed's)"
+        return "exists and is not a model folder"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"its {MANIFEST} is damaged, so what jaxembed wrote there is unknown"
+    files, dirs = _walk(out)
+    files.pop(MANIFEST, None)
+    added = sorted(set(files) - set(listed)) + sorted(set(dirs) - folders)
+    removed = sorted(set(listed) - set(files))
+    changed = []
+    for name in sorted(set(files) & set(listed)):
+        want = listed[name] if isinstance(listed[name], dict) else {}
+        if files[name] != want.get("size") or ("sha256" in want and _sha256(out / name) != want["sha256"]):
+            changed.append(name)
+    for what, names in (("files jaxembed did not write", added), ("files changed since jaxembed wrote them", changed),
+                        ("files removed since jaxembed wrote them", removed)):
+        if names:
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            return f"holds {what} ({shown})"
+    return None
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike, **info: Any) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``path``; on success its ``MANIFEST`` is written (``info``: extra
+    fields) and it replaces ``path`` (an older folder there is moved aside first and then removed); on an error it
+    is removed and ``path`` is left as it was.
+
+    Only what ``replace_refusal`` allows is replaced (nothing, an empty folder, an unchanged earlier folder of
+    ``atomic_dir``); anything else is a UserError, before the work and again right before the swap."""
+    out = Path(path)
+
+    def check():
+        why = replace_refusal(out)
+        if why is not None:
+            raise UserError(f"{out}: {why}; it is not replaced and left as it is (fix: a new or empty output "
+                            "folder, or move those files elsewhere first)")
+
+    check()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = unique_tmp(out)
     tmp.mkdir()
     try:
         yield tmp
+        write_manifest(tmp, **info)
+        check()
         old = None
         if out.exists():
             old = unique_tmp(out, ".old")

@@ -42,9 +42,10 @@ from jaxembed.signals import Interrupted, StopSignals
 from jaxembed.train_export import export_params, host_params, run_card, task_prompts  # noqa: F401 (re-exported)
 from jaxembed.train_metrics import _host_metrics, step_flops
 from jaxembed.train_setup import (  # noqa: F401 (re-exported: `from jaxembed.train import X` keeps working)
-    Run, _check_workdir, export_from_workdir, init_source, init_state, load_model, model_kwargs, pow2_lengths,
-    prepare_plan, prepare_store, setup, step_table)
+    Run, _check_workdir, export_dir, export_from_workdir, init_source, init_state, load_model, model_kwargs,
+    pow2_lengths, prepare_plan, prepare_store, setup, step_table)
 from jaxembed.train_step import make_train_step
+from jaxembed.workdir_lock import WorkdirLock
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,15 @@ def _eval_logged(workdir: Path, step: int) -> bool:
 def train(config, workdir: str | Path) -> dict:
     """Run (or resume) training; returns a summary dict. Raises UserError for bad input before any work."""
     t_begin = time.time()
-    run = setup(config, workdir)
+    lock = WorkdirLock(workdir)
+    try:
+        return _train(config, workdir, lock, t_begin)
+    finally:
+        lock.release()
+
+
+def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
+    run = setup(config, workdir, lock=lock)
     c = run.config
     workdir = run.workdir
     is_main = runfiles.is_main()
@@ -219,7 +228,7 @@ def train(config, workdir: str | Path) -> dict:
 
                 summary.update(summary_facts(workdir, t_begin))
             if status == "completed" and c.export.at_end:
-                out_dir = Path(c.export.dir) if c.export.dir else workdir / "export"
+                out_dir = export_dir(c, workdir)
                 params = host_params(state["params"])  # every process (a collective), then process 0 writes
 
                 def write_export():

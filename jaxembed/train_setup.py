@@ -29,6 +29,7 @@ from jaxembed import hf, lora, optim, parallel, runfiles, train_encode
 from jaxembed.checkpointing import Checkpointer
 from jaxembed.errors import UserError
 from jaxembed.train_export import _host_model, export_params, host_params, run_card, task_prompts
+from jaxembed.workdir_lock import WorkdirLock
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +85,12 @@ def _read_config_json(path: Path) -> dict:
     return old
 
 
-def _same_config_as_main(config, workdir: Path) -> None:
-    """On processes other than 0: the config process 0 wrote must be this process's own (all hosts of a pod run
+def _same_config_as_main(config, main_config: str) -> None:
+    """On processes other than 0: process 0's config (its JSON) must be this process's own (all hosts of a pod run
     the same --config and overrides)."""
     if runfiles.is_main():
         return
-    written = _read_config_json(workdir / "config.json")
+    written = json.loads(main_config)
     mine = json.loads(cfglib.to_json(config))
     diffs = sorted(k for k in set(written) | set(mine) if written.get(k) != mine.get(k))
     if diffs:
@@ -107,8 +108,9 @@ def prepare_store(config, workdir: Path):
     store_dir = workdir / "store"
 
     def write():
-        if (store_dir / "manifest.json").exists():
-            return
+        if (store_dir / "manifest.json").exists() and (
+                (workdir / "config.json").exists() or _store_config(store_dir) == _plain(cfglib.data_section(config))):
+            return  # the run's own store (its config was checked), or one a refused start left for this data config
         with runfiles.writing("preparing the dataset store", store_dir,
                               fix="run the same command again (the store is prepared from the start)"):
             report = write_store(cfglib.data_section(config), store_dir)
@@ -118,12 +120,33 @@ def prepare_store(config, workdir: Path):
     return Store.open(store_dir)
 
 
-def prepare_plan(config, store, workdir: Path):
-    """The batch plan: every process builds it (a pure function of data, config and seed); process 0 saves
-    plan.npz (or checks a saved one); the others then check that process 0 built the same plan."""
-    from jaxembed.data.plan import Plan, build_plan
+def _build_plan(config, store):
+    from jaxembed.data.plan import build_plan
 
-    plan = build_plan(store, config.plan, data_config=cfglib.data_section(config))
+    return build_plan(store, config.plan, data_config=cfglib.data_section(config))
+
+
+def _plain(data_config) -> Any:
+    from jaxembed.data import config as dc
+
+    return json.loads(json.dumps(dc.to_plain(data_config)))
+
+
+def _store_config(store_dir: Path) -> Any:
+    """The data config a store was prepared with (its manifest's), or None when unreadable."""
+    try:
+        return json.loads((store_dir / "manifest.json").read_text(encoding="utf-8")).get("config")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def prepare_plan(config, store, workdir: Path, plan=None):
+    """The batch plan: every process builds it (a pure function of data, config and seed; ``plan``: built
+    already); process 0 saves plan.npz (or checks a saved one); the others then check that process 0 built the
+    same plan."""
+    from jaxembed.data.plan import Plan
+
+    plan = plan if plan is not None else _build_plan(config, store)
     path = workdir / "plan.npz"
     fingerprint = plan.fingerprint()
 
@@ -152,29 +175,37 @@ def prepare_plan(config, store, workdir: Path):
     return plan
 
 
-def setup(config, workdir: str | Path) -> Run:
-    """Validate, join the other processes (a pod), create the run directory, load the model, the store and the
-    plan, build the optimizer."""
+def setup(config, workdir: str | Path, lock: WorkdirLock | None = None) -> Run:
+    """Validate, join the other processes (a pod), load the model, the store and the plan, build the optimizer.
+
+    Nothing is written to the run directory until every read-only check has passed (the config, the previous
+    run's config, the export folder, the model), and its config.json only once the store and the plan are built
+    too: a refused config leaves no config behind to refuse the corrected one. ``lock`` (a ``WorkdirLock``; the
+    trainer's): taken by process 0 before the first write, so a second run on the same directory stops there."""
     cfglib.validate(config)
     parallel.initialize()  # before any other JAX call: every process of a pod joins here
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-
-    def write_config():
-        n = runfiles.process_count()
-        if n > 1 and config.eval.tasks:  # checked here, so that every process stops with this error
-            raise UserError(f"config.eval.tasks = {tuple(config.eval.tasks)}: dev evaluation during training runs in "
-                            f"a single process, not on {n} (fix: set --config.eval.tasks=() for the pod run and "
-                            "evaluate its export with `jaxembed eval`)")
-        _check_workdir(config, workdir)
-        with runfiles.writing("writing the config", workdir / "config.json"):
-            cfglib.write_resolved(config, workdir)
-
     lora_spec = lora.spec_from_config(config)
     if lora_spec is not None:  # a target regex that matches no layer: a one-line error before anything is written
         lora.check_targets(config)
-    runfiles.main_first("config", write_config)  # process 0 checks the old config and writes the new one
-    runfiles.all_agree("config-check", lambda: _same_config_as_main(config, workdir))
+
+    def read_only_checks():  # on process 0; the others stop with its error
+        n = runfiles.process_count()
+        if n > 1 and config.eval.tasks:
+            raise UserError(f"config.eval.tasks = {tuple(config.eval.tasks)}: dev evaluation during training runs "
+                            f"in a single process, not on {n} (fix: set --config.eval.tasks=() for the pod run and "
+                            "evaluate its export with `jaxembed eval`)")
+        _check_workdir(config, workdir)
+        if config.export.at_end:
+            from jaxembed.export import check_target
+
+            check_target(export_dir(config, workdir), "config.export.dir", workdir=workdir)
+
+    runfiles.main_first("workdir-check", read_only_checks)
+    main_config = runfiles.broadcast("config", cfglib.to_json(config) if runfiles.is_main() else None)
+    runfiles.all_agree("config-check", lambda: _same_config_as_main(config, main_config))
+    if lock is not None:
+        runfiles.main_first("workdir-lock", lock.acquire)
     mesh = parallel.make_mesh(config.train.mesh_data, config.train.mesh_fsdp)
     kw = model_kwargs(config)
     source = init_source(config, workdir)
@@ -183,7 +214,15 @@ def setup(config, workdir: str | Path) -> Run:
         runfiles.main_first("lora-base", lambda: lora.check_base(workdir, lora.base_fingerprint(loaded.model),
                                                                  source))
     store = prepare_store(config, workdir)
-    plan = prepare_plan(config, store, workdir)
+    plan = _build_plan(config, store)
+
+    def write_config():
+        _check_workdir(config, workdir)
+        with runfiles.writing("writing the config", workdir / "config.json"):
+            cfglib.write_resolved(config, workdir)
+
+    runfiles.main_first("config", write_config)  # every check passed: process 0 writes the run's config
+    plan = prepare_plan(config, store, workdir, plan=plan)
     K = 1 + max(int(d.num_negatives) for d in store.datasets)
     spec = getattr(loaded.model.config, "mote", None)
     routes = None
@@ -220,6 +259,11 @@ def setup(config, workdir: str | Path) -> Run:
     base = source if not Path(os.path.expanduser(str(source))).is_dir() else str(Path(source).expanduser().resolve())
     return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes, packing, lora_spec,
                base if lora_spec is not None else "")
+
+
+def export_dir(config, workdir: Path) -> Path:
+    """Where the run's export goes: ``export.dir``, or ``<workdir>/export``."""
+    return Path(os.path.expanduser(str(config.export.dir))) if config.export.dir else Path(workdir) / "export"
 
 
 def init_source(config, workdir: str | Path) -> str:
@@ -358,6 +402,9 @@ def export_from_workdir(workdir: str | Path, out: str | Path, step: int | None =
     ``lora_export`` (merged / adapter / both); ``task`` and ``average_experts`` take the merged weights."""
     if task is not None and average_experts:
         raise UserError("export: give --task or --average-experts, not both")
+    from jaxembed.export import check_target
+
+    check_target(out, "--out", workdir=workdir)
     workdir = Path(workdir)
     cfg_file = workdir / "config.json"
     if not cfg_file.exists():

@@ -14,6 +14,7 @@ import pytest
 
 from jaxembed import runfiles
 from jaxembed.errors import UserError
+from jaxembed.workdir_lock import WorkdirLock
 
 
 def _at_once(n: int, fn) -> list:
@@ -146,3 +147,23 @@ def test_metrics_line_torn_by_a_kill_is_cut_off(tmp_path):
     m.close()
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert m.torn == 1 and [json.loads(x)["step"] for x in lines] == [2, 6]
+
+
+def test_workdir_lock_refuses_a_second_holder_and_tidies_up(tmp_path):
+    """A second lock on the same run directory is refused naming the holder; released, the lock file is gone, and
+    a run directory the lock created is removed when nothing else was written in it."""
+    wd = tmp_path / "run"
+    first = WorkdirLock(wd)
+    first.acquire()
+    info = json.loads((wd / "run.lock").read_text())
+    assert info["pid"] == os.getpid() and info["host"] and info["started"]
+    with pytest.raises(UserError, match=rf"^{wd}: another run is writing this run directory \(pid {os.getpid()} on "):
+        WorkdirLock(wd).acquire()
+    first.release()
+    assert not wd.exists()  # created by the lock, nothing else in it
+    wd.mkdir()
+    with WorkdirLock(wd):
+        (wd / "config.json").write_text("{}")
+    assert [p.name for p in wd.iterdir()] == ["config.json"]
+    with WorkdirLock(wd), pytest.raises(UserError):  # released above: taken again; held: refused
+        WorkdirLock(wd).acquire()

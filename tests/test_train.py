@@ -260,6 +260,145 @@ def test_export_command_from_workdir(straight_run, tmp_path):
     assert not np.array_equal(a, c)
 
 
+def _tree(folder: Path) -> dict:
+    """Every file under ``folder`` with its bytes, and every folder: equal before and after = left untouched."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+def test_export_never_replaces_what_jaxembed_did_not_write(straight_run, tmp_path, capsys):
+    """`jaxembed export --workdir W --out DIR` refuses, in one line and before any work, an --out that is or
+    contains the run directory or lies inside its checkpoints, an application folder, a model folder it did not
+    write, and an earlier export with the user's files added or changed; each is left byte for byte as it was.
+    An unchanged earlier export is replaced."""
+    from jaxembed.cli import main
+
+    wd, _ = straight_run
+    app = tmp_path / "app"
+    (app / "src").mkdir(parents=True)
+    (app / "src" / "main.py").write_text("print('my application')\n")
+    (app / "config.json").write_text('{"app": true}\n')  # a config.json does not make it a model folder
+    theirs = tmp_path / "their_model"
+    theirs.mkdir()
+    for name in ("config.json", "modules.json"):
+        (theirs / name).write_text((wd / "export" / name).read_text())
+    (theirs / "notes.md").write_text("my notes\n")
+    cases = {wd: "is the run directory", wd.parent: "contains the run directory",
+             wd / "checkpoints" / "8": "lies inside the run's checkpoints",
+             wd / "checkpoints" / "new": "lies inside the run's checkpoints",
+             wd / "store": "exists and is not a model folder",
+             app: "holds files jaxembed did not write (config.json, src; no jaxembed_export.json",
+             theirs: "holds files jaxembed did not write (config.json, modules.json, notes.md; no jaxembed_export.json"}
+    before = {p: _tree(p) for p in cases if p.exists()} | {wd: _tree(wd)}
+    for out, why in cases.items():
+        assert main(["export", "--workdir", str(wd), "--out", str(out)]) == 2, out
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: --out {out}: {why}") and "fix:" in err[0], (out, err)
+    assert {p: _tree(p) for p in before} == before
+    assert not (wd / "checkpoints" / "new").exists()
+
+    ours = tmp_path / "ours"
+    assert main(["export", "--workdir", str(wd), "--out", str(ours), "--step", "6"]) == 0
+    assert main(["export", "--workdir", str(wd), "--out", str(ours)]) == 0  # an unchanged export of jaxembed's
+    exported = _tree(ours)
+    (ours / "notes.md").write_text("added by the user\n")
+    assert main(["export", "--workdir", str(wd), "--out", str(ours)]) == 2
+    assert "holds files jaxembed did not write (notes.md)" in capsys.readouterr().err
+    (ours / "notes.md").unlink()
+    with open(ours / "README.md", "a") as f:
+        f.write("edited by the user\n")
+    assert main(["export", "--workdir", str(wd), "--out", str(ours)]) == 2
+    assert "holds files changed since jaxembed wrote them (README.md)" in capsys.readouterr().err
+    assert _tree(ours) != exported and (ours / "README.md").read_text().endswith("edited by the user\n")
+
+
+def test_export_dir_of_a_run_is_checked_before_training(config_file, tmp_path, capsys):
+    """`export.dir` naming a folder of the user's: refused at the start, before any step, nothing written."""
+    from jaxembed.cli import main
+
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "main.py").write_text("print('mine')\n")
+    wd = tmp_path / "run"
+    assert main(["train", "--config", str(config_file), "--workdir", str(wd), f"--config.export.dir={app}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: config.export.dir {app}: exists and is not a model folder"), err
+    assert not wd.exists() and [p.name for p in app.iterdir()] == ["main.py"]
+    assert main(["train", "--config", str(config_file), "--workdir", str(wd), f"--config.export.dir={wd}"]) == 2
+    assert f"config.export.dir {wd}: is the run directory" in capsys.readouterr().err
+
+
+def test_a_second_run_on_a_workdir_is_refused_and_a_killed_one_does_not_block(config_file, tmp_path):
+    """Two `jaxembed train` on one workdir (no pod): the second stops at once naming the first, which goes on
+    alone (its metrics only); after kill -9 of the first, the next start runs (the lock dies with its process)."""
+    wd = tmp_path / "run"
+    marker = tmp_path / "at_step"
+    first = _start(config_file, wd, pause=(2, marker))
+    t0 = time.time()
+    while not marker.exists():
+        assert first.poll() is None, "the run ended before step 2:\n" + first.stdout.read()[-3000:]
+        assert time.time() - t0 < 300, "step 2 was never logged"
+        time.sleep(0.02)
+    second = _start(config_file, wd)
+    out = second.communicate(timeout=300)[0]
+    assert second.returncode == 2, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"error: {wd}: another run is writing this run directory (pid {first.pid} on ") and \
+        "fix: wait for it to end or stop it, or use another --workdir" in last, out[-3000:]
+    assert "Traceback" not in out
+    first.kill()  # SIGKILL: no handler runs, the lock file stays behind
+    first.communicate(timeout=60)
+    steps = [json.loads(x)["step"] for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2] and (wd / "run.lock").exists()
+    third = _start(config_file, wd)
+    out = third.communicate(timeout=600)[0]
+    assert third.returncode == 0, out[-3000:]
+    assert json.loads((wd / "summary.json").read_text())["status"] == "completed"
+    assert not (wd / "run.lock").exists()
+
+
+def test_a_refused_config_writes_nothing_so_the_corrected_one_runs(config_file, tiny_model_dir, tmp_path, shared_data,
+                                                                   capsys, monkeypatch):
+    """A config refused at set-up (a model that does not exist, a bad record, a plan that cannot be built)
+    leaves no config.json (nor the run directory it would have created), so the corrected config, another
+    config, runs on the same workdir; a store left by a start that failed later is rebuilt for the new data."""
+    from jaxembed import train_setup
+    from jaxembed.cli import main
+
+    wd = tmp_path / "run"
+    args = ["train", "--config", str(config_file), "--workdir", str(wd)]
+    assert main([*args, "--config.model.name=/nonexistent/model"]) == 2
+    assert "/nonexistent/model: no such folder" in capsys.readouterr().err and not wd.exists()
+    bad = tmp_path / "wikiqa_bad.jsonl"
+    lines = (shared_data / "train/wikiqa.jsonl").read_text().splitlines()[:40]
+    bad.write_text("\n".join(lines[:10] + ['{"query": "q", "pos": ["a"], "neg": ["b"], "negs": 1}'] + lines[10:]) + "\n")
+
+    def config_with(wikiqa: Path) -> str:
+        p = tmp_path / f"config_{wikiqa.stem}.py"
+        p.write_text(CONFIG_TEMPLATE.format(model=str(tiny_model_dir), wikiqa=str(wikiqa),
+                                            stsb=str(shared_data / "train/stsb_pairs.jsonl")))
+        return str(p)
+
+    assert main(["train", "--config", config_with(bad), "--workdir", str(wd)]) == 2
+    assert f"{bad}:11" in capsys.readouterr().err and not wd.exists()
+
+    def no_plan(*a, **k):
+        raise UserError("the plan cannot be built (simulated)")
+
+    monkeypatch.setattr(train_setup, "_build_plan", no_plan)
+    good = tmp_path / "wikiqa_40.jsonl"
+    good.write_text("\n".join(lines) + "\n")
+    assert main(["train", "--config", config_with(good), "--workdir", str(wd)]) == 2
+    assert "the plan cannot be built (simulated)" in capsys.readouterr().err
+    assert not (wd / "config.json").exists() and (wd / "store" / "manifest.json").exists()  # the store was written
+    monkeypatch.undo()
+    assert main(args) == 0  # the fixture's config: other data than the left store's
+    capsys.readouterr()
+    manifest = json.loads((wd / "store" / "manifest.json").read_text())
+    assert manifest["datasets"][1]["size"] > 40
+    assert json.loads((wd / "config.json").read_text())["data"]["datasets"][1]["path"] == str(
+        shared_data / "train/wikiqa.jsonl")
+
+
 def test_dev_evaluation_hook_and_best_checkpoint(config_file, tmp_path):
     from jaxembed.train import train
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -126,16 +127,20 @@ def _encoder(c, notes: list) -> tuple[Any, Tokenizer, dict, dict | None]:
     return config, tok, hf_cfg, None
 
 
-def setup(config, workdir: str | Path, *, progress: bool | None = None) -> Run:
-    """Validate, create the run directory, read and tokenize the texts, build the model and the optimizer."""
+def setup(config, workdir: str | Path, *, progress: bool | None = None,
+          lock: Any = None) -> Run:
+    """Validate, read and tokenize the texts, build the model and the optimizer; then (``lock`` taken first: one
+    run per run directory) write the run's config. Nothing is written before every check has passed."""
     from jaxembed import runfiles
 
     runfiles.single_host_only("jaxembed pretrain retromae")  # before any JAX call: one line, no hang
     validate(config)
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
     _check_workdir(config, workdir)
-    cfglib.write_resolved(config, workdir)
+    if config.export.at_end:
+        from jaxembed.export import check_target
+
+        check_target(_export_dir(config, workdir), "config.export.dir", workdir=workdir)
     c = config
     notes: list[str] = []
     encoder, tok, hf_cfg, tensors = _encoder(c, notes)
@@ -166,6 +171,10 @@ def setup(config, workdir: str | Path, *, progress: bool | None = None) -> Run:
     report = {"read": rep, "tokenized": trep, "batches_per_epoch": schedule.per_epoch,
               "texts_left_per_epoch": len(corpus) - schedule.per_epoch * c.train.batch_size,
               "epochs": round(c.train.steps / schedule.per_epoch, 3)}
+    if lock is not None:
+        lock.acquire()
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfglib.write_resolved(config, workdir)
     (workdir / "data_report.json").write_text(json.dumps(report, indent=2) + "\n")
     notes.append(f"data: {len(corpus)} texts ({rep['records']} records read, {rep['duplicates']} duplicates, "
                  f"{sum(rep['skipped'].values())} skipped, {trep['too_short']} shorter than {c.data.min_tokens} "
@@ -297,8 +306,22 @@ def export_encoder(run: Run, params, out_dir: Path) -> Path:
 def pretrain(config, workdir: str | Path, *, max_steps: int | None = None) -> dict:
     """Run (or resume) RetroMAE pre-training; returns the summary. ``max_steps``: stop after this many steps in
     this call (a checkpoint is saved; status 'paused'; rerun to continue)."""
+    from jaxembed.workdir_lock import WorkdirLock
+
+    lock = WorkdirLock(workdir)
+    try:
+        return _pretrain(config, workdir, max_steps, lock)
+    finally:
+        lock.release()
+
+
+def _export_dir(config, workdir: Path) -> Path:
+    return Path(os.path.expanduser(str(config.export.dir))) if config.export.dir else Path(workdir) / "export"
+
+
+def _pretrain(config, workdir, max_steps: int | None, lock) -> dict:
     c = config
-    run = setup(config, workdir, progress=c.train.progress)
+    run = setup(config, workdir, progress=c.train.progress, lock=lock)
     workdir = run.workdir
     for n in run.notes:
         print(n)
@@ -364,7 +387,6 @@ def pretrain(config, workdir: str | Path, *, max_steps: int | None = None) -> di
     summary = {"status": status, "step": step_now, "skipped": int(jax.device_get(state["skipped"])),
                "workdir": str(workdir), "notes": run.notes}
     if status == "completed" and c.export.at_end:
-        out_dir = Path(c.export.dir) if c.export.dir else workdir / "export"
-        summary["export"] = str(export_encoder(run, state["params"], out_dir))
+        summary["export"] = str(export_encoder(run, state["params"], _export_dir(c, workdir)))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
