@@ -81,10 +81,9 @@ from typing import Any, Iterable
 
 import ml_collections
 
+from jaxembed.data.task_types import KALM_TEMPLATE, SYMMETRIC_TASK_TYPES, TASK_TYPES  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError
 
-TASK_TYPES = ("retrieval", "reranking", "sts", "pair_classification", "classification", "clustering", "nli")
-SYMMETRIC_TASK_TYPES = ("sts", "pair_classification", "nli")  # KaLM Table 1: no instruction (NLI counts as STS)
 RECORD_FORMATS = ("triplets", "scored_pairs", "labelled_pairs", "classification", "st")
 SOURCE_FORMATS = ("hf", "tfds")
 FORMATS = ("auto",) + RECORD_FORMATS + SOURCE_FORMATS
@@ -95,9 +94,6 @@ CONTRASTIVE_LOSSES = ("infonce", "peg")
 SCORED_LOSSES = ("cosent", "angle")  # scored pairs: every pair is kept with its score
 ON_ERROR = ("stop", "skip")
 SAMPLING = ("size", "weights", "temperature")
-
-#: KaLM's instruction template (Table 1): ``Instruct: {task description} \n Query: {query}``.
-KALM_TEMPLATE = "Instruct: {} \n Query: "
 
 #: query instruction of a dataset whose ``query_instruction`` is None (and whose records carry no BGE prompt).
 DEFAULT_QUERY_INSTRUCTIONS = {

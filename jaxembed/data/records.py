@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from jaxembed.data.config import KALM_TEMPLATE, TASK_TYPES
 from jaxembed.data.jsonl import EMPTY_TEXT_FIX, empty_text
+from jaxembed.data.task_types import KALM_TEMPLATE, TASK_TYPES
 from jaxembed.errors import InputError
 
 Example = dict  # {"id", "query", "pos": list[str], "neg": list[str], "label"?, "score"?, "pos_scores"?, "neg_scores"?}
