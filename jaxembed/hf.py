@@ -339,6 +339,9 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", param_dtype
                                        param_dtype=param_dtype, remat=remat, **arch_overrides)
     except (TypeError, ValueError) as e:
         raise ModelLoadError(f"{tdir / 'config.json'}: {e}") from None
+    limit, table = _position_limit(config), _position_table(config, tdir / "config.json")
+    if max_length:  # asked for: checked before any weight is read
+        check_max_length(max_length, "--max-length / model.max_length", limit, table)
     tensors, wsource = read_weights(tdir)
     backbone, config = models.load_weights(config, tensors, source=wsource)
     del tensors
@@ -351,8 +354,9 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", param_dtype
             layer.linear.bias.value = jnp.asarray(np.asarray(w["linear.bias"], np.float32), pdt)
     ml = max_length or st.max_seq_length
     tok = Tokenizer.from_folder(tdir, ml, lowercase=st.do_lower_case)
-    limit = _position_limit(config)
-    if limit is not None and tok.max_length > limit:
+    if limit is not None and tok.max_length > limit:  # the folder's own max_seq_length: capped, said once
+        log.warning("%s: the folder's max length %d is longer than the position table: %d positions (%s); texts "
+                    "are cut at %d tokens", folder, tok.max_length, limit, table, limit)
         tok.max_length = limit
     return Loaded(model, tok, hf_config, st, folder)
 
@@ -387,3 +391,72 @@ def _position_limit(config) -> int | None:
     if n is None:
         return None
     return n - (config.pad_token_id + 1 if getattr(config, "offset_positions", False) else 0)
+
+
+def _position_table(config, path) -> str:
+    """Where the position limit comes from, for messages: ``PATH: max_position_embeddings N[ minus K ...]``."""
+    n = getattr(config, "max_position_embeddings", None)
+    if n is None:
+        return f"{path}: relative positions, no table"
+    offset = config.pad_token_id + 1 if getattr(config, "offset_positions", False) else 0
+    return f"{path}: max_position_embeddings {n}" + (
+        f" minus {offset} (RoBERTa-style positions start after pad_token_id {config.pad_token_id})" if offset else "")
+
+
+#: The shortest max length: a max length counts the special tokens the tokenizer adds around a text ([CLS] ...
+#: [SEP], <s> ... </s>; one EOS for decoders and T5), and two is the most any supported model adds. Below it the
+#: tokenizer cannot truncate at all (it returns the whole text, longer than the limit).
+MIN_MAX_LENGTH = 2
+
+
+def check_max_length(value, key: str, limit: int | None, table: str) -> None:
+    """The rule for every max length (``model.max_length``, a dataset's ``max_query_length`` / ``max_doc_length``,
+    ``--max-length``): an integer from MIN_MAX_LENGTH up to the model's position table ``limit`` (None: no table);
+    a UserError naming ``key``, the value, the limit (``table`` says where it comes from) and the fix."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UserError(f"{key} = {value!r} is not a whole number of tokens (fix: a length in tokens such as 128, "
+                        "256 or 512)")
+    if value < MIN_MAX_LENGTH:
+        raise UserError(f"{key} = {value!r} is too short: a max length counts the special tokens the tokenizer adds "
+                        f"around each text ([CLS] ... [SEP], <s> ... </s>), so it is at least {MIN_MAX_LENGTH} "
+                        "(fix: a length in tokens such as 128, 256 or 512)")
+    if limit is not None and value > limit:
+        raise UserError(f"{key} = {value} is longer than the model's position table: {limit} positions ({table}) "
+                        f"(fix: {key} at most {limit})")
+
+
+def position_limit(name_or_path: str | os.PathLike) -> tuple[int | None, str] | None:
+    """(position limit, where it comes from) of a local model folder, read from its config.json only (no
+    weights, no tokenizer, no download); None for anything that is not a local folder."""
+    p = Path(os.path.expanduser(str(name_or_path)))
+    if not p.is_dir():
+        return None
+    st = read_sentence_transformers(p)
+    path = st.transformer_dir / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{st.transformer_dir}: no config.json; is this a Hugging Face model folder?")
+    try:
+        config = models.config_from_hf(_read_json(path), where=str(path))
+    except (TypeError, ValueError) as e:
+        if isinstance(e, UserError):
+            raise
+        raise ModelLoadError(f"{path}: {e}") from None
+    return _position_limit(config), _position_table(config, path)
+
+
+def default_max_length(name_or_path: str | os.PathLike) -> int | None:
+    """The max length ``load`` gives a local model folder when none is asked for, from its JSON files (no
+    tokenizer, no weights): sentence_bert_config.json's max_seq_length, else tokenizer_config.json's
+    model_max_length as ``Tokenizer.from_folder`` takes it (512 when absent or absurdly large), capped at the
+    position table; None for anything that is not a local folder."""
+    p = Path(os.path.expanduser(str(name_or_path)))
+    found = position_limit(p)
+    if found is None:
+        return None
+    st = read_sentence_transformers(p)
+    n = st.max_seq_length
+    if not n:
+        tc = st.transformer_dir / "tokenizer_config.json"
+        n = _read_json(tc).get("model_max_length") if tc.is_file() else None
+        n = n if isinstance(n, int) and 0 < n < 1_000_000 else 512
+    return n if found[0] is None else min(int(n), found[0])

@@ -62,10 +62,7 @@ def load_guide(run) -> tuple[Any, Any]:
 
     c = run.config
     name = str(c.loss.gist_guide)
-    kw = dict(dtype=c.model.dtype)
-    if c.model.max_length:
-        kw["max_length"] = c.model.max_length
-    guide = hf.load(name, **kw)
+    guide = hf.load(name, dtype=c.model.dtype)  # no max_length: the guide reads the student's token ids (below)
     if getattr(guide.model.config, "mote", None) is not None:
         raise UserError(f"config.loss.gist_guide = {name!r} is a MoTE model (task experts) (fix: a dense guide, e.g. "
                         "`jaxembed export --model ... --average-experts`)")

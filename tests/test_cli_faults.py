@@ -210,3 +210,119 @@ def test_second_ctrl_c_in_train_is_one_line(shared_data, tmp_path):
     assert _one_line(r.stderr) == ("error: interrupted (Ctrl-C): `jaxembed train` stopped before it finished (run "
                                    "the same command again to do the work)")
     assert not (wd / "summary.json").exists()
+
+
+# --------------------------------------------------------------------------------------------------- length limits
+
+
+def _train_config(tmp_path: Path, model: Path, shared_data: Path, max_length: int, query: int | None = 16,
+                  doc: int | None = 16, steps: int = 2) -> Path:
+    cfg = tmp_path / "train.py"
+    cfg.write_text("from jaxembed.config import default_config\nfrom jaxembed.data.config import dataset_config\n\n\n"
+                   "def get_config(arg=None):\n    c = default_config()\n"
+                   f"    c.model.name = {str(model)!r}\n    c.model.max_length = {max_length}\n"
+                   f"    c.data.datasets = [dataset_config(name='w', path={str(shared_data / 'train/wikiqa.jsonl')!r},"
+                   f" task_type='retrieval', num_negatives=1, max_query_length={query}, max_doc_length={doc})]\n"
+                   f"    c.plan.global_batch_size = 4\n    c.plan.steps = {steps}\n    c.train.log_every = 1\n"
+                   "    return c\n")
+    return cfg
+
+
+LENGTHS = [  # (id, --config overrides, the error line after "error: ")
+    ("model_max_length_1", ["--config.model.max_length=1"],
+     r"config\.model\.max_length = 1 is too short: a max length counts the special tokens the tokenizer adds around "
+     r"each text \(\[CLS\] \.\.\. \[SEP\], <s> \.\.\. </s>\), so it is at least 2 \(fix: a length in tokens such as "
+     r"128, 256 or 512\)"),
+    ("model_max_length_above_table", ["--config.model.max_length=600"],
+     r"config\.model\.max_length = 600 is longer than the model's position table: 512 positions \(.*/config\.json: "
+     r"max_position_embeddings 512\) \(fix: config\.model\.max_length at most 512\)"),
+    ("dataset_limit_1", ["--config.model.max_length=128"],  # max_doc_length=1 in the config file (below)
+     r"config\.data\.datasets\[0\]\.max_doc_length = 1 is too short: .* so it is at least 2 \(fix: .*\)"),
+    ("dataset_limit_above_table", ["--config.model.max_length=128"],  # max_doc_length=1000 in the config file
+     r"config\.data\.datasets\[0\]\.max_doc_length = 1000 is longer than the model's position table: 512 positions "
+     r"\(.*/config\.json: max_position_embeddings 512\) \(fix: config\.data\.datasets\[0\]\.max_doc_length at most "
+     r"512\)"),
+    ("roberta_positions", ["--config.model.max_length=513"],  # a RoBERTa-style config.json (below)
+     r"config\.model\.max_length = 513 is longer than the model's position table: 512 positions \(.*/config\.json: "
+     r"max_position_embeddings 514 minus 2 \(RoBERTa-style positions start after pad_token_id 1\)\) \(fix: "
+     r"config\.model\.max_length at most 512\)"),
+]
+
+
+@pytest.mark.parametrize("kind,overrides,match", LENGTHS, ids=[x[0] for x in LENGTHS])
+def test_max_lengths_out_of_range_stop_train_before_any_work(minilm_dir, shared_data, tmp_path, capsys, kind,
+                                                              overrides, match):
+    """`jaxembed train` with a max length below 2 or above the position table (model.max_length or a dataset's):
+    one line naming the key, the value, the limit and the fix, exit 2, and no run directory."""
+    model, doc = minilm_dir, {"dataset_limit_1": 1, "dataset_limit_above_table": 1000}.get(kind, 16)
+    if kind == "roberta_positions":
+        model = _copy(minilm_dir, tmp_path / "roberta", without="config.json")
+        hf_cfg = json.loads((minilm_dir / "config.json").read_text())
+        hf_cfg.update(model_type="roberta", pad_token_id=1, max_position_embeddings=514)
+        (model / "config.json").write_text(json.dumps(hf_cfg))
+    cfg = _train_config(tmp_path, model, shared_data, 128, doc=doc)
+    wd = tmp_path / "run"
+    assert main(["train", "--config", str(cfg), "--workdir", str(wd), *overrides]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert re.fullmatch("error: " + match, line), line
+    assert not wd.exists()
+
+
+def test_max_lengths_out_of_range_stop_encode(minilm_dir, tmp_path, capsys, caplog):
+    """`jaxembed encode --max-length` below 2 (the tokenizer could not cut at all: a 700-token text went through
+    whole, past the 512 positions) or above the position table: one line, no output. A folder whose own
+    max_seq_length is above the table is cut at the table, said in one log line."""
+    (tmp_path / "in.txt").write_text("word " * 700 + "\n")
+    args = ["encode", "--model", str(minilm_dir), "--input", str(tmp_path / "in.txt"), "--out", str(tmp_path / "o.npy"),
+            "-q"]
+    assert main([*args, "--max-length", "1"]) == 2
+    assert _one_line(capsys.readouterr().err).startswith(
+        "error: --max-length / model.max_length = 1 is too short: a max length counts the special tokens")
+    assert main([*args, "--max-length", "513"]) == 2
+    assert re.fullmatch(r"error: --max-length / model\.max_length = 513 is longer than the model's position table: 512 "
+                        r"positions \(.*/config\.json: max_position_embeddings 512\) \(fix: --max-length / "
+                        r"model\.max_length at most 512\)", _one_line(capsys.readouterr().err))
+    assert not (tmp_path / "o.npy").exists()
+    long = _copy(minilm_dir, tmp_path / "long", without="sentence_bert_config.json")
+    (long / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 1000, "do_lower_case": False}))
+    with caplog.at_level("WARNING", logger="jaxembed.hf"):
+        assert main(["encode", "--model", str(long), *args[3:]]) == 0
+    said = [r.getMessage() for r in caplog.records if "position table" in r.getMessage()]
+    assert said == [f"{long}: the folder's max length 1000 is longer than the position table: 512 positions "
+                    f"({long}/config.json: max_position_embeddings 512); texts are cut at 512 tokens"], said
+
+
+def test_dataset_limits_above_the_run_max_length_are_capped_and_said_once(shared_data, tmp_path):
+    """A dataset's max_doc_length above model.max_length is capped at it (model.max_length caps every dataset's
+    limits), said in one log line before the run starts; the export's max_seq_length is model.max_length."""
+    from jaxembed.models.tiny import tiny_model_dir
+
+    model = tiny_model_dir("bert", num_layers=1, max_length=32)
+    cfg = _train_config(tmp_path, model, shared_data, 24, query=16, doc=48, steps=1)
+    wd = tmp_path / "run"
+    import runs
+
+    r = subprocess.run([JAXEMBED, "train", "--config", str(cfg), "--workdir", str(wd)], env=runs.env(1),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = [x for x in r.stderr.splitlines() if "capped at the run's max length" in x]
+    assert said == ["WARNING jaxembed.config: config.data.datasets[0].max_doc_length = 48: capped at the run's max "
+                    "length 24 (config.model.max_length), which caps every dataset's limits and is the export's "
+                    "max_seq_length"], r.stderr[-3000:]
+    assert json.loads((wd / "export" / "sentence_bert_config.json").read_text())["max_seq_length"] == 24
+
+
+def test_gist_guide_with_a_shorter_position_table_is_named(minilm_dir, shared_data, tmp_path, capsys):
+    """A GIST guide reads the run's token ids: one whose position table is shorter than model.max_length is named as
+    the guide (the rule for the run's own model does not apply to it)."""
+    from jaxembed.models.tiny import tiny_model_dir
+
+    model = tiny_model_dir("bert", num_layers=1, max_length=600)  # MiniLM's tokenizer, 600 positions
+    cfg = _train_config(tmp_path, model, shared_data, 600)
+    with cfg.open("a") as f:
+        f.write(f"\n\ndef _guide(c):\n    c.loss.gist_guide = {str(minilm_dir)!r}\n    return c\n\n\n"
+                "_plain = get_config\nget_config = lambda arg=None: _guide(_plain(arg))\n")
+    assert main(["train", "--config", str(cfg), "--workdir", str(tmp_path / "run")]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == (f"error: config.loss.gist_guide = {str(minilm_dir)!r} reads at most 512 tokens but the run's texts "
+                    "reach 600 (fix: --config.model.max_length=512 or a guide with longer positions)"), line
