@@ -181,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a Hugging Face / sentence-transformers folder")
     p.add_argument("--model", default=None, help="model folder or hub id to convert")
     p.add_argument("--workdir", default=None, help="a training run: export its latest (or --step) checkpoint")
-    p.add_argument("--step", type=int, default=None, help="with --workdir: the checkpoint step")
+    p.add_argument("--step", default=None, help="with --workdir: a checkpoint's step (default: the latest), 'best' "
+                                                 "(the best dev step, eval.best_metric) or 0 (the starting model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--max-length", type=int, default=None)
     p.add_argument("--pooling", default=None, choices=["mean", "cls", "lasttoken", "max", "mean_sqrt_len"])

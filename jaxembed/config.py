@@ -134,6 +134,7 @@ def default_config() -> mc.ConfigDict:
         before=False,           # also evaluate before training (step 0)
     ))
     c.export = mc.ConfigDict(dict(at_end=True, dir=""))  # '' = <workdir>/export
+    c.export.step = "last"      # the step the run's export holds: 'last', or 'best' by eval.best_metric
     c.export.base_model = ""    # the model card's base_model (a hub id); '' = model.name when it is one
     return c
 
@@ -344,6 +345,10 @@ def validate(c: mc.ConfigDict) -> None:
     _choice(c, "eval.best_mode", ("max", "min"))
     if c.eval.best_metric and "/" not in c.eval.best_metric:
         raise _err("eval.best_metric", c.eval.best_metric, "'TaskName/metric', e.g. 'STSBenchmark-dev/main_score'")
+    if c.export.get("step", "last") not in ("last", "best"):
+        raise _err("export.step", c.export.step, "'last' (the final step) or 'best' (the best dev step)")
+    if c.export.get("step", "last") == "best" and not c.eval.best_metric:
+        raise _err("export.step", "best", "set eval.best_metric (and eval.tasks) to say what is best, or 'last'")
     from jaxembed.evaluate.dev import validate_eval
 
     validate_eval(c.eval)  # task names, a user's own sets (their files), mteb:NAME; best_metric names one of them

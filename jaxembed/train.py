@@ -40,10 +40,10 @@ from jaxembed.errors import UserError
 from jaxembed.monitor import Monitor
 from jaxembed.signals import Interrupted, StopSignals
 from jaxembed.train_export import export_params, host_params, run_card, task_prompts  # noqa: F401 (re-exported)
-from jaxembed.train_metrics import _host_metrics, step_flops
+from jaxembed.train_metrics import _host_metrics, best_step, dev_scores, step_flops
 from jaxembed.train_setup import (  # noqa: F401 (re-exported: `from jaxembed.train import X` keeps working)
     Run, _check_workdir, export_dir, export_from_workdir, init_source, init_state, load_model, model_kwargs,
-    pow2_lengths, prepare_plan, prepare_store, setup, step_table)
+    params_at, pow2_lengths, prepare_plan, prepare_store, setup, step_table)
 from jaxembed.train_step import make_train_step
 from jaxembed.workdir_lock import WorkdirLock
 
@@ -135,28 +135,25 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
     last_save_time = time.time()
     t_interval = time.time()
     status = "completed"
-    best, best_value = None, None  # best dev step of this invocation (Orbax keeps its checkpoint)
+    metric = c.eval.best_metric
+    scores = dev_scores(workdir, metric) if metric and is_main else {}  # every invocation's dev evaluations
     step = start
     stopped_in = ""  # where a stop signal arrived, for the message
 
     def evaluate_at(at: int, sig) -> dict | None:
-        """The dev metrics at step ``at`` (logged, best step updated); None when a stop signal interrupted it."""
-        nonlocal best, best_value
+        """The dev metrics at step ``at`` (logged, ``scores`` updated); None when a stop signal interrupted it."""
         try:
             with sig.interruptible():
                 metrics = evaluator(state["params"])
         except Interrupted:
             return None
         monitor.log(at, metrics, prefix="eval")
-        value = metrics.get(c.eval.best_metric) if c.eval.best_metric else None
-        if value is None and c.eval.best_metric:
-            raise UserError(f"config.eval.best_metric = {c.eval.best_metric!r} is not among the dev "
+        value = metrics.get(metric) if metric else None
+        if value is None and metric:
+            raise UserError(f"config.eval.best_metric = {metric!r} is not among the dev "
                             f"metrics: {', '.join(sorted(metrics))}")
-        # a tie goes to the later step, as Orbax's BestN keeps the later of equal checkpoints (a stable sort, the
-        # last n kept): the summary's best step is always a kept checkpoint
-        if value is not None and math.isfinite(value) and (
-                best_value is None or (value >= best_value if c.eval.best_mode == "max" else value <= best_value)):
-            best, best_value = at, value
+        if value is not None and math.isfinite(value):
+            scores[at] = float(value)
         return metrics
 
     summary: dict = {}
@@ -208,6 +205,8 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
                         t_interval = time.time()
                     due = (c.train.checkpoint_every and done % c.train.checkpoint_every == 0) or last or (
                         c.train.checkpoint_minutes and time.time() - last_save_time >= 60 * c.train.checkpoint_minutes)
+                    # a new best dev step between checkpoint steps is saved too, so the best is always exportable
+                    due = due or (eval_metrics is not None and best_step(scores, c.eval.best_mode) == done)
                     stop = sig.stop_at(done)
                     if due or stop:
                         ckpt.save(done, state, eval_metrics)
@@ -221,22 +220,35 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
                                                                     if stopped_in else ""))
                         break
             ckpt.wait()
+            best = best_step(scores, c.eval.best_mode)
             summary = {"status": status, "step": int(jax.device_get(state["step"])),
                        "skipped": int(jax.device_get(state["skipped"])), "workdir": str(workdir), "best_step": best}
+            if scores:
+                summary["dev"] = _dev_summary(metric, scores, best)
+                worse = _worse_than_start(summary["dev"], c.eval.best_mode)
+                if worse:
+                    monitor.message(worse + f" (export it: jaxembed export --workdir {workdir} --step best --out DIR)")
             if is_main:  # training time (every run on this workdir), devices, the last dev evaluation (for the card)
                 from jaxembed.model_card import summary_facts
 
                 summary.update(summary_facts(workdir, t_begin))
             if status == "completed" and c.export.at_end:
                 out_dir = export_dir(c, workdir)
-                params = host_params(state["params"])  # every process (a collective), then process 0 writes
+                at = summary["step"]
+                if c.export.step == "best" and best is not None and best != at:
+                    at = best
+                    monitor.message(f"export.step = 'best': exporting step {best} ({metric} {scores[best]:.4g}), "
+                                    f"not the last step {summary['step']}")
+                    params = host_params(params_at(run, ckpt, best, like=state))
+                else:
+                    params = host_params(state["params"])  # every process (a collective), then process 0 writes
 
                 def write_export():
                     with sig.interruptible(), runfiles.writing(
                             "writing the export", out_dir,
                             fix=f"run the same command again to write the export (training is complete, "
                                 f"checkpoint {summary['step']} is saved)"):
-                        return export_params(run, params, out_dir, summary=summary)
+                        return export_params(run, params, out_dir, summary=summary, step=at)
 
                 try:
                     runfiles.main_first("export", write_export)
@@ -255,6 +267,25 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
             runfiles.write_json(workdir / "summary.json", summary)
     runfiles.barrier("train-end")  # no process leaves while process 0 still writes
     return summary
+
+
+def _dev_summary(metric: str, scores: dict[int, float], best: int | None) -> dict:
+    """The dev metric at the start (step 0, when evaluated), at its best step and at the last evaluation."""
+    last = max(scores)
+    out = {"metric": metric, "best_step": best, "best": scores.get(best), "last_step": last, "last": scores[last]}
+    if 0 in scores:
+        out["start"] = scores[0]
+    return out
+
+
+def _worse_than_start(dev: dict, mode: str) -> str:
+    """A plain sentence when training left the dev metric worse than the model it started from, else ''."""
+    start, last = dev.get("start"), dev["last"]
+    if start is None or dev["last_step"] == 0 or not (last < start if mode == "max" else last > start):
+        return ""
+    best = "the starting model (step 0)" if dev["best_step"] == 0 else f"step {dev['best_step']}"
+    return (f"dev {dev['metric']}: {start:.4g} before training, {last:.4g} at step {dev['last_step']}: training made "
+            f"it worse; the best is {best} ({dev['best']:.4g})")
 
 
 def _nonfinite_message(run: Run, step: int, first: int, count: int, task: int) -> str:

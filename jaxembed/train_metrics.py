@@ -60,3 +60,36 @@ def step_flops(run: Run, host_batch: dict) -> float:
     q, d = host_batch["query_input_ids"], host_batch["doc_input_ids"]
     return flopslib.train_step_flops(run.loaded.model.config, q.shape[0] * n, q.shape[1], d.shape[0] * n, d.shape[1],
                                      run.loaded.model.dim, bool(run.config.train.gradcache_chunk))
+
+
+def dev_scores(workdir, metric: str) -> dict[int, float]:
+    """{step: value of ``metric``} of the dev evaluations in ``<workdir>/metrics.jsonl``, over every invocation of
+    the run (step 0: the model before training, ``eval.before``); non-finite values are left out."""
+    import json
+    import math
+    from pathlib import Path
+
+    out: dict[int, float] = {}
+    try:
+        lines = (Path(workdir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        v = r.get(metric) if isinstance(r, dict) and r.get("split") == "eval" else None
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            out[int(r["step"])] = float(v)
+    return out
+
+
+def best_step(scores: dict[int, float], mode: str) -> int | None:
+    """The step of the best score (``mode`` 'max' / 'min'); a tie goes to the later step, as Orbax's BestN keeps
+    the later of two equal checkpoints (a stable sort, the last n kept)."""
+    best = None
+    for step in sorted(scores):
+        if best is None or (scores[step] >= scores[best] if mode == "max" else scores[step] <= scores[best]):
+            best = step
+    return best

@@ -393,9 +393,64 @@ def pow2_lengths(lengths: np.ndarray, smallest: int = 16) -> np.ndarray:
     return (2 ** np.ceil(np.log2(x))).astype(np.int32)
 
 
-def export_from_workdir(workdir: str | Path, out: str | Path, step: int | None = None, *, task: str | None = None,
-                        average_experts: bool = False, name: str | None = None, lora_export: str | None = None) -> Path:
-    """Export a checkpoint of a run (the latest, or ``step``) as a HF / sentence-transformers folder.
+def params_at(run: Run, ckpt: Checkpointer, step: int, like: dict | None = None) -> Any:
+    """The run's parameters at ``step``: its checkpoint, or at step 0 the model it started from (the initial state
+    is a pure function of the config and seed, so it needs no checkpoint). ``like``: a live train state of the
+    run, the template to restore onto; given it, the run's own initial arrays were donated to the train step, so
+    step 0 is loaded again."""
+    if step == 0:
+        if like is None:
+            return init_state(run)["params"]
+        c = run.config
+        loaded = load_model(c, source=init_source(c, run.workdir), **model_kwargs(c))
+        params = nnx.split(loaded.model, lora.TRAINABLE if run.lora is not None else nnx.Param, ...)[1]
+        return nnx.to_pure_dict(params)
+    like = like if like is not None else init_state(run)
+    try:
+        return ckpt.restore(step, like)["params"]
+    except Exception as e:
+        raise UserError(f"{ckpt.directory / str(step)}: unreadable checkpoint ({type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:300]}) (fix: export another step with --step)") from None
+
+
+def resolve_step(workdir: Path, config, step: int | str | None, steps: list[int]) -> int:
+    """The step ``jaxembed export --step`` names: a number (a checkpoint, or 0: the starting model), 'latest'
+    (also None), or 'best' (the best dev evaluation by ``eval.best_metric``, over every invocation of the run)."""
+    from jaxembed.train_metrics import best_step, dev_scores
+
+    if step is None or step == "latest":
+        if not steps:
+            raise UserError(f"{workdir / 'checkpoints'}: no checkpoint to export (fix: --step 0 exports the model "
+                            "the run started from)")
+        return steps[-1]
+    if step == "best":
+        metric = config.eval.best_metric
+        if not metric:
+            raise UserError(f"--step best: the run at {workdir} has no eval.best_metric, so no step is best (fix: "
+                            "--step N, or 'latest')")
+        best = best_step(dev_scores(workdir, metric), config.eval.best_mode)
+        if best is None:
+            raise UserError(f"--step best: {workdir / 'metrics.jsonl'} holds no dev evaluation of {metric} (fix: "
+                            "--step N, or 'latest')")
+        if best and best not in steps:
+            raise UserError(f"--step best: the best step {best} has no checkpoint (have: "
+                            f"{', '.join(map(str, steps)) or 'none'}; 0 = the starting model)")
+        return best
+    try:
+        n = int(step)
+    except (TypeError, ValueError):
+        raise UserError(f"--step {step!r}: a step number, 'best' or 'latest'") from None
+    if n != 0 and n not in steps:
+        raise UserError(f"--step {n}: no such checkpoint (have: {', '.join(map(str, steps)) or 'none'}; 0 = the "
+                        "model the run started from; 'best' = the best dev step)")
+    return n
+
+
+def export_from_workdir(workdir: str | Path, out: str | Path, step: int | str | None = None, *,
+                        task: str | None = None, average_experts: bool = False, name: str | None = None,
+                        lora_export: str | None = None) -> Path:
+    """Export a checkpoint of a run (the latest, or ``step``: a number, 0 = the starting model, 'best', 'latest')
+    as a HF / sentence-transformers folder.
 
     MoTE runs: the full export (every expert), or with ``task`` the plain dense folder of that task's expert, or
     with ``average_experts`` the expert-averaged dense folder (MoTE App. B). LoRA runs: ``model.lora.export``, or
@@ -412,20 +467,12 @@ def export_from_workdir(workdir: str | Path, out: str | Path, step: int | None =
     config = cfglib.from_json(cfg_file.read_text())
     run = setup(config, workdir)
     ckpt = Checkpointer(workdir / "checkpoints", async_save=False)
-    steps = ckpt.all_steps()
-    if not steps:
-        raise UserError(f"{workdir / 'checkpoints'}: no checkpoint to export")
-    step = steps[-1] if step is None else step
-    if step not in steps:
-        raise UserError(f"--step {step}: no such checkpoint (have: {', '.join(map(str, steps))})")
     try:
-        state = ckpt.restore(step, init_state(run))
-    except Exception as e:
-        raise UserError(f"{workdir / 'checkpoints' / str(step)}: unreadable checkpoint ({type(e).__name__}: "
-                        f"{' '.join(str(e).split())[:300]}) (fix: export another step with --step)") from None
+        step = resolve_step(workdir, config, step, sorted(ckpt.all_steps()))
+        params = params_at(run, ckpt, step)
     finally:
         ckpt.close()
-    params = host_params(state["params"])  # every process; then process 0 writes the folder, the others wait
+    params = host_params(params)  # every process; then process 0 writes the folder, the others wait
     from jaxembed import export as exportlib
 
     def write():

@@ -426,6 +426,67 @@ def test_dev_evaluation_hook_and_best_checkpoint(config_file, tmp_path):
     assert best in kept and 4 in kept  # the best by the dev metric, and the latest
 
 
+def test_the_best_dev_step_is_always_exportable(config_file, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """The best dev step is saved even between checkpoint steps, `jaxembed export --step best` exports it in one
+    command (also when it is step 0, the starting model: `--step 0`), `export.step = 'best'` makes it the run's
+    export, and the summary says plainly when training left the dev score below the start. The dev scores are
+    scripted (the property is the bookkeeping, not the model)."""
+    import runs
+
+    from jaxembed import train as trainlib
+    from jaxembed.cli import main
+
+    script = iter([0.5, 0.7, 0.6, 0.4])  # steps 0 (before training), 1, 2, 3: best at 1, the end below the start
+    monkeypatch.setattr(trainlib, "make_evaluator",
+                        lambda run: lambda params: {"STSBenchmark-dev/main_score": next(script)})
+    cfg = cfglib.load_config_file(str(config_file))
+    cfg.plan.steps = 3
+    cfg.train.checkpoint_every = 3
+    cfg.train.keep_checkpoints = 1
+    cfg.eval.tasks = ("STSBenchmark-dev",)
+    cfg.eval.every = 1
+    cfg.eval.before = True
+    cfg.eval.best_metric = "STSBenchmark-dev/main_score"
+    cfg.export.step = "best"
+    wd = tmp_path / "run"
+    summary = trainlib.train(cfg, wd)
+    out = capsys.readouterr().out
+    assert summary["best_step"] == 1 and summary["dev"] == {
+        "metric": "STSBenchmark-dev/main_score", "best_step": 1, "best": 0.7, "last_step": 3, "last": 0.4,
+        "start": 0.5}
+    assert ("dev STSBenchmark-dev/main_score: 0.5 before training, 0.4 at step 3: training made it worse; the best "
+            "is step 1 (0.7)") in out
+    assert sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) == [1, 3]
+    assert main(["export", "--workdir", str(wd), "--step", "best", "--out", str(tmp_path / "best")]) == 0
+    assert main(["export", "--workdir", str(wd), "--step", "1", "--out", str(tmp_path / "one")]) == 0
+    assert main(["export", "--workdir", str(wd), "--step", "3", "--out", str(tmp_path / "three")]) == 0
+    assert main(["export", "--workdir", str(wd), "--step", "0", "--out", str(tmp_path / "zero")]) == 0
+    best, one, three = (runs.export_tensors(tmp_path / n) for n in ("best", "one", "three"))
+    assert all(np.array_equal(best[k], one[k]) for k in one) and not all(np.array_equal(one[k], three[k]) for k in one)
+    run_export = runs.export_tensors(wd / "export")  # export.step = 'best'
+    assert all(np.array_equal(run_export[k], one[k]) for k in one)
+    zero, base = runs.export_tensors(tmp_path / "zero"), runs.export_tensors(tiny_model_dir)
+    assert zero.keys() == base.keys() and all(np.array_equal(zero[k], base[k]) for k in base)
+    assert main(["export", "--workdir", str(wd), "--step", "2", "--out", str(tmp_path / "two")]) == 2
+    assert "--step 2: no such checkpoint (have: 1, 3; 0 = the model the run started from" in capsys.readouterr().err
+
+    # the starting model scored best: --step best is step 0
+    metrics = (wd / "metrics.jsonl").read_text()
+    assert metrics.count('"STSBenchmark-dev/main_score": 0.5') == 1
+    (wd / "metrics.jsonl").write_text(metrics.replace('"STSBenchmark-dev/main_score": 0.5',
+                                                      '"STSBenchmark-dev/main_score": 0.9'))
+    assert main(["export", "--workdir", str(wd), "--step", "best", "--out", str(tmp_path / "best0")]) == 0
+    best0 = runs.export_tensors(tmp_path / "best0")
+    assert all(np.array_equal(best0[k], base[k]) for k in base)
+    # ... and a run whose starting model scores best exports it with export.step = 'best'
+    script = iter([0.9, 0.8])
+    cfg.plan.steps = 1
+    summary = trainlib.train(cfg, tmp_path / "run0")
+    assert summary["best_step"] == 0 and "the best is the starting model (step 0) (0.9)" in capsys.readouterr().out
+    run0 = runs.export_tensors(tmp_path / "run0" / "export")
+    assert all(np.array_equal(run0[k], base[k]) for k in base)
+
+
 def test_init_from_chains_a_previous_run(straight_run, config_file, tmp_path):
     """model.init_from: a run's export/, a run without one (its latest checkpoint, exported once), a model
     folder; a missing folder is a config error."""
