@@ -45,9 +45,17 @@ def _cut_torn_line(path: Path) -> int:
         return 0
 
 
+def _duration(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
 class Monitor:
     """Writes ``metrics.jsonl`` and TensorBoard events under ``workdir``; prints a line per log step and keeps a
-    progress bar (to stderr, only on a terminal unless ``progress=True``)."""
+    progress bar with ETA (to stderr, only on a terminal unless ``progress=True``). Without the bar (a log file, a
+    batch job), a plain progress line with the ETA is printed every ``PLAIN_EVERY_S`` seconds instead."""
+
+    PLAIN_EVERY_S = 60.0
 
     STDOUT_KEYS = ("loss", "accuracy", "pos_sim", "hardest_neg_sim", "lr", "grad_norm", "examples_per_s",
                    "tokens_per_s", "step_time_s", "mfu", "device_memory_peak_gib", "skipped")
@@ -80,7 +88,11 @@ class Monitor:
         show = sys.stderr.isatty() if progress is None else progress
         self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                          disable=not (show and is_main))
+        self._plain = is_main and not (show and is_main)
+        self.total, self.step = total_steps, start_step
         self.t0 = time.time()
+        self._first: tuple[float, int] | None = None  # (time, step) after the first step: the ETA leaves compiling out
+        self._last_plain = self.t0
 
     def log(self, step: int, metrics: dict, prefix: str = "train") -> None:
         if not self.is_main:
@@ -109,6 +121,25 @@ class Monitor:
 
     def advance(self, n: int = 1) -> None:
         self._bar.update(n)
+        self.step += n
+        now = time.time()
+        if self._first is None:
+            self._first = (now, self.step)
+            return
+        if self._plain and (now - self._last_plain >= self.PLAIN_EVERY_S or self.step == self.total):
+            self._last_plain = now
+            tqdm.write(self.progress_line(now))
+
+    def progress_line(self, now: float | None = None) -> str:
+        """``train: step 40/200 (20 %), 1.23 s/step, elapsed 0m52s, ETA 3m17s``: the rate since the first step of
+        this invocation (its compilation left out)."""
+        now = time.time() if now is None else now
+        line = f"train: step {self.step}/{self.total} ({100 * self.step / max(self.total, 1):.0f} %)"
+        if self._first is not None and self.step > self._first[1]:
+            rate = (now - self._first[0]) / (self.step - self._first[1])
+            line += (f", {rate:.3g} s/step, elapsed {_duration(now - self.t0)}, "
+                     f"ETA {_duration(rate * (self.total - self.step))}")
+        return line
 
     def message(self, text: str) -> None:
         if self.is_main:

@@ -111,9 +111,13 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
             monitor.message(f"{workdir / 'metrics.jsonl'}: cut off a line torn by a stopped run")
         if start:
             monitor.message(f"resuming at step {start} of {total} from {workdir / 'checkpoints'}")
+        else:
+            monitor.message(f"run directory: {workdir} (a new run; the same command resumes it)")
         step_fn = make_train_step(run)
         from jaxembed.data.pipeline import batch_stats, make_loader, to_global
 
+        if not (workdir / "plan_lengths.npz").exists():
+            monitor.message("plan: tokenising the plan's texts for the length table (once per run)")
         table = step_table(run, workdir / "plan_lengths.npz")
         lengths = table["query_len"], table["doc_len"]
         if c.train.length_buckets == "pow2":  # fewer shapes, fewer compilations, a little more padding
@@ -169,6 +173,9 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
             if status == "preempted":
                 monitor.message(f"signal {sig.received} during {stopped_in}: stopped before any training step, "
                                 "the checkpoints are as they were; run the same command to resume")
+            if status == "completed" and start < total:
+                monitor.message(f"training: steps {start + 1}-{total}; compiling the train step first (the first "
+                                "step of each new batch shape takes longer)")
             with loader:
                 for step in range(start, total if status == "completed" else start):
                     host_batch = next(loader)

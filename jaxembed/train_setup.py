@@ -111,6 +111,8 @@ def prepare_store(config, workdir: Path):
         if (store_dir / "manifest.json").exists() and (
                 (workdir / "config.json").exists() or _store_config(store_dir) == _plain(cfglib.data_section(config))):
             return  # the run's own store (its config was checked), or one a refused start left for this data config
+        say(f"data: preparing the dataset store in {store_dir} ({len(config.data.datasets)} datasets: every record "
+            "is read and checked once)")
         with runfiles.writing("preparing the dataset store", store_dir,
                               fix="run the same command again (the store is prepared from the start)"):
             report = write_store(cfglib.data_section(config), store_dir)
@@ -118,6 +120,56 @@ def prepare_store(config, workdir: Path):
 
     runfiles.main_first("store", write)
     return Store.open(store_dir)
+
+
+def say(text: str) -> None:
+    """A line of the run's start on stdout (process 0 of a pod only)."""
+    if runfiles.is_main():
+        print(text, flush=True)
+
+
+def _count(n: float, unit: str) -> str:
+    return f"{n:,.0f} {unit}" + ("" if n == 1 else "s")
+
+
+def describe_model(loaded: hf.Loaded, source: str, config, mesh) -> str:
+    """One line: the model, its size, its max length, compute dtype and the devices."""
+    mc = loaded.model.config
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(loaded.model, nnx.Param)))
+    arch = ", ".join(x for x in (getattr(mc, "model_type", ""), f"{getattr(mc, 'num_layers', '?')} layers",
+                                 f"hidden {getattr(mc, 'hidden_size', '?')}", f"{n / 1e6:.1f}M parameters") if x)
+    extra = [f"max length {loaded.tokenizer.max_length}", f"compute {config.model.dtype}"]
+    if lora.spec_from_config(config) is not None:
+        extra.append(f"LoRA rank {config.model.lora.rank}, base frozen")
+    if getattr(mc, "mote", None) is not None:
+        extra.append(f"MoTE {len(mc.mote.experts)} experts")
+    devices = jax.devices()
+    where = f"{len(devices)} x {devices[0].device_kind}" + (f" in {jax.process_count()} processes"
+                                                            if jax.process_count() > 1 else "")
+    return f"model: {source} ({arch}); {', '.join(extra)}; devices: {where} (mesh {dict(mesh.shape)})"
+
+
+def describe_store(store, config, workdir: Path) -> str:
+    """One line: the datasets with their sizes and task types, and where the store is."""
+    ds = store.datasets
+    shown = ", ".join(f"{d.name} {d.size:,} ({d.task_type})" for d in ds[:8])
+    more = f" and {len(ds) - 8} more" if len(ds) > 8 else ""
+    total = sum(d.size for d in ds)
+    where = config.data.store or (workdir / "store")
+    return (f"data: {_count(len(ds), 'dataset')}, {_count(total, 'example')}: {shown}{more} "
+            f"(store {where})")
+
+
+def describe_plan(plan, config, store) -> str:
+    """One line: steps, queries per step and candidates per query, epochs, batching, packing."""
+    negs = max(int(d.num_negatives) for d in store.datasets)
+    size = sum(d.size for d in store.datasets)
+    b = int(config.plan.global_batch_size)
+    epochs = plan.steps * b / max(size, 1)
+    cand = "positive" + (f" + {_count(negs, 'hard negative')}" if negs else "") + " per query"
+    pack = "texts packed into rows" if cfglib.packing_enabled(config) else "one text per row (padded)"
+    return (f"plan: {_count(plan.steps, 'step')} x {b:,} queries ({cand}; in-batch negatives across the global "
+            f"batch), {epochs:.2g} epochs of the data, {config.plan.strategy or 'per-dataset'} batching, {pack}")
 
 
 def _build_plan(config, store):
@@ -210,11 +262,14 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None) -> Run:
     kw = model_kwargs(config)
     source = init_source(config, workdir)
     loaded = load_model(config, source=source, **kw)
+    say(describe_model(loaded, source, config, mesh))
     if lora_spec is not None:  # the adapters apply to these base weights only: a resume on others is an error
         runfiles.main_first("lora-base", lambda: lora.check_base(workdir, lora.base_fingerprint(loaded.model),
                                                                  source))
     store = prepare_store(config, workdir)
+    say(describe_store(store, config, workdir))
     plan = _build_plan(config, store)
+    say(describe_plan(plan, config, store))
 
     def write_config():
         _check_workdir(config, workdir)
@@ -485,7 +540,8 @@ def export_from_workdir(workdir: str | Path, out: str | Path, step: int | str | 
             kw = dict(hf_config=run.loaded.hf_config, prompts={**run.loaded.st.prompts, **task_prompts(run.store)},
                       similarity_fn_name=run.loaded.st.similarity_fn_name)
             kind = f"expert {task}" if task is not None else "averaged"
-            kw["model_card"] = run_card(run, model, kw["prompts"], step=step, name=name, kind=kind)
+            kw["model_card"] = run_card(run, model, kw["prompts"], step=step, name=name, kind=kind, path=Path(out),
+                                        lora_export="merged")
             if task is not None:
                 return exportlib.export_expert(model, run.loaded.tokenizer, Path(out), task, **kw)
             return exportlib.export_averaged(model, run.loaded.tokenizer, Path(out), **kw)

@@ -354,6 +354,13 @@ def test_a_second_run_on_a_workdir_is_refused_and_a_killed_one_does_not_block(co
     assert third.returncode == 0, out[-3000:]
     assert json.loads((wd / "summary.json").read_text())["status"] == "completed"
     assert not (wd / "run.lock").exists()
+    # a visible start, then (no terminal: no progress bar) a plain progress line with the ETA
+    lines = out.splitlines()
+    for start in ("model: ", "data: 2 datasets, ", "plan: 8 steps x 8 queries (positive + 1 hard negative per query",
+                  f"run directory: {wd} (a new run", "training: steps 1-8; compiling the train step first"):
+        assert any(x.startswith(start) for x in lines), (start, out[-3000:])
+    assert "(bert, 2 layers, hidden 32, " in out and "stsb " in out and "wikiqa " in out
+    assert any(x.startswith("train: step 8/8 (100 %), ") and ", ETA 0m00s" in x for x in lines), out[-3000:]
 
 
 def test_a_refused_config_writes_nothing_so_the_corrected_one_runs(config_file, tiny_model_dir, tmp_path, shared_data,
