@@ -167,3 +167,25 @@ def test_workdir_lock_refuses_a_second_holder_and_tidies_up(tmp_path):
     assert [p.name for p in wd.iterdir()] == ["config.json"]
     with WorkdirLock(wd), pytest.raises(UserError):  # released above: taken again; held: refused
         WorkdirLock(wd).acquire()
+
+
+def test_workdir_lock_dies_with_its_process(tmp_path):
+    """kill -9 of the holder: no handler runs, its lock file stays, and the next start takes the lock."""
+    import signal
+    import subprocess
+    import sys
+
+    wd = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom jaxembed.workdir_lock import WorkdirLock\n"
+                               f"WorkdirLock({str(wd)!r}).acquire()\nprint('held', flush=True)\ntime.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=f"pid {holder.pid} on "):
+            WorkdirLock(wd).acquire()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert (wd / "run.lock").exists()
+    with WorkdirLock(wd):
+        assert json.loads((wd / "run.lock").read_text())["pid"] == os.getpid()

@@ -142,7 +142,11 @@ def _start(config_file, wd, *extra, pause=None):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_saves_then_resume_is_bitwise_identical(straight_run, config_file, tmp_path, sig):
     """SIGTERM (preemption) and SIGINT (Ctrl-C) from outside, mid-run: the trainer pauses after logging step 4
-    (tests/signal_pause.py) until the signal has arrived, so the run can never finish first."""
+    (tests/signal_pause.py) until the signal has arrived, so the run can never finish first.
+
+    While it is paused, a second `jaxembed train` on the same workdir (no pod) is refused at once naming the first,
+    which goes on alone (its metrics only). The runs' output: a visible start, one line per stage, and (no
+    terminal: no progress bar) a plain progress line with the ETA."""
     wd_straight, _ = straight_run
     wd = tmp_path / "term"
     marker = tmp_path / "at_step"
@@ -152,14 +156,31 @@ def test_signal_saves_then_resume_is_bitwise_identical(straight_run, config_file
         assert proc.poll() is None, "the run ended before step 4:\n" + proc.stdout.read()[-3000:]
         assert time.time() - t0 < 300, "step 4 was never logged"
         time.sleep(0.02)
+    if sig == signal.SIGTERM:
+        second = _start(config_file, wd)
+        out = second.communicate(timeout=300)[0]
+        assert second.returncode == 2, out[-3000:]
+        last = out.strip().splitlines()[-1]
+        assert last.startswith(f"error: {wd}: another run is writing this run directory (pid {proc.pid} on ") and \
+            "fix: wait for it to end or stop it, or use another --workdir" in last, out[-3000:]
+        assert "Traceback" not in out and (wd / "run.lock").exists()
     proc.send_signal(sig)
     out = proc.communicate(timeout=300)[0]
     assert proc.returncode == 143, out[-3000:]
     assert f"signal {int(sig)}: checkpoint saved at step 4" in out
     assert json.loads((wd / "summary.json").read_text())["status"] == "preempted"
+    assert [json.loads(x)["step"] for x in (wd / "metrics.jsonl").read_text().splitlines()] == [2, 4]
+    lines = out.splitlines()
+    for start in ("model: ", "data: 2 datasets, ", "plan: 8 steps x 8 queries (positive + 1 hard negative per query",
+                  f"run directory: {wd} (a new run", "training: steps 1-8; compiling the train step first"):
+        assert any(x.startswith(start) for x in lines), (start, out[-3000:])
+    assert "(bert, 2 layers, hidden 32, " in out and "stsb " in out and "wikiqa " in out
+    assert not (wd / "run.lock").exists()
     proc = _start(config_file, wd)
     out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, out[-3000:]
+    assert "resuming at step 4 of 8" in out and "training: steps 5-8" in out
+    assert any(x.startswith("train: step 8/8 (100 %), ") and ", ETA 0m00s" in x for x in out.splitlines()), out[-3000:]
     a, _ = _params_at(wd, 8)
     b, _ = _params_at(wd_straight, 8)
     _assert_bitwise_equal(a, b)
@@ -327,42 +348,6 @@ def test_export_dir_of_a_run_is_checked_before_training(config_file, tmp_path, c
     assert f"config.export.dir {wd}: is the run directory" in capsys.readouterr().err
 
 
-def test_a_second_run_on_a_workdir_is_refused_and_a_killed_one_does_not_block(config_file, tmp_path):
-    """Two `jaxembed train` on one workdir (no pod): the second stops at once naming the first, which goes on
-    alone (its metrics only); after kill -9 of the first, the next start runs (the lock dies with its process)."""
-    wd = tmp_path / "run"
-    marker = tmp_path / "at_step"
-    first = _start(config_file, wd, pause=(2, marker))
-    t0 = time.time()
-    while not marker.exists():
-        assert first.poll() is None, "the run ended before step 2:\n" + first.stdout.read()[-3000:]
-        assert time.time() - t0 < 300, "step 2 was never logged"
-        time.sleep(0.02)
-    second = _start(config_file, wd)
-    out = second.communicate(timeout=300)[0]
-    assert second.returncode == 2, out[-3000:]
-    last = out.strip().splitlines()[-1]
-    assert last.startswith(f"error: {wd}: another run is writing this run directory (pid {first.pid} on ") and \
-        "fix: wait for it to end or stop it, or use another --workdir" in last, out[-3000:]
-    assert "Traceback" not in out
-    first.kill()  # SIGKILL: no handler runs, the lock file stays behind
-    first.communicate(timeout=60)
-    steps = [json.loads(x)["step"] for x in (wd / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [2] and (wd / "run.lock").exists()
-    third = _start(config_file, wd)
-    out = third.communicate(timeout=600)[0]
-    assert third.returncode == 0, out[-3000:]
-    assert json.loads((wd / "summary.json").read_text())["status"] == "completed"
-    assert not (wd / "run.lock").exists()
-    # a visible start, then (no terminal: no progress bar) a plain progress line with the ETA
-    lines = out.splitlines()
-    for start in ("model: ", "data: 2 datasets, ", "plan: 8 steps x 8 queries (positive + 1 hard negative per query",
-                  f"run directory: {wd} (a new run", "training: steps 1-8; compiling the train step first"):
-        assert any(x.startswith(start) for x in lines), (start, out[-3000:])
-    assert "(bert, 2 layers, hidden 32, " in out and "stsb " in out and "wikiqa " in out
-    assert any(x.startswith("train: step 8/8 (100 %), ") and ", ETA 0m00s" in x for x in lines), out[-3000:]
-
-
 def test_a_refused_config_writes_nothing_so_the_corrected_one_runs(config_file, tiny_model_dir, tmp_path, shared_data,
                                                                    capsys, monkeypatch):
     """A config refused at set-up (a model that does not exist, a bad record, a plan that cannot be built)
@@ -398,7 +383,7 @@ def test_a_refused_config_writes_nothing_so_the_corrected_one_runs(config_file, 
     assert "the plan cannot be built (simulated)" in capsys.readouterr().err
     assert not (wd / "config.json").exists() and (wd / "store" / "manifest.json").exists()  # the store was written
     monkeypatch.undo()
-    assert main(args) == 0  # the fixture's config: other data than the left store's
+    assert main([*args, "--config.plan.steps=2", "--config.export.at_end=False"]) == 0  # other data than the store's
     capsys.readouterr()
     manifest = json.loads((wd / "store" / "manifest.json").read_text())
     assert manifest["datasets"][1]["size"] > 40
@@ -464,14 +449,14 @@ def test_the_best_dev_step_is_always_exportable(config_file, tiny_model_dir, tmp
     assert ("dev STSBenchmark-dev/main_score: 0.5 before training, 0.4 at step 3: training made it worse; the best "
             "is step 1 (0.7)") in out
     assert sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) == [1, 3]
+    assert "export.step = 'best': exporting step 1 (STSBenchmark-dev/main_score 0.7), not the last step 3" in out
     assert main(["export", "--workdir", str(wd), "--step", "best", "--out", str(tmp_path / "best")]) == 0
-    assert main(["export", "--workdir", str(wd), "--step", "1", "--out", str(tmp_path / "one")]) == 0
     assert main(["export", "--workdir", str(wd), "--step", "3", "--out", str(tmp_path / "three")]) == 0
     assert main(["export", "--workdir", str(wd), "--step", "0", "--out", str(tmp_path / "zero")]) == 0
-    best, one, three = (runs.export_tensors(tmp_path / n) for n in ("best", "one", "three"))
-    assert all(np.array_equal(best[k], one[k]) for k in one) and not all(np.array_equal(one[k], three[k]) for k in one)
-    run_export = runs.export_tensors(wd / "export")  # export.step = 'best'
-    assert all(np.array_equal(run_export[k], one[k]) for k in one)
+    best, three = runs.export_tensors(tmp_path / "best"), runs.export_tensors(tmp_path / "three")
+    run_export = runs.export_tensors(wd / "export")  # export.step = 'best': step 1
+    assert all(np.array_equal(best[k], run_export[k]) for k in best)
+    assert not all(np.array_equal(best[k], three[k]) for k in best)
     zero, base = runs.export_tensors(tmp_path / "zero"), runs.export_tensors(tiny_model_dir)
     assert zero.keys() == base.keys() and all(np.array_equal(zero[k], base[k]) for k in base)
     assert main(["export", "--workdir", str(wd), "--step", "2", "--out", str(tmp_path / "two")]) == 2
