@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import math
 import os
 import re
@@ -26,7 +25,6 @@ from jaxembed.config_io import (apply_overrides, load_config_file, override_erro
 from jaxembed.data.config import CONTRASTIVE_LOSSES, LOSSES, SCORED_LOSSES  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError
 
-log = logging.getLogger(__name__)
 
 DISTILL = ("none", "kl", "margin_mse")
 GIST_MARGIN_STRATEGIES = ("absolute", "relative")
@@ -275,7 +273,9 @@ def validate(c: mc.ConfigDict) -> None:
         raise _err("data.store", c.data.store, "a folder written by `jaxembed data prepare` (manifest.json missing)")
     else:
         _check_store_task_types(c.data.store)
-    _check_lengths(c)
+    from jaxembed.config_lengths import check_lengths
+
+    check_lengths(c)
     if "mote" in c.model and c.model.mote.enabled:
         from jaxembed import mote
 
@@ -405,63 +405,6 @@ def _check_loss_settings(c) -> None:
             raise UserError(f"config.loss.gist_guide = {str(guide)!r}: no model folder there (fix: a model folder or "
                             "hub id with the same tokenizer as model.name, e.g. the model itself or a larger one of "
                             "its family; '' = no guide)")
-
-
-def _check_lengths(c: mc.ConfigDict) -> None:
-    """One rule for a run's max lengths (tokens, the special tokens included; docs/training.md): model.max_length
-    is 0 (the model folder's max_seq_length) or an integer from 2 up to the model's position table, and is the
-    max_seq_length the export writes; a dataset's max_query_length / max_doc_length is in the same range, and a
-    limit above the run's max length is capped at it (model.max_length caps every dataset's limits), said in one
-    log line. The model is read from a local folder only (its JSON files, no weights); a hub id or a previous
-    stage not yet exported is checked when it loads (jaxembed.hf.load)."""
-    from jaxembed import hf
-
-    ml = c.model.max_length
-    source, limit, table = _length_source(c), None, ""
-    try:
-        if source is not None:
-            limit, table = hf.position_limit(source)
-    except UserError:  # a folder the loader cannot read: the run says so in one line when it loads the model
-        source = None
-    if ml:
-        hf.check_max_length(ml, "config.model.max_length", limit, table)
-    limits = []
-    if not c.data.store:
-        limits = [(f"config.data.datasets[{i}].{k}", d.get(k)) for i, d in enumerate(c.data.datasets)
-                  for k in ("max_query_length", "max_doc_length")]
-    else:
-        mf = Path(c.data.store) / "manifest.json"
-        try:
-            entries = json.loads(mf.read_text(encoding="utf-8")).get("datasets", [])
-            limits = [(f"{mf}: datasets[{i}].{k}", d.get(k)) for i, d in enumerate(entries)
-                      for k in ("max_query_length", "max_doc_length")]
-        except (OSError, ValueError, AttributeError, TypeError):
-            pass  # an unreadable manifest: _check_store_task_types says so
-    limits = [(key, v) for key, v in limits if v is not None]
-    for key, v in limits:
-        hf.check_max_length(v, key, limit, table)
-    run = ml
-    if not ml and source is not None and limits:
-        try:
-            run = hf.default_max_length(source)
-        except UserError:  # said when the run loads the model
-            run = None
-    capped = [f"{key} = {v}" for key, v in limits if run is not None and v > run]
-    if capped:
-        what = "config.model.max_length" if ml else f"config.model.max_length = 0: the max_seq_length of {source}"
-        more = f" and {len(capped) - 1} more dataset limit(s)" if len(capped) > 1 else ""
-        log.warning("%s%s: capped at the run's max length %d (%s), which caps every dataset's limits and is the "
-                    "export's max_seq_length", capped[0], more, run, what)
-
-
-def _length_source(c: mc.ConfigDict) -> Path | None:
-    """The local model folder a run's weights come from (model.init_from, else model.name); None for a hub id or
-    a previous stage that has no export yet."""
-    src = c.model.get("init_from") if "init_from" in c.model else ""
-    p = Path(os.path.expanduser(str(src or c.model.name)))
-    if src and (p / "checkpoints").is_dir():  # a previous stage's run directory
-        p = p / "export"
-    return p if (p / "config.json").is_file() or (p / "modules.json").is_file() else None
 
 
 def _check_store_task_types(store: str) -> None:
