@@ -37,6 +37,8 @@ import time
 from jaxembed.curriculum.build import format_curriculum, plan_set_args, run_curriculum  # noqa: F401 (re-exported)
 from jaxembed.curriculum.score import (SCORE_FILES, config_store, config_unit, format_score,  # noqa: F401
                                        load_run_config, run_score)
+from jaxembed.data.record_formats import FORMAT_CHOICES
+from jaxembed.data.task_types import TASK_TYPES
 from jaxembed.errors import UserError
 from jaxembed.mining.encoding import _LOADED, limit, load_encoder, model_key  # noqa: F401 (_LOADED: re-exported)
 from jaxembed.mining.job import input_from_file, input_from_store, run_mine  # noqa: F401 (run_mine: re-exported)
@@ -134,13 +136,10 @@ def add_parsers(subparsers) -> None:
                     "rank window, and write a dataset file plus a report.")
     _model_args(m)
     m.add_argument("--input", default=None, metavar="FILE", help="a dataset file (JSON Lines, any jaxembed format)")
-    m.add_argument("--format", default="auto",
-                   choices=["auto", "triplets", "scored_pairs", "labelled_pairs", "classification"],
+    m.add_argument("--format", default="auto", choices=FORMAT_CHOICES,
                    help="--input record format (default: from the first record)")
     m.add_argument("--score-threshold", type=float, default=None, help="--input scored pairs: positive threshold")
-    m.add_argument("--task-type", default=None,
-                   choices=["retrieval", "reranking", "sts", "pair_classification", "classification", "clustering",
-                            "nli"],
+    m.add_argument("--task-type", default=None, choices=TASK_TYPES,
                    help="--input: the task type written into the mined records (default: the records' BGE type)")
     m.add_argument("--store", default=None, metavar="DIR", help="or a dataset store ...")
     m.add_argument("--dataset", default=None, metavar="NAME", help="... and one of its datasets")

@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from jaxembed.data.validate import VALIDATE_FORMATS, check_paths, summary_line, validate_file
+from jaxembed.data.record_formats import FORMAT_CHOICES, format_help
+from jaxembed.data.validate import check_paths, summary_line, validate_file
 
 
 def add_parsers(subparsers) -> None:
@@ -37,8 +38,8 @@ def add_parsers(subparsers) -> None:
     v.add_argument("files", nargs="+", metavar="FILE",
                    help="JSON Lines, Parquet (.parquet), CSV / TSV (.csv / .tsv) files or datasets.save_to_disk "
                         "folders")
-    v.add_argument("--format", default="auto", choices=VALIDATE_FORMATS,
-                   help="record format (default: from the first record's keys)")
+    v.add_argument("--format", default="auto", choices=FORMAT_CHOICES,
+                   help=f"record format: {format_help()} (default: auto, from the first record's keys)")
     v.add_argument("--text-field", default=None, help="classification: field holding the text (default: text)")
     v.add_argument("--label-field", default=None, help="classification / labelled pairs: the label field "
                                                        "(default: label)")

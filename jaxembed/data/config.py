@@ -81,10 +81,10 @@ from typing import Any, Iterable
 
 import ml_collections
 
+from jaxembed.data.record_formats import FORMAT_TABLE, RECORD_FORMATS, ST_TASK_TYPE_FIX, names_where
 from jaxembed.data.task_types import KALM_TEMPLATE, SYMMETRIC_TASK_TYPES, TASK_TYPES  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError
 
-RECORD_FORMATS = ("triplets", "scored_pairs", "labelled_pairs", "classification", "st")
 SOURCE_FORMATS = ("hf", "tfds")
 FORMATS = ("auto",) + RECORD_FORMATS + SOURCE_FORMATS
 BATCHING = ("random", "homogeneous", "heterogeneous", "semi_homogeneous")
@@ -289,10 +289,6 @@ def effective_record_format(ds) -> str:
     return _get(ds, "record_format", "auto") if fmt in SOURCE_FORMATS else fmt
 
 
-#: the task types for sentence-transformers data, which has none (the fix of a dataset without task_type)
-ST_TASK_TYPE_FIX = "nli or sts for symmetric pairs, without instruction; retrieval for query -> passage, with one"
-
-
 def _validate_dataset(ds, w: str, names: set[str]) -> None:
     if not _is_mapping(ds):
         raise UserError(f"{w}: expected a dataset config (dataset_config(...)), got {type(ds).__name__}")
@@ -367,7 +363,7 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
     tt = _get(ds, "task_type")
     rec = effective_record_format(ds)
     if tt is None:
-        if rec not in ("auto", "triplets"):
+        if rec != "auto" and not FORMAT_TABLE[rec].task_type_in_records:
             hint = f" (fix: sentence-transformers data has no task type: {ST_TASK_TYPE_FIX})" if rec == "st" else ""
             raise UserError(f"{w}.task_type: required (one of {', '.join(TASK_TYPES)}){hint}")
     else:
@@ -399,33 +395,36 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
     if thr is not None:
         if not _is_num(thr):
             raise UserError(f"{w}.score_threshold: {thr!r} must be a number")
-        if rec not in ("auto", "scored_pairs", "st"):
-            raise UserError(f"{w}.score_threshold: only used by scored_pairs and st pairs (this dataset is {rec})")
-    elif rec == "scored_pairs" and _get(ds, "loss") not in ("cosent", "angle"):  # those keep every pair
+        if rec != "auto" and not FORMAT_TABLE[rec].scored:
+            raise UserError(f"{w}.score_threshold: only used by {' and '.join(names_where(lambda f: f.scored))} "
+                            f"pairs (this dataset is {rec})")
+    elif rec != "auto" and FORMAT_TABLE[rec].threshold_required and _get(ds, "loss") not in SCORED_LOSSES:
         raise UserError(f"{w}.score_threshold: required for scored_pairs (pairs with score >= threshold "
                         "become positives)")
     for k in ("text_field", "label_field"):
         v = _get(ds, k)
         if v is not None and (not isinstance(v, str) or not v):
             raise UserError(f"{w}.{k}: expected a non-empty string (or None), got {v!r}")
-        if v is not None and rec not in ("auto", "classification"):
-            raise UserError(f"{w}.{k}: only used by classification (this dataset is {rec}); use columns")
+        if v is not None and rec != "auto" and not FORMAT_TABLE[rec].label_descriptions:
+            raise UserError(f"{w}.{k}: only used by {_labelled()} (this dataset is {rec}); use columns")
     cols = _get(ds, "columns")
     if cols is not None:
         for k, _ in pairs_of(cols, f"{w}.columns"):
             if k not in _FIELD_NAMES:
                 raise UserError(f"{w}.columns: {k!r} is not a field name (one of {', '.join(_FIELD_NAMES)})")
-            if rec == "st" and k not in _ST_FIELDS:
-                raise UserError(f"{w}.columns: {k!r}: format st reads the texts by column order, whatever their "
-                                f"names; columns can only name its {', '.join(_ST_FIELDS)} columns (fix: reorder "
-                                "the columns, or use format triplets with columns={'query': ..., 'pos': ...})")
+            by_position = rec != "auto" and FORMAT_TABLE[rec].texts_by_position
+            if by_position and k not in FORMAT_TABLE[rec].fields:
+                raise UserError(f"{w}.columns: {k!r}: format {rec} reads the texts by column order, whatever their "
+                                f"names; columns can only name its {', '.join(FORMAT_TABLE[rec].fields)} columns "
+                                "(fix: reorder the columns, or use format triplets with columns={'query': ..., "
+                                "'pos': ...})")
     loss = _get(ds, "loss")
     if loss is not None:
         _one_of(f"{w}.loss", loss, LOSSES)
     ld = _get(ds, "label_descriptions")
     if ld is not None:
-        if rec not in ("auto", "classification"):
-            raise UserError(f"{w}.label_descriptions: only used by classification (this dataset is {rec})")
+        if rec != "auto" and not FORMAT_TABLE[rec].label_descriptions:
+            raise UserError(f"{w}.label_descriptions: only used by {_labelled()} (this dataset is {rec})")
         if len(pairs_of(ld, f"{w}.label_descriptions")) < 2:
             raise UserError(f"{w}.label_descriptions: needs at least 2 labels (the others are the negatives)")
     ef = _get(ds, "extra_fields")
@@ -437,7 +436,11 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
 
 
 _FIELD_NAMES = ("id", "query", "pos", "neg", "prompt", "type", "sentence1", "sentence2", "score", "text", "label")
-_ST_FIELDS = ("id", "label", "score")
+
+
+def _labelled() -> str:
+    """The formats whose labels are described (text_field / label_field / label_descriptions), for messages."""
+    return " and ".join(names_where(lambda f: f.label_descriptions))
 
 
 def _check_data_path(x: str, wp: str) -> None:

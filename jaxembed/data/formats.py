@@ -34,9 +34,10 @@ Readers are generators that yield, for each record read, either an ``Example`` o
 reason, fix). ``apply_policy`` is the one place that turns a ``Skip`` into an error (``on_error='stop'``) or counts
 it (``'skip'``); valid records that a rule leaves out (``Skip.invalid`` False) are always counted, never errors.
 
-The record level (fields, checks, parsers, ``Skip``) is ``jaxembed.data.records``; the on_error policy and the
-counts (``apply_policy``, ``Tally``) are ``jaxembed.data.tally``. This module reads files and sources with them,
-and re-exports their names (``from jaxembed.data.formats import Skip, Tally, ...`` works as before).
+The record level (checks, parsers, ``Skip``) is ``jaxembed.data.records``; the table of the formats (each one's
+fields, parser, detection and help) ``jaxembed.data.record_formats``; the on_error policy and the counts
+(``apply_policy``, ``Tally``) ``jaxembed.data.tally``. This module reads files and sources with them, and
+re-exports their names (``from jaxembed.data.formats import Skip, Tally, ...`` works as before).
 """
 
 from __future__ import annotations
@@ -46,14 +47,16 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from jaxembed.data import sources
-from jaxembed.data.config import RECORD_FORMATS, SCORED_LOSSES
+from jaxembed.data.config import SCORED_LOSSES
 from jaxembed.data.hashindex import HashIndex, key_of
 from jaxembed.data.jsonl import BadLine, check_input_file, iter_text_lines, parse_object
-from jaxembed.data.records import (BGE_IGNORED, BGE_TYPES, DEFAULT_FIELDS, FORMAT_FIELDS,  # noqa: F401 (re-exported)
-                                   TEACHER_FIELDS, Example, Item, ReadInfo, ReadOptions, Skip, _Bad, _Config,
-                                   _Filtered, _id, _label_str, check_unknown_keys, closest, detect_format,
-                                   kalm_instruction, known_keys, parse_classification, parse_labelled_pair,
-                                   parse_scored_pair, parse_st, parse_triplet)
+from jaxembed.data.record_formats import (FORMAT_TABLE, RECORD_FORMATS, detect_format,  # noqa: F401 (re-exported)
+                                          format_help)
+from jaxembed.data.records import (BGE_IGNORED, BGE_TYPES, DEFAULT_FIELDS,  # noqa: F401 (re-exported)
+                                   TEACHER_FIELDS, Example, Item, ReadInfo, ReadOptions, RecordContext, Skip, _Bad,
+                                   _Config, _Filtered, _id, _label_str, check_unknown_keys, closest,
+                                   kalm_instruction, parse_classification, parse_labelled_pair, parse_scored_pair,
+                                   parse_st, parse_triplet)
 from jaxembed.data.tally import Tally, apply_policy  # noqa: F401 (re-exported)
 from jaxembed.errors import InputError, UserError
 
@@ -131,10 +134,7 @@ def _records_jsonl(paths: list[str]) -> Iterator[tuple[str, int, str, dict | Ski
     return _records_files(paths, ["jsonl"] * len(paths), DEFAULT_FIELDS)
 
 
-_FORMAT_HELP = ("set format in the data config (or --format): triplets (query, pos, neg), scored_pairs (sentence1, "
-                "sentence2, score), labelled_pairs (sentence1, sentence2, label), classification (text, label), st "
-                "(sentence-transformers columns in order: anchor, positive, negatives..., or a pair + label / "
-                "score)")
+_FORMAT_HELP = "set format in the data config (or --format): " + format_help()
 
 
 def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) -> Iterator[Item]:
@@ -156,11 +156,11 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
                 if fmt is None:
                     keys = ", ".join(sorted(obj)) or "none"
                     raise InputError(path, line, f"cannot tell the format from the keys ({keys})", _FORMAT_HELP)
-                if opts.keep_scores and fmt not in ("scored_pairs", "st"):
+                if opts.keep_scores and not FORMAT_TABLE[fmt].scored:
                     raise InputError(path, line, f"a scored-pair loss (CoSENT / AnglE) trains on scored pairs "
                                                  f"(sentence1, sentence2, score) but the records are {fmt}",
                                      "train this dataset with loss='infonce', or give it scored pairs")
-                if (fmt == "scored_pairs" and opts.need_threshold and opts.score_threshold is None
+                if (FORMAT_TABLE[fmt].threshold_required and opts.need_threshold and opts.score_threshold is None
                         and not opts.keep_scores):
                     raise InputError(path, line, "the records are scored pairs (sentence1, sentence2, score), which "
                                                  "need score_threshold", "set score_threshold in the dataset config: "
@@ -169,9 +169,10 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
         if fmt is None:
             fmt = "triplets"  # no valid JSON object at all: every record is a Skip anyway
     info.format = fmt
+    spec = FORMAT_TABLE[fmt]
     desc: dict[str, str] = {}
     order: list[str] = []
-    if fmt == "classification":
+    if spec.label_descriptions:
         if opts.label_descriptions:
             order = [k for k, _ in opts.label_descriptions]
             desc = dict(opts.label_descriptions)
@@ -187,7 +188,8 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
             desc = {x: x for x in order}
         info.labels = order
     ids = _IdCheck(opts.name)
-    known = known_keys(fmt, opts) if fmt != "st" else frozenset()
+    known = spec.known_keys(opts) if not spec.texts_by_position else frozenset()
+    ctx = RecordContext(opts, info, desc=desc, order=order)
     base: dict[str, str] = {}
     for path, line, suffix, obj in records_fn():
         if isinstance(obj, Skip):
@@ -200,17 +202,9 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
         try:
             explicit = f["id"] in obj
             rid = _id(obj, f, f"{opts.name}:{suffix}")
-            if fmt == "triplets":
-                ex = parse_triplet(obj, f, rid, opts, info, where)
-            elif fmt == "scored_pairs":
-                ex = parse_scored_pair(obj, f, rid, opts)
-            elif fmt == "labelled_pairs":
-                ex = parse_labelled_pair(obj, f, rid, opts)
-            elif fmt == "st":
-                ex = parse_st(obj, f, rid, opts)
-            else:
-                ex = parse_classification(obj, f, rid, desc, order)
-            if fmt != "st":
+            ctx.where = where
+            ex = spec.parse(obj, f, rid, ctx)
+            if not spec.texts_by_position:
                 check_unknown_keys(obj, known, fmt)
             first = ids.check(rid, explicit, suffix, name, line)
             if first is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from jaxembed.data import formats, sources
 from jaxembed.data.config import (CONTRASTIVE_LOSSES, SCORED_LOSSES, SOURCE_FORMATS, _get, dataset_paths,
                                   effective_record_format)
+from jaxembed.data.record_formats import FORMAT_TABLE
 from jaxembed.errors import UserError
 
 
@@ -46,7 +47,7 @@ def check_dataset_losses(run_config, store_dir=None) -> None:
     contrastive = [e for e in entries if e[2] in CONTRASTIVE_LOSSES]
     for w, name, loss, rec, thr, ds, counts in entries:
         if loss in SCORED_LOSSES:
-            if rec not in ("auto", "scored_pairs", "st", None):
+            if rec not in ("auto", None) and not _format_has(rec, "scored"):
                 raise UserError(f"{w}.loss: dataset {name!r} trains with {loss!r}, which learns from scored pairs "
                                 f"(sentence1, sentence2, score), but its records are {rec} (fix: loss='infonce' on "
                                 "the dataset, or give it scored pairs)")
@@ -66,7 +67,7 @@ def check_dataset_losses(run_config, store_dir=None) -> None:
             fix = (f"score it with the teacher: jaxembed teacher-score --model TEACHER --input FILE --out "
                    f"FILE.scored.jsonl and train on that file; or give {name!r} loss='cosent' / 'angle' if it is "
                    "scored pairs; or --config.loss.distill=none")
-            if rec not in ("auto", "triplets", None):
+            if rec not in ("auto", None) and not _format_has(rec, "teacher_scores"):
                 raise UserError(f"{w}: loss.distill={distill!r} distils teacher scores (pos_scores / neg_scores of "
                                 f"triplets) but dataset {name!r} is {rec} (fix: {fix})")
             if counts is not None and not counts.get("teacher_scores"):
@@ -91,12 +92,19 @@ def _check_scored_record(first: tuple[str, dict], w: str, name, loss: str, rec: 
     where, obj = first
     fields = formats.read_options(ds).fields
     fmt = formats.detect_format(obj, fields) if rec == "auto" else rec
-    scored = fmt == "scored_pairs" or (fmt == "st" and (fields["score"] in obj or fields["label"] in obj))
-    if not scored:
+    spec = FORMAT_TABLE.get(fmt) if fmt is not None else None
+    if spec is None or spec.pair_score is None or not spec.pair_score(obj, fields):
+        without = " without a score column" if spec is not None and spec.scored else ""
         raise UserError(f"{where}: dataset {name!r} trains with {loss!r}, which learns from scored pairs (sentence1, "
-                        f"sentence2, score), but its records are {fmt or 'of an unknown format'}"
-                        f"{' without a score column' if fmt == 'st' else ''} ({w}) (fix: loss='infonce' on the "
-                        "dataset, or give it scored pairs)")
+                        f"sentence2, score), but its records are {fmt or 'of an unknown format'}{without} ({w}) "
+                        "(fix: loss='infonce' on the dataset, or give it scored pairs)")
+
+
+def _format_has(rec: str, prop: str) -> bool:
+    """Whether record format ``rec`` (as a config or a store's manifest names it) has property ``prop`` of its
+    ``RecordFormat``; an unknown name has none."""
+    spec = FORMAT_TABLE.get(rec)
+    return spec is not None and bool(getattr(spec, prop))
 
 
 def _first_record(ds) -> tuple[str, dict] | None:

@@ -1,7 +1,8 @@
-"""One record of a dataset -> an ``Example`` or the reason it is not one (``Skip``): the fields each record format
-reads, the checks of each field, and the parsers of the formats (triplets / BGE, scored pairs, labelled pairs,
-classification, sentence-transformers rows). The formats are described in ``jaxembed.data.formats``, which reads
-files with these parsers and re-exports every name here."""
+"""One record of a dataset -> an ``Example`` or the reason it is not one (``Skip``): the checks of each field and
+the parsers of the formats (triplets / BGE, scored pairs, labelled pairs, classification, sentence-transformers
+rows), each ``parse_*(obj, fields, id, RecordContext) -> Example``. The table of the formats (their fields,
+parsers, detection and help) is ``jaxembed.data.record_formats``; the formats are described in
+``jaxembed.data.formats``, which reads files with them and re-exports every name here."""
 
 from __future__ import annotations
 
@@ -24,15 +25,6 @@ BGE_TYPES = {
     "symmetric_class": "classification",
     "symmetric_clustering": "clustering",
     **{t: t for t in TASK_TYPES},
-}
-
-
-FORMAT_FIELDS = {
-    "triplets": ("id", "query", "pos", "neg", "prompt", "type", "category", "label"),
-    "scored_pairs": ("id", "sentence1", "sentence2", "score"),
-    "labelled_pairs": ("id", "sentence1", "sentence2", "label"),
-    "classification": ("id", "text", "label"),
-    "st": ("id", "label", "score"),  # and every other column, as a text in column order
 }
 
 
@@ -216,22 +208,17 @@ class ReadInfo:
     labels: list[str] | None = None
 
 
-def detect_format(obj: dict, fields: dict) -> str | None:
-    """The record format a JSON object's keys say it is, or None."""
-    k = set(obj)
-    f = fields
-    if f["query"] in k and f["pos"] in k:
-        return "triplets"
-    if "anchor" in k and "positive" in k:
-        return "st"
-    if f["sentence1"] in k and f["sentence2"] in k:
-        if f["score"] in k:
-            return "scored_pairs"
-        if f["label"] in k:
-            return "labelled_pairs"
-    if f["text"] in k and f["label"] in k:
-        return "classification"
-    return None
+@dataclass
+class RecordContext:
+    """What a record parser reads besides the record: the dataset's options, what reading has found so far (filled
+    by the parsers: BGE task type and prompt), where the record is (``file:line``) and, for classification data,
+    the description of each label and the labels in order."""
+
+    opts: ReadOptions
+    info: ReadInfo
+    where: str = ""
+    desc: dict = field(default_factory=dict)
+    order: list = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------ record parsers
@@ -249,8 +236,9 @@ def _id(obj: dict, f: dict, default: str) -> str:
     return v
 
 
-def parse_triplet(obj: dict, f: dict, rid: str, opts: ReadOptions, info: ReadInfo, where: str) -> Example:
+def parse_triplet(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     """query / pos / neg (+ BGE prompt / type / category) -> Example."""
+    opts, info, where = r.opts, r.info, r.where
     ex = {"id": rid, "query": _check_text(_get(obj, f["query"]), f["query"]),
           "pos": _check_text_list(_get(obj, f["pos"]), f["pos"], 1, one_text=_renamed(f, "pos")),
           "neg": _check_text_list(obj[f["neg"]], f["neg"], 0, one_text=_renamed(f, "neg")) if f["neg"] in obj
@@ -306,8 +294,9 @@ def _short(s: str, n: int = 40) -> str:
     return repr(s if len(s) <= n else s[: n - 3] + "...")
 
 
-def parse_scored_pair(obj: dict, f: dict, rid: str, opts: ReadOptions) -> Example:
+def parse_scored_pair(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     """sentence1 / sentence2 / score -> Example when score >= threshold (else _Filtered)."""
+    opts = r.opts
     s1 = _check_text(_get(obj, f["sentence1"]), f["sentence1"])
     s2 = _check_text(_get(obj, f["sentence2"]), f["sentence2"])
     sc = _get(obj, f["score"])
@@ -332,7 +321,7 @@ def _keep_by_score(sc: Any, key: str, opts: ReadOptions) -> None:
 _POSITIVE_LABELS = {1: True, 0: False, "1": True, "0": False}
 
 
-def parse_labelled_pair(obj: dict, f: dict, rid: str, opts: ReadOptions) -> Example:
+def parse_labelled_pair(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     """sentence1 / sentence2 / label -> Example for label 1 (label 0: _Filtered 'negative pair')."""
     s1 = _check_text(_get(obj, f["sentence1"]), f["sentence1"])
     s2 = _check_text(_get(obj, f["sentence2"]), f["sentence2"])
@@ -355,13 +344,14 @@ def _keep_by_label(lab: Any, key: str, st: bool = False) -> None:
         raise _Filtered(key, "negative pair", f"label {lab!r}")
 
 
-def parse_st(obj: dict, f: dict, rid: str, opts: ReadOptions) -> Example:
+def parse_st(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     """A sentence-transformers row -> Example. Texts are the columns in order (the id column, the label / score
     column and ``extra_fields`` aside); sentence-transformers reads them by position, whatever their names.
 
     No label column: (anchor, positive, negative_1, ..., negative_n) -> query, [positive], [negatives]. A label
     column (``label`` or ``score``, or what ``columns`` maps them to) with two texts: a pair, positive by its
     score (``score`` column, or any label column with ``score_threshold``) or by its 1 / 0 label."""
+    opts = r.opts
     label_keys = [k for k in (f["label"], f["score"]) if k in obj]
     if len(label_keys) > 1:
         raise _Bad(label_keys[1], f"both a {label_keys[0]!r} and a {label_keys[1]!r} column (sentence-transformers "
@@ -401,8 +391,9 @@ def parse_st(obj: dict, f: dict, rid: str, opts: ReadOptions) -> Example:
     return {"id": rid, "query": texts[0][1], "pos": [texts[1][1]], "neg": []}
 
 
-def parse_classification(obj: dict, f: dict, rid: str, desc: dict[str, str], order: list[str]) -> Example:
+def parse_classification(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     """text / label -> Example(query=text, pos=[desc(label)], neg=[desc(other labels)], label)."""
+    desc, order = r.desc, r.order
     text = _check_text(_get(obj, f["text"]), f["text"])
     lab = _label_str(_get(obj, f["label"]), f["label"])
     if lab not in desc:
@@ -411,14 +402,6 @@ def parse_classification(obj: dict, f: dict, rid: str, desc: dict[str, str], ord
                    "add the label to label_descriptions in the data config, or fix the record")
     return {"id": rid, "query": text, "pos": [desc[lab]], "neg": [desc[x] for x in order if x != lab],
             "label": lab}
-
-
-def known_keys(fmt: str, opts: ReadOptions) -> frozenset:
-    """The record keys a dataset of record format ``fmt`` may have."""
-    keys = {opts.fields[k] for k in FORMAT_FIELDS[fmt]} | set(opts.extra_fields)
-    if fmt == "triplets":
-        keys |= set(TEACHER_FIELDS)
-    return frozenset(keys)
 
 
 def check_unknown_keys(obj: dict, known: frozenset, fmt: str) -> None:

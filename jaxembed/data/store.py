@@ -41,8 +41,8 @@ from typing import Sequence
 from jaxembed import runfiles
 from jaxembed.data import config as dc
 from jaxembed.data import leftovers
-from jaxembed.data.formats import (BGE_TYPES, ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset,
-                                   source_size)
+from jaxembed.data.formats import ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset, source_size
+from jaxembed.data.record_formats import FORMAT_TABLE
 from jaxembed.errors import UserError
 
 STORE_FORMAT = "jaxembed-store"
@@ -179,26 +179,14 @@ class PrepareReport:
 
 # ------------------------------------------------------------------------------------------------------ writing
 
-#: a task type to suggest for the record formats that carry none (sentence-transformers rows: dc.ST_TASK_TYPE_FIX)
-_TASK_TYPE_EXAMPLES = {"scored_pairs": "sts", "labelled_pairs": "pair_classification",
-                       "classification": "classification"}
-
-
 def _no_task_type(ds, info: ReadInfo, where: str) -> UserError:
     """The error for a dataset whose config has no task_type and whose records give none, with the fix for the
-    record format at hand: BGE triplets take it from their 'type' field; the other formats have no such field."""
+    record format at hand (``RecordFormat.no_task_type``: BGE triplets take it from their 'type' field; the other
+    formats have no such field). Nothing read yet (``info.format`` None): triplets, as ``read_records`` takes for a
+    dataset without a valid record."""
     head = f"{where}.task_type: required (one of {', '.join(dc.TASK_TYPES)}): "
-    src = _sources(ds)
-    if info.format == "st":
-        return UserError(f"{head}{src} holds sentence-transformers rows, which have no task type (fix: set "
-                         f"task_type: {dc.ST_TASK_TYPE_FIX})")
-    if info.format in (None, "triplets"):
-        return UserError(f"{head}the records of {src} have no BGE 'type' field to take it from (fix: set task_type, "
-                         f"or give every record a 'type': {', '.join(t for t in BGE_TYPES if t not in dc.TASK_TYPES)} "
-                         "or a task type)")
-    eg = _TASK_TYPE_EXAMPLES.get(info.format)
-    return UserError(f"{head}{info.format} records ({src}) have no task type (fix: set task_type"
-                     + (f", e.g. {eg}" if eg else "") + ")")
+    fmt = FORMAT_TABLE[info.format or "triplets"]
+    return UserError(head + fmt.no_task_type.format(src=_sources(ds)))
 
 
 def _resolve_info(ds, info: ReadInfo, size: int, where: str) -> DatasetInfo:
@@ -316,7 +304,7 @@ def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str, progr
     try:
         for ex in apply_policy(read_dataset(ds, info), on_error, tally):
             tt = task_type_cfg or info.task_type
-            if tt is None and info.format != "triplets":  # only BGE triplets may give it in a later record
+            if tt is None and not FORMAT_TABLE[info.format].task_type_in_records:  # BGE: in a later record
                 raise _no_task_type(ds, info, where)
             if "label" not in ex and tt in ("classification", "clustering") and len(ex["pos"]) == 1:
                 ex["label"] = ex["pos"][0]  # BGE classification: the positive is the label's description

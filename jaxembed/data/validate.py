@@ -7,8 +7,6 @@ from pathlib import Path
 
 from jaxembed.errors import InputError, UserError
 
-VALIDATE_FORMATS = ("auto", "triplets", "scored_pairs", "labelled_pairs", "classification", "st")
-
 
 def check_paths(files) -> None:
     """Usage errors first: every path is a regular file or a ``datasets.save_to_disk`` folder (a missing path, a

@@ -1,0 +1,120 @@
+"""The record formats, one entry each (``FORMAT_TABLE``): what a record of the format holds, its parser, how
+``auto`` recognises it and what the checks around it need to know. The readers (``jaxembed.data.formats``), the data
+config's checks (``jaxembed.data.config``, ``jaxembed.data.loss_checks``), the store's messages
+(``jaxembed.data.store``) and the command line (``data validate --format``, ``mine --format``: ``FORMAT_CHOICES``,
+``format_help``) read it; none of them names a format of their own.
+
+Adding a format: its parser in ``jaxembed.data.records`` (``parse_<name>(obj, fields, id, RecordContext) ->
+Example``, raising ``_Bad`` / ``_Filtered`` / ``_Config``) and one ``RecordFormat`` entry here; docs/architecture.md
+walks through an example.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from jaxembed.data import records
+from jaxembed.data.records import TEACHER_FIELDS, ReadOptions
+from jaxembed.data.task_types import TASK_TYPES
+
+#: the task types for sentence-transformers data, which has none (the fix of a dataset without task_type)
+ST_TASK_TYPE_FIX = "nli or sts for symmetric pairs, without instruction; retrieval for query -> passage, with one"
+
+
+@dataclass(frozen=True)
+class RecordFormat:
+    """One record format.
+
+    keys: what a record holds, for help texts; fields: our field names a record may have (mapped through the
+    dataset's ``columns``), any other key being an unknown key -- except with ``texts_by_position``, where every
+    other column is a text read in column order and ``columns`` may only rename these fields; parse: the record
+    parser (``jaxembed.data.records``); detect: ``auto`` takes a first record holding all these keys (our field
+    names mapped through ``columns``, other names as they are) for this format, trying the formats by ascending
+    ``detect_rank``; no_task_type: the error text, ``{src}`` the dataset's source, when a dataset of this format
+    has no task type; pair_score: whether a record carries a pair score (``score_threshold`` applies, a scored-pair
+    loss can train it), None for a format without pair scores; threshold_required: ``score_threshold`` is required
+    (unless a scored-pair loss keeps every pair); task_type_in_records: its records may give the task type (BGE
+    ``type``); label_descriptions: classification data (``text_field`` / ``label_field`` / ``label_descriptions``
+    apply; the labels are read in a first pass); teacher_scores: its records may carry ``pos_scores`` /
+    ``neg_scores`` (distillation)."""
+
+    name: str
+    keys: str
+    fields: tuple[str, ...]
+    parse: Callable[[dict, dict, str, records.RecordContext], records.Example]
+    detect: tuple[str, ...]
+    detect_rank: int
+    no_task_type: str
+    texts_by_position: bool = False
+    pair_score: Callable[[dict, dict], bool] | None = None
+    threshold_required: bool = False
+    task_type_in_records: bool = False
+    label_descriptions: bool = False
+    teacher_scores: bool = False
+
+    @property
+    def scored(self) -> bool:
+        """Its pairs may carry a score: ``score_threshold`` applies, and a scored-pair loss can train it."""
+        return self.pair_score is not None
+
+    def known_keys(self, opts: ReadOptions) -> frozenset:
+        """The record keys a dataset of this format may have."""
+        keys = {opts.fields[k] for k in self.fields} | set(opts.extra_fields)
+        if self.teacher_scores:
+            keys |= set(TEACHER_FIELDS)
+        return frozenset(keys)
+
+
+FORMAT_TABLE: dict[str, RecordFormat] = {f.name: f for f in (
+    RecordFormat(
+        "triplets", "query, pos, neg", ("id", "query", "pos", "neg", "prompt", "type", "category", "label"),
+        records.parse_triplet, detect=("query", "pos"), detect_rank=0,
+        no_task_type="the records of {src} have no BGE 'type' field to take it from (fix: set task_type, or give "
+                     "every record a 'type': "
+                     + ", ".join(t for t in records.BGE_TYPES if t not in TASK_TYPES) + " or a task type)",
+        task_type_in_records=True, teacher_scores=True),
+    RecordFormat(
+        "scored_pairs", "sentence1, sentence2, score", ("id", "sentence1", "sentence2", "score"),
+        records.parse_scored_pair, detect=("sentence1", "sentence2", "score"), detect_rank=2,
+        no_task_type="scored_pairs records ({src}) have no task type (fix: set task_type, e.g. sts)",
+        pair_score=lambda obj, fields: True, threshold_required=True),
+    RecordFormat(
+        "labelled_pairs", "sentence1, sentence2, label", ("id", "sentence1", "sentence2", "label"),
+        records.parse_labelled_pair, detect=("sentence1", "sentence2", "label"), detect_rank=3,
+        no_task_type="labelled_pairs records ({src}) have no task type (fix: set task_type, e.g. "
+                     "pair_classification)"),
+    RecordFormat(
+        "classification", "text, label", ("id", "text", "label"), records.parse_classification,
+        detect=("text", "label"), detect_rank=4,
+        no_task_type="classification records ({src}) have no task type (fix: set task_type, e.g. classification)",
+        label_descriptions=True),
+    RecordFormat(
+        "st", "sentence-transformers columns in order: anchor, positive, negatives..., or a pair + label / score",
+        ("id", "label", "score"), records.parse_st, detect=("anchor", "positive"), detect_rank=1,
+        no_task_type="{src} holds sentence-transformers rows, which have no task type (fix: set task_type: "
+                     + ST_TASK_TYPE_FIX + ")",
+        texts_by_position=True, pair_score=lambda obj, fields: fields["score"] in obj or fields["label"] in obj),
+)}
+
+#: the record formats' names, and what ``--format`` / ``format`` accept for a file (``auto``: from the first record)
+RECORD_FORMATS = tuple(FORMAT_TABLE)
+FORMAT_CHOICES = ("auto",) + RECORD_FORMATS
+
+
+def format_help() -> str:
+    """Each format with what its records hold: ``triplets (query, pos, neg), scored_pairs (...), ...``."""
+    return ", ".join(f"{f.name} ({f.keys})" for f in FORMAT_TABLE.values())
+
+
+def names_where(prop: Callable[[RecordFormat], bool]) -> tuple[str, ...]:
+    """The names of the formats with ``prop``, in table order (for checks and their messages)."""
+    return tuple(f.name for f in FORMAT_TABLE.values() if prop(f))
+
+
+def detect_format(obj: dict, fields: dict) -> str | None:
+    """The record format a JSON object's keys say it is, or None."""
+    for f in sorted(FORMAT_TABLE.values(), key=lambda f: f.detect_rank):
+        if all(fields.get(k, k) in obj for k in f.detect):
+            return f.name
+    return None

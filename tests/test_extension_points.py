@@ -1,0 +1,107 @@
+"""The extension points are declared once (docs/architecture.md, "Adding a backbone, a loss, a record format"):
+every entry of each table has all its parts, and no module of jaxembed/ holds a second literal list of a table's
+names (a tuple / list / set literal, or the keys of a dict literal, naming two or more of them), which is how the
+copies that went out of date started."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "jaxembed"
+
+
+def _literal_names(node: ast.AST) -> list[str]:
+    """The string constants of a tuple / list / set literal, or the string keys of a dict literal."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items = node.elts
+    elif isinstance(node, ast.Dict):
+        items = [k for k in node.keys if k is not None]
+    else:
+        return []
+    return [x.value for x in items if isinstance(x, ast.Constant) and isinstance(x.value, str)]
+
+
+def literal_copies(names, declared_in: set[str], package: Path = PACKAGE) -> list[str]:
+    """``path:line: [names]`` for every literal of a module under ``package`` (but the ``declared_in`` files,
+    relative to the package's parent) that names two or more of ``names``."""
+    names, out = set(names), []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package.parent).as_posix()
+        if rel in declared_in:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            hit = [n for n in _literal_names(node) if n in names]
+            if len(set(hit)) >= 2:
+                out.append(f"{rel}:{node.lineno}: {hit}")
+    return out
+
+
+def test_literal_copies_finds_tuples_lists_sets_and_dict_keys(tmp_path):
+    """The scanner on a small package: each kind of literal with two names is found, one name alone is not, and
+    the declaring module is left out."""
+    pkg = tmp_path / "jaxembed"
+    pkg.mkdir()
+    (pkg / "table.py").write_text('NAMES = ("a", "b", "c")\n')
+    (pkg / "user.py").write_text('X = ["a", "b"]\nY = {"b": 1, "c": 2}\nZ = {"a", "c"}\nW = x in ("a", "z")\n'
+                                 'V = ("q", "b", "c")\n')
+    found = literal_copies(("a", "b", "c"), {"jaxembed/table.py"}, pkg)
+    assert found == ["jaxembed/user.py:1: ['a', 'b']", "jaxembed/user.py:2: ['b', 'c']",
+                     "jaxembed/user.py:3: ['a', 'c']", "jaxembed/user.py:5: ['b', 'c']"]
+
+
+# --------------------------------------------------------------------------------------------- record formats
+
+def test_every_record_format_has_all_its_parts():
+    from jaxembed.data import records
+    from jaxembed.data.record_formats import FORMAT_CHOICES, FORMAT_TABLE, format_help
+
+    ranks = [f.detect_rank for f in FORMAT_TABLE.values()]
+    assert sorted(ranks) == list(range(len(FORMAT_TABLE))), "detect_rank: each format its own place"
+    for name, f in FORMAT_TABLE.items():
+        assert f.name == name and f.keys and f.detect and "id" in f.fields, name
+        assert callable(f.parse) and f.parse.__module__ == records.__name__, name
+        assert "{src}" in f.no_task_type and f.no_task_type.format(src="x.jsonl"), name
+        assert f"{name} ({f.keys})" in format_help(), name
+        assert set(f.fields) <= set(records.DEFAULT_FIELDS), name
+    assert FORMAT_CHOICES == ("auto", *FORMAT_TABLE)
+
+
+def test_record_format_names_are_not_copied():
+    from jaxembed.data.record_formats import FORMAT_TABLE
+
+    found = literal_copies(FORMAT_TABLE, {"jaxembed/data/record_formats.py"})
+    assert not found, ("a list of record formats outside jaxembed/data/record_formats.py (derive it from "
+                       "FORMAT_TABLE):\n  " + "\n  ".join(found))
+
+
+def _choices(parser, *path):
+    """The choices of the option ``path[-1]`` of the sub-command ``path[:-1]``."""
+    import argparse
+
+    for name in path[:-1]:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    return next(a for a in parser._actions if path[-1] in a.option_strings).choices
+
+
+@pytest.mark.parametrize("command", [("data", "validate", "--format"), ("mine", "--format")])
+def test_format_options_offer_every_record_format(command):
+    """``data validate --format`` and ``mine --format`` offer the table's formats (mine's missed ``st``)."""
+    from jaxembed.cli import build_parser
+    from jaxembed.data.record_formats import FORMAT_CHOICES
+
+    assert tuple(_choices(build_parser(), *command)) == FORMAT_CHOICES
+
+
+def test_mine_reads_a_file_of_sentence_transformers_rows_given_as_st(tmp_path):
+    """``mine --format st``: the input is read as sentence-transformers rows."""
+    from jaxembed.mining.job import read_input
+
+    p = tmp_path / "st.jsonl"
+    p.write_text('{"anchor": "a", "positive": "p", "negative": "n"}\n{"anchor": "b", "positive": "q"}\n')
+    examples, info, _ = read_input(p, format="st")
+    assert info.format == "st" and [(e["query"], e["pos"], e["neg"]) for e in examples] == [
+        ("a", ["p"], ["n"]), ("b", ["q"], [])]
