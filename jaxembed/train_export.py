@@ -44,7 +44,7 @@ def export_params(run: Run, params, out_dir: Path, *, summary: dict | None = Non
     model = _host_model(run, params)
     prompts = {**run.loaded.st.prompts, **task_prompts(run.store)}
     card = run_card(run, model, prompts, summary=summary, step=step, name=name,
-                    kind="mote" if getattr(model.config, "mote", None) is not None else "model")
+                    kind="mote" if getattr(model.config, "mote", None) is not None else "model", path=out_dir)
     kw = dict(hf_config=run.loaded.hf_config, prompts=prompts, similarity_fn_name=run.loaded.st.similarity_fn_name,
               model_card=card)
     if run.lora is not None:

