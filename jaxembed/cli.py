@@ -103,19 +103,25 @@ def cmd_export(args) -> int:
         path = export.export_averaged(loaded.model, loaded.tokenizer, args.out, **_export_kw(loaded))
     else:
         path = export.export_loaded(_load(args), args.out, name=repo)
+    folder = export.loadable_folder(path)  # a LoRA export of the adapter alone: its adapter/
     if (Path(path) / "mote_config.json").exists():
         print(f"exported to {path}: a MoTE folder with every task expert (sentence_transformers.SentenceTransformer"
               "(..., trust_remote_code=True), then model.encode(texts, task=...); transformers.AutoModel loads the "
               "default expert)")
+    elif folder != Path(path):
+        print(f"exported to {path}: the LoRA adapter alone, in {folder} (PEFT, no base weights: "
+              "sentence_transformers.SentenceTransformer loads the base model, then the adapter)")
     else:
-        print(f"exported to {path} (loads with transformers.AutoModel and sentence_transformers.SentenceTransformer)")
+        print(f"exported to {path} (loads with transformers.AutoModel and sentence_transformers.SentenceTransformer)"
+              + (f"; the LoRA adapter alone in {folder / export.ADAPTER_DIR}"
+                 if (folder / export.ADAPTER_DIR / "adapter_config.json").is_file() else ""))
     if repo is not None:
         from jaxembed import hub, runfiles
 
         if runfiles.is_main():
-            url = hub.push_folder(path, repo, private=args.private, revision=args.revision,
+            url = hub.push_folder(folder, repo, private=args.private, revision=args.revision,
                                   commit_message=args.commit_message)
-            print(f"pushed {path} to {hub.endpoint()}/{repo}"
+            print(f"pushed {folder} to {hub.endpoint()}/{repo}"
                   + (f" (revision {args.revision})" if args.revision else "") + (" (private)" if args.private else "")
                   + f": {url}")
     return 0

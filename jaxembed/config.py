@@ -67,7 +67,8 @@ def default_config() -> mc.ConfigDict:
         alpha=16.0,             # the adapter's scale is alpha / rank
         dropout=0.0,            # on the adapter's input, in train mode (needs train.dropout=True)
         target="",              # regex searched in the linear layers' paths; '' = attention q/k/v/o + feed-forward
-        export="merged",        # 'merged' (W0 + scale A B) | 'adapter' (a PEFT folder) | 'both' (adapter/ inside)
+        export="merged",        # 'merged' (W0 + scale A B) | 'adapter' (the PEFT folder alone, in adapter/) | 'both'
+                                # (the merged folder with adapter/ inside)
     ))
     c.data = default_data_config()
     c.data.store = ""           # an existing store (jaxembed data prepare); '' = prepare into <workdir>/store

@@ -398,16 +398,22 @@ class MoTETransformer(_Transformer):
 
 
 def export_lora(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLike, *, spec, base: str,
-                kind: str = "merged", **kw) -> Path:
-    """The export of a model with LoRA adapters (``jaxembed.lora``), written as a whole like ``export``.
+                kind: str = "merged", adapter_card: str | None = None, **kw) -> Path:
+    """The export of a model with LoRA adapters (``jaxembed.lora``), written as a whole like ``export``. One layout
+    for every kind: the merged model is the folder ``DIR`` itself, the adapter is always ``DIR/adapter/``.
 
-    kind ``merged``: the plain folder of ``export`` with every adapted weight W0 + (alpha / r) A B (a MoTE model:
-    the full MoTE export). ``adapter``: the adapter as a PEFT folder on top of ``base`` (the base model's folder
-    or hub id): ``adapter_config.json`` + ``adapter_model.safetensors`` and the sentence-transformers files
-    (tokenizer, modules.json, pooling ...) but no base weights, so that ``SentenceTransformer(DIR)`` loads base +
-    adapter, and ``peft.PeftModel.from_pretrained(AutoModel.from_pretrained(base), DIR)`` gives the backbone. A
-    MoTE model whose experts share their base weights (up-cycled from a dense model) gets one such folder per
-    expert, ``DIR/<expert>/``. ``both``: the merged folder with the adapter folder(s) in ``DIR/adapter/``."""
+    - ``merged``: ``DIR`` is the plain folder of ``export`` with every adapted weight W0 + (alpha / r) A B (a MoTE
+      model: the full MoTE export).
+    - ``adapter``: ``DIR/adapter/`` is the adapter as a PEFT folder on top of ``base`` (the base model's folder or
+      hub id): ``adapter_config.json`` + ``adapter_model.safetensors`` and the sentence-transformers files
+      (tokenizer, modules.json, pooling ...) but no base weights, so that ``SentenceTransformer(DIR/adapter)``
+      loads base + adapter, and ``peft.PeftModel.from_pretrained(AutoModel.from_pretrained(base), DIR/adapter)``
+      gives the backbone. ``DIR`` holds nothing else but a README.md saying so (``loadable_folder`` finds it).
+    - ``both``: the merged folder ``DIR`` with the adapter folder in ``DIR/adapter/``.
+
+    A MoTE model whose experts share their base weights (up-cycled from a dense model) gets one adapter folder per
+    expert, ``DIR/adapter/<expert>/``. ``model_card`` (in ``kw``) is the merged folder's README.md,
+    ``adapter_card`` the adapter folder's (default: ``jaxembed.model_card.adapter_card``)."""
     from jaxembed import lora
 
     if kind not in lora.EXPORTS:
@@ -424,16 +430,42 @@ def export_lora(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
             for p in staged.iterdir():
                 os.rename(p, tmp / p.name)
             staged.rmdir()
-        _write_adapters(model, tokenizer, tmp / "adapter" if kind == "both" else tmp, spec=spec, base=base, **kw)
+        else:
+            where = os.path.join(os.path.abspath(os.path.expanduser(str(out_dir))), ADAPTER_DIR)
+            (tmp / "README.md").write_text(
+                f"# LoRA adapter export\n\nThis export holds the LoRA adapter only (model.lora.export=adapter): "
+                f"`{ADAPTER_DIR}/` is the PEFT adapter with the sentence-transformers files, on top of the base model "
+                f"`{base}`, without base weights. It loads with\n\n```python\nfrom sentence_transformers import "
+                f"SentenceTransformer\nmodel = SentenceTransformer({where!r})\n```\n", encoding="utf-8")
+        kw.pop("model_card", None)
+        _write_adapters(model, tokenizer, tmp / ADAPTER_DIR, spec=spec, base=base, card=adapter_card,
+                        path=Path(out_dir) / ADAPTER_DIR, **kw)
     return Path(out_dir)
 
 
-def _write_adapters(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, spec, base: str, **kw) -> None:
+#: the subfolder of a LoRA export that holds the PEFT adapter (``export_lora``)
+ADAPTER_DIR = "adapter"
+
+
+def loadable_folder(folder: str | os.PathLike) -> Path:
+    """The folder that is the model of an export: ``folder`` itself, or for a LoRA export that holds only the
+    adapter (no model files at its top) its ``adapter/``."""
+    folder = Path(folder)
+    sub = folder / ADAPTER_DIR
+    if not ((folder / "modules.json").is_file() or (folder / "config.json").is_file()) and (
+            sub / "modules.json").is_file():
+        return sub
+    return folder
+
+
+def _write_adapters(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, spec, base: str, card: str | None,
+                    path: Path, **kw) -> None:
     mote_spec = getattr(model.config, "mote", None)
     if mote_spec is None:
-        return _write_adapter(model, tokenizer, out, spec=spec, base=base, expert=None, **kw)
+        return _write_adapter(model, tokenizer, out, spec=spec, base=base, expert=None, card=card, path=path, **kw)
     for e, name in enumerate(mote_spec.experts):
-        _write_adapter(model, tokenizer, out / name, spec=spec, base=base, expert=e, **kw)
+        _write_adapter(model, tokenizer, out / name, spec=spec, base=base, expert=e, card=None, path=path / name,
+                       **kw)
     (out / "README.md").write_text(
         "# LoRA adapters of a jaxembed MoTE model, one per expert\n\nEach folder is the dense base model "
         f"`{base}` plus that expert's adapter (PEFT LoRA, rank {spec.rank}, alpha {spec.alpha}): "
@@ -441,24 +473,19 @@ def _write_adapters(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, s
 
 
 def _write_adapter(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, spec, base: str, expert: int | None,
-                   hf_config: dict | None = None, prompts: dict[str, str] | None = None,
-                   default_prompt_name: str | None = None, similarity_fn_name: str = "cosine",
-                   model_card: str | None = None) -> None:
-    """One PEFT adapter folder (see ``export_lora``); ``expert``: a MoTE expert's index."""
-    from jaxembed import lora
+                   card: str | None, path: Path, hf_config: dict | None = None, prompts: dict[str, str] | None = None,
+                   default_prompt_name: str | None = None, similarity_fn_name: str = "cosine") -> None:
+    """One PEFT adapter folder (see ``export_lora``), written to ``out`` (its final place: ``path``); ``expert``: a
+    MoTE expert's index."""
+    from jaxembed import lora, model_card
 
     out.mkdir(parents=True, exist_ok=True)
     tensors, picked, every = lora.peft_tensors(model, expert)
     config = lora.peft_config(spec, picked, every, base)
-    card = "\n".join([
-        "---", "library_name: peft", f"base_model: {base}", "tags:", "- sentence-transformers", "- lora", "- jaxembed",
-        "---", "", "# LoRA adapter trained with jaxembed", "",
-        f"PEFT LoRA (rank {spec.rank}, alpha {spec.alpha}, {len(picked)} linear layers: "
-        f"{', '.join(config['target_modules'])}) on top of `{base}`; this folder holds no base weights.", "",
-        "```python", "from sentence_transformers import SentenceTransformer",
-        "model = SentenceTransformer('PATH')              # loads the base model, then this adapter",
-        "# or: SentenceTransformer(BASE).load_adapter('PATH'); peft.PeftModel.from_pretrained(AutoModel..., 'PATH')",
-        "```", ""])
+    if card is None:
+        card = model_card.adapter_card(base=base, rank=spec.rank, alpha=spec.alpha, layers=len(picked),
+                                       modules=config["target_modules"], path=path,
+                                       expert=model.config.mote.experts[expert] if expert is not None else None)
     _write_dense(model, tokenizer, out, hf_config=hf_config, prompts=prompts, default_prompt_name=default_prompt_name,
                  similarity_fn_name=similarity_fn_name, model_card=card, weights=False)
     _dump(out / lora.ADAPTER_CONFIG, config)

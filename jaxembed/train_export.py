@@ -43,13 +43,20 @@ def export_params(run: Run, params, out_dir: Path, *, summary: dict | None = Non
 
     model = _host_model(run, params)
     prompts = {**run.loaded.st.prompts, **task_prompts(run.store)}
-    card = run_card(run, model, prompts, summary=summary, step=step, name=name,
-                    kind="mote" if getattr(model.config, "mote", None) is not None else "model", path=out_dir)
+    mote = getattr(model.config, "mote", None) is not None
+    lora_kind = (lora_export or run.lora.export) if run.lora is not None else None
+    card = run_card(run, model, prompts, summary=summary, step=step, name=name, kind="mote" if mote else "model",
+                    path=out_dir, lora_export=lora_kind)
     kw = dict(hf_config=run.loaded.hf_config, prompts=prompts, similarity_fn_name=run.loaded.st.similarity_fn_name,
               model_card=card)
     if run.lora is not None:
+        adapter_card = None  # a MoTE run's adapters (one folder per expert) get export_lora's cards
+        if lora_kind != "merged" and not mote:  # the adapter alone is what a push uploads (loadable_folder)
+            adapter_card = run_card(run, model, prompts, summary=summary, step=step, kind="adapter",
+                                    name=name if lora_kind == "adapter" else None, adapter_base=run.lora_base,
+                                    path=Path(out_dir) / exportlib.ADAPTER_DIR, lora_export=lora_kind)
         return exportlib.export_lora(model, run.loaded.tokenizer, out_dir, spec=run.lora, base=run.lora_base,
-                                     kind=lora_export or run.lora.export, **kw)
+                                     kind=lora_kind, adapter_card=adapter_card, **kw)
     return exportlib.export(model, run.loaded.tokenizer, out_dir, **kw)
 
 

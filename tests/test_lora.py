@@ -272,6 +272,85 @@ def test_lora_run_trains_the_adapters_only(lora_run):
     assert prompts(wd / "export" / "adapter") == prompts(wd / "export") and "wikiqa-query" in prompts(wd / "export")
 
 
+def _card(path: Path) -> tuple[dict, str]:
+    """(front matter, body) of a README.md whose front matter the hub accepts (tests/fake_hub_server.py)."""
+    import re
+
+    import yaml
+
+    from fake_hub_server import front_matter_errors
+
+    text = path.read_text(encoding="utf-8")
+    assert front_matter_errors(text) == []
+    m = re.match(r"^---\n(.*?)\n---\n(.*)$", text, re.S)
+    return yaml.safe_load(m.group(1)), m.group(2)
+
+
+def _files(folder: Path, leave_out=("README.md", "jaxembed_export.json")) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name not in leave_out}
+
+
+def test_lora_export_layout_and_cards(lora_run):
+    """export 'both': the merged model is the export folder, the PEFT adapter its adapter/; each has its card, whose
+    usage snippet loads that folder (run here for the adapter: the base model, then the adapter)."""
+    from jaxembed import export
+
+    _, wd, base = lora_run
+    out = wd / "export"
+    assert (out / "model.safetensors").is_file() and (out / "adapter" / "adapter_config.json").is_file()
+    assert export.loadable_folder(out) == out
+    meta, body = _card(out / "README.md")
+    assert body.startswith("\n# base fine-tuned with LoRA on stsb and wikiqa\n") and "lora" in meta["tags"]
+    assert "`bert`, 1 layer, hidden size" in body  # the 1-layer model
+    assert "The LoRA adapter alone (PEFT, no base weights) is in the subfolder `adapter/`." in body
+    meta, body = _card(out / "adapter" / "README.md")
+    assert body.startswith("\n# LoRA adapter for base, trained on stsb and wikiqa\n")
+    assert {"lora", "peft"} <= set(meta["tags"]) and "base_model" not in meta  # a local base: no hub id
+    code = body.split("## Usage\n\n```python\n", 1)[1].split("```", 1)[0]
+    assert f"SentenceTransformer({str((out / 'adapter').resolve())!r})" in code and repr(str(base)) in code
+    scope: dict = {}
+    exec(code, scope)
+    assert scope["emb"].shape == (2, 32)
+
+
+def test_adapter_only_export_is_the_adapter_folder_and_pushes_it(lora_run, tmp_path, monkeypatch, capsys):
+    """model.lora.export='adapter': `jaxembed export --workdir` writes the adapter in adapter/ (the files of the
+    'both' export's adapter/) and nothing else but a README.md saying so; --push-to-hub uploads the
+    adapter folder, whose card names the repository and passes the hub's checks."""
+    from huggingface_hub import constants
+
+    from fake_hub_server import FakeHub
+    from jaxembed import cli
+
+    _, wd, _ = lora_run
+    copy = tmp_path / "run"
+    shutil.copytree(wd, copy, ignore=shutil.ignore_patterns("export", "tensorboard"))
+    cfg = json.loads((copy / "config.json").read_text())
+    cfg["model"]["lora"]["export"] = "adapter"
+    (copy / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    with FakeHub(token="hf_test") as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setenv("HF_TOKEN", "hf_test")
+        rc = cli.main(["export", "--workdir", str(copy), "--out", str(out), "--push-to-hub", "org/tiny-adapter"])
+        said = capsys.readouterr()
+        assert rc == 0, said.err
+        pushed = hub.files("org/tiny-adapter", "main")
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "adapter", "jaxembed_export.json"]
+    assert "`adapter/` is the PEFT adapter" in (out / "README.md").read_text()
+    leave_out = ("README.md", "tokenizer.json")  # the trainer's export keeps the tokenizer's last truncation
+    assert _files(out / "adapter", leave_out) == _files(wd / "export" / "adapter", leave_out)
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+    assert pushed == _files(out / "adapter", leave_out=())  # the adapter folder is the repository
+    assert f"exported to {out}: the LoRA adapter alone, in {out / 'adapter'}" in said.out
+    assert f"pushed {out / 'adapter'} to {hub.url}/org/tiny-adapter" in said.out
+    meta, body = _card(out / "adapter" / "README.md")
+    assert body.startswith("\n# org/tiny-adapter\n") and "SentenceTransformer('org/tiny-adapter')" in body
+
+
 def test_lora_resume_is_bitwise_and_needs_the_same_base(lora_run, tmp_path):
     from jaxembed.train import train
 
