@@ -111,8 +111,8 @@ def prepare_store(config, workdir: Path):
         if (store_dir / "manifest.json").exists() and (
                 (workdir / "config.json").exists() or _store_config(store_dir) == _plain(cfglib.data_section(config))):
             return  # the run's own store (its config was checked), or one a refused start left for this data config
-        say(f"data: preparing the dataset store in {store_dir} ({len(config.data.datasets)} datasets: every record "
-            "is read and checked once)")
+        say(f"data: preparing the dataset store in {store_dir} ({_count(len(config.data.datasets), 'dataset')}: "
+            "every record is read and checked once)")
         with runfiles.writing("preparing the dataset store", store_dir,
                               fix="run the same command again (the store is prepared from the start)"):
             report = write_store(cfglib.data_section(config), store_dir)
