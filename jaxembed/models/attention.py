@@ -275,7 +275,8 @@ def xla_attention(q, k, v, seg: Segments, *, causal=False, bias=None, scale=None
     if heads_first:
         k, v = _expand_kv(k, v, q.shape[2])
         b, t, n, _ = q.shape
-        keep = _dropout.keep_mask(rngs.dropout(), 1.0 - dropout_rate, (b, n, t, k.shape[1])) if dropout else None
+        keep = _dropout.attention_keep_mask(rngs.dropout(), 1.0 - dropout_rate, (b, n, t, k.shape[1]),
+                                            _dropout.current_tokens()) if dropout else None
         return _xla_heads_first(q, k, v, mask, scale=scale, bias=bias, softcap=softcap, keep=keep,
                                 keep_prob=1.0 - dropout_rate if dropout else 1.0)
     if not dropout and softcap is None:
@@ -290,7 +291,8 @@ def xla_attention(q, k, v, seg: Segments, *, causal=False, bias=None, scale=None
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1)
     if dropout:
-        probs = _dropout.apply(probs, dropout_rate, rngs.dropout())
+        keep = _dropout.attention_keep_mask(rngs.dropout(), 1.0 - dropout_rate, probs.shape, _dropout.current_tokens())
+        probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
     return jnp.einsum("bnts,bsnd->btnd", probs.astype(v.dtype), v)
 
 
