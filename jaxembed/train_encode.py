@@ -16,13 +16,18 @@ With the gradient cache, each shard's rows are split into n strided sub-batches 
 shard: sub-batch k holds R/n rows of every device, so no sub-batch lives on one device), encoded one at a time
 under ``gradcache.pool_packed_chunked``; a text belongs to the sub-batch of its row.
 
-Equal to the padded path (float32, no dropout): tests/test_packed_train.py (the loss and every gradient of the
-train step, with the gradient cache, MoTE mixed-expert batches) and the 8-device tests. Dropout draws its masks
-over the packed rows, so with dropout the two paths differ by the masks only.
+Dropout (jaxembed.models.dropout): one key per step for both sides, and every text of the step a global id, its
+index in the plan's batch (query i: i; candidate j, row-major over K: B + j), so each text's masks depend on the
+step, its id and its positions only: a padded row, a packed row on any device, any sub-batch of the gradient cache
+(each draws from the same key) give it the same masks.
+
+Equal to the padded path (float32, dropout on and off): tests/test_packed_train.py (the loss and every gradient
+of the train step, with the gradient cache, MoTE mixed-expert batches) and the 8-device tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable
 
@@ -33,6 +38,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxembed import gradcache, pooling
 from jaxembed.data.pipeline import sub_batches
+from jaxembed.models import dropout
 from jaxembed.parallel import BATCH_AXES
 
 PACK_ROW_KEYS = ("input_ids", "segment_ids", "positions", "token_text")
@@ -109,12 +115,23 @@ def token_experts(token_text: jax.Array, text_experts: jax.Array, mesh: Mesh | N
     return per_shard(local, mesh)(token_text, text_experts.astype(jnp.int32))
 
 
+def token_ids(token_text: jax.Array, text_ids: jax.Array, mesh: Mesh | None) -> jax.Array:
+    """The global id of each slot's text [S*R, L] from the global id of each text [S*N] (``token_text``: local
+    indices; -1 on padding)."""
+    def local(tt, ids):
+        return jnp.where(tt >= 0, ids[jnp.maximum(tt, 0)], -1)
+
+    return per_shard(local, mesh)(token_text, text_ids.astype(jnp.int32))
+
+
 def pool_rows(model, rows: dict, texts: dict, *, mesh: Mesh | None, experts=None, deterministic: bool = True,
-              rngs: nnx.Rngs | None = None) -> jax.Array:
+              rngs: nnx.Rngs | None = None, text_ids: jax.Array | None = None) -> jax.Array:
     """Backbone on packed rows [S*R, L], pooled per text per shard -> [S*N, H] float32 (before the Dense head).
-    experts: None, one expert for the call (a scalar), or one per slot [S*R, L] (``token_experts``)."""
-    hidden = model.backbone(rows["input_ids"], None, None, deterministic=deterministic, rngs=rngs, experts=experts,
-                            segment_ids=rows["segment_ids"], positions=rows["positions"])
+    experts: None, one expert for the call (a scalar), or one per slot [S*R, L] (``token_experts``); text_ids: the
+    global text id of each slot [S*R, L] (``token_ids``) that the dropout masks follow (needed with dropout)."""
+    with dropout.tokens(text_ids, rows["positions"]) if text_ids is not None else contextlib.nullcontext():
+        hidden = model.backbone(rows["input_ids"], None, None, deterministic=deterministic, rngs=rngs,
+                                experts=experts, segment_ids=rows["segment_ids"], positions=rows["positions"])
     mode = model.head.pooling
     keep_prompt = model.head.include_prompt
 
@@ -132,28 +149,35 @@ def head_forward(model, pooled: jax.Array) -> jax.Array:
 
 
 def encode_pack(merge: Callable[[Any], Any], params, rows: dict, texts: dict, *, mesh: Mesh | None,
-                key: jax.Array | None = None, experts=None, sub_tokens: int = 0) -> jax.Array:
+                key: jax.Array | None = None, experts=None, sub_tokens: int = 0,
+                text_ids: jax.Array | None = None) -> jax.Array:
     """Embeddings [S*N, D] of one side's packed texts; merge(params) -> the EmbeddingModel; key: dropout (None:
     deterministic); experts: None, one for the call (a scalar) or one per text [S*N]; sub_tokens: the gradient
-    cache's token slots per shard and sub-batch (0: at once)."""
+    cache's token slots per shard and sub-batch (0: at once); text_ids: the global id of each text [S*N] for the
+    dropout masks (default: its index in the pack)."""
     S = row_shards(mesh)
     total, L = rows["input_ids"].shape
     n = sub_batches(total // S, L, sub_tokens)
     if experts is not None and jnp.ndim(experts) == 1:  # per text -> per slot: a row array, split like the rows
         rows = {**rows, "experts": token_experts(rows["token_text"], experts, mesh)}
         experts = None
+    if key is not None:  # per slot, split like the rows
+        ids = jnp.arange(texts["text_row"].shape[0], dtype=jnp.int32) if text_ids is None else text_ids
+        rows = {**rows, "text_ids": token_ids(rows["token_text"], ids, mesh)}
 
-    def pool_fn(p, sub_rows, text_row, k):
+    def pool_fn(p, sub_rows, text_row, _sub_key):
+        # every sub-batch draws from the step's key: the text ids make its masks its texts' own
         sub = dict(sub_rows)
         ex = sub.pop("experts", experts)
-        rngs = None if k is None else nnx.Rngs(dropout=k)
+        tid = sub.pop("text_ids", None)
+        rngs = None if key is None else nnx.Rngs(dropout=key)
         return pool_rows(merge(p), sub, {**texts, "text_row": text_row}, mesh=mesh, experts=ex,
-                         deterministic=k is None, rngs=rngs)
+                         deterministic=key is None, rngs=rngs, text_ids=tid)
 
     if n == 1:
-        pooled = pool_fn(params, rows, texts["text_row"], None if key is None else jax.random.fold_in(key, 0))
+        pooled = pool_fn(params, rows, texts["text_row"], None)
     else:
-        pooled = gradcache.pool_packed_chunked(pool_fn, params, rows, texts["text_row"], n, key)
+        pooled = gradcache.pool_packed_chunked(pool_fn, params, rows, texts["text_row"], n)
     return head_forward(merge(params), pooled)
 
 
@@ -162,46 +186,52 @@ def embed_batch(merge: Callable[[Any], Any], params, batch: dict, *, K: int, mes
                 chunk: int | None = None, sub_tokens: tuple[int, int] = (0, 0)) -> tuple[jax.Array, jax.Array]:
     """(queries [B, D], candidates [B*K, D]) of a padded or packed batch (module docstring).
 
-    merge(params) -> EmbeddingModel; keys: dropout keys of the queries and the candidates (None: no dropout);
-    experts: MoTE expert per query [B] and per candidate [B*K] (None: dense); one_expert: every row has the same
-    expert (MoTE's fast path: the first one is used for the call); chunk: padded gradient cache, queries per
-    sub-batch (candidates: chunk * K); sub_tokens: packed gradient cache, token slots per shard and sub-batch of
-    each pack (jaxembed.data.pipeline.Packing.sub_tokens). A combined pack (``pack_*``) is one encode call with
-    the queries' keys; the queries' and the candidates' experts must then agree wherever they are routed
-    (jaxembed.train combines only then)."""
+    merge(params) -> EmbeddingModel; keys: dropout keys of the queries and the candidates (None: no dropout; the
+    train step passes one key for both sides, so that a combined pack, which takes the queries' key, draws what
+    two packs or padded rows draw: the texts' ids tell the sides apart); experts: MoTE expert per query [B] and
+    per candidate [B*K] (None: dense); one_expert: every row has the same expert (MoTE's fast path: the first one
+    is used for the call); chunk: padded gradient cache, queries per sub-batch (candidates: chunk * K);
+    sub_tokens: packed gradient cache, token slots per shard and sub-batch of each pack
+    (jaxembed.data.pipeline.Packing.sub_tokens). A combined pack (``pack_*``) is one encode call with the queries'
+    keys; the queries' and the candidates' experts must then agree wherever they are routed (jaxembed.train
+    combines only then)."""
     if one_expert:
         experts = tuple(None if e is None else e[0] for e in experts)
+    B = batch["query_prompt_length"].shape[0]
+    ids = (jnp.arange(B, dtype=jnp.int32), B + jnp.arange(B * K, dtype=jnp.int32))  # global text ids (dropout)
     if "pack_input_ids" in batch:  # one pack of queries and candidates (their experts agree, or none)
-        S, B = row_shards(mesh), batch["query_prompt_length"].shape[0]
+        S = row_shards(mesh)
         ex = experts[0]
         if ex is not None and jnp.ndim(ex) == 1:
             ex = join_shards(experts[0], experts[1], S)
         rows, texts = pack_of(batch, "pack")
-        out = encode_pack(merge, params, rows, texts, mesh=mesh, key=keys[0], experts=ex, sub_tokens=sub_tokens[0])
+        out = encode_pack(merge, params, rows, texts, mesh=mesh, key=keys[0], experts=ex, sub_tokens=sub_tokens[0],
+                          text_ids=join_shards(ids[0], ids[1], S))
         return split_shards(out, S, B)
     if is_packed(batch):
         out = []
         for i, name in enumerate(("query_pack", "doc_pack")):
             rows, texts = pack_of(batch, name)
             out.append(encode_pack(merge, params, rows, texts, mesh=mesh, key=keys[i], experts=experts[i],
-                                   sub_tokens=sub_tokens[i]))
+                                   sub_tokens=sub_tokens[i], text_ids=ids[i]))
         return out[0], out[1]
 
-    def encode(p, x, k):
+    def encode(k, p, x, _sub_key):
+        # every sub-batch of the gradient cache draws from the side's key: the text ids make its masks its own
         model = merge(p)
         rngs = None if k is None else nnx.Rngs(dropout=k)
-        return model(x["ids"], x["mask"], x["prompt"], deterministic=k is None, rngs=rngs, experts=x.get("experts"))
+        return model(x["ids"], x["mask"], x["prompt"], deterministic=k is None, rngs=rngs, experts=x.get("experts"),
+                     text_ids=x["text_ids"])
 
     out = []
     for i, (side, c) in enumerate((("query", chunk), ("doc", None if chunk is None else chunk * K))):
         x = {"ids": batch[f"{side}_input_ids"], "mask": batch[f"{side}_attention_mask"],
-             "prompt": batch[f"{side}_prompt_length"]}
+             "prompt": batch[f"{side}_prompt_length"], "text_ids": ids[i]}
         e = experts[i]
+        enc = functools.partial(encode, keys[i])
         if e is not None and jnp.ndim(e) == 0:  # one expert for the call: not split into sub-batches
-            enc = functools.partial(lambda ex, p, x_, k: encode(p, {**x_, "experts": ex}, k), e)
-        else:
-            enc = encode
-            if e is not None:
-                x["experts"] = e
-        out.append(gradcache.encode_chunked(enc, params, x, c, keys[i]))
+            enc = functools.partial(lambda ex, k, p, x_, sk: encode(k, p, {**x_, "experts": ex}, sk), e, keys[i])
+        elif e is not None:
+            x["experts"] = e
+        out.append(gradcache.encode_chunked(enc, params, x, c))
     return out[0], out[1]

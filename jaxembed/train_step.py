@@ -72,9 +72,8 @@ def make_train_step(run: Run) -> Callable:
         return jax.lax.stop_gradient(gq), jax.lax.stop_gradient(gd)
 
     def loss_fn(params, batch, key, peg_t, single_task=False, guide_emb=None, frozen=None):
-        kq = kd = None
-        if c.train.dropout:
-            kq, kd = jax.random.split(key)
+        # one dropout key for both sides: every text of the step has its own id (jaxembed.train_encode)
+        kq = kd = key if c.train.dropout else None
         experts = expert_ids(batch) if routes is not None else (None, None)
         base = rest if frozen is None else frozen  # LoRA: the frozen base weights come in as an input
         eq, ed = embed(lambda p: nnx.merge(graphdef, p, base), params, batch, (kq, kd), experts, single_task)

@@ -5,6 +5,7 @@ gradient cache and with MoTE experts mixed within a batch. 8 devices: tests/mult
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import numpy as np
@@ -144,15 +145,16 @@ def small_data(tmp_path_factory, shared_data):
     return slice_data(shared_data, tmp_path_factory.mktemp("packed_data"))
 
 
-@pytest.mark.parametrize("case", ["dense", "mote_mixed_gradcache"])
+@pytest.mark.parametrize("case", ["dense", "mote_mixed_gradcache", "dense_dropout", "mote_mixed_gradcache_dropout"])
 def test_packed_step_equals_padded(small_data, tmp_path, case):
     """The train step's loss and every gradient on the packed batch equal the padded batch's (<= 1e-5); with
     the gradient cache (rows in sub-batches of 16 token slots: several per pack) and MoTE experts mixed within
-    the packs (per-token routing) in the second case."""
+    the packs (per-token routing) in the mote cases; with dropout on (the default) in the dropout cases: each
+    text's masks follow its id and positions, not its row, sub-batch or pack (jaxembed.models.dropout)."""
     from jaxembed.train import setup
 
     mote_ = case.startswith("mote")
-    c = small_config(small_data, gradcache_chunk=2 if "gradcache" in case else 0)
+    c = small_config(small_data, gradcache_chunk=2 if "gradcache" in case else 0, dropout="dropout" in case)
     c.model.mote.enabled = mote_
     run = setup(c, tmp_path / "run")
     assert run.packing is not None and cfglib.packing_enabled(c)  # the default
@@ -167,4 +169,9 @@ def test_packed_step_equals_padded(small_data, tmp_path, case):
         assert packed["query_pack_input_ids"].shape[0] >= 4
     if mote_:
         assert len(set(packed["task_id"].tolist())) == 2  # 3 experts in the packs
-    assert_same_loss_and_grads(step_grads(run, packed, mote_), step_grads(run, padded, mote_))
+    want = step_grads(run, padded, mote_)
+    assert_same_loss_and_grads(step_grads(run, packed, mote_), want)
+    if "dropout" in case:  # dropout acts: the step without it has another loss
+        off = copy.deepcopy(run.config)
+        off.train.dropout = False
+        assert abs(step_grads(dataclasses.replace(run, config=off), padded, mote_)[0] - want[0]) > 1e-3

@@ -172,6 +172,36 @@ def test_left_padded_qwen_rows_equal_packed_rows():
     assert _real_diff(h_pad, h_packed, p, texts, left=True) <= 1e-4  # RoPE at shifted positions: rounding
 
 
+@pytest.mark.parametrize("arch", ["bert", "t5", "qwen2"])
+def test_packed_equals_padded_with_dropout(arch):
+    """Dropout on (hidden states and attention probabilities; Qwen2 with attention dropout 0.1, its rows padded on
+    the left): a text's masks follow its id and its positions, not its row (jaxembed.models.dropout), so its packed
+    embedding is its padded one, with the same ids (default: the text's index); dropout acts, and other ids give
+    other masks."""
+    base = _model(arch)
+    model = base
+    if arch == "qwen2":
+        model = models.model_from_params(dataclasses.replace(base.config, attention_dropout=0.1),
+                                         models.flat_params(base))
+    emb = EmbeddingModel(model, HeadConfig("mean"))
+    texts = _texts(5)
+    ids, mask = _padded(texts, 0, left=arch == "qwen2")
+    p = {k: jnp.asarray(v) for k, v in _pack(texts, 0).items()}
+    key = jax.random.key(3)
+
+    @nnx.jit
+    def run(m, ids, mask, p, other):
+        on = lambda: dict(deterministic=False, rngs=nnx.Rngs(dropout=key))  # noqa: E731 (each call: the same key)
+        return (m(ids, mask, **on()), m.encode_packed(p, **on()), m(ids, mask),
+                m.encode_packed(p, text_ids=other, **on()))
+
+    other = jnp.arange(len(texts)) + 100
+    padded, packed, plain, shifted = run(emb, jnp.asarray(ids), jnp.asarray(mask), p, other)
+    assert float(jnp.abs(packed - padded).max()) <= (1e-4 if arch == "qwen2" else TOL)
+    assert float(jnp.abs(padded - plain).max()) > 1e-2  # dropout acts
+    assert float(jnp.abs(shifted - packed).max()) > 1e-2  # the masks follow the ids
+
+
 def _mote_model(arch):
     """A MoTE model with three experts that really differ (each expert's weights perturbed apart)."""
     spec = mote.MoTESpec.build(2, experts=("a", "b", "c"), routing={"x": ("a", "b")}, default="a")

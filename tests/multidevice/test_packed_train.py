@@ -1,7 +1,8 @@
 """On 8 simulated CPU devices: the train step on packed batches (each device packs and pools its own rows) gives the
-padded batches' loss and gradients, with the gradient cache and MoTE experts mixed within the packs; and packing
-adds no communication: the compiled packed step's collectives are the padded step's (the loss's gather of the
-embeddings, the gradients' all-reduce), no activation crosses devices."""
+padded batches' loss and gradients, with the gradient cache and MoTE experts mixed within the packs (and dropout
+on in that case: each text's masks follow its id and positions, jaxembed.models.dropout); and packing adds no
+communication: the compiled packed step's collectives are the padded step's (the loss's gather of the embeddings,
+the gradients' all-reduce), no activation crosses devices."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_packed_step_on_8_devices_equals_padded_and_adds_no_communication(tmp_pa
     from jaxembed.train import setup
 
     assert jax.device_count() == 8
-    c = small_config(slice_data(shared_data, tmp_path), gradcache_chunk=8)
+    c = small_config(slice_data(shared_data, tmp_path), gradcache_chunk=8, dropout=mote_)
     c.plan.global_batch_size = 16
     c.model.mote.enabled = mote_
     run = setup(c, tmp_path / "run")
