@@ -75,14 +75,19 @@ def start(args: list[str], env: dict, log: Path) -> Proc:
 
 
 def start_pod(n: int, devices_each: int, args: list[str], log_prefix: Path, cache_dir: Path, fault: str = "",
-              marker: Path | None = None, extra: dict[int, list[str]] | None = None) -> list[Proc]:
+              marker: Path | None = None, extra: dict[int, list[str]] | None = None,
+              pause: tuple[int, Path] | None = None) -> list[Proc]:
     """``n`` processes of ``jaxembed ARGS`` started back to back (the same moment), each with ``devices_each`` CPU
     devices, joined by JAXEMBED_COORDINATOR / JAXEMBED_NUM_PROCESSES / JAXEMBED_PROCESS_ID. ``extra``: more
-    arguments for some processes (by index)."""
+    arguments for some processes (by index); pause: (step, marker), each process pauses after logging that step
+    until a SIGTERM has reached the pod (tests/signal_pause.py)."""
     coord = f"127.0.0.1:{free_port()}"
     envs = [env(devices_each, cache_dir, fault, marker, JAXEMBED_COORDINATOR=coord, JAXEMBED_NUM_PROCESSES=n,
                 JAXEMBED_PROCESS_ID=i) for i in range(n)]
-    return [start([*args, *(extra or {}).get(i, [])], envs[i], Path(f"{log_prefix}.p{i}.log")) for i in range(n)]
+    cmd = [JAXEMBED] if pause is None else [sys.executable, str(HERE / "signal_pause.py"), str(pause[0]),
+                                            str(pause[1])]
+    return [Proc([*cmd, *args, *(extra or {}).get(i, [])], envs[i], Path(f"{log_prefix}.p{i}.log"))
+            for i in range(n)]
 
 
 def describe(procs: list[Proc]) -> str:

@@ -9,11 +9,19 @@ devices each, gloo collectives, JAXEMBED_COORDINATOR / _NUM_PROCESSES / _PROCESS
   and started again: they say so, resume from the previous complete checkpoint (3) and end bitwise equal to the
   uninterrupted pod run.
 - Commands that run on one host only refuse a multi-host environment with one line.
+- Stopped by SIGTERM after step 6 (JAX's preemption sync: both processes save step 6 and exit 143), the run
+  resumes on other layouts, 1 process x 4 devices and 1 x 2, with the defaults (packed rows, dropout on): each logs
+  the uninterrupted one-process run's losses and ends with its parameters.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import json
+import shutil
+import signal
+
+import jax
 import pytest
 
 import runs
@@ -76,6 +84,49 @@ def test_pod_killed_during_async_save_resumes_bitwise(pod):
 
 
 def test_an_error_on_one_process_stops_every_process(pod, tmp_path):
+def _train_losses(workdir) -> dict[int, float]:
+    lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {x["step"]: x["loss"] for x in lines if x["split"] == "train"}
+
+
+def test_pod_stopped_by_sigterm_resumes_on_other_layouts(pod):
+    """The pod pauses after logging step 6 (tests/signal_pause.py) until the SIGTERM sent to both processes has
+    reached JAX's preemption sync, so it stops at 6 however loaded the machine. A layout with another device
+    count packs the texts of steps 7-8 into other rows; each text's dropout masks are its own (its id in the
+    step, its positions: jaxembed.models.dropout), so the run continues as the uninterrupted one."""
+    root, single = pod["root"], pod["single"]
+    wd, marker = root / "sigterm", root / "sigterm.marker"
+    args = ["train", "--config", str(pod["config"]), "--workdir", str(wd)]
+    procs = runs.start_pod(2, 2, args, root / "sigterm", pod["cache"], pause=(6, marker))
+    runs.wait_for(marker, procs)
+    for p in procs:
+        p.signal(signal.SIGTERM)
+    outs = runs.wait_ended(procs, timeout=300)
+    assert [p.returncode for p in procs] == [143, 143], runs.describe(procs)
+    assert "signal 15: checkpoint saved at step 6" in outs[0], outs[0][-2000:]
+    assert runs.steps_of(wd) == [3, 6] and runs.leftovers(wd) == []
+    want = _train_losses(single)
+    assert sorted(want) == [2, 4, 6, 8]
+    resumed = {}
+    for devices in (4, 2):
+        resumed[devices] = root / f"sigterm_on_{devices}"
+        shutil.copytree(wd, resumed[devices])
+    procs = [runs.start(["train", "--config", str(pod["config"]), "--workdir", str(resumed[d])],
+                        runs.env(d, pod["cache"]), root / f"sigterm_on_{d}.log") for d in resumed]
+    outs = runs.wait_all(procs)
+    b, _ = runs.params_at(single, 8)
+    for (devices, w), out in zip(resumed.items(), outs):
+        assert "resuming at step 6 of 8" in out and "completed at step 8" in out, out[-2000:]
+        got = _train_losses(w)
+        assert sorted(got) == [2, 4, 6, 8]
+        for step in got:
+            assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-6), (devices, step, got[step], want[step])
+        a, _ = runs.params_at(w, 8)
+        worst = max(float(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)).max())
+                    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+        assert worst <= 1e-5, (devices, worst)
+
+
     """Process 1 started with another config than process 0: both stop at once with the same error line (neither
     waits for the other until a timeout), before any work."""
     args = ["train", "--config", str(pod["config"]), "--workdir", str(tmp_path / "w")]
