@@ -54,7 +54,7 @@ def default_config() -> mc.ConfigDict:
     ))
     from jaxembed import mote
 
-    c.model.mote = mc.ConfigDict(dict(   # MoTE task experts (DESIGN.md 2.3, jaxembed/mote/)
+    c.model.mote = mc.ConfigDict(dict(   # MoTE task experts (docs/design.md, MoTE; jaxembed/mote/)
         enabled=False,          # up-cycle the dense model's feed-forward blocks into task experts
         experts=mote.DEFAULT_EXPERTS,     # expert names (MoTE App. D.1: four instruction types)
         placement="every",      # 'every' block (EB) | 'every_other' block (EOB: blocks 1, 3, 5, ...)
@@ -75,8 +75,8 @@ def default_config() -> mc.ConfigDict:
     c.data.packing = True       # pack several texts per row (no compute on padding); False = pad one text per row
     c.plan = default_plan_config()
     c.loss = mc.ConfigDict(dict(
-        type="infonce",         # 'infonce' | 'peg' (PEG progressive loss, DESIGN.md 2.4) | 'cosent' | 'angle' (scored
-                                # pairs); a dataset's `loss` overrides it for its rows (docs/losses.md)
+        type="infonce",         # 'infonce' | 'peg' (PEG progressive loss, docs/design.md, PEG) | 'cosent' | 'angle'
+                                # (scored pairs); a dataset's `loss` overrides it for its rows (docs/losses.md)
         temperature=0.05,       # default tau; a dataset's `temperature` overrides it for its batches
         symmetric=False,        # add the positive -> query term
         same_task_mask=False,   # in mixed batches, a candidate of another task is not a negative

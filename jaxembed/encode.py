@@ -1,11 +1,11 @@
 """Batched inference: texts -> float32 embeddings in input order.
 
-Packed (the default; DESIGN.md 3, ``jaxembed.packing``): the texts are packed best-fit-decreasing into rows of L
-tokens (L: the length bucket of the longest text, or of ``ROW_TEXTS`` average texts when that is more), several
-texts per row, so almost no compute goes to padding. A forward pass takes R rows (R: enough rows for about
-``batch_size`` texts, a power of two times the device count; the last pass a smaller power of two) and a static
-number of text slots, so XLA compiles once per (R, L, slots). With several devices, each device gets R / devices rows and pools its own texts
-(``jax.shard_map``; each device's rows are self-contained).
+Packed (the default; ``jaxembed.packing``; docs/design.md, Architecture): the texts are packed best-fit-decreasing
+into rows of L tokens (L: the length bucket of the longest text, or of ``ROW_TEXTS`` average texts when that is
+more), several texts per row, so almost no compute goes to padding. A forward pass takes R rows (R: enough rows for
+about ``batch_size`` texts, a power of two times the device count; the last pass a smaller power of two) and a
+static number of text slots, so XLA compiles once per (R, L, slots). With several devices, each device gets
+R / devices rows and pools its own texts (``jax.shard_map``; each device's rows are self-contained).
 
 Padded (``packing=False``): texts are sorted by token length and cut into batches of ``batch_size`` rows padded
 to a few static length buckets, so XLA compiles once per bucket; each batch is split over the devices.

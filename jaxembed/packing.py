@@ -1,4 +1,5 @@
-"""Packing texts into fixed-size rows, so that no compute is spent on padding (DESIGN.md 3). Pure numpy.
+"""Packing texts into fixed-size rows, so that no compute is spent on padding (docs/design.md, Architecture).
+Pure numpy.
 
 Several texts share a row of L token slots, one after another; a segment id per slot says which text of the row
 it belongs to and a position per slot restarts at 0 with every text. The models attend only within a segment

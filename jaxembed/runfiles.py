@@ -1,5 +1,5 @@
 """Files of a run directory that every process of a pod shares: one writer per file, atomic replacement, and the
-waits that let the other processes read a file only once it is complete (DESIGN.md 3).
+waits that let the other processes read a file only once it is complete (docs/design.md, Architecture).
 
 Writing (any process, any file system that renames atomically, e.g. local disks, NFS, Lustre):
 - ``unique_tmp(path)``: a temporary name beside ``path``, unique across hosts, processes and threads

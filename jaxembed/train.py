@@ -1,6 +1,6 @@
 """The trainer: ``jaxembed train --config FILE[:VARIANT] --workdir DIR [--config.KEY=VALUE ...]``.
 
-Flow (DESIGN.md 3): config -> validate -> dataset store -> batch plan -> Grain loader -> sharded step ->
+Flow (docs/design.md, Architecture): config -> validate -> store -> batch plan -> Grain loader -> sharded step ->
 checkpoints -> export. Each arrow leaves a file in the run directory:
 config.json / config.txt, store/, plan.npz, metrics.jsonl, tensorboard/, checkpoints/, export/.
 

@@ -1,5 +1,5 @@
 """The trainer's encoder: a batch's queries and candidates -> embeddings [B, D] and [B*K, D] in the plan's order,
-from padded rows or from packed rows (jaxembed.data.pipeline, DESIGN.md 3), with or without the gradient cache.
+from padded or packed rows (jaxembed.data.pipeline; docs/design.md, Architecture), with or without the gradient cache.
 
 Padded: ``EmbeddingModel.__call__`` on the [B, L] rows (``gradcache.encode_chunked`` for the cache).
 

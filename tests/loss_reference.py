@@ -1,6 +1,6 @@
-"""An independent, loop-based float64 reference of the contrastive loss (DESIGN.md 2.1, PEG Eq. 3-6, GIST's guided
-mask), its gradient by central finite differences with PEG's weights held constant, the distillation losses (KL,
-MarginMSE), the scored-pair losses (CoSENT, AnglE through complex numbers), and test batches."""
+"""An independent, loop-based float64 reference of the contrastive loss (docs/design.md, Common core; PEG Eq. 3-6;
+GIST's guided mask), its gradient by central finite differences with PEG's weights held constant, the distillation
+losses (KL, MarginMSE), the scored-pair losses (CoSENT, AnglE through complex numbers), and test batches."""
 
 import numpy as np
 

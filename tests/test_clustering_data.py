@@ -63,7 +63,7 @@ def test_file_store_cache_and_command(tmp_path, monkeypatch, capsys):
     info = Store.open(tmp_path / "store").dataset("clu")
     assert (info.task_type, info.batching, info.size) == ("clustering", "heterogeneous", 41)
     assert info.query_instruction == "Instruct: Identify the group of the given text. \n Query: "
-    assert info.doc_instruction == ""  # clustering instructs the query (DESIGN.md 2.1)
+    assert info.doc_instruction == ""  # clustering instructs the query (docs/design.md, Common core)
     # a bad record is named by file and line; unknown keys need --extra-field
     assert main(["data", "clustering", "--input", str(src), "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "cls.jsonl:1: field 'fine': unknown key" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""MoTE (jaxembed/mote/, DESIGN.md 2.3): up-cycling exactness on BERT (real all-MiniLM-L6-v2), Qwen2 and T5;
+"""MoTE (jaxembed/mote/; docs/design.md, MoTE): up-cycling exactness on BERT (real all-MiniLM-L6-v2), Qwen2 and T5;
 per-sequence routing, gradients only for routed experts (also under the gradient cache and remat), the routed
 AdamW, a real train step on the shared data that leaves idle experts bit-for-bit untouched, the three exports
 (full sentence-transformers folder with every expert, per-task dense folder, expert average), task-aware

@@ -1,6 +1,6 @@
-"""Packed rows == padded rows (DESIGN.md 3): hidden states of real tokens and embeddings, per architecture and
-pooling mode, with and without instruction exclusion, MoTE rows mixing experts, the loss and its gradients; and
-packed rows against PyTorch ``transformers`` run on each text alone. float32, tiny random models."""
+"""Packed rows == padded rows (docs/design.md, Architecture): hidden states of real tokens and embeddings, per
+architecture and pooling mode, with and without instruction exclusion, MoTE rows mixing experts, the loss and its
+gradients; and packed rows against PyTorch ``transformers`` run on each text alone. float32, tiny random models."""
 
 import dataclasses
 

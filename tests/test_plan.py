@@ -392,10 +392,11 @@ def _window_deviation(pos: np.ndarray, n: np.ndarray) -> np.ndarray:
 
 
 def test_walk_order_cyclic_and_balanced_properties():
-    """walk_order (DESIGN.md 2.2, Algorithm 1 lines 18-25, and the balanced walk), on random unit sizes: both walks
-    take every batch once, each unit's batches in their order, and visit the units first in the task order; equal
-    sizes give identical walks; the balanced walk keeps every unit's share of every window of W batches within
-    1 + U s_k + 2 n_k / R of W s_k, which Algorithm 1 breaks when one unit is large (it owns the end)."""
+    """walk_order (docs/design.md, Data-CUBE: Algorithm 1 lines 18-25, and the balanced walk), on random unit
+    sizes: both walks take every batch once, each unit's batches in their order, and visit the units first in the
+    task order; equal sizes give identical walks; the balanced walk keeps every unit's share of every window of W
+    batches within 1 + U s_k + 2 n_k / R of W s_k, which Algorithm 1 breaks when one unit is large (it owns the
+    end)."""
     rng = np.random.default_rng(0)
     for trial in range(120):
         U = int(rng.integers(1, 9))

@@ -1,5 +1,6 @@
-"""A pod on one shared workdir (DESIGN.md 3, docs/reliability.md): two real `jaxembed train` processes (2 CPU
-devices each, gloo collectives, JAXEMBED_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID) started at the same moment.
+"""A pod on one shared workdir (docs/design.md, Architecture; docs/reliability.md): two real `jaxembed train`
+processes (2 CPU devices each, gloo collectives, JAXEMBED_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID) started at
+the same moment.
 
 - They finish, on a slow shared disk (tests/faults slow_writes: the first write to each run file stalls half-way,
   so a process that read a file before its writer was done would see half of it: the old trainer failed here

@@ -1,5 +1,5 @@
-"""Data-CUBE curriculum (DESIGN.md 2.2, papers/data-cube.md): offline jobs that turn a dataset store and a reference
-model into the files a batch plan consumes.
+"""Data-CUBE curriculum (docs/design.md, Data-CUBE): offline jobs that turn a dataset store and a reference model
+into the files a batch plan consumes.
 
 - ``similarity``: task representations (Eq. 4), task similarity (Eq. 5), heat map;
 - ``order``: the cyclic objective (Eq. 6) and its solvers -- simulated annealing (Eq. 7), 2-opt / Or-opt, Held-Karp;

@@ -1,4 +1,4 @@
-"""Clustering training data from a labelled classification file (for MoTE's clustering expert, DESIGN.md 2.3).
+"""Clustering training data from a labelled classification file (MoTE's clustering expert; docs/design.md, MoTE).
 
 The shared training data has no clustering set, so a MoTE model's clustering expert never trains: it stays the
 up-cycled dense feed-forward block. MTEB-era embedders build clustering training pairs from labelled texts (BGE's

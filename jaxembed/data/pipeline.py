@@ -30,8 +30,8 @@ the same table from the same plan, so no host ever waits for another and no step
 Empty negative slots hold the tokenizer's encoding of the empty text (special tokens only, attention mask 1) so
 that the model sees a well-formed sequence; ``doc_valid`` marks them for the loss.
 
-Packed batches (``packing=Packing(...)``; the trainer's default, ``data.packing``; DESIGN.md 3, jaxembed.packing)
-------------------------------------------------------------------------------------------------------------------
+Packed batches (``data.packing``, the trainer's default: ``packing=Packing(...)``; docs/design.md, Architecture)
+----------------------------------------------------------------------------------------------------------------
 
 The padded arrays ``query_input_ids`` / ``query_attention_mask`` / ``doc_input_ids`` / ``doc_attention_mask`` are
 replaced by two packs, one of the queries and one of the candidates (every other key stays as above)::

@@ -1,10 +1,10 @@
 """The contrastive core shared by the plain and the tiled InfoNCE: which candidates a query may see, and the
 scaled logits of one block of queries against one block of candidates.
 
-Notation (DESIGN.md 2.1): B queries, N candidates (every positive and every hard negative of the global batch),
-D embedding dims. ``pos_index[i]`` is the column of query i's own positive among the candidates, computed from
-the batch layout (see :func:`layout_pos_index`), never assumed. Embeddings are L2-normalised before the loss, so a
-dot product is the cosine similarity.
+Notation (docs/design.md, Common core): B queries, N candidates (every positive and every hard negative of the
+global batch), D embedding dims. ``pos_index[i]`` is the column of query i's own positive among the candidates,
+computed from the batch layout (see :func:`layout_pos_index`), never assumed. Embeddings are L2-normalised before
+the loss, so a dot product is the cosine similarity.
 
 A candidate j is *allowed* for query i when it is valid (not a padding slot), is not a duplicate of query i's own
 positive (same text hash but another column: a false negative by identity, masked to -inf), is not the positive of

@@ -1,4 +1,4 @@
-"""InfoNCE over the global batch (DESIGN.md 2.1), with PEG's progressive weighting (2.4) and metrics.
+"""InfoNCE over the global batch, with PEG's progressive weighting, and metrics (docs/design.md, Common core; PEG).
 
 For query i with positive column p_i and allowed candidates A_i (see ``core``):
 

@@ -1,4 +1,4 @@
-"""Matryoshka representation loss (KaLM-Embedding 2.5): the contrastive loss summed over truncated,
+"""Matryoshka representation loss (docs/design.md, KaLM-Embedding): the contrastive loss summed over truncated,
 re-normalised prefixes of the embeddings, with weights. KaLM: dims 896, 512, 256, 128, 64 with 1, .3, .2, .1, .1."""
 
 from __future__ import annotations

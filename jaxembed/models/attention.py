@@ -1,4 +1,5 @@
-"""Scaled dot-product attention behind one interface, with block-diagonal masking by segment (DESIGN.md 3).
+"""Scaled dot-product attention behind one interface, with block-diagonal masking by segment
+(docs/design.md, Architecture).
 
 Who attends to whom is given by segment ids [B, L] (``Segments``): a token attends to the tokens of its own
 segment, and with ``causal`` only to those at or before it. A packed row (``jaxembed.packing``) has one segment

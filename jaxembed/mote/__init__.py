@@ -1,4 +1,4 @@
-"""MoTE: Mixture of Task Experts (Romero et al. 2025, ``../shared/papers/mote.md``; DESIGN.md 2.3; docs/mote.md).
+"""MoTE: Mixture of Task Experts (Romero et al. 2025, arXiv:2506.17781; docs/design.md, MoTE; docs/mote.md).
 
 Every selected transformer block's feed-forward sublayer becomes |E| experts; a whole sequence goes through the
 expert of its task ("instruction type", MoTE 3.1): never per token, and queries and documents of one retrieval

@@ -1,4 +1,5 @@
-"""The RetroMAE model (Xiao et al. 2022, Sec. 3.2; PEG's pre-training, DESIGN.md 2.4) over a BERT-family encoder.
+"""The RetroMAE model (Xiao et al. 2022, Sec. 3.2) over a BERT-family encoder: PEG's pre-training
+(docs/design.md, RetroMAE pre-training).
 
 - Encoder: our ``BertModel`` on the lightly masked text X_enc; the sentence embedding is the [CLS] hidden state,
   h_X = Enc(X_enc)[:, 0]. Encoder MLM loss at X_enc's masked positions (Sec. 3.2, "encoding").

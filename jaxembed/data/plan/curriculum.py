@@ -16,7 +16,7 @@ from jaxembed.errors import UserError
 
 
 def walk_order(batches: Sequence[int], walk: str = "cyclic") -> tuple[np.ndarray, np.ndarray]:
-    """The order in which a curriculum takes its units' batches (DESIGN.md 2.2; Data-CUBE Algorithm 1, lines
+    """The order in which a curriculum takes its units' batches (docs/design.md, Data-CUBE: Algorithm 1, lines
     18-25). batches: int [U], n_k = the batches of the unit at position k of the task order (its instances already
     sorted, E2D etc.). -> (position int64 [N], batch int64 [N]), N = sum n_k: the t-th batch of the plan is batch
     ``batch[t]`` of the unit at ``position[t]``. Both walks go round the task order in cycles (Eq. 6 scores the
