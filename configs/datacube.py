@@ -1,6 +1,6 @@
-"""Data-CUBE: task-level and instance-level curriculum for multi-task contrastive training (DESIGN.md 2.2,
-../shared/papers/data-cube.md). Backbone: INSTRUCTOR-large (T5 encoder, mean pooling over the text without its
-instruction, INSTRUCTOR-style instructions on both sides).
+"""Data-CUBE: task-level and instance-level curriculum for multi-task contrastive training (Min et al. 2024,
+arXiv:2401.03563; docs/design.md, Data-CUBE). Backbone: INSTRUCTOR-large (T5 encoder, mean pooling over the text
+without its instruction, INSTRUCTOR-style instructions on both sides).
 
 Two offline jobs write the curriculum into ``curriculum_dir`` (default runs/datacube/curriculum), then train:
 
@@ -207,7 +207,7 @@ def get_config(arg=None):
     mask = "mask" in variants
     if mask:
         c.plan.mask.delta = 0.0                     # Eq. 9 (paper: delta not given); alpha = 0 where phi < 0
-        c.plan.mask.direction = "text"              # DESIGN.md 2.2: the text's reading; 'printed' = Eq. 9 as printed
+        c.plan.mask.direction = "text"              # the text's reading of Eq. 9 (docs/design.md, Data-CUBE)
     # the data (and the unit) the two offline jobs must see
     spec = "configs/datacube.py" + (":" + ",".join(v for v in ("tiny", "task_unit") if v in variants)
                                     if tiny or task_unit else "")

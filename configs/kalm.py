@@ -1,4 +1,5 @@
-"""KaLM-Embedding: a Qwen2-0.5B embedder in two stages (DESIGN.md 2.5, ../shared/papers/kalm-embedding.txt).
+"""KaLM-Embedding: a Qwen2-0.5B embedder in two stages (Hu et al. 2025, arXiv:2501.01028;
+docs/design.md, KaLM-Embedding).
 
     # stage 1: weakly-supervised pre-training, in-batch negatives only
     jaxembed train --config configs/kalm.py:stage1 --workdir runs/kalm/stage1

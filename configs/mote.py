@@ -1,4 +1,5 @@
-"""MoTE: mixture of task experts with task-aware contrastive learning (DESIGN.md 2.3, ../shared/papers/mote.md).
+"""MoTE: mixture of task experts with task-aware contrastive learning (Romero et al. 2025, arXiv:2506.17781;
+docs/design.md, MoTE).
 
     jaxembed train --config configs/mote.py --workdir runs/mote              # the recipe (accelerators)
     jaxembed train --config configs/mote.py:tiny --workdir runs/mote_tiny    # a few steps on CPU (CI)

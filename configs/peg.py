@@ -1,4 +1,5 @@
-"""PEG: progressively learned embeddings with ~80k in-batch candidates (DESIGN.md 2.4, ../shared/papers/peg.md).
+"""PEG: progressively learned embeddings with ~80k in-batch candidates (Wu et al. 2023, arXiv:2311.11691;
+docs/design.md, PEG).
 
     jaxembed train --config configs/peg.py --workdir runs/peg                  # PEG loss, 13,824 queries x 6 texts
     jaxembed train --config configs/peg.py:infonce --workdir runs/peg_infonce  # the same run with plain InfoNCE

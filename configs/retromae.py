@@ -1,4 +1,5 @@
-"""RetroMAE pre-training (PEG's pre-training stage, DESIGN.md 2.4) of all-MiniLM-L6-v2 on the shared training text.
+"""RetroMAE pre-training (PEG's pre-training stage; docs/design.md, RetroMAE pre-training) of all-MiniLM-L6-v2 on
+the shared training text.
 
     jaxembed pretrain retromae --config configs/retromae.py --workdir runs/retromae
     jaxembed pretrain retromae --config configs/retromae.py:tiny --workdir runs/retromae_tiny   # CPU, seconds
