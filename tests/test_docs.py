@@ -17,7 +17,7 @@ mark the exceptions:
 
 Every other command runs, page by page and in order (one bash process per page, so a page's variables and files
 carry from one command to the next), in a scratch folder laid out like the repository: copies of ``configs/`` and
-``launch/``, ``benchmarks/`` linked, and ``../shared`` beside it. Each must exit 0 (or its N) within
+``launch/``, ``benchmarks/`` linked, and ``../shared/data`` beside it. Each must exit 0 (or its N) within
 ``COMMAND_LIMIT_S`` (stretched by the load average on a busy machine); they are meant to take a few seconds each.
 ``docs/data.md``'s blocks are run by tests/test_docs_data.py, which also checks their output; here they are only
 parsed.

@@ -1,4 +1,4 @@
-"""The code layout of jaxembed/ (issue 21): no import cycles, and modules that fit in one head.
+"""The layout of the repository: no import cycles, modules that fit in one head, no pointer outside the repository.
 
 The import graph is read from the source (``ast``, nothing is imported): every ``import jaxembed...`` /
 ``from jaxembed... import ...`` / relative import, at module level or inside a function, resolved to the jaxembed
@@ -14,6 +14,10 @@ are left out.
   the function runs.
 - A file under jaxembed/ over ``MAX_LINES`` lines states why at the top of its docstring (a paragraph
   ``Size: ... because ...``), or is in ``NOT_YET_SPLIT`` with the reason it is not split yet.
+- Nothing under jaxembed/, tests/, configs/, docs/, benchmarks/, launch/ or in README.md points outside the
+  repository (``OUTSIDE``): not at the design brief or the papers (docs/design.md holds the design and cites the
+  papers), not at a sibling folder other than the shared data folder, not at one machine's absolute paths
+  (benchmark records keep theirs). Every pointer into docs/design.md names one of its headings.
 """
 
 from __future__ import annotations
@@ -228,3 +232,117 @@ def test_evaluation_modules_import_one_way():
     for i, low in enumerate(order):
         for high in order[i + 1:]:
             assert high not in top.get(low, set()) | deferred.get(low, set()), f"{low} imports {high}"
+
+
+# ---------------------------------------------------------------------------- pointers outside the repository
+
+#: what the pointer checks read: every text file under these folders, and these files
+SCANNED = ("jaxembed", "tests", "configs", "docs", "benchmarks", "launch", "README.md")
+#: benchmark records keep the absolute paths of the machine they ran on (commands, model folders): they record a
+#: run, they do not point a reader anywhere, so the absolute-path rule leaves them alone
+RECORDS = "benchmarks/results/"
+#: a pointer out of the repository (name -> pattern, fix). The shared data folder beside the repository (the demo's
+#: and the tests' data, or $JAXEMBED_DATA) is the one outside folder the code and the docs may name. The patterns
+#: are spelled so that this file does not match them.
+OUTSIDE = {
+    "the design brief": (re.compile(r"\bDESIGN\.md\b"),
+                         "point into docs/design.md (the file, a comma and one of its headings, or a link)"),
+    "a papers folder": (re.compile(r"(?<![\w./-])papers[/]|shared[/]papers"),
+                        "cite the paper (authors, year, arXiv id or venue), as docs/design.md's references do"),
+    "a shared folder other than its data": (re.compile(r"\.\./shared(?![/]data\b)"),
+                                            "only the shared data folder may be named"),
+    "an absolute path of one machine": (re.compile(r"(?<![\w./-])[/]work[/]"),
+                                        "a path relative to the repository, or a placeholder such as DIR"),
+}
+#: a pointer into docs/design.md: the file, a comma and a heading; or a link to one of its anchors
+_DESIGN_POINTER = re.compile(r"docs/design\.md, ([^\n);]*)|design\.md#([\w-]+)")
+
+
+def scanned_files(root: Path = ROOT) -> list[tuple[str, str]]:
+    """(path relative to root, text) of every UTF-8 file of SCANNED (caches and binary files left out)."""
+    out = []
+    for name in SCANNED:
+        top = root / name
+        for path in sorted([top] if top.is_file() else top.rglob("*")):
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            try:
+                out.append((path.relative_to(root).as_posix(), path.read_text(encoding="utf-8")))
+            except UnicodeDecodeError:
+                continue
+    return out
+
+
+def _line(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def outside_pointers(files: list[tuple[str, str]]) -> list[str]:
+    """'path:line: what ('match'; fix: ...)' for every pointer out of the repository."""
+    bad = []
+    for rel, text in files:
+        for what, (pattern, fix) in OUTSIDE.items():
+            if what == "an absolute path of one machine" and rel.startswith(RECORDS):
+                continue
+            bad += [f"{rel}:{_line(text, m.start())}: {what} ({m.group(0)!r}; fix: {fix})"
+                    for m in pattern.finditer(text)]
+    return bad
+
+
+def design_headings(root: Path = ROOT) -> list[str]:
+    """The headings of docs/design.md below its title."""
+    text = (root / "docs" / "design.md").read_text(encoding="utf-8")
+    return [m.group(1) for m in re.finditer(r"^#{2,6}\s+(.+?)\s*$", text, re.M)]
+
+
+def _anchor(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def broken_design_pointers(files: list[tuple[str, str]], headings: list[str]) -> list[str]:
+    """'path:line: pointer' for every pointer into docs/design.md that names no heading of it."""
+    anchors = {_anchor(h) for h in headings}
+    bad = []
+    for rel, text in files:
+        for m in _DESIGN_POINTER.finditer(text):
+            named, anchor = m.group(1), m.group(2)
+            if (named is not None and not any(named.startswith(h) for h in headings)) or (
+                    anchor is not None and anchor not in anchors):
+                bad.append(f"{rel}:{_line(text, m.start())}: {m.group(0)!r}")
+    return bad
+
+
+def test_nothing_points_outside_the_repository():
+    """A clone has no design brief and no papers beside it: the code, tests, configs, docs, benchmarks and launch
+    scripts point into docs/design.md (which cites the papers), never at files outside the repository other than
+    the shared data folder."""
+    bad = outside_pointers(scanned_files())
+    assert not bad, "pointers outside the repository:\n  " + "\n  ".join(bad)
+
+
+def test_pointers_into_the_design_name_a_heading():
+    """Each pointer into docs/design.md names one of its headings, so a renamed section shows here."""
+    bad = broken_design_pointers(scanned_files(), design_headings())
+    assert not bad, ("pointers into docs/design.md that name none of its headings (" + ", ".join(design_headings())
+                     + "):\n  " + "\n  ".join(bad))
+
+
+def test_the_pointer_checks_catch_pointers():
+    """Both checks on planted text (the outside names are put together here, so that this file matches none)."""
+    brief, papers, shared, machine = "DESIGN" + ".md", "papers" + "/", "../" + "shared", "/wo" + "rk/"
+    files = [
+        ("jaxembed/a.py", f"# the loss ({brief} 2.1)\n"),
+        ("configs/b.py", f'"""PEG ({shared}/{papers}peg.md)."""\n'),
+        ("docs/c.md", f"see ({papers}mote.md) and\n`{shared}` beside it\n"),
+        ("tests/d.py", f"x = '{machine}main/runs'\n"),
+        ("benchmarks/results/e.json", f'{{"command": "python x.py --out {machine}runs"}}\n'),
+        ("docs/f.md", f"`{shared}/data/train`, huggingface.co/{papers}2311.11691, docs/design.md\n"),
+    ]
+    bad = outside_pointers(files)
+    assert sorted({b.split(": ", 1)[0] for b in bad}) == ["configs/b.py:1", "docs/c.md:1", "docs/c.md:2",
+                                                         "jaxembed/a.py:1", "tests/d.py:1"], bad
+    design = "docs/design" + ".md"
+    pointers = [("jaxembed/g.py", f"# ({design}, PEG; Eq. 4)\n# ({design}, Matryoshka)\n"),
+                ("configs/README.md", f"[x](../{design}#data-cube) [y](../{design}#curriculum)\n")]
+    assert broken_design_pointers(pointers, ["PEG", "Data-CUBE"]) == [
+        f"jaxembed/g.py:2: '{design}, Matryoshka'", f"configs/README.md:1: '{design[5:]}#curriculum'"]
