@@ -2,12 +2,16 @@
 
 Per token, a transformer layer's forward pass costs 2 FLOPs per matrix parameter (one multiply-add) plus the
 attention products (QK^T and AV: 2 x 2 x seq x heads x head_dim). A training step costs 3x forward (forward +
-backward), and the gradient cache adds one more forward pass (the recomputation).
+backward), and the gradient cache adds one more forward pass (the recomputation). Each architecture declares its
+matrix parameters and attention width in its folder (``jaxembed.models.architecture``: ``matrix_params``,
+``attention_width``).
 """
 
 from __future__ import annotations
 
 import jax
+
+from jaxembed import models
 
 # Dense bf16 peak FLOP/s per device (datasheets); None where unknown (CPU): MFU is then not reported.
 # First match wins (a device kind contains the key): the PCIe H100 before the SXM one.
@@ -16,34 +20,14 @@ PEAK_FLOPS = {
     "V100": 125e12,
     "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12,
 }
-# Decoders with q/k/v/o projections and a gated (3-matrix) MLP: jaxembed.models.decoder.
-DECODERS = ("qwen2", "qwen3", "llama", "mistral", "gemma2", "gemma3_text")
-
-
 def layer_matrix_params(config) -> int:
     """Weights of the matrices of all layers (embeddings excluded: a lookup costs no FLOPs)."""
-    h = config.hidden_size
-    L = config.num_layers
-    t = config.model_type
-    if t in ("bert", "roberta", "xlm-roberta", "camembert"):
-        return L * (4 * h * h + 2 * h * config.intermediate_size)
-    if t in DECODERS:
-        q = config.num_attention_heads * config.head_dim
-        kv = config.num_key_value_heads * config.head_dim
-        return L * (h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size)
-    if t in ("t5", "mt5"):
-        inner = config.num_heads * config.d_kv
-        ff = (3 if config.is_gated_act else 2) * h * config.d_ff
-        return L * (4 * h * inner + ff)
-    raise ValueError(f"no FLOP formula for {t}")
+    return models.spec_for(config.model_type).matrix_params(config)
 
 
 def attention_width(config) -> int:
-    if config.model_type in DECODERS:
-        return config.num_attention_heads * config.head_dim
-    if config.model_type in ("t5", "mt5"):
-        return config.num_heads * config.d_kv
-    return config.hidden_size
+    """Heads x head dimension of the attention products."""
+    return models.spec_for(config.model_type).attention_width(config)
 
 
 def forward_flops(config, rows: int, seq_len: int) -> float:

@@ -26,7 +26,8 @@ are never differentiated, carry no optimizer state and are not in the checkpoint
 
 Targets: ``model.lora.target`` is a regular expression searched (``re.search``) in the path of each linear layer
 of the backbone (``backbone.layers.3.attention.q_proj``; its weight ``...q_proj.kernel`` matches too); '' takes
-the architecture's default (``DEFAULT_TARGETS``: attention q/k/v/o and the feed-forward projections).
+the architecture's default (``DEFAULT_TARGETS``, each architecture's ``lora_target``: attention q/k/v/o and the
+feed-forward projections).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxembed import models
 from jaxembed.errors import UserError
 from jaxembed.models import dropout
 from jaxembed.models.layers import layer_dropout_key
@@ -54,14 +56,9 @@ BASE_FILE = "lora_base.json"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
-_DECODER = r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
-#: model_type -> default target: attention q / k / v / o and the feed-forward projections (MoTE experts included)
-DEFAULT_TARGETS = {
-    **{t: r"attention\.(query|key|value|output)$|ffn\.(experts\.)?(intermediate|output)$"
-       for t in ("bert", "roberta", "xlm-roberta", "camembert")},
-    **{t: r"attention\.(q|k|v|o)$|ffn\.(experts\.)?(wi|wi_0|wi_1|wo)$" for t in ("t5", "mt5")},
-    **{t: _DECODER for t in ("qwen2", "qwen3", "llama", "mistral", "gemma2", "gemma3_text")},
-}
+#: model_type -> default target: attention q / k / v / o and the feed-forward projections (MoTE experts included),
+#: as each architecture declares it (``jaxembed.models.architecture``)
+DEFAULT_TARGETS = {t: arch.lora_target for t, arch in models.ARCHITECTURES.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +77,7 @@ class LoRASpec:
         return float(self.alpha) / int(self.rank)
 
     def target_for(self, model_type: str) -> str:
-        return self.target or DEFAULT_TARGETS.get(model_type, _DECODER)
+        return self.target or DEFAULT_TARGETS[model_type]
 
 
 def spec_from_config(config) -> LoRASpec | None:
@@ -173,7 +170,7 @@ def linear_paths(model) -> list[str]:
 
 def select(paths: list[str], target: str, model_type: str) -> list[str]:
     """The paths ``target`` ('' = the default of ``model_type``) picks; none is a one-line UserError."""
-    pattern = re.compile(target or DEFAULT_TARGETS.get(model_type, _DECODER))
+    pattern = re.compile(target or DEFAULT_TARGETS[model_type])
     picked = [p for p in paths if pattern.search(p) or pattern.search(p + ".kernel")]
     if not picked:
         which = (f"config.model.lora.target = {target!r}" if target else
@@ -189,7 +186,7 @@ def check_targets(config) -> None:
     spec = spec_from_config(config)
     if spec is None:
         return
-    from jaxembed import hf, models
+    from jaxembed import hf
 
     folder = hf.resolve(config.model.name)
     st = hf.read_sentence_transformers(folder)
@@ -269,8 +266,6 @@ def merged(model):
             out[path[:-2] + path[-1:]] = value
         else:
             out[path] = var[...]
-    from jaxembed import models
-
     return rewrap(models.model_from_params(backbone.config, out))
 
 
@@ -317,22 +312,14 @@ def check_base(workdir: Path, fingerprint: str, source: str) -> None:
 def _hf_modules(backbone_config) -> dict[tuple, str]:
     """Flax module path (of the dense backbone, e.g. ('layers', 0, 'attention', 'q_proj')) -> Hugging Face module
     name (``layers.0.self_attn.q_proj``), from the architecture's mapping table."""
-    from jaxembed import models
     from jaxembed.models import mapping
 
     cfg = dataclasses.replace(backbone_config, mote=None)
-    mod = models.spec_for(cfg.model_type).module()
     out = {}
-    for hf_key, path, transform in mapping.expand(mod.rules(cfg), cfg.num_layers):
+    for hf_key, path, transform in mapping.expand(models.spec_for(cfg.model_type).rules(cfg), cfg.num_layers):
         if transform == "transpose" and path[-1] == "kernel" and hf_key.endswith(".weight"):
             out[path[:-1]] = hf_key[: -len(".weight")]
     return out
-
-
-#: Hugging Face linear modules that exist in transformers' model but not in ours (never targets; kept out of the
-#: short target names so that PEFT does not pick them)
-_HF_EXTRA = {"bert": ("pooler.dense",), "roberta": ("pooler.dense",), "xlm-roberta": ("pooler.dense",),
-             "camembert": ("pooler.dense",)}
 
 
 def target_modules(picked: list[str], every: list[str]) -> list[str]:
@@ -377,7 +364,9 @@ def peft_tensors(model, expert: int | None = None) -> tuple[dict[str, np.ndarray
         tensors[f"base_model.model.{name}.lora_A.weight"] = np.ascontiguousarray(a.T)
         tensors[f"base_model.model.{name}.lora_B.weight"] = np.ascontiguousarray(b.T)
         picked.append(name)
-    every = sorted(set(names.values()) | set(_HF_EXTRA.get(cfg.model_type, ())))
+    # Hugging Face linear modules that transformers' model has and ours not (never targets; kept out of the short
+    # target names so that PEFT does not pick them)
+    every = sorted(set(names.values()) | set(models.spec_for(cfg.model_type).hf_extra_linear))
     return tensors, picked, every
 
 

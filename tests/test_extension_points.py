@@ -105,3 +105,60 @@ def test_mine_reads_a_file_of_sentence_transformers_rows_given_as_st(tmp_path):
     examples, info, _ = read_input(p, format="st")
     assert info.format == "st" and [(e["query"], e["pos"], e["neg"]) for e in examples] == [
         ("a", ["p"], ["n"]), ("b", ["q"], [])]
+
+
+# ------------------------------------------------------------------------------------------------ architectures
+
+def _arch_cases():
+    from jaxembed import models
+
+    return [(folder, name) for folder, arch in models.FOLDERS.items() for name in arch.tiny]
+
+
+@pytest.mark.parametrize("folder, tiny_name", _arch_cases())
+def test_every_architecture_has_all_its_facts(folder, tiny_name):
+    """Each folder's ARCH, on each of its tiny models: the model_type loads through it, the mapping table covers
+    every parameter, the FLOP formula, the packing cost and the LoRA target apply."""
+    import re
+
+    from jaxembed import flops, lora, models
+    from jaxembed.models import mapping
+    from jaxembed.models.tiny import tiny_hf_config
+
+    arch = models.FOLDERS[folder]
+    assert arch.package == folder and arch.module().ARCH.model_types == arch.model_types
+    cfg = models.config_from_hf(tiny_hf_config(tiny_name))
+    assert cfg.model_type in arch.model_types and isinstance(cfg, arch.config)
+    assert models.ARCHITECTURES[cfg.model_type].package == folder
+    model = models.abstract_model(cfg)
+    assert isinstance(model, arch.model)
+    params = set(models.param_shapes(model))
+    mapped = {tuple(path) for _, path, _ in mapping.expand(arch.rules(cfg), cfg.num_layers)}
+    assert params and params <= mapped, f"parameters without a Hugging Face key: {sorted(params - mapped)[:4]}"
+    assert flops.layer_matrix_params(cfg) > 0 and flops.attention_width(cfg) > 0
+    assert 0 < arch.packing_cost(cfg) < 1
+    assert all(re.compile(p) for p in arch.ignore) and isinstance(arch.adapt(cfg, ()), dict)
+    paths = [".".join(map(str, p[:-1])) for p in params if p[-1] == "kernel"]
+    assert lora.select(paths, "", cfg.model_type), "the default LoRA target picks no linear layer"
+
+
+def test_every_model_type_and_tiny_name_is_declared_once():
+    from jaxembed import models
+
+    types = [t for arch in models.FOLDERS.values() for t in arch.model_types]
+    tiny = [n for arch in models.FOLDERS.values() for n in arch.tiny]
+    assert len(types) == len(set(types)) == len(models.ARCHITECTURES) and len(tiny) == len(set(tiny))
+
+
+def test_architecture_names_are_not_copied():
+    """Outside the architecture folders, no module lists model types or tiny model names (the FLOP formula, LoRA
+    targets, tiny configs and packing costs are each folder's ARCH)."""
+    from jaxembed import models
+    from jaxembed.models import tiny
+
+    inside = {p.relative_to(PACKAGE.parent).as_posix() for folder in models.FOLDERS
+              for p in (PACKAGE.parent / folder.replace(".", "/")).rglob("*.py")}
+    found = literal_copies(set(models.ARCHITECTURES) | set(tiny.ARCHS), inside)
+    assert not found, ("a list of architectures outside jaxembed/models/<arch>/ (declare the fact in the folder's "
+                       "spec.py, jaxembed.models.architecture):\n  " + "\n  ".join(found))
+

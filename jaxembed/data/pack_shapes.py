@@ -125,17 +125,22 @@ def packing_for(store, plan: Plan, tokenizer: Tokenizer, *, shards: int, combine
                 model_config=None, platform: str = "cpu", peak_flops: float | None = None, gradcache_chunk: int = 0,
                 num_candidates: int | None = None) -> Packing:
     """The trainer's ``Packing``: ``shards`` devices along the batch axes; combined (queries and candidates in one
-    pack) or not; from the model's config, attention cost 1 / (6 hidden_size) and what a compilation costs on
-    ``platform`` (``compile_cost_slots``; none without a config); with the gradient cache (``gradcache_chunk``
-    queries per sub-batch of the padded path), sub-batches of as many token slots as that many padded queries
-    (chunk / shards x the longest query length) and their candidates (x K x the longest document length) take per
-    shard: the padded sub-batch's memory bound, spent on real tokens."""
+    pack) or not; from the model's config, the attention cost its architecture declares (``packing_cost``,
+    ``jaxembed.models.architecture``) and what a compilation costs on ``platform`` (``compile_cost_slots``; neither
+    without a config); with the gradient cache (``gradcache_chunk`` queries per sub-batch of the padded path),
+    sub-batches of as many token slots as that many padded queries (chunk / shards x the longest query length) and
+    their candidates (x K x the longest document length) take per shard: the padded sub-batch's memory bound, spent
+    on real tokens."""
     t = _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
     per_shard = -(-int(gradcache_chunk) // int(shards)) if gradcache_chunk else 0
     q, d = per_shard * t.Lq_max, per_shard * t.K * t.Ld_max
-    hidden = int(getattr(model_config, "hidden_size", 0) or 0)
+    cost = 0.0
+    if model_config is not None:
+        from jaxembed import models
+
+        cost = models.spec_for(model_config.model_type).packing_cost(model_config)
     return Packing(shards=int(shards), combined=combined, sub_tokens=(q + d,) if combined else (q, d),
-                   attention_cost=1.0 / (6 * hidden) if hidden else 0.0,
+                   attention_cost=cost,
                    compile_slots=compile_cost_slots(model_config, platform, peak_flops) if model_config else 0.0)
 
 

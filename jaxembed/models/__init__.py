@@ -1,13 +1,16 @@
-"""Model registry: Hugging Face ``model_type`` -> our Flax NNX implementation and its mapping table.
+"""Model registry: Hugging Face ``model_type`` -> our Flax NNX implementation and everything jaxembed knows about
+it (``ARCHITECTURES``, collected from the architecture folders).
 
-Every architecture package (``bert``, ``qwen2``, ``llama``, ``gemma``, ``t5``; the decoders share
-``jaxembed.models.decoder``) exports ``<Name>Config`` (with ``from_hf``, ``to_hf``, ``num_layers``),
-``<Name>Model`` (``__call__(input_ids, attention_mask, token_type_ids=None, *, deterministic, rngs, experts=None,
-segment_ids=None, positions=None) -> [B, L, H]``: padded rows with ``attention_mask``, or packed rows
-(``jaxembed.packing``) with ``segment_ids`` and per-text ``positions``; attention through
-``jaxembed.models.attention``, chosen by the config's ``attention``), ``rules(config)``, ``PREFIXES`` (stripped
-from checkpoint keys), ``IGNORE`` (regexes of keys that are not encoder weights) and optionally
-``adapt(hf_config, keys) -> dict`` (config overrides read off the checkpoint, e.g. whether BERT has a pooler).
+Every architecture folder (``bert``, ``qwen2``, ``llama``, ``gemma``, ``t5``; the decoders share
+``jaxembed.models.decoder``) exports ``ARCH``, its ``jaxembed.models.architecture.Architecture``: ``<Name>Config``
+(with ``from_hf``, ``to_hf``, ``num_layers``), ``<Name>Model`` (``__call__(input_ids, attention_mask,
+token_type_ids=None, *, deterministic, rngs, experts=None, segment_ids=None, positions=None) -> [B, L, H]``: padded
+rows with ``attention_mask``, or packed rows (``jaxembed.packing``) with ``segment_ids`` and per-text
+``positions``; attention through ``jaxembed.models.attention``, chosen by the config's ``attention``), its mapping
+table (``rules(config)``, ``PREFIXES`` stripped from checkpoint keys, ``IGNORE`` regexes of keys that are not
+encoder weights, ``adapt(hf_config, keys) -> dict``: config overrides read off the checkpoint, e.g. whether BERT
+has a pooler), its FLOP formula, LoRA target, tiny configs and packing cost. Every sub-package of this folder is an
+architecture folder and must export ``ARCH``.
 
 Every architecture config also carries ``mote`` (a ``jaxembed.mote.MoTESpec`` or None): with it, the listed
 layers' feed-forward sublayers are MoTE task-expert blocks, and ``__call__`` takes ``experts=`` (see
@@ -19,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
-from typing import Any, Callable
+import pkgutil
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,51 +32,46 @@ from flax import nnx
 
 from jaxembed.errors import UserError
 from jaxembed.models import mapping
+from jaxembed.models.architecture import Architecture
 from jaxembed.models.layers import to_dtype
 
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True)
-class ArchSpec:
-    package: str  # module under jaxembed.models
-    config: str  # class names inside it
-    model: str
-    uses_token_types: bool = False
-
-    def module(self):
-        return importlib.import_module(f"jaxembed.models.{self.package}")
-
-    @property
-    def config_cls(self):
-        return getattr(self.module(), self.config)
-
-    @property
-    def model_cls(self):
-        return getattr(self.module(), self.model)
+def _folders() -> dict[str, Architecture]:
+    """Package name -> the ``ARCH`` of every architecture folder (every sub-package here), its package filled in."""
+    out = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.ispkg:
+            package = importlib.import_module(f"{__name__}.{info.name}")
+            arch = getattr(package, "ARCH", None)
+            if not isinstance(arch, Architecture):
+                raise ImportError(f"{package.__name__} is an architecture folder without ARCH (its spec.py declares "
+                                  "it)")
+            out[package.__name__] = dataclasses.replace(arch, package=package.__name__)
+    return out
 
 
-ARCHITECTURES: dict[str, ArchSpec] = {
-    "bert": ArchSpec("bert", "BertConfig", "BertModel", uses_token_types=True),
-    "roberta": ArchSpec("bert", "BertConfig", "BertModel", uses_token_types=True),
-    "xlm-roberta": ArchSpec("bert", "BertConfig", "BertModel", uses_token_types=True),
-    "camembert": ArchSpec("bert", "BertConfig", "BertModel", uses_token_types=True),
-    "qwen2": ArchSpec("qwen2", "Qwen2Config", "Qwen2Model"),
-    "qwen3": ArchSpec("qwen2", "Qwen2Config", "Qwen2Model"),
-    "llama": ArchSpec("llama", "LlamaConfig", "LlamaModel"),
-    "mistral": ArchSpec("llama", "LlamaConfig", "LlamaModel"),
-    "gemma2": ArchSpec("gemma", "GemmaConfig", "GemmaModel"),
-    "gemma3_text": ArchSpec("gemma", "GemmaConfig", "GemmaModel"),
-    "t5": ArchSpec("t5", "T5Config", "T5EncoderModel"),
-    "mt5": ArchSpec("t5", "T5Config", "T5EncoderModel"),
-}
+def _by_model_type(folders: dict[str, Architecture]) -> dict[str, Architecture]:
+    out: dict[str, Architecture] = {}
+    for arch in folders.values():
+        for t in arch.model_types:
+            if t in out:
+                raise ImportError(f"model_type {t!r} is declared by {out[t].package} and {arch.package}")
+            out[t] = arch
+    return out
+
+
+#: the architecture folders (package name -> Architecture), and Hugging Face model_type -> its Architecture
+FOLDERS: dict[str, Architecture] = _folders()
+ARCHITECTURES: dict[str, Architecture] = _by_model_type(FOLDERS)
 
 
 class UnknownArchitecture(UserError):
     pass
 
 
-def spec_for(model_type: str | None, where: str = "config.json") -> ArchSpec:
+def spec_for(model_type: str | None, where: str = "config.json") -> Architecture:
     if model_type not in ARCHITECTURES:
         raise UnknownArchitecture(
             f"{where}: model_type={model_type!r} is not supported. Supported: {', '.join(sorted(ARCHITECTURES))}. "
@@ -85,7 +84,7 @@ def config_from_hf(hf: dict[str, Any], where: str = "config.json", **overrides):
     """Our frozen config dataclass from a Hugging Face ``config.json`` dict (plus runtime overrides such as
     dtype, param_dtype, remat, causal)."""
     spec = spec_for(hf.get("model_type"), where)
-    return spec.config_cls.from_hf(hf, **overrides)
+    return spec.config.from_hf(hf, **overrides)
 
 
 def uses_token_types(config) -> bool:
@@ -94,7 +93,7 @@ def uses_token_types(config) -> bool:
 
 def init_model(config, seed: int = 0) -> nnx.Module:
     """A randomly initialised model (HF-style normal(0.02) init)."""
-    return spec_for(config.model_type).model_cls(config, rngs=nnx.Rngs(seed))
+    return spec_for(config.model_type).model(config, rngs=nnx.Rngs(seed))
 
 
 def abstract_model(config) -> nnx.Module:
@@ -149,20 +148,18 @@ def _normalise_keys(tensors: dict[str, Any], prefixes: tuple[str, ...]) -> dict[
 
 def adapt_config(config, keys) -> Any:
     """Config overrides read off the checkpoint's keys (optional parts such as BERT's pooler)."""
-    mod = spec_for(config.model_type).module()
-    adapt: Callable | None = getattr(mod, "adapt", None)
-    return dataclasses.replace(config, **adapt(config, keys)) if adapt else config
+    return dataclasses.replace(config, **spec_for(config.model_type).adapt(config, keys))
 
 
 def load_weights(config, tensors: dict[str, Any], source: str = "checkpoint") -> tuple[nnx.Module, Any]:
     """Import PyTorch-layout tensors into our model. Returns (model, config as adapted to the checkpoint).
 
     Unused keys that are not known buffers/heads are logged as a warning (never silently dropped)."""
-    mod = spec_for(config.model_type).module()
-    tensors = _normalise_keys(tensors, mod.PREFIXES)
+    spec = spec_for(config.model_type)
+    tensors = _normalise_keys(tensors, spec.prefixes)
     config = adapt_config(config, tensors.keys())
     shapes = param_shapes(abstract_model(config))
-    params, unused = mapping.hf_to_flax(mod.rules(config), tensors, config.num_layers, shapes, mod.IGNORE, source)
+    params, unused = mapping.hf_to_flax(spec.rules(config), tensors, config.num_layers, shapes, spec.ignore, source)
     if unused:
         log.warning("%s: %d tensors are not used by the %s encoder: %s%s", source, len(unused), config.model_type,
                     ", ".join(unused[:8]), " ..." if len(unused) > 8 else "")
@@ -175,5 +172,4 @@ def export_weights(model: nnx.Module) -> dict[str, np.ndarray]:
     if getattr(config, "mote", None) is not None:
         raise UserError("a MoTE backbone has no single Hugging Face state dict (fix: jaxembed.export.export writes "
                         "the full MoTE folder; jaxembed.mote.extract_expert / average_experts give dense models)")
-    mod = spec_for(config.model_type).module()
-    return mapping.flax_to_hf(mod.rules(config), flat_params(model), config.num_layers)
+    return mapping.flax_to_hf(spec_for(config.model_type).rules(config), flat_params(model), config.num_layers)

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxembed.errors import UserError
 from jaxembed.models.layers import (RMSNorm, RuntimeOptions, activation, attention, call_ffn, check_attention, dense,
                                     embed, feed_forward, mote_route, run_layers, segments_for, to_dtype)
 from jaxembed.models.mapping import Rule, linear, norm
@@ -311,3 +312,33 @@ def rules(config: DecoderConfig) -> list[Rule]:
 def adapt(config, keys) -> dict:
     """No optional parts: the config alone determines the parameters."""
     return {}
+
+
+# ---- the facts every decoder folder declares alike (jaxembed.models.architecture)
+
+#: LoRA's default target: attention q / k / v / o and the gated feed-forward projections
+LORA_TARGET = r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
+
+
+def matrix_params(config: DecoderConfig) -> int:
+    """Weights of all layers' matrices: q / k / v / o projections (grouped-query k / v) and the gated (3-matrix)
+    feed-forward."""
+    h = config.hidden_size
+    q = config.num_attention_heads * config.head_dim
+    kv = config.num_key_value_heads * config.head_dim
+    return config.num_layers * (h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size)
+
+
+def attention_width(config: DecoderConfig) -> int:
+    return config.num_attention_heads * config.head_dim
+
+
+def tiny_fields(name: str, size) -> dict:
+    """The Hugging Face config fields a tiny decoder shares (``jaxembed.models.architecture.TinySize``): feed-forward
+    2 x hidden, num_heads // 2 key-value heads (grouped-query attention: num_heads must be even)."""
+    if size.num_heads % 2:
+        raise UserError(f"tiny_model_dir: {name} needs an even num_heads (grouped-query attention), got "
+                        f"{size.num_heads}")
+    return dict(vocab_size=size.vocab_size, hidden_size=size.hidden_size, intermediate_size=2 * size.hidden_size,
+                num_hidden_layers=size.num_layers, num_attention_heads=size.num_heads,
+                num_key_value_heads=size.num_heads // 2, max_position_embeddings=size.max_positions)

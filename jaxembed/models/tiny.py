@@ -3,7 +3,8 @@
 ``tiny_model_dir(arch)`` returns a folder in the standard Hugging Face / sentence-transformers layout (what
 ``jaxembed.export.export`` writes: config.json, model.safetensors, tokenizer files, modules.json, pooling, ...)
 holding a randomly initialised model of that architecture: ``bert``, ``qwen2`` or ``t5`` (the backbones of PEG,
-KaLM-Embedding and Data-CUBE / INSTRUCTOR), or the other decoders ``llama``, ``mistral``, ``gemma2``, ``gemma3``.
+KaLM-Embedding and Data-CUBE / INSTRUCTOR), or the other decoders ``llama``, ``mistral``, ``gemma2``, ``gemma3``
+(``ARCHS``: the tiny configs each architecture folder declares, ``jaxembed.models.architecture``).
 The weights come from jaxembed's own initialisation (HF-style normal(0.02), seeded), so no PyTorch is involved and
 the folder is the same on every machine.
 
@@ -33,9 +34,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from jaxembed import models
 from jaxembed.errors import UserError
+from jaxembed.models.architecture import TinySize
 
-ARCHS = ("bert", "qwen2", "t5", "llama", "mistral", "gemma2", "gemma3")
+#: tiny model name -> its Hugging Face config fields for a TinySize (each architecture folder's ``tiny``)
+TINY_CONFIGS = {name: fn for arch in models.FOLDERS.values() for name, fn in arch.tiny.items()}
+ARCHS = tuple(TINY_CONFIGS)
 TINY_WINDOW = 16  # the tiny Mistral / Gemma sliding window: shorter than the tiny runs' rows, so it matters
 POOLINGS = ("mean", "cls", "lasttoken", "max", "mean_sqrt_len")
 MARKER = "jaxembed_tiny.json"
@@ -55,14 +60,9 @@ def cache_root() -> Path:
 
 def tiny_hf_config(arch: str, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
                    max_positions: int = 512) -> dict:
-    """The Hugging Face ``config.json`` fields of a tiny model (feed-forward width 2 x hidden_size).
-
-    bert: BERT / MiniLM (post-LN, GELU, absolute positions); qwen2: Qwen2 (RMSNorm, RoPE, grouped-query attention
-    with num_heads // 2 key-value heads, SwiGLU, q/k/v biases, tied embeddings as Qwen2-0.5B); t5: a T5 v1.1
-    encoder (gated-GELU, relative position buckets), the family of GTR and INSTRUCTOR. The other decoders, with
-    num_heads // 2 key-value heads and a sliding window of TINY_WINDOW tokens where they have one: llama: Llama 3.2
-    (llama3 RoPE scaling, tied embeddings); mistral: Mistral; gemma2: Gemma 2 (soft-capping, alternating sliding
-    / global layers); gemma3: Gemma 3 text (q/k norms, local RoPE base, the last layer global)."""
+    """The Hugging Face ``config.json`` fields of a tiny model (feed-forward width 2 x hidden_size), as its
+    architecture folder declares them (``TINY_CONFIGS``; the decoders with num_heads // 2 key-value heads and a
+    sliding window of TINY_WINDOW tokens where they have one; each builder's docstring says what it is)."""
     if arch not in ARCHS:
         raise UserError(f"tiny_model_dir: arch={arch!r} is not one of {', '.join(ARCHS)}")
     for name, v in (("hidden_size", hidden_size), ("num_layers", num_layers), ("num_heads", num_heads),
@@ -71,49 +71,7 @@ def tiny_hf_config(arch: str, hidden_size: int = 32, num_layers: int = 2, num_he
             raise UserError(f"tiny_model_dir: {name}={v!r} must be a positive integer")
     if hidden_size % num_heads:
         raise UserError(f"tiny_model_dir: hidden_size={hidden_size} is not a multiple of num_heads={num_heads}")
-    ff = 2 * hidden_size
-    if arch == "bert":
-        return dict(model_type="bert", vocab_size=VOCAB_SIZE, hidden_size=hidden_size, num_hidden_layers=num_layers,
-                    num_attention_heads=num_heads, intermediate_size=ff, max_position_embeddings=max_positions)
-    if arch != "t5" and num_heads % 2:
-        raise UserError(f"tiny_model_dir: {arch} needs an even num_heads (grouped-query attention), got "
-                        f"{num_heads}")
-    if arch in _DECODERS:
-        return _tiny_decoder(arch, hidden_size, num_layers, num_heads, max_positions)
-    if arch == "qwen2":
-        return dict(model_type="qwen2", vocab_size=VOCAB_SIZE, hidden_size=hidden_size, intermediate_size=ff,
-                    num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads // 2,
-                    max_position_embeddings=max_positions, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                    tie_word_embeddings=True)
-    return dict(model_type="t5", vocab_size=VOCAB_SIZE, d_model=hidden_size, d_kv=hidden_size // num_heads, d_ff=ff,
-                num_layers=num_layers, num_heads=num_heads, feed_forward_proj="gated-gelu", pad_token_id=0,
-                eos_token_id=1)
-
-
-_DECODERS = ("llama", "mistral", "gemma2", "gemma3")
-
-
-def _tiny_decoder(arch: str, hidden_size: int, num_layers: int, num_heads: int, max_positions: int) -> dict:
-    base = dict(vocab_size=VOCAB_SIZE, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads // 2,
-                max_position_embeddings=max_positions)
-    if arch == "llama":
-        return dict(model_type="llama", **base, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                    rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
-                                         high_freq_factor=4.0, original_max_position_embeddings=8192))
-    if arch == "mistral":
-        return dict(model_type="mistral", **base, sliding_window=TINY_WINDOW,
-                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0))
-    head_dim = hidden_size // num_heads
-    gemma = dict(**base, head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=TINY_WINDOW,
-                 hidden_activation="gelu_pytorch_tanh", pad_token_id=0, tie_word_embeddings=True)
-    if arch == "gemma2":
-        return dict(model_type="gemma2", **gemma, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
-                    rope_parameters=dict(rope_type="default", rope_theta=10000.0))
-    return dict(model_type="gemma3_text", **gemma,
-                layer_types=["sliding_attention"] * (num_layers - 1) + ["full_attention"],
-                rope_parameters={"full_attention": dict(rope_type="default", rope_theta=1000000.0),
-                                 "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})
+    return TINY_CONFIGS[arch](TinySize(hidden_size, num_layers, num_heads, max_positions, VOCAB_SIZE, TINY_WINDOW))
 
 
 def _tokenizer_dir() -> Path:
@@ -188,7 +146,7 @@ def tiny_model_dir(arch: str, *, hidden_size: int = 32, num_layers: int = 2, num
 
 def _build(spec: dict, out: Path) -> None:
     """Initialise the model with jaxembed's own init and export it with ``jaxembed.export.export``."""
-    from jaxembed import export, models
+    from jaxembed import export
     from jaxembed.models.embedding import EmbeddingModel, HeadConfig
     from jaxembed.tokenizer import Tokenizer
 

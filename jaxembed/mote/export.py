@@ -45,12 +45,12 @@ def hf_expert_tensors(model) -> dict[str, np.ndarray]:
     backbone, _ = _split_model(model)
     spec = _require_spec(backbone)
     dense_cfg = dataclasses.replace(backbone.config, mote=None)
-    mod = models.spec_for(dense_cfg.model_type).module()
+    rules = models.spec_for(dense_cfg.model_type).rules(dense_cfg)
     flat = {p: a for p, a in models.flat_params(backbone).items() if is_expert_path(p)}
     out = {}
     for e, name in enumerate(spec.experts):
         sub = {dense_path(p): a[e] for p, a in flat.items()}
-        for k, v in mapping.flax_to_hf(mod.rules(dense_cfg), sub, dense_cfg.num_layers).items():
+        for k, v in mapping.flax_to_hf(rules, sub, dense_cfg.num_layers).items():
             out[f"experts.{name}.{k}"] = v
     return out
 
@@ -64,7 +64,7 @@ def from_hf_experts(dense_model, spec: MoTESpec, tensors: Mapping[str, np.ndarra
 
     backbone, _ = _split_model(dense_model)
     dense_cfg = backbone.config
-    mod = models.spec_for(dense_cfg.model_type).module()
+    rules = models.spec_for(dense_cfg.model_type).rules(dense_cfg)
     expected = _ffn_paths(dense_cfg, spec)
     per_expert = []
     for name in spec.experts:
@@ -72,7 +72,7 @@ def from_hf_experts(dense_model, spec: MoTESpec, tensors: Mapping[str, np.ndarra
         sub = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
         if not sub:
             raise UserError(f"{source}: no weights for expert {name!r} (fix: re-export the MoTE model)")
-        params, unused = mapping.hf_to_flax(mod.rules(dense_cfg), sub, dense_cfg.num_layers, expected, (),
+        params, unused = mapping.hf_to_flax(rules, sub, dense_cfg.num_layers, expected, (),
                                             f"{source} (expert {name})")
         if unused:
             raise UserError(f"{source}: expert {name!r} has tensors outside the MoTE layers {spec.layers}: "

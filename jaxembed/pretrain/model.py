@@ -31,13 +31,14 @@ import numpy as np
 from flax import nnx
 
 from jaxembed.errors import UserError
+from jaxembed.models.bert import ARCH as BERT_ARCH
 from jaxembed.models.bert.model import BertConfig, BertLayer, BertModel
 from jaxembed.models.layers import activation, dense, layer_norm, run_layers, to_dtype
 from jaxembed.pretrain import masking
 
 log = logging.getLogger(__name__)
 
-BERT_FAMILY = ("bert", "roberta", "xlm-roberta", "camembert")
+BERT_FAMILY = BERT_ARCH.model_types
 
 
 class MLMHead(nnx.Module):

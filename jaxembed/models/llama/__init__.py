@@ -2,5 +2,6 @@
 scaling, RMSNorm pre-norm, SwiGLU, grouped-query attention, Mistral's sliding window)."""
 from jaxembed.models.llama.model import LlamaConfig, LlamaModel
 from jaxembed.models.llama.params import IGNORE, PREFIXES, adapt, rules
+from jaxembed.models.llama.spec import ARCH
 
-__all__ = ["LlamaConfig", "LlamaModel", "rules", "adapt", "PREFIXES", "IGNORE"]
+__all__ = ["ARCH", "LlamaConfig", "LlamaModel", "rules", "adapt", "PREFIXES", "IGNORE"]
