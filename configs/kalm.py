@@ -2,20 +2,20 @@
 docs/design.md, KaLM-Embedding).
 
     # stage 1: weakly-supervised pre-training, in-batch negatives only
-    jaxembed train --config configs/kalm.py:stage1 --workdir runs/kalm/stage1
+    jaxembed train --config kalm:stage1 --workdir runs/kalm/stage1
     # hard negatives with ranking-consistency filtering (top-k 50, 7 negatives from ranks 50-100), one command per
     # dataset of MINED, with the stage-1 model and the stage-1 store:
     jaxembed mine --model runs/kalm/stage1/export --store runs/kalm/stage1/store --dataset wikiqa \\
         --out runs/kalm/mined/wikiqa.jsonl          # ... and snli, sick_nli, sick_sts, stsb, mrpc, trecqa
     # stage 2: fine-tuning with the mined negatives (and Matryoshka), from stage 1's weights
-    jaxembed train --config configs/kalm.py:stage2 --workdir runs/kalm/stage2
+    jaxembed train --config kalm:stage2 --workdir runs/kalm/stage2
 
 Stage 2 starts from ``stage1_dir`` (model.init_from; default runs/kalm/stage1: its export/) and ``mined_dir``/<dataset>.jsonl
 (default runs/kalm/mined) as the data of the mined datasets; a missing folder or file stops the run at validation
 with the command that makes it. The classification datasets keep their own negatives (the other labels'
 descriptions: KaLM 2.1 samples classification negatives from the labels, not by mining).
 
-Variants (combine with commas, e.g. ``configs/kalm.py:tiny,stage2,semi50``):
+Variants (combine with commas, e.g. ``kalm:tiny,stage2,semi50``):
 - ``stage1`` (the default) / ``stage2``: the two training stages (paper 3.1).
 - ``semiNN``: semi-homogeneous task batches with NN % of every batch shuffled across batches (KaLM Fig. 3 / 4b),
   e.g. ``semi0`` (= the default: the final KaLM model did not use it, paper 2.3), ``semi10``, ``semi25``,
@@ -48,10 +48,12 @@ from ml_collections import FieldReference
 
 from jaxembed import paths
 from jaxembed.config import default_config
+from jaxembed.config_io import recipe_spec
 from jaxembed.data.config import shared_train_config
 from jaxembed.errors import UserError
 
-VARIANTS = ("tiny", "stage1", "stage2", "no_mrl", "no_instructions", "lora")  # plus semiNN
+NAME = recipe_spec(__file__)  # 'kalm' (a copy of this file: its path), for the messages and the commands they print
+VARIANTS = ("tiny", "stage1", "stage2", "no_mrl", "no_instructions", "lora", "semiNN")  # semiNN: NN in 0-100
 #: the datasets mined for stage 2: every dataset with a text corpus (classification keeps its label negatives)
 MINED = ("snli", "sick_nli", "sick_sts", "stsb", "mrpc", "wikiqa", "trecqa")
 TINY_STAGE1 = ("stsb", "sick_nli", "trec")
@@ -65,16 +67,16 @@ TINY_MRL_DIMS = (32, 16, 8, 4, 2)                # the tiny model is 32 wide; th
 def _variants(arg):
     variants = [v.strip() for v in (arg or "").split(",") if v.strip()]
     semi = [v for v in variants if v.startswith("semi")]
-    unknown = [v for v in variants if v not in VARIANTS and not (v in semi and v[4:].isdigit() and
-                                                                 0 <= int(v[4:]) <= 100)]
+    unknown = [v for v in variants if not (v in VARIANTS and v != "semiNN" or v in semi and v[4:].isdigit() and
+                                           0 <= int(v[4:]) <= 100)]
     if unknown:
-        raise UserError(f"configs/kalm.py: unknown variant(s) {', '.join(map(repr, unknown))} (variants: "
-                        f"{', '.join(VARIANTS)}, semiNN with NN in 0-100 (e.g. semi0, semi50); combine with commas, "
-                        "e.g. configs/kalm.py:tiny,stage2,semi50)")
+        raise UserError(f"{NAME}: unknown variant(s) {', '.join(map(repr, unknown))} (variants: "
+                        f"{', '.join(VARIANTS)}, with NN in 0-100 (e.g. semi0, semi50); combine with commas, "
+                        f"e.g. {NAME}:tiny,stage2,semi50)")
     if "stage1" in variants and "stage2" in variants:
-        raise UserError("configs/kalm.py: variants stage1 and stage2 are two runs; pick one")
+        raise UserError(f"{NAME}: variants stage1 and stage2 are two runs; pick one")
     if len(semi) > 1:
-        raise UserError(f"configs/kalm.py: variants {', '.join(semi)} set the same proportion; pick one")
+        raise UserError(f"{NAME}: variants {', '.join(semi)} set the same proportion; pick one")
     return variants, (int(semi[0][4:]) / 100 if semi else None)
 
 
@@ -83,7 +85,7 @@ def _stage1_run(d, spec):
     latest checkpoint)."""
     if not ((Path(d) / "export" / "config.json").is_file() or (Path(d) / "checkpoints").is_dir()):
         stage1 = spec + (",stage1" if ":" in spec else ":stage1")
-        raise UserError(f"configs/kalm.py:stage2: no stage-1 run in {d} (fix: run `jaxembed train --config "
+        raise UserError(f"{NAME}:stage2: no stage-1 run in {d} (fix: run `jaxembed train --config "
                         f"{stage1} --workdir {d}` first, or set --config.stage1_dir to its workdir)")
     return str(d)
 
@@ -94,7 +96,7 @@ def _mined_file(d, name, names, stage1, spec):
     if missing:
         tiny = ":tiny" in spec
         extra = " --top-k 100 --window 10:40" if tiny else ""
-        raise UserError(f"configs/kalm.py:stage2: the mined data {', '.join(f'{d}/{n}.jsonl' for n in missing)} is "
+        raise UserError(f"{NAME}:stage2: the mined data {', '.join(f'{d}/{n}.jsonl' for n in missing)} is "
                         f"missing (fix: for NAME in {' '.join(missing)}: `jaxembed mine --model {stage1}/export "
                         f"--store {stage1}/store --dataset NAME{extra} --out {d}/NAME.jsonl`; or set "
                         "--config.mined_dir to their folder)")
@@ -112,7 +114,7 @@ def get_config(arg=None):
     variants, semi = _variants(arg)
     tiny = "tiny" in variants
     stage = 2 if "stage2" in variants else 1
-    spec = "configs/kalm.py" + (":tiny" if tiny else "")
+    spec = NAME + (":tiny" if tiny else "")
     c = default_config()
 
     # ---- model (paper 3.1): Qwen2-0.5B, mean pooling, bf16, 512 tokens

@@ -1,10 +1,10 @@
 """MoTE: mixture of task experts with task-aware contrastive learning (Romero et al. 2025, arXiv:2506.17781;
 docs/design.md, MoTE).
 
-    jaxembed train --config configs/mote.py --workdir runs/mote              # the recipe (accelerators)
-    jaxembed train --config configs/mote.py:tiny --workdir runs/mote_tiny    # a few steps on CPU (CI)
-    jaxembed train --config configs/mote.py:cpu --workdir runs/mote_cpu      # 100 steps on CPU (benchmarks/mote_run.py)
-    jaxembed train --config configs/mote.py:cpu,ic --workdir runs/ic_cpu     # the instruction-conditioning baseline
+    jaxembed train --config mote --workdir runs/mote              # the recipe (accelerators)
+    jaxembed train --config mote:tiny --workdir runs/mote_tiny    # a few steps on CPU (CI)
+    jaxembed train --config mote:cpu --workdir runs/mote_cpu      # 100 steps on CPU (benchmarks/mote_run.py)
+    jaxembed train --config mote:cpu,ic --workdir runs/ic_cpu     # the instruction-conditioning baseline
 
 Variants, combined with commas (``tiny,static``):
 - ``tiny``: 4 steps of 8 queries on CPU with the real all-MiniLM-L6-v2 up-cycled, on 6 of the real shared sets
@@ -27,19 +27,23 @@ Every value below says where it comes from. "Paper" is the MoTE paper: section 4
 
 from jaxembed import mote, paths
 from jaxembed.config import default_config
+from jaxembed.config_io import recipe_spec
 from jaxembed.data.clustering import shared_clustering_datasets
 from jaxembed.data.config import shared_train_config
+from jaxembed.errors import UserError
 
+NAME = recipe_spec(__file__)  # 'mote' (a copy of this file: its path), for the messages
 VARIANTS = ("tiny", "cpu", "ic", "static", "eob", "no_clustering")
 
 
 def get_config(arg=None):
-    variants = [v for v in (arg or "").split(",") if v]
+    variants = [v.strip() for v in (arg or "").split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
-        raise ValueError(f"unknown variant(s) {unknown}; variants: {', '.join(VARIANTS)} (combine with commas)")
+        raise UserError(f"{NAME}: unknown variant(s) {', '.join(map(repr, unknown))} (variants: "
+                        f"{', '.join(VARIANTS)}; combine with commas, e.g. {NAME}:tiny,static)")
     if "tiny" in variants and "cpu" in variants:
-        raise ValueError("variants 'tiny' and 'cpu' both set the run size; pick one")
+        raise UserError(f"{NAME}: variants tiny and cpu both set the run size; pick one")
     c = default_config()
     try:
         c.model.name = str(paths.demo_model_dir())  # paper: nomic-bert-2048 (not available offline); jaxembed's

@@ -1,9 +1,9 @@
 """PEG: progressively learned embeddings with ~80k in-batch candidates (Wu et al. 2023, arXiv:2311.11691;
 docs/design.md, PEG).
 
-    jaxembed train --config configs/peg.py --workdir runs/peg                  # PEG loss, 13,824 queries x 6 texts
-    jaxembed train --config configs/peg.py:infonce --workdir runs/peg_infonce  # the same run with plain InfoNCE
-    jaxembed train --config configs/peg.py:tiny --workdir runs/peg_tiny        # 2 steps on CPU
+    jaxembed train --config peg --workdir runs/peg                  # PEG loss, 13,824 queries x 6 texts
+    jaxembed train --config peg:infonce --workdir runs/peg_infonce  # the same run with plain InfoNCE
+    jaxembed train --config peg:tiny --workdir runs/peg_tiny        # 2 steps on CPU
 
 The batch (paper 4.1: 432 queries per GPU x 32 GPUs = 13,824 queries; each with 1 positive + 5 hard negatives =
 82,944 candidates, "~80k"). How it maps onto devices:
@@ -19,13 +19,13 @@ The batch (paper 4.1: 432 queries per GPU x 32 GPUs = 13,824 queries; each with 
   ``block_q`` x ``block_c`` with an online log-sum-exp (README "Scaling the batch").
 - The loss sees every candidate of the global batch, gathered from all devices (``loss.impl='jit'``).
 
-Variants (combine with commas, e.g. ``configs/peg.py:tiny,infonce``):
+Variants (combine with commas, e.g. ``peg:tiny,infonce``):
 - ``tiny``: 2 steps of 8 queries x 6 texts on CPU, real shared data (wikiqa, trecqa, stsb), a tiny random BERT
   (jaxembed.models.tiny), with the tiled loss (4 x 16 blocks) switched on.
 - ``infonce``: plain InfoNCE instead of the progressive loss (the paper's baseline, Eq. 2).
 - ``retromae``: start from a RetroMAE pre-trained encoder (PEG's pre-training stage), the export folder of
   ``jaxembed pretrain retromae`` at ``retromae_dir`` (default runs/peg/retromae/export):
-      jaxembed pretrain retromae --config configs/retromae.py --workdir runs/peg/retromae \\
+      jaxembed pretrain retromae --config retromae --workdir runs/peg/retromae \\
           --set model.name=bert-large-uncased --set model.max_length=512 --set optim.lr=2e-5 \\
           --set train.batch_size=1024 --set train.steps=N     # paper 4.1: lr 2e-5, 32 x 32 texts, 512 tokens, 3 epochs
 - ``mined``: wikiqa and trecqa with PEG's own hard negatives: the top-5 of a retrieval model, false negatives
@@ -43,9 +43,11 @@ from ml_collections import FieldReference
 
 from jaxembed import paths
 from jaxembed.config import default_config
+from jaxembed.config_io import recipe_spec
 from jaxembed.data.config import shared_train_config
 from jaxembed.errors import UserError
 
+NAME = recipe_spec(__file__)  # 'peg' (a copy of this file: its path), for the messages
 VARIANTS = ("tiny", "infonce", "retromae", "mined")
 TINY_DATASETS = ("wikiqa", "trecqa", "stsb")
 MINED = ("wikiqa", "trecqa")  # PEG mines retrieval data; the classification negatives are the other labels
@@ -57,10 +59,10 @@ def _variants(arg):
     variants = [v.strip() for v in (arg or "").split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
-        raise UserError(f"configs/peg.py: unknown variant(s) {', '.join(map(repr, unknown))} (variants: "
-                        f"{', '.join(VARIANTS)}; combine with commas, e.g. configs/peg.py:tiny,infonce)")
+        raise UserError(f"{NAME}: unknown variant(s) {', '.join(map(repr, unknown))} (variants: "
+                        f"{', '.join(VARIANTS)}; combine with commas, e.g. {NAME}:tiny,infonce)")
     if "tiny" in variants and "retromae" in variants:
-        raise UserError("configs/peg.py: variants tiny and retromae both choose the model; pick one (or set "
+        raise UserError(f"{NAME}: variants tiny and retromae both choose the model; pick one (or set "
                         "--config.model.name to a tiny RetroMAE export)")
     return variants
 
@@ -68,8 +70,8 @@ def _variants(arg):
 def _retromae_model(folder):
     """model.name of the ``retromae`` variant, computed when read: the export folder of jaxembed pretrain."""
     if not (Path(folder) / "config.json").is_file():
-        raise UserError(f"configs/peg.py:retromae: {folder} holds no RetroMAE export (fix: run `jaxembed pretrain "
-                        "retromae --config configs/retromae.py --workdir runs/peg/retromae --set "
+        raise UserError(f"{NAME}:retromae: {folder} holds no RetroMAE export (fix: run `jaxembed pretrain "
+                        "retromae --config retromae --workdir runs/peg/retromae --set "
                         "model.name=bert-large-uncased ...` (configs/README.md), or set --config.retromae_dir to an "
                         "export folder)")
     return str(folder)
@@ -80,7 +82,7 @@ def _mined_file(d, name):
     missing = [n for n in MINED if not (Path(d) / f"{n}.jsonl").is_file()]
     if missing:
         train = paths.shared_data_dir() / "train"
-        raise UserError(f"configs/peg.py:mined: {', '.join(f'{d}/{n}.jsonl' for n in missing)} missing (fix: for "
+        raise UserError(f"{NAME}:mined: {', '.join(f'{d}/{n}.jsonl' for n in missing)} missing (fix: for "
                         f"NAME in {' '.join(missing)}: `jaxembed mine --model BAAI/bge-large-en-v1.5 --input "
                         f"{train}/NAME.jsonl --query-instruction '{BGE_INSTRUCTION}' --top-k 1000000 --window 0:6 "
                         f"--num-negatives 5 --out {d}/raw/NAME.jsonl` then `jaxembed judge --input "

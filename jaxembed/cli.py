@@ -6,8 +6,10 @@ model card; ``--push-to-hub ORG/NAME`` uploads it, jaxembed/hub.py),
 ``train`` (run or resume training), ``eval`` (local evaluators, MTEB), ``synth personas`` / ``judge`` (LLM data
 tools), ``pretrain retromae`` (RetroMAE), ``score`` / ``curriculum`` / ``mine`` (reference-model
 scores, Data-CUBE task order, hard-negative mining), ``teacher-score`` (a teacher's pos_scores / neg_scores for
-distillation), ``sweep`` / ``sweep report`` (hyperparameter sweeps: local, SLURM array, TPU command list), ``demo`` (the built-in default job). User errors print one line naming file, line, field and fix (exit 2); Ctrl-C
-(KeyboardInterrupt) in any command prints one line (exit 130).
+distillation), ``sweep`` / ``sweep report`` (hyperparameter sweeps: local, SLURM array, TPU command list), ``demo``
+(the built-in default job), ``recipes`` (the recipes that ship with jaxembed, each ``--config NAME[:VARIANTS]``).
+User errors print one line naming file, line, field and fix (exit 2); Ctrl-C (KeyboardInterrupt) in any command
+prints one line (exit 130).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from jaxembed.config_io import config_help
 from jaxembed.demo import DEMO_TASKS
 from jaxembed.errors import UserError
 
@@ -144,6 +147,25 @@ def cmd_train(args) -> int:
     return 0 if summary["status"] == "completed" else 143
 
 
+def cmd_recipes(args) -> int:
+    """The recipes that ship with jaxembed (jaxembed.config_io.recipe_list), or one recipe's documentation."""
+    from jaxembed.config_io import recipe_list
+
+    recipes = recipe_list(args.name)
+    if args.name:
+        r = recipes[0]
+        print(f"{r['name']}: {r['path']}\nvariants: {', '.join(r['variants']) or '(none)'}\n\n{r['doc']}")
+        return 0
+    print("recipes that ship with jaxembed; from any folder: --config NAME or NAME:VARIANT[,VARIANT...], e.g. "
+          "jaxembed train --config kalm:tiny,lora --workdir runs/kalm_lora")
+    width = max(len(r["name"]) for r in recipes)
+    for r in recipes:
+        print(f"  {r['name']:<{width}}  {r['summary']}\n  {'':<{width}}  variants: {', '.join(r['variants']) or '-'}")
+    print(f"files: {Path(recipes[0]['path']).parent} (`jaxembed recipes NAME` prints one's documentation; copy one "
+          "to start your own config, and give its path to --config)")
+    return 0
+
+
 def cmd_demo(args) -> int:
     """The main job on the built-in default (jaxembed.demo)."""
     from jaxembed.demo import run_demo
@@ -208,9 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--commit-message", default=None, help="with --push-to-hub: the commit message")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("train", help="train (or resume) a run: --config FILE[:VARIANT] --workdir DIR "
+    p = sub.add_parser("train", help="train (or resume) a run: --config NAME|FILE[:VARIANT] --workdir DIR "
                                      "[--config.KEY=VALUE ...]")
-    p.add_argument("--config", required=True, help="config file with get_config(arg), e.g. configs/demo.py:tiny")
+    p.add_argument("--config", required=True, metavar="NAME[:VARIANTS]|FILE[:VARIANTS]", help=config_help())
     p.add_argument("--workdir", required=True, help="run directory (created; an existing run is resumed)")
     p.set_defaults(func=cmd_train)
 
@@ -234,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     from jaxembed.teacher_cli import add_parser as add_teacher_parser
 
     add_teacher_parser(sub)
+
+    p = sub.add_parser("recipes", help="list the recipes that ship with jaxembed (--config NAME[:VARIANTS] from "
+                                       "any folder) and their variants; with NAME, that recipe's documentation")
+    p.add_argument("name", nargs="?", default=None, metavar="NAME", help="a recipe: print its file and documentation")
+    p.set_defaults(func=cmd_recipes)
 
     p = sub.add_parser("demo", help="the main job on the built-in default: fine-tune all-MiniLM-L6-v2 on the "
                                     "shared multi-task data, evaluate before / after, export")

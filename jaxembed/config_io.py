@@ -1,17 +1,23 @@
-"""Run config files and what is written of them: ``load_config_file`` (``PATH[:VARIANT]`` -> its
-``get_config(VARIANT)``), ``apply_overrides`` (``--config.a.b=VALUE``), one-line errors for ml-collections' type errors
-(``override_error``), and the resolved config of a run directory (``to_json``, ``write_resolved``). The defaults
-and the checks are ``jaxembed.config``, which re-exports these names.
+"""Run config files and what is written of them: ``load_config_file`` (``PATH[:VARIANT]`` or
+``RECIPE[:VARIANT]`` -> its ``get_config(VARIANT)``), the recipes that ship with jaxembed (``recipe_names``,
+``recipe_spec``, ``recipe_list``), ``apply_overrides`` (``--config.a.b=VALUE``), one-line errors for ml-collections'
+type errors (``override_error``), and the resolved config of a run directory (``to_json``, ``write_resolved``). The
+defaults and the checks are ``jaxembed.config``, which re-exports these names.
 
 The one loader of config files (``jaxembed train``, ``data prepare``, ``plan build``, ``score``, ``sweep``,
 ``pretrain``): ``PATH[:VARIANT]`` is ml_collections' convention. The path is the whole text when such a file exists
 (a ':' in a folder name, a Windows drive), else the longest part before a ':' that is a file (``x.py:a:b`` passes
-``'a:b'``, as ml_collections does). ``get_config(VARIANT)``; without a variant (or an empty one, ``x.py:``)
+``'a:b'``, as ml_collections does). A path that is no file but a bare name (no folder, no suffix: ``demo``,
+``kalm:tiny,lora``) names a recipe: ``NAME.py`` of ``jaxembed.paths.recipes_dir()`` (``configs/`` of the
+repository, ``jaxembed/recipes/`` of an installed package), so recipes load from any folder. A file wins: ``demo``
+is ``./demo`` when that file exists (write ``./demo`` or ``demo.py`` for files, bare names for recipes); an unknown
+name is an error listing the recipes. ``get_config(VARIANT)``; without a variant (or an empty one, ``x.py:``)
 ``get_config()`` when it can be called so (its own default applies), else ``get_config(None)``. Every call runs the
 file again (no cache: callers change the ConfigDict they get). The file runs as a module named
 ``jaxembed_config_<stem>_<hash of its path>``, registered in ``sys.modules`` (dataclasses and pickle look classes up
 there); ``sys.path`` is left alone. Every error is one line with the fix: ``--config SPEC: ...`` for the argument
-(no such file, a folder, a variant get_config() cannot take), ``PATH:LINE: ...`` for an error in the file.
+(no such file, a folder, a variant get_config() cannot take), ``PATH:LINE: ...`` for an error in the file; a
+UserError a recipe raises (an unknown variant, no shared data) is led by its name (``datacube: ...``).
 """
 
 from __future__ import annotations
@@ -30,9 +36,12 @@ from typing import Any
 
 import ml_collections as mc
 
+from jaxembed import paths
 from jaxembed.errors import UserError, in_file, with_file
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://")
+#: a recipe's name: a bare Python identifier (a path has a folder or a suffix)
+_RECIPE_NAME = re.compile(r"^[A-Za-z_]\w*$")
 
 
 def split_config_spec(spec: str) -> tuple[str, str | None]:
@@ -54,20 +63,101 @@ def split_config_spec(spec: str) -> tuple[str, str | None]:
     return spec, None
 
 
-def load_config_module(spec: str, also: str = ""):
-    """(module, path, variant) of a config file given as ``PATH[:VARIANT]``: the file run as a module. ``also``
-    names what else the flag takes, for the fix of a missing file (e.g. ``", or 'shared'"``)."""
+def recipe_names() -> list[str]:
+    """The recipes that ship with jaxembed: the stems of the ``*.py`` files of ``paths.recipes_dir()``."""
+    return sorted(p.stem for p in paths.recipes_dir().glob("*.py")
+                  if _RECIPE_NAME.match(p.stem) and not p.stem.startswith("_"))
+
+
+def recipe_spec(file: str | os.PathLike) -> str:
+    """How ``--config`` names the config file ``file`` from any folder: its recipe name when it is one of the
+    shipped recipes, else its absolute path. Recipes use it (``recipe_spec(__file__)``) in the commands their
+    messages print, so that those commands work wherever they are run, and name a copied recipe by its path."""
+    p = Path(file).resolve()
+    if p.parent == paths.recipes_dir().resolve() and p.stem in recipe_names():
+        return p.stem
+    return str(p)
+
+
+def recipe_list(name: str | None = None) -> list[dict]:
+    """[{name, path, summary, variants, doc}] of the shipped recipes (or of the one named), read from the recipe
+    modules themselves: their docstring (summary: its first sentence, up to a ' ('), and their ``VARIANTS``."""
+    names = recipe_names()
+    if name is not None and name not in names:
+        raise UserError(f"recipes {name}: no such recipe (fix: one of {', '.join(names)})")
+    out = []
+    for n in [name] if name is not None else names:
+        module, path, _, _ = _load_module(n)
+        doc = inspect.cleandoc(module.__doc__ or "")
+        first = doc.split("\n\n", 1)[0].replace("\n", " ")
+        summary = first.split(" (", 1)[0] if " (" in first else first.split(". ", 1)[0]
+        out.append({"name": n, "path": str(Path(path).resolve()), "summary": summary.rstrip("."), "doc": doc,
+                    "variants": [str(v) for v in getattr(module, "VARIANTS", ())]})
+    return out
+
+
+def config_help(what: str = "a config file with get_config(arg)") -> str:
+    """The help of a ``--config`` flag: a recipe by name, or a file."""
+    return (f"a recipe by name ({', '.join(recipe_names())}; `jaxembed recipes` lists their variants) or {what}; "
+            "either with :VARIANTS, e.g. demo:tiny, kalm:tiny,lora or ./my_config.py:tiny")
+
+
+def portable_spec(spec: str) -> str:
+    """``--config SPEC`` as another folder or machine reads it (a SLURM job, a launcher): a recipe stays its name, a
+    file becomes its absolute path (the variant kept)."""
+    p, variant, recipe = resolve_config_path(spec)
+    if recipe is not None:
+        return spec
+    return str(p.absolute()) + (f":{variant}" if variant is not None else "")
+
+
+def _unknown_recipe(spec: str, name: str, also: str = "") -> str:
+    import difflib
+
+    names = recipe_names()
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return (f"--config {spec}: no recipe or file named {name!r} (fix: "
+            + (f"did you mean {close[0]}? " if close else "")
+            + f"recipes: {', '.join(names)} (`jaxembed recipes` lists their variants); a config file is given by its "
+            f"path, e.g. ./my_config.py{also})")
+
+
+def resolve_config_path(spec: str, also: str = "") -> tuple[Path, str | None, str | None]:
+    """(path, variant, recipe name or None) of ``--config SPEC`` (see the module docstring): an existing file, else
+    a recipe's file when the path is a recipe's name. An unknown bare name (no file or folder of that name) is a
+    UserError listing the recipes; any other path comes back as it is (the caller reports it missing)."""
     path, variant = split_config_spec(spec)
     p = Path(path)
+    if p.is_file() or not _RECIPE_NAME.match(path):
+        return p, variant, None
+    if path in recipe_names():
+        return paths.recipes_dir() / f"{path}.py", variant, path
+    if not p.is_dir():
+        raise UserError(_unknown_recipe(spec, path, also=also))
+    return p, variant, None
+
+
+def _missing(spec: str, p: Path, variant: str | None, also: str) -> UserError:
+    """The error for a ``--config`` path that is no file: a URL, a folder, or no such file (for a recipe's file that
+    is not there, e.g. configs/demo.py typed outside the repository, the fix is the recipe's name)."""
+    if _URL.match(spec):
+        return UserError(f"--config {spec}: is a URL, config files are read from a local path (fix: download it and "
+                         f"give its local path{also})")
+    what = "is a folder, not a config file" if p.is_dir() else "no such file" + ("" if str(p) == spec else f" {p}")
+    fix = "give a Python config file as PATH or PATH:VARIANT, or a recipe by name as NAME or NAME:VARIANT"
+    if p.stem in recipe_names() and not p.is_dir():
+        fix = (f"the recipe '{p.stem}' ships with jaxembed: --config {p.stem}{':' + variant if variant else ''} "
+               f"works from any folder; else {fix}")
+    else:
+        fix += f" ({', '.join(recipe_names())}; e.g. demo:tiny)"
+    return UserError(f"--config {spec}: {what} (fix: {fix}{also})")
+
+
+def _load_module(spec: str, also: str = ""):
+    """(module, path, variant, recipe name or None): ``load_config_module``, and whether a recipe was named."""
+    p, variant, recipe = resolve_config_path(spec, also)
     if not p.is_file():
-        if p.is_dir():
-            what, fix = "is a folder, not a config file", "give a Python config file"
-        elif _URL.match(spec):
-            what, fix = "is a URL, config files are read from a local path", "download it and give its local path"
-        else:
-            what, fix = "no such file" + ("" if path == spec else f" {path}"), "give a Python config file"
-        raise UserError(f"--config {spec}: {what} (fix: {fix} as PATH or PATH:VARIANT, e.g. configs/demo.py:tiny"
-                        f"{also})")
+        raise _missing(spec, p, variant, also)
     digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:8]
     name = "jaxembed_config_" + re.sub(r"\W", "_", p.stem) + "_" + digest
     loader = importlib.machinery.SourceFileLoader(name, str(p))  # any file name, as ml_collections loads it
@@ -80,14 +170,30 @@ def load_config_module(spec: str, also: str = ""):
             sys.modules.pop(name, None)
             raise
     except UserError as e:
-        raise UserError(with_file(e, p)) from None
+        raise UserError(_located(e, p, recipe)) from None
     except SyntaxError as e:
         where = f"{e.filename or p}:{e.lineno}"
         raise UserError(f"{where}: not valid Python ({e.msg}) (fix: correct that line)") from None
     except Exception as e:  # noqa: BLE001 -- a broken config file is the user's to fix
         raise UserError(override_error(e, p) or f"{in_file(e, p)}: the file failed to run "
                         f"({type(e).__name__}: {e})") from None
-    return module, path, variant
+    return module, str(p), variant, recipe
+
+
+def load_config_module(spec: str, also: str = ""):
+    """(module, path, variant) of a config file given as ``PATH[:VARIANT]`` or ``RECIPE[:VARIANT]``: the file run
+    as a module. ``also`` names what else the flag takes, for the fix of a missing file (e.g. ``", or 'shared'"``)."""
+    return _load_module(spec, also)[:3]
+
+
+def _located(e: UserError, path: Path, recipe: str | None) -> str:
+    """The message of a UserError raised while a config file ran: led by the recipe's name (``kalm: ...``) for a
+    recipe, else by ``path:line`` (``with_file``), unless it already names the file or the recipe."""
+    if recipe is None:
+        return with_file(e, path)
+    msg = str(e)
+    head = msg.split(": ", 1)[0]
+    return msg if head.split(":", 1)[0] == recipe or path.name in head else f"{recipe}: {msg}"
 
 
 def _needs_argument(fn) -> bool:
@@ -110,7 +216,7 @@ def _takes_argument(fn) -> bool:
 
 def load_config_file(spec: str, also: str = "") -> mc.ConfigDict:
     """``PATH[:VARIANT]`` -> ``get_config(VARIANT)`` of that Python file (see the module docstring)."""
-    module, path, variant = load_config_module(spec, also)
+    module, path, variant, recipe = _load_module(spec, also)
     p = Path(path)
     fn = getattr(module, "get_config", None)
     if not callable(fn):
@@ -125,7 +231,7 @@ def load_config_file(spec: str, also: str = "") -> mc.ConfigDict:
         else:
             cfg = fn(None) if _needs_argument(fn) else fn()
     except UserError as e:  # e.g. dataset_config(tempreature=...): name the config file and line
-        raise UserError(with_file(e, p)) from None
+        raise UserError(_located(e, p, recipe)) from None
     except Exception as e:  # noqa: BLE001
         raise UserError(override_error(e, p) or f"{in_file(e, p)}: get_config({variant!r}) "
                         f"failed ({type(e).__name__}: {e})") from None

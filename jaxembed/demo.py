@@ -1,5 +1,6 @@
 """``jaxembed demo``: the main job on the built-in default. Fine-tune all-MiniLM-L6-v2 on the shared multi-task data
-(configs/demo.py), evaluate before and after, export, load the export with sentence-transformers."""
+(the recipe ``demo``: configs/demo.py), evaluate before and after, export, load the export with
+sentence-transformers."""
 
 from __future__ import annotations
 
@@ -30,11 +31,11 @@ def run_demo(workdir, *, tiny: bool = False, overrides: Sequence[str] = (), task
 
     from jaxembed import config as cfglib
     from jaxembed import evaluate as evallib
-    from jaxembed import hf, paths
+    from jaxembed import hf
     from jaxembed.encode import Encoder
     from jaxembed.train import train
 
-    spec = str(paths.REPO_ROOT / "configs" / "demo.py") + (":tiny" if tiny else "")
+    spec = "demo" + (":tiny" if tiny else "")  # the recipe, found from any folder (jaxembed.config_io)
     cfg = cfglib.apply_overrides(cfglib.load_config_file(spec), list(overrides))
     tasks = tuple(tasks) if tasks else DEMO_TASKS
     workdir = Path(workdir)

@@ -1,4 +1,4 @@
-"""Where things are: the shared data folder and the bundled demo model."""
+"""Where things are: the shared data folder, the recipes and the bundled demo model."""
 
 from __future__ import annotations
 
@@ -12,9 +12,32 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 
+def source_checkout() -> bool:
+    """Whether jaxembed runs from its repository (a clone, or an editable install of one), not from an installed
+    package: its pyproject.toml lies beside the package folder."""
+    return (REPO_ROOT / "pyproject.toml").is_file()
+
+
 def shared_data_dir() -> Path:
-    """``$JAXEMBED_DATA`` or ``<repo>/../shared/data`` (the public datasets, see the README)."""
-    return Path(os.environ.get("JAXEMBED_DATA", REPO_ROOT.parent / "shared" / "data"))
+    """``$JAXEMBED_DATA``, else ``<repo>/../shared/data`` in a source checkout (the public datasets, see the README).
+    An installed package has no repository around it: there ``$JAXEMBED_DATA`` names the folder, and without it
+    this is a UserError saying so."""
+    env = os.environ.get("JAXEMBED_DATA")
+    if env:
+        return Path(env)
+    if not source_checkout():
+        raise UserError("the shared data folder is not known: jaxembed runs as an installed package, outside its "
+                        "repository (fix: export JAXEMBED_DATA=DIR, the folder that holds train/, dev/ and eval/ "
+                        "-- the repository's ../shared/data)")
+    return REPO_ROOT.parent / "shared" / "data"
+
+
+def recipes_dir() -> Path:
+    """The folder of the recipes that ship with jaxembed (``--config NAME[:VARIANTS]``): ``jaxembed/recipes/`` of an
+    installed package (setup.py maps the package ``jaxembed.recipes`` to ``configs/``), else ``configs/`` of the
+    repository."""
+    installed = Path(__file__).resolve().parent / "recipes"
+    return installed if installed.is_dir() else REPO_ROOT / "configs"
 
 
 def demo_model_dir() -> Path:

@@ -1,9 +1,21 @@
 """The one loader of config files (``jaxembed.config_io.load_config_file``): ``PATH[:VARIANT]`` as every ``--config``
 reads it. Two loaders with different rules existed before (``jaxembed.config_io`` for train / score / sweep /
 pretrain, ``jaxembed.data.config_file`` for ``data prepare`` / ``plan build``); each case below failed on one of
-them (or on both: the file as a module, None returned, a syntax error)."""
+them (or on both: the file as a module, None returned, a syntax error).
+
+The recipes by name (``demo:tiny``, ``kalm:tiny,lora``) from any folder, through the CLI: ``jaxembed recipes``, the
+``--config`` of every command, a file winning over a recipe of its name, one line for an unknown name; and an
+installed package (the recipes inside it, no repository around it) finding them, with JAXEMBED_DATA named when
+the shared data is not known."""
 
 from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -57,7 +69,14 @@ def test_spec_rules(files, spec, arg):
     ("noarg.py:tiny", "--config noarg.py:tiny: get_config() takes no argument, so the variant 'tiny' cannot be "
                       "passed (fix: define get_config(arg=None) in noarg.py, or drop ':tiny')"),
     ("missing.py:tiny", "--config missing.py:tiny: no such file missing.py (fix: give a Python config file as PATH "
-                        "or PATH:VARIANT, e.g. configs/demo.py:tiny"),
+                        "or PATH:VARIANT, or a recipe by name as NAME or NAME:VARIANT (datacube, demo, kalm, mote, peg, "
+                        "retromae; e.g. demo:tiny)"),
+    ("demoo:tiny", "--config demoo:tiny: no recipe or file named 'demoo' (fix: did you mean demo? recipes: datacube, "
+                   "demo, kalm, mote, peg, retromae (`jaxembed recipes` lists their variants); a config file is given "
+                   "by its path, e.g. ./my_config.py"),
+    # the repository's path typed in another folder: the fix is the recipe's name, not another relative path
+    ("configs/kalm.py:tiny,lora", "--config configs/kalm.py:tiny,lora: no such file configs/kalm.py (fix: the recipe "
+                                  "'kalm' ships with jaxembed: --config kalm:tiny,lora works from any folder; else "),
     ("a:b", "--config a:b: is a folder, not a config file (fix: give a Python config file as PATH"),
     ("https://example.com/c.py:tiny", "--config https://example.com/c.py:tiny: is a URL, config files are read "
                                       "from a local path (fix: download it and give its local path"),
@@ -74,7 +93,7 @@ def test_errors_are_one_line_naming_the_file_and_the_fix(files, spec, message):
     with pytest.raises(UserError) as e:
         cfglib.load_data_config(spec)
     assert str(e.value).startswith(message), str(e.value)
-    if "no such file" in message:
+    if "no such file" in message or "no recipe" in message:
         assert str(e.value).endswith(", or 'shared')")
 
 
@@ -92,3 +111,106 @@ def test_get_hyper_is_read_by_the_same_rules(files):
     (files / "a:b" / "h.py").write_text(HEAD + "def get_config(arg=None):\n" + RETURNS_ARG +
                                         "\n\ndef get_hyper(arg=None):\n    return [{'optim.lr': 1e-3}]\n")
     assert load_hyper("a:b/h.py:tiny") == [{"optim.lr": 1e-3}]
+
+
+# --------------------------------------------------------------------------------------------- recipes by name
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
+
+
+def _recipe_variants(name):
+    from jaxembed.config_io import load_config_module
+
+    module, _, _ = load_config_module(str(ROOT / "configs" / f"{name}.py"))
+    return module.VARIANTS
+
+
+def test_recipes_by_name_from_any_folder(files, capsys):
+    """From a folder outside the repository: `jaxembed recipes` lists every recipe with the variants its file
+    declares; train / sweep / data prepare / score take NAME[:VARIANTS]; a file of the same name wins, a folder does
+    not; an unknown name and a recipe's own error are one line each."""
+    from jaxembed.cli import build_parser, main
+    from jaxembed.config_io import portable_spec
+    from jaxembed.sweep.expand import load_hyper
+
+    assert RECIPES == ["datacube", "demo", "kalm", "mote", "peg", "retromae"]
+    assert main(["recipes"]) == 0
+    out = capsys.readouterr().out
+    for name in RECIPES:
+        assert f"variants: {', '.join(_recipe_variants(name))}" in out and f"\n  {name} " in out, (name, out)
+    assert f"files: {ROOT / 'configs'}" in out
+    assert main(["recipes", "kalm"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"kalm: {ROOT / 'configs' / 'kalm.py'}\nvariants: tiny, stage1, ") and "semiNN" in out
+    assert "KaLM-Embedding: a Qwen2-0.5B embedder in two stages" in out
+    helps = [a.help for a in build_parser()._subparsers._group_actions[0].choices["train"]._actions
+             if "--config" in a.option_strings]
+    assert all(n in helps[0] for n in RECIPES) and "jaxembed recipes" in helps[0]
+
+    by_name = cfglib.load_config_file("kalm:tiny,lora")
+    assert by_name.model.lora.enabled and by_name.model.lora.rank == 4
+    assert cfglib.to_json(by_name) == cfglib.to_json(cfglib.load_config_file(str(ROOT / "configs/kalm.py:tiny,lora")))
+    assert load_hyper("kalm:tiny") == load_hyper(str(ROOT / "configs/kalm.py:tiny"))  # jaxembed sweep's get_hyper()
+    assert len(cfglib.load_data_config("demo:tiny")[0].datasets) == 4                 # jaxembed data prepare
+    (files / "kalm").mkdir()                       # a folder of a recipe's name: still the recipe
+    assert cfglib.load_config_file("kalm:tiny").stage1_dir == "runs/kalm_tiny/stage1"
+    (files / "demo").write_text(HEAD + "def get_config(arg=None):\n" + RETURNS_ARG)  # a file wins
+    assert cfglib.load_config_file("demo:tiny").arg == "'tiny'"
+    # a sweep runs, and a SLURM job reads, the recipe by name; a file by its absolute path
+    assert main(["sweep", "--config", "peg:tiny", "--root", "r", "--mode", "slurm", "--dry-run", "--no-hyper",
+                 "--sweep", "optim.lr=1e-3,2e-3"]) == 0
+    assert f"{ROOT / 'launch' / 'slurm_gpu.sh'} peg:tiny \"$WORKDIR\"" in capsys.readouterr().out
+    assert portable_spec("peg:tiny") == "peg:tiny" and portable_spec("a:b/v.py:tiny") == f"{files}/a:b/v.py:tiny"
+    for argv in (["train", "--config", "kalm:tiny,stage3", "--workdir", "w"], ["score", "--config", "pegg:tiny",
+                                                                               "--out", "s"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and not (files / "w").exists(), err
+        assert err.startswith(("error: kalm: unknown variant(s) 'stage3' (variants: tiny, stage1, stage2",
+                               "error: --config pegg:tiny: no recipe or file named 'pegg' (fix: did you mean peg?")
+                              ), err
+
+
+INSTALLED = textwrap.dedent("""
+    import os, sys
+    import jaxembed
+    from jaxembed import paths
+    from jaxembed.cli import main
+
+    print("package:", jaxembed.__file__, paths.recipes_dir(), paths.source_checkout(), flush=True)
+    assert main(["recipes"]) == 0
+    assert main(["train", "--config", "demo:tiny", "--workdir", "w"]) == 2  # no JAXEMBED_DATA, no repository
+    os.environ["JAXEMBED_DATA"] = sys.argv[1]
+    assert main(["sweep", "--config", "kalm:tiny", "--root", "r", "--dry-run"]) == 0
+""")
+
+
+def test_an_installed_package_ships_and_finds_the_recipes(tmp_path, shared_data, monkeypatch):
+    """A non-editable install: setup.py ships configs/ as the package jaxembed.recipes (every jaxembed package too,
+    which pyproject.toml's own package list would override); a package laid out so, with no repository around it,
+    finds the recipes by name from any folder, and without JAXEMBED_DATA says in one line that the shared data
+    needs it."""
+    import setuptools  # noqa: F401 (before distutils: setuptools' own)
+    from distutils.core import run_setup
+
+    monkeypatch.chdir(ROOT)
+    dist = run_setup(str(ROOT / "setup.py"), stop_after="config")
+    assert dist.package_dir == {"jaxembed.recipes": "configs"} and "jaxembed.recipes" in dist.packages
+    assert set(setuptools.find_packages(str(ROOT), include=["jaxembed", "jaxembed.*"])) < set(dist.packages)
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(ROOT / "jaxembed", site / "jaxembed", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "configs", site / "jaxembed" / "recipes", ignore=shutil.ignore_patterns("*.md"))
+    (tmp_path / "elsewhere").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "JAXEMBED_DATA"}
+    p = subprocess.run([sys.executable, "-c", INSTALLED, str(shared_data)], cwd=tmp_path / "elsewhere",
+                       env=dict(env, PYTHONPATH=str(site)), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"package: {site / 'jaxembed' / '__init__.py'} {site / 'jaxembed' / 'recipes'} False" in p.stdout
+    assert f"files: {site / 'jaxembed' / 'recipes'}" in p.stdout and "\n  kalm " in p.stdout
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: demo: the shared data folder is not known: jaxembed runs as an installed package, "
+                      "outside its repository (fix: export JAXEMBED_DATA=DIR, the folder that holds train/, dev/ and "
+                      "eval/ -- the repository's ../shared/data)"], p.stderr
+    assert "-m jaxembed.cli train --config kalm:tiny --workdir r/semi_homogeneous_proportion=0.5 " in p.stdout

@@ -8,11 +8,12 @@ mark the exceptions:
 - ``# doc-test: skip (why)``: not run (too slow for CI, a GPU, the network, a cluster). It must still parse: each
   simple command of it (pipes, ``&&``, loops and ``$(...)`` taken apart) is checked statically. ``jaxembed ...``
   goes through the real parser (``jaxembed.cli.build_parser``: subcommand, flags, choices, ``--config.KEY`` only
-  where the CLI takes it), and ``train`` / ``sweep`` / ``demo`` load their ``--config FILE:VARIANT`` (when the
-  file is in the repository) and apply the ``--config.KEY=VALUE`` / ``--set`` overrides to it (unknown keys
-  fail); ``python SCRIPT`` exists and defines every ``--flag`` used (its ``add_argument`` calls); ``python -c``
-  compiles; ``make TARGET`` is a Makefile target; ``pip install -e '.[x]'`` names extras of pyproject.toml; a
-  path (``launch/x.sh``, ``sbatch launch/x.sh``) exists; any other program is one of ``KNOWN_PROGRAMS``.
+  where the CLI takes it), and every command with a ``--config NAME:VARIANT`` (a recipe) or ``--config
+  FILE:VARIANT`` (when the file is in the repository) loads it and applies the ``--config.KEY=VALUE`` / ``--set``
+  overrides to it (unknown keys fail); ``python SCRIPT`` exists and defines every ``--flag`` used (its
+  ``add_argument`` calls); ``python -c`` compiles; ``make TARGET`` is a Makefile target; ``pip install -e '.[x]'``
+  names extras of pyproject.toml; a path (``launch/x.sh``, ``sbatch launch/x.sh``) exists; any other program is
+  one of ``KNOWN_PROGRAMS``.
 - ``# doc-test: exit N``: run, and must exit with status N.
 
 Every other command runs, page by page and in order (one bash process per page, so a page's variables and files
@@ -250,14 +251,20 @@ def _parse_jaxembed(args: list[str]):
 
 def check_jaxembed(args: list[str]) -> None:
     from jaxembed import config as cfglib
+    from jaxembed.config_io import split_config_spec
 
     ns, overrides = _parse_jaxembed(args)
-    overrides += list(getattr(ns, "set", None) or []) if ns.command == "sweep" else []
-    spec = getattr(ns, "config", None) if ns.command in ("train", "sweep") else None
+    overrides += list(getattr(ns, "set", None) or []) if ns.command in ("sweep", "pretrain") else []
+    spec = getattr(ns, "config", None)
     if ns.command == "demo":
-        spec = "configs/demo.py" + (":tiny" if ns.tiny else "")
-    if not spec or "$" in spec or not (ROOT / spec.partition(":")[0]).is_file():
-        return  # a config the page writes first (or a variable): its keys are checked when it runs
+        spec = "demo" + (":tiny" if ns.tiny else "")
+    if not isinstance(spec, str) or "$" in spec or spec == "shared":
+        return  # no config, a variable, or `data prepare --config shared`
+    path = split_config_spec(spec)[0]
+    if not (ROOT / path).is_file() and not re.fullmatch(r"[A-Za-z_]\w*", path):
+        return  # a config the page writes first: its keys are checked when it runs (a bare name: a recipe)
+    if ns.command == "plan":
+        overrides = []  # plan build --set: keys of the plan config, not of the run config
     cwd = os.getcwd()
     try:
         os.chdir(ROOT)
@@ -373,6 +380,10 @@ def test_the_parse_check_catches_mistakes():
            "jaxembed eval --split test",                                        # a value outside the choices
            "jaxembed train --config configs/demo.py --workdir w --config.optim.learning_rate=1e-4",  # unknown key
            "jaxembed train --config configs/demo.py:huge --workdir w",          # an unknown variant
+           "jaxembed train --config demoo:tiny --workdir w",                    # an unknown recipe
+           "jaxembed train --config kalm:tiny,stage3 --workdir w",              # a recipe's unknown variant
+           "jaxembed score --config pegg:tiny --out s",                         # (every command's --config)
+           "jaxembed pretrain retromae --config retromae:tiny --workdir w --set train.stepz=3",  # its --set keys
            "jaxembed encode --model m --input x --out y --config.model.dtype=bfloat16",  # no overrides there
            "python benchmarks/train_throughput.py --modles minilm:16",           # a flag the script lacks
            "make tests", "pip install -e '.[gpus]'", "jaxmbed --help", "launch/slurm.sh configs/demo.py r"]

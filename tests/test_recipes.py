@@ -1,7 +1,9 @@
-"""The recipes (configs/datacube.py, mote.py, peg.py, kalm.py) and the tiny models they run on.
+"""The recipes (configs/datacube.py, mote.py, peg.py, kalm.py, demo.py), loaded by name as a user types them
+(``datacube:tiny,mqmin``), and the tiny models they run on.
 
 - Every config and every variant (also combined with ``tiny``) loads and passes ``jaxembed.config.validate``, with
-  the settings its paper asks for; an unknown variant is an error that lists the variants.
+  the settings its paper asks for; an unknown variant is an error, led by the recipe's name, that lists the
+  variants.
 - Offline files a run needs (Data-CUBE's curriculum, KaLM's stage-1 model and mined data, PEG's RetroMAE export and
   judged negatives) are looked up when the config is validated, not when it is loaded, and a missing one is an
   error that prints the commands that make it; ``--config.<dir>`` overrides (and sweeps) move them.
@@ -45,12 +47,14 @@ VARIANTS = {
              "tiny,stage1,no_instructions", "lora", "stage2,lora", "tiny,lora", "tiny,stage2,lora"],
     "mote": ["", "tiny", "cpu", "ic", "static", "eob", "tiny,static", "tiny,ic", "tiny,eob", "cpu,ic,eob",
              "no_clustering", "cpu,ic,no_clustering"],
+    "demo": ["", "tiny"],
 }
 DIR_KEYS = ("curriculum_dir", "stage1_dir", "mined_dir", "retromae_dir")
 
 
 def _spec(recipe: str, variant: str = "") -> str:
-    return f"{CONFIGS / recipe}.py" + (f":{variant}" if variant else "")
+    """The recipe by name, as a user types it (the loader finds it from any folder)."""
+    return recipe + (f":{variant}" if variant else "")
 
 
 @pytest.fixture(scope="module")
@@ -184,14 +188,17 @@ def test_every_config_and_variant_validates(recipe, variant, tiny_cache, offline
 
 @pytest.mark.parametrize("recipe,bad", [("datacube", "tiny,mqmni"), ("peg", "infonse"), ("kalm", "semi150"),
                                         ("kalm", "stage1,stage2"), ("datacube", "random,d2e"),
-                                        ("datacube", "mqmin,mqrand"), ("datacube", "random,balanced")])
+                                        ("datacube", "mqmin,mqrand"), ("datacube", "random,balanced"),
+                                        ("mote", "huge"), ("mote", "tiny,cpu"), ("kalm", "semiNN"),
+                                        ("demo", "huge"), ("retromae", "huge")])
 def test_bad_variants_are_clear_errors(recipe, bad):
     with pytest.raises(UserError) as e:
         cfglib.load_config_file(_spec(recipe, bad))
     msg = str(e.value)
-    assert msg.startswith(f"configs/{recipe}.py: ") and "\n" not in msg
+    assert msg.startswith(f"{recipe}: ") and "\n" not in msg
     if "unknown" in msg:
-        assert "variants: tiny" in msg and "combine with commas" in msg
+        assert "variants: tiny" in msg and f"e.g. {recipe}:tiny" in msg
+        assert "combine with commas" in msg or recipe in ("demo", "retromae")  # the two with one variant
 
 
 def test_missing_offline_files_name_the_commands(tmp_path, offline, shared_data):
@@ -202,13 +209,13 @@ def test_missing_offline_files_name_the_commands(tmp_path, offline, shared_data)
     with pytest.raises(UserError) as e:
         cfglib.validate(c)
     assert (f"{nowhere}/min/task_order.json, {nowhere}/scores.npz are missing" in str(e.value)
-            and f"`jaxembed score --config configs/datacube.py --out {nowhere}` then `jaxembed curriculum --scores-dir "
+            and f"`jaxembed score --config datacube --out {nowhere}` then `jaxembed curriculum --scores-dir "
                 f"{nowhere} --out {nowhere}/min --objective min`" in str(e.value))
     c = _load("datacube", "tiny,task_unit")   # its unit's files, and score sees the unit (the variant)
     with pytest.raises(UserError) as e:
         cfglib.validate(c)
     assert ("runs/datacube_tiny/curriculum_task/task_order.json" in str(e.value)
-            and "`jaxembed score --config configs/datacube.py:tiny,task_unit --out runs/datacube_tiny/curriculum_task`"
+            and "`jaxembed score --config datacube:tiny,task_unit --out runs/datacube_tiny/curriculum_task`"
             in str(e.value))
     c = _load("datacube", "mqmin", {"curriculum_dir": nowhere})
     c.curriculum_dir = offline["curriculum_dir"]   # an override moves every derived path
@@ -226,7 +233,7 @@ def test_missing_offline_files_name_the_commands(tmp_path, offline, shared_data)
 
     c = _load("kalm", "stage2", {"stage1_dir": nowhere, "mined_dir": offline["mined_dir"]})
     with pytest.raises(UserError, match=rf"no stage-1 run in {nowhere} \(fix: run `jaxembed train --config "
-                                        rf"configs/kalm.py:stage1 --workdir {nowhere}` first"):
+                                        rf"kalm:stage1 --workdir {nowhere}` first"):
         cfglib.validate(c)
     c = _load("kalm", "stage2", {"stage1_dir": offline["stage1_dir"], "mined_dir": nowhere})
     with pytest.raises(UserError) as e:

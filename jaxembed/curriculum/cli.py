@@ -67,6 +67,8 @@ def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 def add_parsers(subparsers) -> None:
     """Add ``score``, ``curriculum`` and ``mine`` to an argparse sub-parsers object."""
+    from jaxembed.config_io import config_help
+
     p = subparsers.add_parser(
         "score", help="reference-model scores for a store: task similarity (Data-CUBE Eq. 4-5) and instance "
                       "difficulty phi (Eq. 8)",
@@ -75,9 +77,9 @@ def add_parsers(subparsers) -> None:
                     "OUT/cache: rerun the same command to resume a killed run.")
     _model_args(p, required=False)
     p.add_argument("--store", default=None, metavar="DIR", help="dataset store (jaxembed data prepare)")
-    p.add_argument("--config", default=None, metavar="FILE[:VARIANT]",
-                   help="a run config: its data.store, or its data config prepared into OUT/store; its model "
-                        "(name, max_length, dtype) when --model is not given")
+    p.add_argument("--config", default=None, metavar="NAME|FILE[:VARIANT]",
+                   help="a run config, " + config_help("a config file") + ": its data.store, or its data config "
+                        "prepared into OUT/store; its model (name, max_length, dtype) when --model is not given")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.add_argument("--unit", default=None, choices=["dataset", "task"],
                    help="what the curriculum orders: single datasets (Data-CUBE's task is a MEDI dataset) or the "

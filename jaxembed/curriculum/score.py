@@ -176,7 +176,7 @@ def load_run_config(spec: str):
 
     config = cfglib.load_config_file(spec)
     if "data" not in config:
-        raise UserError(f"--config {spec}: no data section (fix: a run config, e.g. configs/demo.py)")
+        raise UserError(f"--config {spec}: no data section (fix: a run config, e.g. the recipe datacube:tiny)")
     return config
 
 

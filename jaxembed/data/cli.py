@@ -28,6 +28,8 @@ from jaxembed.data.validate import check_paths, summary_line, validate_file
 
 def add_parsers(subparsers) -> None:
     """Add ``data validate`` and ``data prepare`` to an argparse sub-parsers object."""
+    from jaxembed.config_io import config_help
+
     p = subparsers.add_parser("data", help="validate training files; prepare the dataset store",
                               description="Validate training files and prepare the random-access dataset store.")
     sub = p.add_subparsers(dest="data_command", required=True, metavar="{validate,prepare,clustering}")
@@ -54,9 +56,9 @@ def add_parsers(subparsers) -> None:
     pp = sub.add_parser("prepare", help="validate every record of a data config and write the dataset store",
                         description="Read every dataset of a data config, check every record, apply the on_error "
                                     "policy and write the random-access store (ArrayRecord) with a report.")
-    pp.add_argument("--config", required=True, metavar="PATH[:VARIANT]|shared",
-                    help="a Python file whose get_config([VARIANT]) returns a ConfigDict with a 'data' field, or "
-                         "'shared' for all the shared training data")
+    pp.add_argument("--config", required=True, metavar="NAME|PATH[:VARIANT]|shared",
+                    help=config_help("a Python file whose get_config([VARIANT]) returns a ConfigDict with a 'data' "
+                                     "field") + "; or 'shared' for all the shared training data")
     pp.add_argument("--out", required=True, metavar="DIR", help="store folder (an existing store is replaced)")
     pp.add_argument("--on-error", default=None, choices=["stop", "skip"],
                     help="override the config: stop at the first bad record, or skip and count bad records")

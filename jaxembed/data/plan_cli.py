@@ -24,6 +24,8 @@ from jaxembed.errors import UserError
 
 def add_parsers(subparsers) -> None:
     """Add ``plan build`` and ``plan show`` to an argparse sub-parsers object."""
+    from jaxembed.config_io import config_help
+
     p = subparsers.add_parser("plan", help="build and inspect batch plans",
                               description="Batch plans: the global batch of every training step, saved to disk.")
     sub = p.add_subparsers(dest="plan_command", required=True, metavar="{build,show}")
@@ -32,9 +34,9 @@ def add_parsers(subparsers) -> None:
                        description="Build the plan (a pure function of the store, the scores / curriculum files, "
                                    "the plan config and the seed) and write PLAN.npz + PLAN.json.")
     b.add_argument("--store", required=True, metavar="DIR", help="dataset store (jaxembed data prepare)")
-    b.add_argument("--config", default=None, metavar="PATH[:VARIANT]|FILE.json",
-                   help="plan config: a Python config file (its 'plan' field) or a JSON file; default: the "
-                        "defaults of jaxembed.data.plan.default_plan_config")
+    b.add_argument("--config", default=None, metavar="NAME|PATH[:VARIANT]|FILE.json",
+                   help="plan config: " + config_help("a Python config file (its 'plan' field)") + "; or a JSON "
+                        "file; default: the defaults of jaxembed.data.plan.default_plan_config")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a plan config field, e.g. --set global_batch_size=128 (repeatable)")
     b.add_argument("--out", required=True, metavar="PLAN.npz", help="output plan file (.npz; a .json sidecar "

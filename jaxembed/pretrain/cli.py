@@ -1,4 +1,4 @@
-"""``jaxembed pretrain retromae --config FILE[:VARIANT] --workdir DIR [--set KEY=VALUE ...]``.
+"""``jaxembed pretrain retromae --config NAME|FILE[:VARIANT] --workdir DIR [--set KEY=VALUE ...]``.
 
 ``add_parsers(subparsers)`` adds the ``pretrain`` command (``func`` returns the exit status; a UserError is
 printed on one line by the main CLI, exit status 2). ``--set model.max_length=64`` overrides a config field
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 
 def add_parsers(subparsers) -> None:
+    from jaxembed.config_io import config_help
+
     p = subparsers.add_parser("pretrain", help="pre-training stages (RetroMAE)",
                               description="Pre-train an encoder before contrastive fine-tuning.")
     sub = p.add_subparsers(dest="pretrain_command", required=True, metavar="{retromae}")
@@ -17,8 +19,8 @@ def add_parsers(subparsers) -> None:
                                    "sentence embedding, one-layer decoder on heavily masked text), with checkpoints "
                                    "and automatic resume; export the encoder as a Hugging Face / "
                                    "sentence-transformers folder for `jaxembed train`.")
-    r.add_argument("--config", required=True, metavar="FILE[:VARIANT]",
-                   help="config file with get_config(arg), e.g. configs/retromae.py:tiny")
+    r.add_argument("--config", required=True, metavar="NAME[:VARIANTS]|FILE[:VARIANTS]",
+                   help=config_help() + " (the recipe: retromae, retromae:tiny)")
     r.add_argument("--workdir", required=True, help="run directory (created; an existing run is resumed)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set train.steps=500 (repeatable)")

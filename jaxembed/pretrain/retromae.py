@@ -1,4 +1,4 @@
-"""RetroMAE pre-training job: ``jaxembed pretrain retromae --config configs/retromae.py[:tiny] --workdir DIR``.
+"""RetroMAE pre-training job: ``jaxembed pretrain retromae --config retromae[:tiny] --workdir DIR``.
 
 Flow: config -> validate -> texts (JSON Lines / text files or a store; deduplicated, tokenized once) -> the
 RetroMAE model (any BERT-family checkpoint jaxembed imports, or a random config with that checkpoint's

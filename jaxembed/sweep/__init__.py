@@ -2,7 +2,7 @@
 each with its own workdir under a root folder, then runs them locally one after another, or writes one SLURM
 array script, or a command list for ``launch/tpu_pod.sh``. ``jaxembed sweep report DIR`` tabulates the runs.
 
-    jaxembed sweep --config configs/demo.py:tiny --root runs/sweep \\
+    jaxembed sweep --config demo:tiny --root runs/sweep \\
         --sweep "optim.lr=1e-5,2e-5 loss.temperature=0.01,0.02"          # 2 x 2 = 4 runs, in sequence
     jaxembed sweep report runs/sweep                                      # table, CSV, markdown, JSON, PNG
 

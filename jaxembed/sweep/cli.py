@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from jaxembed.config_io import config_help
 from jaxembed.errors import UserError
 from jaxembed.sweep.expand import MANIFEST, Sweep, plan_sweep
 from jaxembed.sweep.report import REPORT, collect, format_report, write_report
@@ -25,8 +26,8 @@ def cmd_sweep(args) -> int:
     if getattr(args, "sweep_action", None) == "report":
         return cmd_report(args)
     if not args.config or not args.root:
-        raise UserError("sweep: --config FILE[:VARIANT] and --root DIR are required (e.g. jaxembed sweep --config "
-                        "configs/demo.py:tiny --root runs/sweep --sweep \"optim.lr=1e-5,2e-5\"; or jaxembed sweep "
+        raise UserError("sweep: --config NAME|FILE[:VARIANT] and --root DIR are required (e.g. jaxembed sweep "
+                        "--config demo:tiny --root runs/sweep --sweep \"optim.lr=1e-5,2e-5\"; or jaxembed sweep "
                         "report DIR)")
     fixed = list(args.set or []) + [o[len("--config."):] for o in getattr(args, "overrides", [])]
     sw = plan_sweep(args.config, args.root, args.sweep or (), args.zip or (), fixed, use_hyper=not args.no_hyper,
@@ -83,8 +84,8 @@ def add_parsers(sub) -> None:
                                    "DIR` tabulates the runs.",
                        epilog="Fixed overrides: --set KEY=VALUE or --config.KEY=VALUE. Values parse like "
                               "--config.KEY=VALUE. See jaxembed/sweep/ and the README (Sweeps).")
-    p.add_argument("--config", default=None, help="config file with get_config(arg) (and optionally get_hyper(arg))"
-                                                  ", e.g. configs/demo.py:tiny")
+    p.add_argument("--config", default=None, metavar="NAME[:VARIANTS]|FILE[:VARIANTS]",
+                   help=config_help("a config file with get_config(arg) (and optionally get_hyper(arg))"))
     p.add_argument("--root", default=None, help="sweep folder: one run directory per run, and sweep.json")
     p.add_argument("--sweep", action="append", metavar="'KEY=V1,V2 KEY2=A,B'",
                    help="cartesian product of these values (repeatable; groups are crossed)")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxembed import paths
+from jaxembed.config_io import portable_spec
 from jaxembed.errors import UserError
 from jaxembed.signals import StopSignals
 from jaxembed.sweep.expand import MANIFEST, Sweep, SweepRun
@@ -278,8 +279,7 @@ def slurm_script(sw: Sweep, launch_script: Path, parallel: int | None = None) ->
     node, requeue on preemption); a task whose run already completed exits at once."""
     root = sw.root.absolute()
     launch_script = launch_script.absolute()
-    cfg_path, sep, variant = sw.config_spec.partition(":")
-    config = str(Path(cfg_path).absolute()) + sep + variant
+    config = portable_spec(sw.config_spec)
     n = len(sw.runs)
     job = re.sub(r"[^A-Za-z0-9_.-]", "_", f"sweep-{root.name}")
     lines = [
