@@ -18,8 +18,11 @@ itself from scores.npz (E2D = phi descending; D2E; random), so the Table 7 varia
 whose files are missing stops at validation with the two commands to run.
 
 Variants (combine with commas, e.g. ``datacube:tiny,mqmin``):
-- ``tiny``: 2 steps of 8 queries on CPU, real shared data (stsb, sick_nli, trecqa), a tiny random T5 encoder
-  (jaxembed.models.tiny); curriculum in runs/datacube_tiny/curriculum (the same two commands with ``:tiny``).
+- ``tiny``: 17 steps of 8 queries on CPU, a tiny random T5 encoder (jaxembed.models.tiny: 1 layer, 32 wide), real
+  shared data of four tasks (trecqa, sick_nli, stsb, mrpc: four curriculum units, so that task orders score
+  differently in Eq. 6); 17 steps are less than a pass, and the compressed curriculum gives each dataset its share
+  of them by size: 1, 1, 1 and 14 batches (78, 81, 199 and 2,014 examples); curriculum in
+  runs/datacube_tiny/curriculum (the same two commands with ``:tiny``).
 - ``mqmin``: Table 6 MQMin, the task order that minimises Eq. 6 (``curriculum_dir``/min/task_order.json).
 - ``mqrand`` = ``no_task_curriculum``: Table 6 MQRand = Table 3 "w/o Task" (the paper reports the same numbers
   for both: instances E2D, task order shuffled): ``curriculum_dir``/random/task_order.json.
@@ -62,7 +65,7 @@ NAME = recipe_spec(__file__)  # 'datacube' (a copy of this file: its path), for 
 VARIANTS = ("tiny", "mqmin", "mqrand", "no_task_curriculum", "no_instance_curriculum", "d2e", "random", "mask",
             "task_unit", "balanced")
 OBJECTIVES = ("max", "min", "random")  # jaxembed curriculum --objective; 'max' is Data-CUBE (MQMax)
-TINY_DATASETS = ("stsb", "sick_nli", "trecqa")
+TINY_DATASETS = ("stsb", "sick_nli", "trecqa", "mrpc")
 
 # INSTRUCTOR-style instructions ("Represent the {domain} {text type} for {objective}: ", Su et al. 2023, which
 # Data-CUBE fine-tunes; MEDI gives every task its instruction): dataset -> (query, document).
@@ -236,7 +239,11 @@ def get_config(arg=None):
             d.max_query_length = 32                 # the instructions take ~12 of these tokens
             d.max_doc_length = 32
         c.plan.global_batch_size = 8
-        c.plan.steps = 2
+        c.plan.steps = 17                           # less than a pass: each unit's share by size, one batch for the
+        #                                             smallest (trecqa 78, sick_nli 81, stsb 199 and mrpc 2,014
+        #                                             examples: 1, 1, 1, 14 batches)
+        c.data.sampling = "weights"                 # `random` (Vanilla, drawn batches): every unit equally likely,
+        c.plan.seed = 2                             # and a seed whose draws take all four (tests/test_recipes.py)
         c.optim.lr = 1e-3                           # a random model: a visible step
         c.train.dropout = False
         c.train.log_every = 1

@@ -6,6 +6,10 @@
 Data: every file of ../shared/data/train (or --config.data_dir=...), see jaxembed.data.config.shared_train_config:
 14 datasets, 6 task types, KaLM-style instructions on asymmetric tasks, none on symmetric ones, one hard negative
 per query, task-homogeneous batches (one dataset per batch; classification batches span that task's datasets).
+
+Variants:
+- ``tiny``: 4 steps of 8 queries of the same all-MiniLM-L6-v2, on stsb, wikiqa, trec and snli (one batch each: every
+  dataset equally likely, and a plan seed whose 4 draws take all four).
 """
 
 from jaxembed import paths
@@ -48,6 +52,8 @@ def get_config(arg=None):
     c.eval.before = True
     if arg == "tiny":
         c.data.datasets = [d for d in c.data.datasets if d.name in TINY_DATASETS]
+        c.data.sampling = "weights"          # every dataset equally likely (one unit each, trec's alone)
+        c.plan.seed = 2                      # a plan whose 4 steps take every dataset (tests/test_recipes.py)
         c.plan.global_batch_size = 8
         c.plan.steps = 4
         c.train.log_every = 2

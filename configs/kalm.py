@@ -25,8 +25,10 @@ Variants (combine with commas, e.g. ``kalm:tiny,stage2,semi50``):
 - ``lora``: parameter-efficient fine-tuning (not in the paper; jaxembed.lora, docs/lora.md): LoRA adapters of rank 16
   (alpha 32, dropout 0.05) on every attention and MLP projection of Qwen2, the base weights frozen, lr 2e-4; the
   export holds the merged model and the PEFT adapter (``export/adapter/``). ``tiny,lora``: rank 4, no dropout.
-- ``tiny``: 2 steps of 8 queries on CPU, real shared data, a tiny random Qwen2 (jaxembed.models.tiny): stage 1 on
-  stsb, sick_nli, trec; stage 2 on sick_nli (mined from runs/kalm_tiny/stage1) and trec, Matryoshka 32..2.
+- ``tiny``: batches of 8 queries on CPU, real shared data, a tiny random Qwen2 (jaxembed.models.tiny: 1 layer, 32
+  wide): stage 1 is 3 steps on stsb, sick_nli, trec; stage 2 is 2 steps from stage 1's export on sick_nli (mined from
+  runs/kalm_tiny/stage1) and trec, Matryoshka 32..2; one batch of each dataset (every dataset equally likely, and a
+  plan seed whose draws take every one).
   The tiny chain: train :tiny,stage1 into runs/kalm_tiny/stage1; then
   ``jaxembed mine --model runs/kalm_tiny/stage1/export --store runs/kalm_tiny/stage1/store --dataset sick_nli
   --top-k 100 --window 10:40 --out runs/kalm_tiny/mined/sick_nli.jsonl`` (the 162-text corpus of sick_nli is too
@@ -198,7 +200,9 @@ def get_config(arg=None):
                 d.num_negatives = 5                 # trec's 5 other labels; one candidate count for every dataset:
                 #                                     the trainer sizes K by the store, the loader by the plan
         c.plan.global_batch_size = 8
-        c.plan.steps = 2
+        c.plan.steps = len(c.data.datasets)         # a batch of every dataset: 3 steps (stage 1), 2 (stage 2)
+        c.data.sampling = "weights"                 # every dataset equally likely, and a seed whose draws take
+        c.plan.seed = 2                             # every one, in both stages (tests/test_recipes.py)
         c.optim.lr = 1e-3                           # a random model: a visible step
         c.train.dropout = False
         if "lora" in variants:

@@ -160,6 +160,14 @@ def test_demo_trains_evaluates_and_exports(shared_data, tmp_path, capsys):
     assert f"SentenceTransformer({str((wd / 'export').resolve())!r})" in body and "'PATH'" not in body
     train_lines = [x for x in map(json.loads, (wd / "metrics.jsonl").read_text().splitlines()) if x["split"] == "train"]
     assert [x["step"] for x in train_lines] == [2] and np.isfinite(train_lines[0]["loss"])
+    # demo:tiny's own plan on this store (the run above overrides its 4 steps): a batch of each of its 4 datasets
+    from jaxembed import config as cfglib
+    from jaxembed.data.plan import build_plan
+    from jaxembed.data.store import Store
+
+    cfg = cfglib.load_config_file("demo:tiny")
+    plan = build_plan(Store.open(wd / "store"), cfg.plan, data_config=cfglib.data_section(cfg))
+    assert sorted(plan.dataset_names[int(d)] for d in plan.dataset_ids[:, 0]) == ["snli", "stsb", "trec", "wikiqa"]
     from jaxembed import evaluate as evallib
     from jaxembed.encode import load_encoder
     from jaxembed.paths import demo_model_dir

@@ -3,15 +3,17 @@
 
 - Every config and every variant (also combined with ``tiny``) loads and passes ``jaxembed.config.validate``, with
   the settings its paper asks for; an unknown variant is an error, led by the recipe's name, that lists the
-  variants.
+  variants. Each tiny is what configs/README.md's table says (steps, batch, model, datasets).
 - Offline files a run needs (Data-CUBE's curriculum, KaLM's stage-1 model and mined data, PEG's RetroMAE export and
   judged negatives) are looked up when the config is validated, not when it is loaded, and a missing one is an
   error that prints the commands that make it; ``--config.<dir>`` overrides (and sweeps) move them.
-- The tiny variants train 2 steps each on the real shared data, in process, with their method switched on:
+- The tiny variants train their few steps on the real shared data, in process, with their method switched on, and
+  every dataset they name has rows in their plans:
   Data-CUBE (``jaxembed score`` + ``jaxembed curriculum`` on the tiny store with the tiny T5, then the curriculum
   plan with the Eq. 9 mask), PEG (progressive loss, gradient cache, tiled loss), KaLM (stage 1 with
   semi-homogeneous batches, ``jaxembed mine`` with ranking-consistency filtering, stage 2 from stage 1's export
-  with Matryoshka) and MoTE (routed experts; unrouted ones untouched).
+  with Matryoshka) and MoTE (every expert routed and trained; tests/test_mote.py checks that an expert no step
+  routes to stays untouched). The Data-CUBE tiny has four curriculum units: its task orders score differently.
 - ``jaxembed.models.tiny``: deterministic cached folders, safe under concurrent creation.
 """
 
@@ -57,6 +59,20 @@ def _spec(recipe: str, variant: str = "") -> str:
     return recipe + (f":{variant}" if variant else "")
 
 
+def _tiny_table() -> dict[str, dict]:
+    """configs/README.md's table of the tiny variants: spec -> steps, batch, model, datasets."""
+    import re
+
+    rows = {}
+    for line in (CONFIGS / "README.md").read_text().splitlines():
+        m = re.match(r"^\| `(\w+:tiny(?:,\w+)?)`[^|]*\| (\d+) x (\d+)[^|]*\| ([^|]+)\| ([^|]+)\|$", line)
+        if m:
+            names = re.sub(r"\([^)]*\)", "", m.group(5)).replace("+", ",")
+            rows[m.group(1)] = {"steps": int(m.group(2)), "batch": int(m.group(3)), "model": m.group(4).strip(),
+                                "datasets": {n.strip() for n in names.split(",") if n.strip()}}
+    return rows
+
+
 @pytest.fixture(scope="module")
 def tiny_cache(tmp_path_factory):
     """A fresh cache for the tiny models (JAXEMBED_CACHE) for this module."""
@@ -99,8 +115,8 @@ def _load(recipe, variant, dirs=None):
 def _check_recipe(recipe, variants, c, dirs):
     """The paper's settings and what each variant switches."""
     tiny = "tiny" in variants
-    if tiny:  # CPU-sized (MoTE's tiny takes 4 steps; the test below runs 2 of them)
-        assert (c.plan.global_batch_size, c.plan.steps, tuple(c.eval.tasks)) in ((8, 2, ()), (8, 4, ()))
+    if tiny:  # CPU-sized: batches of 8, a few steps, no evaluation (configs/README.md's table: _check_tiny)
+        assert (c.plan.global_batch_size, tuple(c.eval.tasks)) == (8, ()) and 2 <= c.plan.steps <= 17
         assert Path(c.model.name, "config.json").is_file()
     if recipe == "datacube":
         cur = c.plan.curriculum
@@ -178,12 +194,40 @@ def _check_recipe(recipe, variants, c, dirs):
         assert all(Path(d.path).parent.name == "clustering" for d in c.data.datasets if d.name in clu)
 
 
+def _check_tiny(spec, c):
+    """A tiny is what configs/README.md's table says: steps x queries, the model, the datasets."""
+    row = _tiny_table()[spec]
+    assert (c.plan.steps, c.plan.global_batch_size) == (row["steps"], row["batch"]), (spec, row)
+    assert {d.name for d in c.data.datasets} == row["datasets"], (spec, row)
+    hf_cfg = json.loads(Path(c.model.name, "config.json").read_text())
+    if row["model"].startswith("random "):  # jaxembed.models.tiny: 1 layer, 32 wide
+        arch = row["model"].split()[1].strip(",").lower()
+        assert hf_cfg["model_type"] == arch and (hf_cfg.get("num_hidden_layers") or hf_cfg["num_layers"]) == 1
+        assert (hf_cfg.get("hidden_size") or hf_cfg["d_model"]) == 32
+    else:
+        from jaxembed import paths
+
+        assert row["model"].startswith("all-MiniLM-L6-v2") and c.model.name == str(paths.demo_model_dir())
+
+
 @pytest.mark.parametrize("recipe,variant", [(r, v) for r, vs in VARIANTS.items() for v in vs])
 def test_every_config_and_variant_validates(recipe, variant, tiny_cache, offline):
     c = _load(recipe, variant, offline)
     cfglib.validate(c)
     _check_recipe(recipe, {v for v in variant.split(",") if v}, c, offline)
+    if f"{recipe}:{variant}" in _tiny_table():
+        _check_tiny(f"{recipe}:{variant}", c)
     json.loads(cfglib.to_json(c))  # the resolved config (config.json of a run) is plain JSON
+
+
+def test_the_tiny_table_names_every_tiny():
+    """configs/README.md's table has a row for each recipe's tiny (KaLM: both stages), so _check_tiny checks each."""
+    assert set(_tiny_table()) == {"demo:tiny", "datacube:tiny", "peg:tiny", "kalm:tiny", "kalm:tiny,stage2",
+                                  "mote:tiny", "retromae:tiny"}
+    row, c = _tiny_table()["retromae:tiny"], cfglib.load_config_file("retromae:tiny")
+    assert (c.train.steps, c.train.batch_size, c.model.init) == (row["steps"], row["batch"], "random")
+    assert (c.model.overrides["num_hidden_layers"], c.model.overrides["hidden_size"]) == (1, 32)
+    assert [Path(p).stem for p in c.data.paths] == sorted(row["datasets"]) == ["wikiqa"]
 
 
 @pytest.mark.parametrize("recipe,bad", [("datacube", "tiny,mqmni"), ("peg", "infonse"), ("kalm", "semi150"),
@@ -322,12 +366,12 @@ def _train(cfg, workdir):
 
     cfg.train.progress = False
     s = train(cfg, workdir)
-    assert s["status"] == "completed" and s["step"] == 2 and s["skipped"] == 0, s
+    assert s["status"] == "completed" and s["step"] == cfg.plan.steps and s["skipped"] == 0, s
 
 
 def _run_datacube(d: Path):
-    """The Data-CUBE chain on the tiny store: jaxembed score, jaxembed curriculum, then 2 curriculum steps with the
-    Eq. 9 mask (tiny,mask)."""
+    """The Data-CUBE chain on the tiny store: jaxembed score, jaxembed curriculum, then the tiny's curriculum steps
+    with the Eq. 9 mask (tiny,mask)."""
     from jaxembed.cli import main
 
     cur = d / "curriculum"
@@ -374,16 +418,8 @@ def _run_kalm(d: Path):
 
 
 def _run_mote(d: Path):
-    """configs/mote.py:tiny for 2 steps, on a 1-layer random BERT instead of all-MiniLM-L6-v2 (a third of the compile
-    time; tests/test_mote.py up-cycles the real model)."""
-    from jaxembed.models.tiny import tiny_model_dir
-
-    cfg = _load("mote", "tiny")
-    cfg.model.name = str(tiny_model_dir("bert", num_layers=1))
-    cfg.plan.steps = 2
-    cfg.train.dropout = False
-    cfg.train.log_every = 1
-    _train(cfg, d)
+    """mote:tiny as it is (a 1-layer random BERT up-cycled; tests/test_mote.py up-cycles the real model)."""
+    _train(_load("mote", "tiny"), d)
 
 
 def _worker(chain: str, out: str) -> None:
@@ -405,7 +441,7 @@ def _workers(request, tiny_cache, tmp_path_factory):
     if not wanted or not paths.shared_data_dir().is_dir():
         yield None
         return
-    for recipe in ("datacube", "peg", "kalm"):  # their tiny models, made once here rather than raced for below
+    for recipe in ("datacube", "peg", "kalm", "mote"):  # their tiny models, made once here, not raced for below
         _load(recipe, "tiny")
     out = tmp_path_factory.mktemp("runs")
     env = dict(os.environ, XLA_FLAGS=FAST_XLA, JAX_PLATFORMS="cpu")
@@ -443,12 +479,21 @@ def runs(_workers, shared_data):
 
 
 def _metrics(workdir):
-    """The train rows of metrics.jsonl, checked: 2 steps, finite losses, a completed run."""
+    """The train rows of metrics.jsonl, checked: every step of the config's, finite losses, a completed run; and every
+    dataset of the run has rows in its plan (each tiny exercises every dataset it names)."""
+    from jaxembed.data.plan import Plan
+
+    steps = json.loads((Path(workdir) / "config.json").read_text())["plan"]["steps"]
     s = json.loads((Path(workdir) / "summary.json").read_text())
-    assert s["status"] == "completed" and s["step"] == 2 and s["skipped"] == 0, s
+    assert s["status"] == "completed" and s["step"] == steps and s["skipped"] == 0, s
     rows = [json.loads(x) for x in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r.get("split") == "train"]
-    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows), rows
+    assert [r["step"] for r in rows] == list(range(1, steps + 1)) and all(math.isfinite(r["loss"]) for r in rows), rows
+    plan = Plan.load(Path(workdir) / "plan.npz")
+    rows_of = {name: int((plan.dataset_ids == k).sum()) for k, name in enumerate(plan.dataset_names)}
+    assert plan.steps == steps and all(rows_of.values()), rows_of  # the plan's datasets: the config's
+    assert set(rows_of) == {x["name"] for x in json.loads((Path(workdir) / "config.json").read_text())["data"]
+                            ["datasets"]}
     return s, rows
 
 
@@ -462,12 +507,24 @@ def test_datacube_tiny_curriculum_run(runs):
     assert plan.meta["mode"] == "curriculum" and plan.meta["curriculum"]["order"] == order, plan.meta
     assert set(plan.meta["strategies"].values()) == {"curriculum"}
     delta = json.loads((run / "config.json").read_text())["plan"]["mask"]["delta"]
-    # Algorithm 1: the walk follows the task order over datasets (among the datasets whose share of the 2 steps is
-    # a batch: 2 steps are a compressed curriculum, a random subset of each dataset), one dataset per batch
+    # Algorithm 1: the walk follows the task order over all four datasets (the tiny's steps are a compressed
+    # curriculum, a random subset of each dataset, each with a batch at least), one dataset per batch
     walked = [plan.meta["units"][u]["name"] for u in plan.unit_ids]
     first_visits = [order.index(t) for k, t in enumerate(walked) if t not in walked[:k]]
     assert first_visits == sorted(first_visits) and plan.meta["curriculum"]["fraction_of_one_pass"] < 0.1
+    assert first_visits == [0, 1, 2, 3] and walked[:4] == order, (walked, order)
     assert all(len(set(row)) == 1 for row in plan.dataset_ids)
+    # four units: the task orders score differently (with three, every cyclic order ties), and the exact solver's
+    # order is the best of them (Eq. 6)
+    from itertools import permutations
+
+    from jaxembed.curriculum.order import cyclic_objective
+
+    with np.load(cur / "task_similarity.npz") as z:
+        S, names = z["matrix"], [str(n) for n in z["names"]]
+    values = {perm: cyclic_objective(S, perm) for perm in permutations(range(len(names)))}
+    assert len(names) == 4 and max(values.values()) - min(values.values()) > 1e-6, values
+    assert cyclic_objective(S, [names.index(t) for t in order]) == pytest.approx(max(values.values()))
     # E2D: every task's rows run from easy to difficult (phi descending, Eq. 8)
     with np.load(cur / "scores.npz") as z:
         phi = {k: z[k] for k in z.files}
@@ -531,9 +588,10 @@ def test_kalm_tiny_two_stages(runs, tmp_path):
 
 
 def test_mote_tiny_run_routes_experts(runs):
-    """The trained experts are those the plan's tasks route to (the clustering expert among them: the clustering
-    sets built from the classification files reach it); an expert no task routes to still equals the dense
-    model's feed-forward weights it was up-cycled from."""
+    """The trained experts are those the plan's tasks route to: every expert, as the tiny's 4 steps take every unit
+    (the clustering expert among them: the clustering sets built from the classification files reach it). That an
+    expert no task routes to keeps the dense model's feed-forward weights: tests/test_mote.py, between two
+    checkpoints of the same plan."""
     from safetensors.numpy import load_file
 
     from jaxembed.data.plan import Plan
@@ -553,7 +611,7 @@ def test_mote_tiny_run_routes_experts(runs):
         _, name, hf_key = key.split(".", 2)
         changed[name] = changed.get(name, False) or not np.array_equal(w, dense[hf_key])
     assert used and {e for e, c in changed.items() if c} == used, (used, changed)
-    assert changed["clustering"] and not changed["classification"]  # 2 steps: clustering, then re-ranking
+    assert used == set(spec["experts"]) and all(changed.values())  # every unit, so every expert, trains
 
 
 if __name__ == "__main__":  # a worker of the `runs` fixture
