@@ -336,7 +336,7 @@ def test_spec_routing_and_config_errors(tmp_path):
     bad("model.mote.placement", "middle", "every, every_other")
     bad("model.mote.routing.retrieval", "('search_query', 'nope')", "unknown expert 'nope'")
     bad("model.mote.default", "nope", "default")
-    c = cfglib.load_config_file(MOTE_CONFIG + ":tiny")
+    c = cfglib.load_config_file(MOTE_CONFIG + ":cpu")  # every shared dataset, trecqa (reranking) among them
     c.model.mote.routing = {k: v for k, v in c.model.mote.routing.items() if k != "reranking"}
     with pytest.raises(UserError, match=r"dataset 'trecqa' has task type 'reranking'.*routing.reranking ="):
         cfglib.validate(c)
