@@ -9,20 +9,20 @@ the same moment.
 - Both killed (-9) while the async save of step 6 is in flight (its final rename held, tests/faults hold_save)
   and started again: they say so, resume from the previous complete checkpoint (3) and end bitwise equal to the
   uninterrupted pod run.
-- Commands that run on one host only refuse a multi-host environment with one line.
 - Stopped by SIGTERM after step 6 (JAX's preemption sync: both processes save step 6 and exit 143), the run
   resumes on other layouts, 1 process x 4 devices and 1 x 2, with the defaults (packed rows, dropout on): each logs
   the uninterrupted one-process run's losses and ends with its parameters.
+- Commands that run on one host only refuse a multi-host environment with one line.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import json
 import shutil
 import signal
 
 import jax
+import numpy as np
 import pytest
 
 import runs
@@ -84,7 +84,6 @@ def test_pod_killed_during_async_save_resumes_bitwise(pod):
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_an_error_on_one_process_stops_every_process(pod, tmp_path):
 def _train_losses(workdir) -> dict[int, float]:
     lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     return {x["step"]: x["loss"] for x in lines if x["split"] == "train"}
@@ -128,6 +127,7 @@ def test_pod_stopped_by_sigterm_resumes_on_other_layouts(pod):
         assert worst <= 1e-5, (devices, worst)
 
 
+def test_an_error_on_one_process_stops_every_process(pod, tmp_path):
     """Process 1 started with another config than process 0: both stop at once with the same error line (neither
     waits for the other until a timeout), before any work."""
     args = ["train", "--config", str(pod["config"]), "--workdir", str(tmp_path / "w")]
