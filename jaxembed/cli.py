@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import time
+from jaxembed.choices import ATTENTION_KERNELS, DTYPES, POOLING_MODES
 from pathlib import Path
 
 from jaxembed.config_io import config_help
@@ -29,14 +30,14 @@ from jaxembed.errors import UserError
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model folder (HF / sentence-transformers / jaxembed export) "
                                                   "or Hugging Face hub id")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
                    help="computation dtype (default float32)")
     p.add_argument("--max-length", type=int, default=None, help="truncate texts to N tokens (default: the model's)")
-    p.add_argument("--pooling", default=None, choices=["mean", "cls", "lasttoken", "max", "mean_sqrt_len"],
+    p.add_argument("--pooling", default=None, choices=POOLING_MODES,
                    help="override the folder's pooling")
     p.add_argument("--bidirectional", action="store_true", help="decoder backbones (Qwen2/3): bidirectional "
                                                                "attention instead of causal")
-    p.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn", "te", "pallas", "splash"],
+    p.add_argument("--attention", default="auto", choices=ATTENTION_KERNELS,
                    help="attention kernel (model.attention; default auto: the platform's fused kernel where it fits)")
 
 
@@ -211,9 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=None, help="a training run: export its latest (or --step) checkpoint")
     p.add_argument("--step", default=None, help="with --workdir: a checkpoint's step (default: the latest), 'best' "
                                                  "(the best dev step, eval.best_metric) or 0 (the starting model)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--max-length", type=int, default=None)
-    p.add_argument("--pooling", default=None, choices=["mean", "cls", "lasttoken", "max", "mean_sqrt_len"])
+    p.add_argument("--pooling", default=None, choices=POOLING_MODES)
     p.add_argument("--bidirectional", action="store_true")
     p.add_argument("--task", default=None, help="MoTE: a plain dense folder whose feed-forward is this task's expert "
                                                 "(an expert name, or a task type with one expert)")

@@ -20,6 +20,7 @@ from typing import Any
 import ml_collections as mc
 from ml_collections import config_dict
 
+from jaxembed.choices import ATTENTION_KERNELS, POOLING_MODES, TRAIN_DTYPES
 from jaxembed.config_io import (apply_overrides, load_config_file, override_error,  # noqa: F401 (re-exported)
                                 to_json, to_plain, write_resolved)
 from jaxembed.data.config import CONTRASTIVE_LOSSES, LOSSES, SCORED_LOSSES  # noqa: F401 (re-exported)
@@ -30,7 +31,7 @@ DISTILL = ("none", "kl", "margin_mse")
 GIST_MARGIN_STRATEGIES = ("absolute", "relative")
 LOSS_IMPLS = ("jit", "shard_map")
 PARAM_SHARDINGS = ("replicate", "fsdp", "fsdp_tp")
-DTYPES = ("float32", "bfloat16")
+DTYPES = TRAIN_DTYPES
 
 
 def default_config() -> mc.ConfigDict:
@@ -251,16 +252,14 @@ def validate(c: mc.ConfigDict) -> None:
     _choice(c, "model.dtype", DTYPES)
     _choice(c, "model.param_dtype", DTYPES)
     if "attention" in c.model:
-        from jaxembed.models.attention import IMPLEMENTATIONS
-
-        _choice(c, "model.attention", IMPLEMENTATIONS)
+        _choice(c, "model.attention", ATTENTION_KERNELS)
     if c.model.param_dtype == "bfloat16":  # every recipe trains with AdamW (optim.py)
         raise UserError("config.model.param_dtype = 'bfloat16' is refused: AdamW updates smaller than about 1/512 "
                         "to 1/256 of a weight round away in bfloat16 master weights (at lr 2e-5 most weights would "
                         "never move) (fix: keep model.param_dtype='float32' and set model.dtype='bfloat16' for mixed "
                         "precision)")
     if c.model.pooling:
-        _choice(c, "model.pooling", ("mean", "cls", "lasttoken", "max", "mean_sqrt_len"))
+        _choice(c, "model.pooling", POOLING_MODES)
     ml = c.model.max_length
     if not (isinstance(ml, int) and not isinstance(ml, bool) and ml == 0):  # 0: the model folder's max_seq_length
         from jaxembed.hf import check_max_length

@@ -21,6 +21,7 @@ This module parses and checks the arguments; the work and what it prints are ``j
 
 from __future__ import annotations
 
+from jaxembed.choices import ATTENTION_KERNELS, DTYPES, POOLING_MODES
 from jaxembed.errors import UserError
 
 
@@ -62,12 +63,12 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--prompts", default=None, metavar="FILE.json",
                    help="extra prompts, keyed like mteb (task name, task type, query, document, NAME-query, ...)")
     p.add_argument("--name", default=None, help="--mteb: model name in the result files (default: folder name)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--max-length", type=int, default=None, help="truncate texts to N tokens")
-    p.add_argument("--pooling", default=None, choices=["mean", "cls", "lasttoken", "max", "mean_sqrt_len"],
+    p.add_argument("--pooling", default=None, choices=POOLING_MODES,
                    help="override the folder's pooling")
     p.add_argument("--bidirectional", action="store_true", help="Qwen2/3 backbones: bidirectional attention")
-    p.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn", "te", "pallas", "splash"],
+    p.add_argument("--attention", default="auto", choices=ATTENTION_KERNELS,
                    help="attention kernel (model.attention; default auto: the platform's fused kernel where it fits)")
     p.add_argument("--no-packing", action="store_true", help="pad one text per row instead of packing several "
                    "texts per row (the same embeddings, slower; for comparison)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-MODES = ("mean", "cls", "lasttoken", "max", "mean_sqrt_len")
+from jaxembed.choices import POOLING_MODES as MODES
 
 
 def first_token_index(attention_mask: jax.Array) -> jax.Array:

@@ -7,6 +7,7 @@ and the scores are described there)::
 
 from __future__ import annotations
 
+from jaxembed.choices import TRAIN_DTYPES
 from jaxembed.teacher import score_file
 
 
@@ -28,7 +29,7 @@ def add_parser(subparsers) -> None:
     g.add_argument("--doc-prompt", default=None, help="instruction prefixed to every positive and negative")
     g.add_argument("--doc-prompt-name", default=None, help="a named prompt of the teacher for the documents")
     p.add_argument("--max-length", type=int, default=None, help="truncate texts to N tokens (default: the model's)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="computation dtype")
+    p.add_argument("--dtype", default="float32", choices=TRAIN_DTYPES, help="computation dtype")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_teacher_score)
 

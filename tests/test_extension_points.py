@@ -162,3 +162,51 @@ def test_architecture_names_are_not_copied():
     assert not found, ("a list of architectures outside jaxembed/models/<arch>/ (declare the fact in the folder's "
                        "spec.py, jaxembed.models.architecture):\n  " + "\n  ".join(found))
 
+
+# ---------------------------------------------------------------------------------- command-line choice lists
+
+def _list_copies(names, declared_in: set[str]) -> list[str]:
+    """Tuple / list / set literals (not dicts: a table keyed by the names holds a fact per name) holding all the
+    ``names`` but at most one (at least two), outside ``declared_in``."""
+    need, out = max(2, len(names) - 1), []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        if rel in declared_in:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(set(_literal_names(node)) & set(names)) >= need:
+                out.append(f"{rel}:{node.lineno}: {_literal_names(node)}")
+    return out
+
+
+@pytest.mark.parametrize("name", ["POOLING_MODES", "DTYPES", "ATTENTION_KERNELS"])
+def test_choice_lists_are_declared_once(name):
+    from jaxembed import choices
+
+    found = _list_copies(getattr(choices, name), {"jaxembed/choices.py"})
+    assert not found, f"a copy of jaxembed.choices.{name} (read it from there):\n  " + "\n  ".join(found)
+
+
+@pytest.mark.parametrize("option, name", [
+    (("encode", "--pooling"), "POOLING_MODES"), (("encode", "--dtype"), "DTYPES"),
+    (("encode", "--attention"), "ATTENTION_KERNELS"), (("export", "--pooling"), "POOLING_MODES"),
+    (("export", "--dtype"), "DTYPES"), (("eval", "--pooling"), "POOLING_MODES"), (("eval", "--dtype"), "DTYPES"),
+    (("eval", "--attention"), "ATTENTION_KERNELS"), (("score", "--pooling"), "POOLING_MODES"),
+    (("score", "--dtype"), "DTYPES"), (("teacher-score", "--dtype"), "TRAIN_DTYPES")])
+def test_command_line_choices_come_from_the_declarations(option, name):
+    from jaxembed import choices
+    from jaxembed.cli import build_parser
+
+    assert tuple(_choices(build_parser(), *option)) == getattr(choices, name)
+
+
+def test_implementations_and_config_checks_read_the_choice_lists():
+    from jaxembed import choices, config, pooling
+    from jaxembed.models import attention, layers, tiny
+    from jaxembed.pretrain.config import EXPORT_POOLINGS
+
+    assert pooling.MODES == tiny.POOLINGS == choices.POOLING_MODES
+    assert tuple(layers.DTYPES) == choices.DTYPES and config.DTYPES == choices.TRAIN_DTYPES
+    assert attention.IMPLEMENTATIONS == choices.ATTENTION_KERNELS
+    assert set(EXPORT_POOLINGS) < set(choices.POOLING_MODES)
+

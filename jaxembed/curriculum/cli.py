@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from jaxembed.choices import DTYPES, POOLING_MODES
 from jaxembed.curriculum.build import format_curriculum, plan_set_args, run_curriculum  # noqa: F401 (re-exported)
 from jaxembed.curriculum.score import (SCORE_FILES, config_store, config_unit, format_score,  # noqa: F401
                                        load_run_config, run_score)
@@ -49,12 +50,12 @@ from jaxembed.mining.job import input_from_file, input_from_store, run_mine  # n
 def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--model", required=required, default=None,
                    help="reference model: folder (HF / sentence-transformers / jaxembed export) or hub id")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default=None, choices=DTYPES,
                    help="computation dtype (default float32)")
     p.add_argument("--max-length", type=int, default=None,
                    help="tokenizer limit in tokens (default: the model's); each dataset's max_query_length / "
                         "max_doc_length still apply below it, as in training")
-    p.add_argument("--pooling", default=None, choices=["mean", "cls", "lasttoken", "max", "mean_sqrt_len"],
+    p.add_argument("--pooling", default=None, choices=POOLING_MODES,
                    help="override the folder's pooling")
     p.add_argument("--bidirectional", action="store_true", help="Qwen2/3 backbones: bidirectional attention")
     p.add_argument("--batch-size", type=int, default=64, help="encoding batch (split over all devices)")

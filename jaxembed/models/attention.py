@@ -56,10 +56,10 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxembed.choices import ATTENTION_KERNELS as IMPLEMENTATIONS
 from jaxembed.errors import UserError
 from jaxembed.models import dropout as _dropout
 
-IMPLEMENTATIONS = ("auto", "xla", "cudnn", "te", "pallas", "splash")
 _PLATFORM = {"cudnn": "gpu", "te": "gpu", "pallas": "gpu", "splash": "tpu"}
 # Kernels that apply a sliding window / attention logit soft-capping themselves (besides xla).
 _WINDOW = _SOFTCAP = ("splash",)

@@ -18,10 +18,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxembed import choices
 from jaxembed.models import attention as _attn
 from jaxembed.models.attention import Segments
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = {name: getattr(jnp, name) for name in choices.DTYPES}
 
 
 def to_dtype(name: str):

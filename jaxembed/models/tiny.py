@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 from jaxembed import models
+from jaxembed.choices import POOLING_MODES
 from jaxembed.errors import UserError
 from jaxembed.models.architecture import TinySize
 
@@ -42,7 +43,7 @@ from jaxembed.models.architecture import TinySize
 TINY_CONFIGS = {name: fn for arch in models.FOLDERS.values() for name, fn in arch.tiny.items()}
 ARCHS = tuple(TINY_CONFIGS)
 TINY_WINDOW = 16  # the tiny Mistral / Gemma sliding window: shorter than the tiny runs' rows, so it matters
-POOLINGS = ("mean", "cls", "lasttoken", "max", "mean_sqrt_len")
+POOLINGS = POOLING_MODES
 MARKER = "jaxembed_tiny.json"
 FORMAT = 1  # bump when the folder layout or the construction changes (new hash, new folder)
 VOCAB_SIZE = 30522  # all-MiniLM-L6-v2's WordPiece vocabulary

@@ -13,9 +13,12 @@ from ml_collections import config_dict
 
 from jaxembed import config as cfglib
 from jaxembed import optim
+from jaxembed.choices import POOLING_MODES
 from jaxembed.errors import UserError
 
 DEFAULT_FIELDS = ("text", "query", "pos", "neg", "sentence1", "sentence2")
+#: the poolings a RetroMAE export may take: every mode but last-token (a decoder's pooling; RetroMAE is BERT's)
+EXPORT_POOLINGS = tuple(m for m in POOLING_MODES if m != "lasttoken")
 
 
 def default_config() -> mc.ConfigDict:
@@ -133,5 +136,5 @@ def validate(c: mc.ConfigDict) -> None:
     _num(c, "train.checkpoint_minutes", low=0.0)
     if not isinstance(c.data.get("packing", True), bool):
         raise _err("data.packing", c.data.packing, "True (the encoder runs on packed rows) or False (padded rows)")
-    if c.export.pooling not in ("cls", "mean", "max", "mean_sqrt_len"):
-        raise _err("export.pooling", c.export.pooling, "allowed: cls, mean, max, mean_sqrt_len")
+    if c.export.pooling not in EXPORT_POOLINGS:
+        raise _err("export.pooling", c.export.pooling, f"allowed: {', '.join(EXPORT_POOLINGS)}")
