@@ -19,9 +19,9 @@ import logging
 import os
 import sys
 import time
-from jaxembed.choices import ATTENTION_KERNELS, DTYPES, POOLING_MODES
 from pathlib import Path
 
+from jaxembed.choices import ATTENTION_KERNELS, DTYPES, POOLING_MODES
 from jaxembed.config_io import config_help
 from jaxembed.demo import DEMO_TASKS
 from jaxembed.errors import UserError
