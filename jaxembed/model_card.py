@@ -26,6 +26,8 @@ import os
 import re
 from pathlib import Path
 
+from jaxembed.losses import table as loss_table
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _CACHE_SNAPSHOT = re.compile(r"models--([^/]+?)--([^/]+)/snapshots/")
 
@@ -596,8 +598,7 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
         loss += ", symmetric"
     if lcfg.get("same_task_mask"):
         loss += ", other tasks' candidates masked"
-    if lcfg.get("type") == "peg":
-        loss += f", PEG alpha {lcfg.get('peg_alpha')} beta {lcfg.get('peg_beta')}"
+    loss += loss_table.card_text(lcfg)  # the loss's own settings (PEG: alpha, beta)
     if lcfg.get("matryoshka_dims"):
         loss += f", Matryoshka dims {list(lcfg['matryoshka_dims'])} weights {list(lcfg.get('matryoshka_weights'))}"
     if lcfg.get("distill") not in (None, "none"):

@@ -210,3 +210,68 @@ def test_implementations_and_config_checks_read_the_choice_lists():
     assert attention.IMPLEMENTATIONS == choices.ATTENTION_KERNELS
     assert set(EXPORT_POOLINGS) < set(choices.POOLING_MODES)
 
+
+# ------------------------------------------------------------------------------------------------------- losses
+
+def test_every_loss_has_all_its_parts():
+    import string
+
+    from jaxembed.config import default_config
+    from jaxembed.losses import objective, scored
+    from jaxembed.losses.table import CONTRASTIVE, LOSS_TABLE, SCORED
+
+    loss_section = default_config().loss
+    for name, x in LOSS_TABLE.items():
+        assert x.name == name and x.title and x.data and x.kind in (CONTRASTIVE, SCORED), name
+        assert callable(x.fn()), name
+        assert all(k in loss_section for k in x.config_keys), f"{name}: config_keys not in the loss section"
+        used = {f for _, f, _, _ in string.Formatter().parse(x.card) if f}
+        assert used <= set(x.config_keys), f"{name}: its card names settings it does not declare"
+    assert objective.KINDS == tuple(LOSS_TABLE) and scored.KINDS == objective.SCORED
+    assert objective.CONTRASTIVE == tuple(n for n, x in LOSS_TABLE.items() if x.kind == CONTRASTIVE)
+
+
+def test_loss_names_are_not_copied():
+    from jaxembed.losses.table import LOSS_TABLE
+
+    found = literal_copies(LOSS_TABLE, {"jaxembed/losses/table.py"})
+    assert not found, ("a list of losses outside jaxembed/losses/table.py (derive it from LOSS_TABLE):\n  "
+                       + "\n  ".join(found))
+
+
+def test_the_loss_table_is_read_without_jax():
+    """The data config reads the loss table; the table and its package import no JAX."""
+    import subprocess
+    import sys
+
+    code = "import sys, jaxembed.data.config, jaxembed.losses.table; assert 'jax' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_scored_losses_are_called_through_their_table_function():
+    """scored_loss(kind) is the kind's function of the table, with the member mask of finite, weighted scores."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxembed.losses import scored
+    from jaxembed.losses.table import LOSS_TABLE, SCORED_LOSSES
+
+    rng = np.random.default_rng(0)
+    u, v = jnp.asarray(rng.normal(size=(5, 6))), jnp.asarray(rng.normal(size=(5, 6)))
+    s, w = jnp.asarray([0.1, 0.9, np.nan, 0.5, 0.3]), jnp.asarray([1.0, 1.0, 1.0, 0.0, 1.0])
+    member = jnp.isfinite(s) & (w > 0)
+    for kind in SCORED_LOSSES:
+        got = scored.scored_loss(kind, u, v, s, w, scale=20.0, cosine_weight=0.5)
+        want = LOSS_TABLE[kind].fn()(u, v, s, member, 20.0, 0.5)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want))
+    with pytest.raises(ValueError, match="is not one of cosent, angle"):
+        scored.scored_loss("infonce", u, v, s, w)
+
+
+def test_the_model_card_takes_each_loss_text_from_the_table():
+    from jaxembed.losses.table import card_text
+
+    assert card_text({"type": "peg", "peg_alpha": 0.5, "peg_beta": 0.1}) == ", PEG alpha 0.5 beta 0.1"
+    assert card_text({"type": "peg"}) == ", PEG alpha None beta None"  # an older config.json without them
+    assert card_text({"type": "infonce"}) == card_text({"type": "cosent"}) == card_text({}) == ""
+

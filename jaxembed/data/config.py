@@ -84,14 +84,11 @@ import ml_collections
 from jaxembed.data.record_formats import FORMAT_TABLE, RECORD_FORMATS, ST_TASK_TYPE_FIX, names_where
 from jaxembed.data.task_types import KALM_TEMPLATE, SYMMETRIC_TASK_TYPES, TASK_TYPES  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError
+from jaxembed.losses.table import CONTRASTIVE_LOSSES, LOSSES, SCORED_LOSSES  # noqa: F401 (a dataset's loss)
 
 SOURCE_FORMATS = ("hf", "tfds")
 FORMATS = ("auto",) + RECORD_FORMATS + SOURCE_FORMATS
 BATCHING = ("random", "homogeneous", "heterogeneous", "semi_homogeneous")
-#: the losses a dataset's ``loss`` may name (``jaxembed.losses.objective.KINDS``; jaxembed.config re-exports them)
-LOSSES = ("infonce", "peg", "cosent", "angle")
-CONTRASTIVE_LOSSES = ("infonce", "peg")
-SCORED_LOSSES = ("cosent", "angle")  # scored pairs: every pair is kept with its score
 ON_ERROR = ("stop", "skip")
 SAMPLING = ("size", "weights", "temperature")
 

@@ -59,6 +59,7 @@ from jaxembed.data.records import (BGE_IGNORED, BGE_TYPES, DEFAULT_FIELDS,  # no
                                    parse_st, parse_triplet)
 from jaxembed.data.tally import Tally, apply_policy  # noqa: F401 (re-exported)
 from jaxembed.errors import InputError, UserError
+from jaxembed.losses.table import titles
 
 # ------------------------------------------------------------------------------------------------ line reading
 
@@ -157,7 +158,7 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
                     keys = ", ".join(sorted(obj)) or "none"
                     raise InputError(path, line, f"cannot tell the format from the keys ({keys})", _FORMAT_HELP)
                 if opts.keep_scores and not FORMAT_TABLE[fmt].scored:
-                    raise InputError(path, line, f"a scored-pair loss (CoSENT / AnglE) trains on scored pairs "
+                    raise InputError(path, line, f"a scored-pair loss ({titles(SCORED_LOSSES)}) trains on scored pairs "
                                                  f"(sentence1, sentence2, score) but the records are {fmt}",
                                      "train this dataset with loss='infonce', or give it scored pairs")
                 if (FORMAT_TABLE[fmt].threshold_required and opts.need_threshold and opts.score_threshold is None

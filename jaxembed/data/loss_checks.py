@@ -16,6 +16,7 @@ from jaxembed.data.config import (CONTRASTIVE_LOSSES, SCORED_LOSSES, SOURCE_FORM
                                   effective_record_format)
 from jaxembed.data.record_formats import FORMAT_TABLE
 from jaxembed.errors import UserError
+from jaxembed.losses.table import quoted
 
 
 def check_dataset_losses(run_config, store_dir=None) -> None:
@@ -65,7 +66,7 @@ def check_dataset_losses(run_config, store_dir=None) -> None:
                                 "prepare the store again with this jaxembed, the dataset's loss set)")
         elif distill != "none":
             fix = (f"score it with the teacher: jaxembed teacher-score --model TEACHER --input FILE --out "
-                   f"FILE.scored.jsonl and train on that file; or give {name!r} loss='cosent' / 'angle' if it is "
+                   f"FILE.scored.jsonl and train on that file; or give {name!r} loss={quoted(SCORED_LOSSES)} if it is "
                    "scored pairs; or --config.loss.distill=none")
             if rec not in ("auto", None) and not _format_has(rec, "teacher_scores"):
                 raise UserError(f"{w}: loss.distill={distill!r} distils teacher scores (pos_scores / neg_scores of "
@@ -82,7 +83,7 @@ def check_dataset_losses(run_config, store_dir=None) -> None:
         for key, on in (("distill", distill != "none"), ("gist_guide", bool(loss_cfg.get("gist_guide")))):
             if on:
                 raise UserError(f"config.loss.{key} = {loss_cfg[key]!r}: no dataset trains a contrastive loss "
-                                f"(infonce / peg), which {key} acts on (fix: --config.loss.{key}="
+                                f"({' / '.join(CONTRASTIVE_LOSSES)}), which {key} acts on (fix: --config.loss.{key}="
                                 f"{'none' if key == 'distill' else chr(39) * 2})")
 
 

@@ -14,6 +14,7 @@ from typing import Any, Union
 from jaxembed.data.jsonl import EMPTY_TEXT_FIX, empty_text
 from jaxembed.data.task_types import KALM_TEMPLATE, TASK_TYPES
 from jaxembed.errors import InputError
+from jaxembed.losses.table import SCORED_LOSSES, titles
 
 Example = dict  # {"id", "query", "pos": list[str], "neg": list[str], "label"?, "score"?, "pos_scores"?, "neg_scores"?}
 
@@ -363,7 +364,8 @@ def parse_st(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
         _check_text(v, k)
     if not label_keys:
         if opts.keep_scores:
-            raise _Config(None, "a scored-pair loss (CoSENT / AnglE) needs a score column, these rows have none",
+            raise _Config(None, f"a scored-pair loss ({titles(SCORED_LOSSES)}) needs a score column, these rows have "
+                                "none",
                           "give the dataset a score / label column, or train it with loss='infonce'")
         if len(texts) < 2:
             raise _Bad(texts[0][0] if texts else None,

@@ -1,10 +1,20 @@
 """Losses as pure functions: InfoNCE over the global batch (plain and tiled), PEG, Matryoshka, GIST's guided mask
 (gist), distillation from teacher scores (distill: KL, MarginMSE), scored pairs (scored: CoSENT, AnglE), and the
-per-row combination of a batch (objective)."""
+per-row combination of a batch (objective). The table of the losses a config may name is ``table`` (``LOSS_TABLE``).
 
-from jaxembed.losses.core import CandidateInfo, LossOptions, QueryInfo, layout_pos_index, normalize
-from jaxembed.losses.infonce import PegState, QueryTerms, contrastive_loss, peg_statistics, query_terms
-from jaxembed.losses.tiled import tiled_terms
+The names below are imported from their modules when first used, so that ``jaxembed.losses.table`` is read without
+JAX (the data config reads it)."""
 
-__all__ = ["CandidateInfo", "LossOptions", "QueryInfo", "layout_pos_index", "normalize", "PegState", "QueryTerms",
-           "contrastive_loss", "peg_statistics", "query_terms", "tiled_terms"]
+_EXPORTS = {"CandidateInfo": "core", "LossOptions": "core", "QueryInfo": "core", "layout_pos_index": "core",
+            "normalize": "core", "PegState": "infonce", "QueryTerms": "infonce", "contrastive_loss": "infonce",
+            "peg_statistics": "infonce", "query_terms": "infonce", "tiled_terms": "tiled"}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        from importlib import import_module
+
+        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,8 @@
 """The training objective of a batch whose rows may follow different losses (a dataset names its loss).
 
-Each row of the batch has a loss kind (``KINDS``: its dataset's ``loss``, else the run's ``loss.type``); each kind
-present in the run is computed on its rows only, and the batch loss is their sum::
+Each row of the batch has a loss kind (``KINDS``, the losses of ``jaxembed.losses.table``: its dataset's ``loss``,
+else the run's ``loss.type``); each kind present in the run is computed on its rows only, and the batch loss is
+their sum::
 
     L = sum_{k in contrastive kinds} L_k(rows of k)  +  w_d * L_distill(contrastive rows)
         + sum_{k in scored kinds} L_k(rows of k)
@@ -31,10 +32,10 @@ import jax.numpy as jnp
 
 from jaxembed.losses import distill as distill_lib
 from jaxembed.losses import scored as scored_lib
+from jaxembed.losses.table import CONTRASTIVE_LOSSES as CONTRASTIVE
+from jaxembed.losses.table import LOSSES as KINDS
+from jaxembed.losses.table import SCORED_LOSSES as SCORED
 
-CONTRASTIVE = ("infonce", "peg")
-SCORED = scored_lib.KINDS
-KINDS = CONTRASTIVE + SCORED
 DISTILL = ("none",) + distill_lib.KINDS
 
 

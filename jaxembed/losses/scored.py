@@ -31,8 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxembed.losses.core import normalize
-
-KINDS = ("cosent", "angle")
+from jaxembed.losses.table import LOSS_TABLE, SCORED_LOSSES as KINDS
 
 
 def cosine_pairs(u: jax.Array, v: jax.Array) -> jax.Array:
@@ -66,20 +65,31 @@ def ranking_loss(sims: jax.Array, scores: jax.Array, member: jax.Array, scale: f
     return loss, jnp.sum(pair.astype(jnp.float32))
 
 
+def cosent_loss(u: jax.Array, v: jax.Array, scores: jax.Array, member: jax.Array, scale: float,
+                cosine_weight: float = 0.0) -> tuple[jax.Array, jax.Array]:
+    """CoSENT: the ranking loss on the cosines of the pairs (cosine_weight: AnglE's term, not used here)."""
+    return ranking_loss(cosine_pairs(u, v), scores, member, scale)
+
+
+def angle_loss(u: jax.Array, v: jax.Array, scores: jax.Array, member: jax.Array, scale: float,
+               cosine_weight: float = 0.0) -> tuple[jax.Array, jax.Array]:
+    """AnglE: the ranking loss on the angle similarities, plus cosine_weight x CoSENT's (Eq. 6's w1, w3 = 1)."""
+    loss, n = ranking_loss(angle_pairs(u, v), scores, member, scale)
+    if cosine_weight:
+        loss = loss + cosine_weight * ranking_loss(cosine_pairs(u, v), scores, member, scale)[0]
+    return loss, n
+
+
 def scored_loss(kind: str, u: jax.Array, v: jax.Array, scores: jax.Array, weights: jax.Array | None, *,
                 scale: float = 20.0, cosine_weight: float = 0.0) -> tuple[jax.Array, jax.Array]:
-    """CoSENT or AnglE on global arrays: (loss, number of ordered pairs compared).
+    """A scored-pair loss of ``jaxembed.losses.table`` (CoSENT, AnglE: its ``function``) on global arrays: (loss,
+    number of ordered pairs compared).
 
     u, v: [B, D] raw embeddings of each pair's two texts; scores: [B] (NaN: not a scored pair); weights: [B] (0:
     not a member) or None; cosine_weight: AnglE only, adds cosine_weight * L_cos (AnglE Eq. 6's w1 with w3 = 1)."""
+    if kind not in KINDS:
+        raise ValueError(f"scored-pair loss {kind!r} is not one of {', '.join(KINDS)}")
     member = jnp.isfinite(scores)
     if weights is not None:
         member = member & (weights > 0)
-    if kind == "cosent":
-        return ranking_loss(cosine_pairs(u, v), scores, member, scale)
-    if kind == "angle":
-        loss, n = ranking_loss(angle_pairs(u, v), scores, member, scale)
-        if cosine_weight:
-            loss = loss + cosine_weight * ranking_loss(cosine_pairs(u, v), scores, member, scale)[0]
-        return loss, n
-    raise ValueError(f"scored-pair loss {kind!r} is not one of {', '.join(KINDS)}")
+    return LOSS_TABLE[kind].fn()(u, v, scores, member, scale, cosine_weight)
