@@ -275,3 +275,17 @@ def test_the_model_card_takes_each_loss_text_from_the_table():
     assert card_text({"type": "peg"}) == ", PEG alpha None beta None"  # an older config.json without them
     assert card_text({"type": "infonce"}) == card_text({"type": "cosent"}) == card_text({}) == ""
 
+
+# ----------------------------------------------------------------------------------------------------- the docs
+
+def test_the_worked_examples_of_the_architecture_page_are_the_code():
+    """docs/architecture.md, "Adding a backbone, a loss or a record format": each ```python block that follows
+    "... `FILE.py`:" is a piece of that file, as it is."""
+    import re
+
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page[page.index("## Adding a backbone, a loss or a record format"):]
+    examples = re.findall(r"`([\w/]+\.py)`:\n\n```python\n(.*?)```", section, re.S)
+    assert len(examples) >= 5
+    for path, code in examples:
+        assert code in (PACKAGE.parent / path).read_text(encoding="utf-8"), f"the example from {path} is not in it"
