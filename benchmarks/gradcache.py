@@ -34,7 +34,8 @@ def main():
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxembed import gradcache, models
+    from jaxembed import models
+    from jaxembed.train import gradcache
     from jaxembed.losses import contrastive_loss, layout_pos_index
     from jaxembed.models.embedding import EmbeddingModel, HeadConfig
 

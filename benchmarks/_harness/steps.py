@@ -28,7 +28,8 @@ def worker_jaxembed(folder: str, B: int, lq: int, ld: int, chunk: int, steps: in
     import numpy as np
     from flax import nnx
 
-    from jaxembed import hf, optim, parallel
+    from jaxembed import hf, parallel
+    from jaxembed.train import optim
     from jaxembed.config import default_config
     from jaxembed.data.pipeline import to_global
     from jaxembed.train import Run, init_state, make_train_step

@@ -1,6 +1,6 @@
 """Each dataset's loss against its data, before any work (``check_dataset_losses``): called by the config check
 (``jaxembed.config.validate``, reading the first record of local files) and by the trainer on the prepared store
-(``jaxembed.loss_setup``, its pair / teacher score counts).
+(``jaxembed.train.loss``, its pair / teacher score counts).
 
 It reads records (``jaxembed.data.formats``), so it sits above ``jaxembed.data.config``, which only knows the
 config's fields.

@@ -4,7 +4,7 @@ What a mask element depends on. Each element's random bits are a counter-based h
 site's key and the element's coordinates *within its text*: the text's id, the token's position in the text and
 the feature (hidden states) or the query position, key position and head (attention probabilities). The train
 step gives every text of a step a global id (its index in the plan's batch: the queries, then the candidates;
-jaxembed.train_encode) and draws one key per step, so a text gets the same masks whether it is alone in a padded
+jaxembed.train.encode) and draws one key per step, so a text gets the same masks whether it is alone in a padded
 row or packed with others, in whichever row, sub-batch or device it lands: the default run (packing and dropout
 on) trains the same model on any device count, and packed rows equal padded rows with dropout on. The caller
 states the coordinates for a block of code (``tokens``: the text id and position of every slot [B, L]); without

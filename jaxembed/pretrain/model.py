@@ -105,7 +105,7 @@ def encode_packed(model: RetroMAE, input_ids: jax.Array, pack: dict, *, mesh=Non
     """The encoder's states [B, L, H] of the padded rows ``input_ids`` [B, L], computed on their packed layout
     (``pack``: jaxembed.pretrain.data.encoder_pack, shard s = rows [s*R, (s+1)*R) and texts [s*B/S, (s+1)*B/S)
     with local indices: S = the mesh's devices, or ``shards`` without a mesh); padding positions get zeros."""
-    from jaxembed.train_encode import per_shard
+    from jaxembed.train.encode import per_shard
 
     length = input_ids.shape[1]
 

@@ -34,15 +34,16 @@ import optax
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import hf, models, optim, parallel
-from jaxembed.checkpointing import Checkpointer
+from jaxembed import hf, models, parallel
+from jaxembed.train import optim
+from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.errors import UserError
-from jaxembed.monitor import Monitor
+from jaxembed.train.monitor import Monitor
 from jaxembed.pretrain import data as datalib
 from jaxembed.pretrain.config import DEFAULT_FIELDS, _err, default_config, validate  # noqa: F401 (re-exported)
 from jaxembed.pretrain.model import (BERT_FAMILY, RetroMAE, build_retromae, copy_head, load_mlm_head,
                                      retromae_loss)
-from jaxembed.signals import StopSignals
+from jaxembed.train.signals import StopSignals
 from jaxembed.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

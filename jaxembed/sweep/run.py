@@ -22,7 +22,7 @@ from typing import Any
 from jaxembed import paths
 from jaxembed.config_io import portable_spec
 from jaxembed.errors import UserError
-from jaxembed.signals import StopSignals
+from jaxembed.train.signals import StopSignals
 from jaxembed.sweep.expand import MANIFEST, Sweep, SweepRun
 
 STATUS = "status.json"
@@ -47,10 +47,10 @@ def _check_existing(sw: Sweep) -> None:
                             "--config and --set / --config.KEY values)")
     existing = [r for r in sw.runs if (r.workdir / "config.json").exists()]
     if existing:
-        from jaxembed.train import _check_workdir
+        from jaxembed.train import check_workdir
 
         for r in existing:
-            _check_workdir(r.config, r.workdir)
+            check_workdir(r.config, r.workdir)
 
 
 def _write_json(path: Path, obj: Any) -> None:

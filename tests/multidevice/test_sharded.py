@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxembed import gradcache, models, parallel
+from jaxembed import models, parallel
+from jaxembed.train import gradcache
 from jaxembed.losses import CandidateInfo, LossOptions, QueryInfo, contrastive_loss, tiled_terms
 from loss_reference import peg_constants, random_batch, reference_loss
 

@@ -1,13 +1,14 @@
-"""A run set up from its config (the first half of jaxembed.train): ``setup`` validates the config, joins the
+"""A run set up from its config (the first half of the trainer): ``setup`` validates the config, joins the
 processes of a pod, checks the run directory and writes its config, loads the model (``init_source``: the model,
 or ``model.init_from``, a previous stage; MoTE up-cycling; LoRA adapters), prepares the dataset store and the
-batch plan, and builds the optimizer: a ``Run``. ``init_state`` places the initial train state on the mesh;
-``step_table`` / ``pow2_lengths`` give the loader the plan's per-step text lengths (and packed rows).
+batch plan, and builds the optimizer: a ``Run``. ``init_state`` places the initial train state on the mesh,
+``params_at`` the parameters of any step (jaxembed.train.state: the state's placement, the loader's length
+table).
 
-``export_from_workdir`` (``jaxembed export``) sets a run directory up again and exports one of its checkpoints
-(jaxembed.train_export). It is here, not in train_export, because ``init_source`` exports a previous stage
-through it: setting a run up may set another one up, one recursion kept in one module so that the imports go one
-way (train -> train_setup -> train_export).
+``export_from_workdir`` (``jaxembed export``) sets a run directory up again and exports one of its steps
+(``resolve_step``: a checkpoint, 0, best, latest) through jaxembed.train.export. It is here because
+``init_source`` exports a previous stage through it: setting a run up may set another one up, one recursion kept
+in one module so that the imports go one way (run -> export).
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import hf, lora, optim, parallel, runfiles, train_encode
-from jaxembed.checkpointing import Checkpointer
+from jaxembed import hf, lora, parallel, runfiles
+from jaxembed.train import encode as train_encode, optim
+from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.errors import UserError
-from jaxembed.train_export import _host_model, export_params, host_params, run_card, task_prompts
+from jaxembed.train.export import export_params, host_model, host_params, run_card, task_prompts
+from jaxembed.train.start import count, describe_model, describe_plan, describe_store, say
+from jaxembed.train.state import init_state, shardings
 from jaxembed.workdir_lock import WorkdirLock
 
 log = logging.getLogger(__name__)
@@ -57,7 +60,7 @@ class Run:
         return list(self.plan.task_names) if hasattr(self.plan, "task_names") else []
 
 
-def _check_workdir(config, workdir: Path) -> None:
+def check_workdir(config, workdir: Path) -> None:
     prev = workdir / "config.json"
     if not prev.exists():
         return
@@ -111,7 +114,7 @@ def prepare_store(config, workdir: Path):
         if (store_dir / "manifest.json").exists() and (
                 (workdir / "config.json").exists() or _store_config(store_dir) == _plain(cfglib.data_section(config))):
             return  # the run's own store (its config was checked), or one a refused start left for this data config
-        say(f"data: preparing the dataset store in {store_dir} ({_count(len(config.data.datasets), 'dataset')}: "
+        say(f"data: preparing the dataset store in {store_dir} ({count(len(config.data.datasets), 'dataset')}: "
             "every record is read and checked once)")
         with runfiles.writing("preparing the dataset store", store_dir,
                               fix="run the same command again (the store is prepared from the start)"):
@@ -120,56 +123,6 @@ def prepare_store(config, workdir: Path):
 
     runfiles.main_first("store", write)
     return Store.open(store_dir)
-
-
-def say(text: str) -> None:
-    """A line of the run's start on stdout (process 0 of a pod only)."""
-    if runfiles.is_main():
-        print(text, flush=True)
-
-
-def _count(n: float, unit: str) -> str:
-    return f"{n:,.0f} {unit}" + ("" if n == 1 else "s")
-
-
-def describe_model(loaded: hf.Loaded, source: str, config, mesh) -> str:
-    """One line: the model, its size, its max length, compute dtype and the devices."""
-    mc = loaded.model.config
-    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(loaded.model, nnx.Param)))
-    arch = ", ".join(x for x in (getattr(mc, "model_type", ""), f"{getattr(mc, 'num_layers', '?')} layers",
-                                 f"hidden {getattr(mc, 'hidden_size', '?')}", f"{n / 1e6:.1f}M parameters") if x)
-    extra = [f"max length {loaded.tokenizer.max_length}", f"compute {config.model.dtype}"]
-    if lora.spec_from_config(config) is not None:
-        extra.append(f"LoRA rank {config.model.lora.rank}, base frozen")
-    if getattr(mc, "mote", None) is not None:
-        extra.append(f"MoTE {len(mc.mote.experts)} experts")
-    devices = jax.devices()
-    where = f"{len(devices)} x {devices[0].device_kind}" + (f" in {jax.process_count()} processes"
-                                                            if jax.process_count() > 1 else "")
-    return f"model: {source} ({arch}); {', '.join(extra)}; devices: {where} (mesh {dict(mesh.shape)})"
-
-
-def describe_store(store, config, workdir: Path) -> str:
-    """One line: the datasets with their sizes and task types, and where the store is."""
-    ds = store.datasets
-    shown = ", ".join(f"{d.name} {d.size:,} ({d.task_type})" for d in ds[:8])
-    more = f" and {len(ds) - 8} more" if len(ds) > 8 else ""
-    total = sum(d.size for d in ds)
-    where = config.data.store or (workdir / "store")
-    return (f"data: {_count(len(ds), 'dataset')}, {_count(total, 'example')}: {shown}{more} "
-            f"(store {where})")
-
-
-def describe_plan(plan, config, store) -> str:
-    """One line: steps, queries per step and candidates per query, epochs, batching, packing."""
-    negs = max(int(d.num_negatives) for d in store.datasets)
-    size = sum(d.size for d in store.datasets)
-    b = int(config.plan.global_batch_size)
-    epochs = plan.steps * b / max(size, 1)
-    cand = "positive" + (f" + {_count(negs, 'hard negative')}" if negs else "") + " per query"
-    pack = "texts packed into rows" if cfglib.packing_enabled(config) else "one text per row (padded)"
-    return (f"plan: {_count(plan.steps, 'step')} x {b:,} queries ({cand}; in-batch negatives across the global "
-            f"batch), {epochs:.2g} epochs of the data, {config.plan.strategy or 'per-dataset'} batching, {pack}")
 
 
 def _build_plan(config, store):
@@ -247,7 +200,7 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None) -> Run:
             raise UserError(f"config.eval.tasks = {tuple(config.eval.tasks)}: dev evaluation during training runs "
                             f"in a single process, not on {n} (fix: set --config.eval.tasks=() for the pod run and "
                             "evaluate its export with `jaxembed eval`)")
-        _check_workdir(config, workdir)
+        check_workdir(config, workdir)
         if config.export.at_end:
             from jaxembed.export import check_target
 
@@ -272,7 +225,7 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None) -> Run:
     say(describe_plan(plan, config, store))
 
     def write_config():
-        _check_workdir(config, workdir)
+        check_workdir(config, workdir)
         with runfiles.writing("writing the config", workdir / "config.json"):
             cfglib.write_resolved(config, workdir)
 
@@ -290,7 +243,7 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None) -> Run:
         routes = mote.routing_tables(spec, list(plan.task_names), task_types)
     graphdef, params, rest = nnx.split(loaded.model, lora.TRAINABLE if lora_spec is not None else nnx.Param, ...)
     if lora_spec is not None:  # the frozen base weights: an input of the step, placed (FSDP-sharded) once here
-        rest = jax.device_put(rest, _shardings(mesh, config.train.param_sharding, rest, pure=False))
+        rest = jax.device_put(rest, shardings(mesh, config.train.param_sharding, rest, pure=False))
     pure = nnx.to_pure_dict(params)
     total = plan.steps
     warmup = config.optim.warmup_steps if config.optim.warmup_steps >= 0 else int(config.optim.warmup_ratio * total)
@@ -391,63 +344,6 @@ def _load_base(config, source: str, **kw) -> hf.Loaded:
     return hf.load(folder, mote=mote.spec_from_config(m, num_layers), **kw)
 
 
-def _shardings(mesh, strategy: str, state, pure: bool = True) -> Any:
-    """NamedShardings of an nnx state's variables from their logical axes (``parallel.param_specs``), as a pure
-    dict (pure=True) or an nnx state."""
-    specs = parallel.param_specs(state, mesh, strategy)
-    shard = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs,
-                         is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-    return nnx.to_pure_dict(shard) if pure and isinstance(shard, nnx.State) else shard
-
-
-def _param_shardings(run: Run, params_state) -> Any:
-    return _shardings(run.mesh, run.config.train.param_sharding, params_state)
-
-
-def init_state(run: Run) -> dict:
-    """The initial train state, placed on the mesh: params replicated or FSDP-sharded, and the optimizer's
-    parameter-shaped leaves (Adam's moments) sharded like their parameters. LoRA: params = the adapters only."""
-    _, params_state, _ = nnx.split(run.loaded.model, lora.TRAINABLE if run.lora is not None else nnx.Param, ...)
-    pure = nnx.to_pure_dict(params_state)
-    shardings = _param_shardings(run, params_state)
-    pure = jax.device_put(pure, shardings)
-    rep = parallel.replicated(run.mesh)
-    opt_state = jax.jit(run.tx.init, out_shardings=optim.state_shardings(run.tx, pure, shardings, rep))(pure)
-    state = {
-        "params": pure,
-        "opt_state": opt_state,
-        "step": jnp.asarray(0, jnp.int32),
-        "rng": jax.random.key_data(jax.random.key(run.config.train.seed)),
-        "peg_t": jnp.asarray(0.0, jnp.float32),
-        "nonfinite": jnp.asarray(0, jnp.int32),
-        "skipped": jnp.asarray(0, jnp.int32),
-    }
-    return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1
-                        else jax.device_put(x, rep), state)
-
-
-def step_table(run: Run, cache: Path) -> dict[str, np.ndarray]:
-    """The plan's per-step text lengths (and packed rows, ``data.packing``): process 0 computes them (tokenizing
-    the plan) and writes the cache; the others read it when it is complete."""
-    from jaxembed.data.pipeline import cached_step_table
-
-    def compute():
-        with runfiles.writing("writing the length table", cache):
-            return cached_step_table(run.store, run.plan, run.loaded.tokenizer, cache, packing=run.packing,
-                                     num_candidates=run.K)
-
-    out = runfiles.main_first("lengths", compute)
-    return out if out is not None else cached_step_table(run.store, run.plan, run.loaded.tokenizer, cache,
-                                                         packing=run.packing, num_candidates=run.K)
-
-
-def pow2_lengths(lengths: np.ndarray, smallest: int = 16) -> np.ndarray:
-    """Round each step's longest text up to a power of two (>= smallest): the loader then pads to one of
-    16 / 32 / 64 / ... (or the maximum length), so a run compiles its step for a handful of shapes."""
-    x = np.maximum(np.asarray(lengths), smallest)
-    return (2 ** np.ceil(np.log2(x))).astype(np.int32)
-
-
 def params_at(run: Run, ckpt: Checkpointer, step: int, like: dict | None = None) -> Any:
     """The run's parameters at ``step``: its checkpoint, or at step 0 the model it started from (the initial state
     is a pure function of the config and seed, so it needs no checkpoint). ``like``: a live train state of the
@@ -471,7 +367,7 @@ def params_at(run: Run, ckpt: Checkpointer, step: int, like: dict | None = None)
 def resolve_step(workdir: Path, config, step: int | str | None, steps: list[int]) -> int:
     """The step ``jaxembed export --step`` names: a number (a checkpoint, or 0: the starting model), 'latest'
     (also None), or 'best' (the best dev evaluation by ``eval.best_metric``, over every invocation of the run)."""
-    from jaxembed.train_metrics import best_step, dev_scores
+    from jaxembed.train.metrics import best_step, dev_scores
 
     if step is None or step == "latest":
         if not steps:
@@ -534,7 +430,7 @@ def export_from_workdir(workdir: str | Path, out: str | Path, step: int | str | 
         with runfiles.writing("writing the export", out):
             if task is None and not average_experts:
                 return export_params(run, params, Path(out), step=step, name=name, lora_export=lora_export)
-            model = _host_model(run, params)
+            model = host_model(run, params)
             if run.lora is not None:
                 model = lora.merged(model)
             kw = dict(hf_config=run.loaded.hf_config, prompts={**run.loaded.st.prompts, **task_prompts(run.store)},

@@ -1,8 +1,8 @@
 """A run's export (the Hugging Face / sentence-transformers folder; jaxembed.export writes it): its parameters
-fetched to the host (``host_params``, a collective on a pod), the model with them (``_host_model``; LoRA: with
+fetched to the host (``host_params``, a collective on a pod), the model with them (``host_model``; LoRA: with
 the frozen base), the prompts of every task (``task_prompts``), its model card (``run_card``), and
-``export_params``, which writes the folder. ``jaxembed.train_setup.export_from_workdir`` exports a run directory's
-checkpoint with them (``jaxembed export``, ``model.init_from``).
+``export_params``, which writes the folder. ``jaxembed.train.run.export_from_workdir`` (``jaxembed export``,
+``model.init_from``) exports a run directory's step with them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from jaxembed import config as cfglib
 from jaxembed import lora, runfiles
 
 if TYPE_CHECKING:
-    from jaxembed.train_setup import Run
+    from jaxembed.train.run import Run
 
 
 def task_prompts(store) -> dict[str, str]:
@@ -41,7 +41,7 @@ def export_params(run: Run, params, out_dir: Path, *, summary: dict | None = Non
     (``jaxembed.export.export_lora``)."""
     from jaxembed import export as exportlib
 
-    model = _host_model(run, params)
+    model = host_model(run, params)
     prompts = {**run.loaded.st.prompts, **task_prompts(run.store)}
     mote = getattr(model.config, "mote", None) is not None
     lora_kind = (lora_export or run.lora.export) if run.lora is not None else None
@@ -60,7 +60,7 @@ def export_params(run: Run, params, out_dir: Path, *, summary: dict | None = Non
     return exportlib.export(model, run.loaded.tokenizer, out_dir, **kw)
 
 
-def _host_model(run: Run, params):
+def host_model(run: Run, params):
     """The model with ``params`` (host arrays). LoRA: the frozen base weights are the loaded model's own, host
     arrays of this process (``run.rest`` may be sharded over other processes' devices)."""
     if run.lora is None:

@@ -1,4 +1,4 @@
-"""The trainer's figures of its steps: ``_host_metrics`` averages the logged steps' metrics and measures the
+"""The trainer's figures of its steps: ``host_metrics`` averages the logged steps' metrics and measures the
 throughput (examples, tokens per second, step time, the share of real tokens, MFU, the device memory's peak);
 ``step_flops`` counts one step's FLOPs on the global batch (jaxembed.flops), padded or packed rows, for the MFU.
 """
@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 import jax
 
 from jaxembed import flops as flopslib
-from jaxembed import train_encode
+from jaxembed.train import encode as train_encode
 
 if TYPE_CHECKING:
-    from jaxembed.train_setup import Run
+    from jaxembed.train.run import Run
 
 
-def _host_metrics(pending: list, run: Run, t_start: float, flops_per_step: list) -> tuple[dict, list]:
+def host_metrics(pending: list, run: Run, t_start: float, flops_per_step: list) -> tuple[dict, list]:
     """Fetch the metrics of the pending steps (waits for them: the only host sync of the loop) and average them;
     throughput is measured up to the moment the last step's results arrived."""
     fetched = jax.device_get([m for _, m, _ in pending])

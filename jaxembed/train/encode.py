@@ -36,7 +36,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxembed import gradcache, pooling
+from jaxembed import pooling
+from jaxembed.train import gradcache
 from jaxembed.data.pipeline import sub_batches
 from jaxembed.models import dropout
 from jaxembed.parallel import BATCH_AXES

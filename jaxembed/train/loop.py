@@ -1,26 +1,6 @@
-"""The trainer: ``jaxembed train --config FILE[:VARIANT] --workdir DIR [--config.KEY=VALUE ...]``.
-
-Flow (docs/design.md, Architecture): config -> validate -> store -> batch plan -> Grain loader -> sharded step ->
-checkpoints -> export. Each arrow leaves a file in the run directory:
-config.json / config.txt, store/, plan.npz, metrics.jsonl, tensorboard/, checkpoints/, export/.
-
-Train state (one pytree): params, opt_state, step, rng (raw key data), peg_t (PEG momentum), nonfinite
-(consecutive skipped steps), skipped (total). The data position is the step: the plan and the loader give the
-same batch for a step after any restart, so a resumed run reproduces an uninterrupted one bit for bit on CPU.
-
-A pod (several processes, jax.distributed): every process runs this same code on one shared workdir, started at
-the same moment. Each file of the run directory has one writer and the others wait for it (jaxembed.runfiles;
-the table is in docs/reliability.md): process 0 writes config.json / config.txt, store/, plan.npz / plan.json,
-plan_lengths.npz, metrics.jsonl, tensorboard/, init_from/, export/ and summary.json, every other process waits for
-its outcome (and fails with its error); Orbax writes checkpoints/ (each process its shards, process 0 the rest).
-
-This module is the loop (``train``: the loader, checkpoints, logging, the dev evaluation, stop signals); the
-parts it runs are, in order: jaxembed.train_setup (config -> ``Run``: model, mesh, store, plan, optimizer;
-``init_state``; the loader's length table; ``export_from_workdir``), jaxembed.train_step (``make_train_step``:
-the jitted step and its loss), jaxembed.train_metrics (the logged figures: throughput, MFU, ``step_flops``),
-jaxembed.signals (SIGTERM / SIGINT), jaxembed.train_export (the export and its model card). Their public names
-are importable from here too (``from jaxembed.train import setup, init_state, make_train_step, step_flops``).
-"""
+"""The training loop (``train``): the loader, the jitted step, checkpoints, logging, the dev evaluation, stop
+signals, the summary and the run's export. What it runs is set up by jaxembed.train.run; the package docstring
+(jaxembed/train/__init__.py) has the whole flow."""
 
 from __future__ import annotations
 
@@ -35,16 +15,15 @@ from flax import nnx
 
 from jaxembed import config as cfglib
 from jaxembed import parallel, runfiles
-from jaxembed.checkpointing import Checkpointer
 from jaxembed.errors import UserError
-from jaxembed.monitor import Monitor
-from jaxembed.signals import Interrupted, StopSignals
-from jaxembed.train_export import export_params, host_params, run_card, task_prompts  # noqa: F401 (re-exported)
-from jaxembed.train_metrics import _host_metrics, best_step, dev_scores, step_flops
-from jaxembed.train_setup import (  # noqa: F401 (re-exported: `from jaxembed.train import X` keeps working)
-    Run, _check_workdir, export_dir, export_from_workdir, init_source, init_state, load_model, model_kwargs,
-    params_at, pow2_lengths, prepare_plan, prepare_store, setup, step_table)
-from jaxembed.train_step import make_train_step
+from jaxembed.train.checkpoints import Checkpointer
+from jaxembed.train.export import export_params, host_params
+from jaxembed.train.metrics import best_step, dev_scores, host_metrics, step_flops
+from jaxembed.train.monitor import Monitor
+from jaxembed.train.run import Run, export_dir, params_at, setup
+from jaxembed.train.state import init_state, pow2_lengths, step_table
+from jaxembed.train.signals import Interrupted, StopSignals
+from jaxembed.train.step import make_train_step
 from jaxembed.workdir_lock import WorkdirLock
 
 log = logging.getLogger(__name__)
@@ -192,7 +171,7 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
                     done = step + 1
                     last = done == total
                     if done % c.train.log_every == 0 or last or sig.received is not None:
-                        metrics, rows = _host_metrics(pending, run, t_interval, flops_per_step)
+                        metrics, rows = host_metrics(pending, run, t_interval, flops_per_step)
                         monitor.log(done, metrics)
                         for s, ok, h in rows:
                             if ok:
@@ -236,7 +215,7 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
                 if worse:
                     monitor.message(worse + f" (export it: jaxembed export --workdir {workdir} --step best --out DIR)")
             if is_main:  # training time (every run on this workdir), devices, the last dev evaluation (for the card)
-                from jaxembed.model_card import summary_facts
+                from jaxembed.run_facts import summary_facts
 
                 summary.update(summary_facts(workdir, t_begin))
             if status == "completed" and c.export.at_end:

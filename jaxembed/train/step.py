@@ -1,7 +1,7 @@
 """The train step: ``make_train_step(run)`` builds the jitted ``step(state, batch) -> (state, metrics)`` of a run
-(jaxembed.train_setup.Run), with its loss function: the batch encoded (jaxembed.train_encode: padded or packed
+(jaxembed.train.run.Run), with its loss function: the batch encoded (jaxembed.train.encode: padded or packed
 rows, the gradient cache, MoTE's experts), each row's loss (jaxembed.losses.objective, Matryoshka, the GIST guide's
-mask), the gradients, the optimizer update (jaxembed.optim), and a non-finite step skipped (the state unchanged
+mask), the gradients, the optimizer update (jaxembed.train.optim), and a non-finite step skipped (the state unchanged
 but its counters). The train state is described in jaxembed.train.
 """
 
@@ -16,20 +16,21 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxembed import optim, parallel, train_encode
+from jaxembed import parallel
+from jaxembed.train import encode as train_encode, optim
 from jaxembed.losses import CandidateInfo, LossOptions, QueryInfo, layout_pos_index, tiled_terms
 from jaxembed.losses.infonce import contrastive_loss, query_terms
 from jaxembed.losses.matryoshka import matryoshka_loss
 
 if TYPE_CHECKING:
-    from jaxembed.train_setup import Run
+    from jaxembed.train.run import Run
 
 
 def make_train_step(run: Run) -> Callable:
     """step(state, batch, single_task=False) -> (state, metrics), jitted. The batch's loss: each row follows its
-    dataset's loss kind (jaxembed.losses.objective; jaxembed.loss_setup says how that stays static under jit), with
+    dataset's loss kind (jaxembed.losses.objective; jaxembed.train.loss says how that stays static under jit), with
     distillation and the GIST guide's mask when configured."""
-    from jaxembed.loss_setup import make_loss_setup
+    from jaxembed.train.loss import make_loss_setup
     from jaxembed.losses import objective as objlib
     from jaxembed.losses.gist import guide_infos
 
@@ -56,7 +57,7 @@ def make_train_step(run: Run) -> Callable:
         assert np.array_equal(routes[0], routes[1]), "a combined pack needs the same query and document experts"
 
     def embed(merge, params, batch, keys=(None, None), experts=(None, None), one_expert=False):
-        """Queries [B, D] and candidates [B*K, D] of a padded or packed batch (jaxembed.train_encode); one_expert:
+        """Queries [B, D] and candidates [B*K, D] of a padded or packed batch (jaxembed.train.encode); one_expert:
         every row has the same expert (MoTE's fast path, jaxembed.mote)."""
         return train_encode.embed_batch(merge, params, batch, K=K, mesh=mesh, keys=keys, experts=experts,
                                         one_expert=one_expert, chunk=chunk, sub_tokens=sub_tokens)
@@ -72,7 +73,7 @@ def make_train_step(run: Run) -> Callable:
         return jax.lax.stop_gradient(gq), jax.lax.stop_gradient(gd)
 
     def loss_fn(params, batch, key, peg_t, single_task=False, guide_emb=None, frozen=None):
-        # one dropout key for both sides: every text of the step has its own id (jaxembed.train_encode)
+        # one dropout key for both sides: every text of the step has its own id (jaxembed.train.encode)
         kq = kd = key if c.train.dropout else None
         experts = expert_ids(batch) if routes is not None else (None, None)
         base = rest if frozen is None else frozen  # LoRA: the frozen base weights come in as an input
@@ -124,7 +125,7 @@ def make_train_step(run: Run) -> Callable:
         gnorm = optax.global_norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         extra = {}
-        if routes is not None:  # only the routed experts are updated (jaxembed.optim.routed_adamw)
+        if routes is not None:  # only the routed experts are updated (jaxembed.train.optim.routed_adamw)
             from jaxembed import mote
 
             extra["active"] = mote.active_experts(num_experts, *expert_ids(batch))

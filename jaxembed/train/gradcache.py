@@ -9,7 +9,7 @@ The loss is never split into micro-batches, because that would shrink the pool o
 sub-batch k uses ``fold_in(key, k)``, so the recomputation draws the same masks as the forward pass. Sub-batch k is
 the strided row set {k, k + n, k + 2n, ...} (n sub-batches), so that a data-sharded batch stays sharded.
 
-Packed rows (``pool_packed_chunked``; jaxembed.train_encode): the sub-batches are the strided *rows* of the pack,
+Packed rows (``pool_packed_chunked``; jaxembed.train.encode): the sub-batches are the strided *rows* of the pack,
 sized in tokens by the loader (``jaxembed.data.pipeline.Packing.sub_tokens``). A text lies in one row, so each
 sub-batch pools the texts of its rows; the pooled vectors [T, H] are merged into one array in the pack's text
 order (a text takes the values of its row's sub-batch), which then goes through the Dense head once.
