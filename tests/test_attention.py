@@ -139,6 +139,28 @@ def test_pallas_gpu_kernel_gradient_interpreted_matches_xla():
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=5e-5)
 
 
+def test_pallas_gpu_kernel_interpreted_on_a_long_row_matches_xla_with_gradients():
+    """Long rows (benchmarks/gpu part 5 packs 512-2,048 slots): a row of 256 slots, two of the Pallas GPU kernel's
+    128-slot blocks, with a text across the block boundary and padding at the end; the GPU kernel in interpret
+    mode, both directions, outputs and gradients against xla."""
+    seg = np.zeros((1, 256), np.int32)
+    seg[0, :100], seg[0, 100:190], seg[0, 190:240] = 1, 2, 3
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 256, n, 8)), jnp.float32) for n in (2, 1, 1))
+    s = attn.Segments(jnp.asarray(seg))
+    w = jnp.broadcast_to(jnp.asarray(seg > 0, jnp.float32)[:, :, None, None] * jnp.cos(jnp.arange(8.0)), q.shape)
+
+    def out_and_grads(fn):
+        out, vjp = jax.vjp(fn, q, k, v)
+        return (out * (w != 0),) + vjp(w)
+
+    for causal in (False, True):
+        ref = out_and_grads(lambda *a: attn.xla_attention(*a, s, causal=causal))
+        got = out_and_grads(lambda *a: attn.pallas_attention(*a, s, causal=causal, interpret=True))
+        for a, b in zip(got, ref):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, err_msg=f"causal={causal}")
+
+
 def test_segment_runs_give_cudnn_lengths_and_offsets():
     lengths, offsets = attn.segment_runs(jnp.asarray(SEGMENTS))
     np.testing.assert_array_equal(np.asarray(lengths)[0, :5], [9, 17, 6, 8, -1])

@@ -87,12 +87,15 @@ def test_trainer_logs_no_mfu_or_device_memory_where_unknown(monkeypatch):
 # ------------------------------------------------------------------------------------------------ the dry run
 
 
-@pytest.mark.timeout(900)  # ~70 CPU-s (6 processes, 5 tiny compilations); a busy machine needs more
+@pytest.mark.timeout(900)  # ~55 CPU-s (one shared worker process, 8 tiny compilations); a busy machine needs more
 def test_gpu_benchmark_dry_run_end_to_end(shared_data, tmp_path):
     """benchmarks/gpu/run.sh --dry-run on the CPU: the smoke step, pytest -m gpu (skipped here), part 2 (tiny
-    BERT: jaxembed packed / padded / fixed, sentence-transformers natural / fixed), part 3 (two global batches
-    with the gradient cache + tiled loss, and the plain step), part 4 (encode); every JSON written, the same texts
-    for both tools, MFU from the given peak, nothing left to do; then the results recorded."""
+    BERT: jaxembed fixed / packed / padded, compiled side by side, with a profile; sentence-transformers fixed /
+    natural / padding-free), part 5 (long documents in packed rows, xla and a kernel that cannot run here), part 6
+    (a tiny decoder with LoRA, remat and the gradient cache; ST's recipe with PEFT at two batches), part 3 (the
+    gradient cache + tiled loss, and the plain step), part 4 (encode); every JSON written, the same texts for both
+    tools, MFU from the given peak, nothing left to do, every job in one worker process; then the results
+    recorded."""
     out, root = tmp_path / "out", tmp_path / "root"
     # cheap compilation (the figures of a dry run mean nothing) and one compute thread per framework
     env = dict(os.environ, GPU_BENCH_NO_WHEELS="1", PYTHON=sys.executable, JAX_PLATFORMS="cpu", OMP_NUM_THREADS="1",
@@ -106,12 +109,13 @@ def test_gpu_benchmark_dry_run_end_to_end(shared_data, tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     files = sorted(x.name for x in out.iterdir())
     assert files == ["log.txt", "part1_pytest.json", "part2_train.json", "part3_batch.json", "part4_encode.json",
-                     "summary.json"]
+                     "part5_long.json", "part6_llm.json", "summary.json"]
     load = lambda n: json.loads((out / n).read_text())
     s = load("summary.json")
     assert s["dry_run"] and s["todo"] == {} and s["next_command"] is None, (s["todo"], p.stdout[-3000:])
     assert [x for x in s["smoke"][0]["results"] if x["kind"] == "step"][0]["ok"]
     assert s["device"]["jax"]["platform"] == "cpu" and "jax" in s["versions"]
+    assert s["workers"]["shared_process"] and s["parts"] == ["train", "long", "llm", "batch", "encode", "pytest"]
 
     t1 = load("part1_pytest.json")
     assert "tests/test_gpu_bench.py" in t1["files"] and "tests/test_attention.py" in t1["files"]
@@ -119,19 +123,48 @@ def test_gpu_benchmark_dry_run_end_to_end(shared_data, tmp_path):
     assert t1["rc"] == 0 and t1["counts"].get("skipped", 0) >= 5 and not t1["counts"].get("failed")
 
     e = load("part2_train.json")["models"]["tiny-bert"]
-    for tool, settings in (("jaxembed", ("packed", "padded", "fixed")), ("st", ("natural", "fixed"))):
+    for tool, settings in (("jaxembed", ("fixed", "packed", "padded")), ("st", ("fixed", "natural", "flat"))):
         for k in settings:
             r = e[tool][k]
             assert r["finite"] and r["step_s"] > 0 and r["examples_per_s"] > 0, (tool, k, r)
             assert r["mfu"] == pytest.approx(r["flops_per_round"] / r["round_times_s"][0] / 1e12)
     j, st = e["jaxembed"], e["st"]
-    # the same steps' texts for both tools: the same real tokens; packing computes fewer slots than padding
+    # the same steps' texts for every natural arm: the same real tokens; packing computes fewer slots than padding,
+    # padding-free none but the real ones
     assert j["packed"]["real_tokens_per_round"] == j["padded"]["real_tokens_per_round"] == \
-        st["natural"]["real_tokens_per_round"]
+        st["natural"]["real_tokens_per_round"] == st["flat"]["real_tokens_per_round"]
     assert j["packed"]["token_slots_per_round"] < j["padded"]["token_slots_per_round"]
+    assert st["flat"]["token_slots_per_round"] == st["flat"]["real_tokens_per_round"]
     assert j["fixed"]["real_fraction"] == st["fixed"]["real_fraction"] == 1.0
     assert j["fixed"]["real_tokens_per_round"] == st["fixed"]["real_tokens_per_round"]
+    # the flat arm: no varlen kernel on the CPU, said so, and the same function as ST's own forward
+    assert st["flat"]["attention"] == "sdpa_block_mask" and "CPU" in st["flat"]["tried"]["torch_varlen"]
+    assert st["flat"]["agreement"]["min_cosine"] > 0.9999
+    # the device's path (transformers' AttentionInterface + a varlen kernel fed cu_seq_lens), with the kernel's CPU
+    # stand-in: BERT here, Qwen2 in part 6
+    assert st["flat"]["varlen_wiring"]["min_cosine"] > 0.9999
     assert {"ratio_packed_over_st", "ratio_packed_over_padded", "ratio_fixed_over_st"} <= set(e)
+    for key in ("fixed_vs_st_fixed", "packed_vs_st_natural", "padded_vs_st_natural", "packed_vs_st_flat"):
+        c = e["compare"][key]
+        assert c["examples_ratio"] == pytest.approx(c["slots_saved"] * c["speed_per_slot"])
+    # the controls' wave (fixed, packed) compiled side by side, then padded
+    assert e["compile"]["fixed+packed"]["threads"] == 2 and set(e["compile"]["fixed+packed"]["per_setting_s"]) == \
+        {"fixed", "packed"} and e["compile"]["padded"]["wave"] == ["padded"]
+    assert e["profile"]["packed"]["total_ms"] > 0 and e["profile"]["packed"]["top"]
+
+    lg = load("part5_long.json")["models"]["tiny-bert"]
+    assert lg["setup"]["lengths"]["source"] == "eval/newsgroups_mini.jsonl"
+    row = lg["rows"]["64"]
+    assert row["xla"]["finite"] and row["xla"]["step_s"] > 0 and row["xla"]["largest_batch_predicted"] > 8
+    assert "interpret mode" in row["pallas"]["error"]  # a GPU kernel on the CPU: a recorded failure, not a crash
+    assert row["choice"]["fastest"] == "xla" and row["layout"]["segment_bound"] >= 2
+
+    llm = load("part6_llm.json")["models"]["tiny-qwen2"]
+    jl = llm["jaxembed"]
+    assert jl["finite"] and jl["step_s"] > 0 and jl["mode"] == "lora" and jl["remat"] and jl["chunk"] == 8
+    assert llm["setup"]["jaxembed"]["trainable_params"] == llm["setup"]["st"]["trainable_params"]  # the same adapters
+    assert [b for b, r in llm["st"].items() if "step_s" in r] == ["4", "8"] and llm["st_largest_batch"] == 8
+    assert llm["tokens_ratio"] > 0 and llm["varlen_wiring"]["min_cosine"] > 0.9999
 
     b = load("part3_batch.json")
     assert [t["global_batch"] for t in b["trials"] if "step_s" in t] == [16]
@@ -147,9 +180,10 @@ def test_gpu_benchmark_dry_run_end_to_end(shared_data, tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert lines.returncode == 0, lines.stderr[-2000:]
     readme = (tmp_path / "README.md").read_text().splitlines()
-    assert len(readme) == 4 and all(x.startswith("| ") and "dry run" in x for x in readme)
-    assert "packed/ST" in readme[1] and "largest global batch **16**" in readme[2]
-    assert len(list((tmp_path / "results").glob("gpu_*_cpu_*.json"))) == 5
+    assert len(readme) == 6 and all(x.startswith("| ") and "dry run" in x for x in readme)
+    assert "packed/ST" in readme[1] and "slots saved" in readme[1] and "largest global batch **16**" in readme[2]
+    assert "fastest **xla**" in readme[4] and "ST + PEFT largest B=8" in readme[5]
+    assert len(list((tmp_path / "results").glob("gpu_*_cpu_*.json"))) == 7
 
 
 def test_gpu_benchmark_figures_targets_and_the_next_call():
@@ -180,6 +214,94 @@ def test_gpu_benchmark_figures_targets_and_the_next_call():
     assert bench.next_command({}) is None
     assert bench.next_command({"train": ["qwen2-0.5b:64"], "batch": [8192]}) == (
         "bash benchmarks/gpu/run.sh $OUT --parts 2,3 --models qwen2-0.5b:64 --sizes 8192")
+
+
+def test_gpu_benchmark_engine_split_and_the_issue_targets():
+    """Part 2's summary on made-up figures: each jaxembed / ST pair as slots saved x speed per computed slot (and
+    by FLOPs), the engine targets (speed per computed token >= 1.2x ST at fixed and natural lengths, MFU on computed
+    slots per model, real tokens >= 1.3x ST's padding-free arm), parts 5 / 6's specs, figures and next call."""
+    sys.path.insert(0, str(GPU_BENCH))
+    import bench
+
+    def arm(ex, slots, flops, real, t=1.0, mfu=None):  # one round of 4 steps of `ex` examples in t seconds
+        return {"examples_per_round": 4 * ex, "examples_per_s": 4 * ex / t, "token_slots_per_round": slots,
+                "flops_per_round": flops, "real_tokens_per_s": real / t, "real_fraction": real / slots, "mfu": mfu}
+
+    # ST pads to 4,000 slots per round, jaxembed packs the same texts (1,000 real tokens) in 1,250 slots and runs
+    # them in 0.2 s against ST's 1 s: 5x = 3.2x slots saved x 1.5625x speed per computed slot
+    j = {"packed": arm(64, 1250, 2e12, 1000, 0.2, 0.41), "fixed": arm(64, 4000, 8e12, 4000, 0.5, 0.46),
+         "padded": arm(64, 2000, 3e12, 1000, 0.5)}
+    st = {"natural": arm(64, 4000, 6e12, 1000, 1.0), "fixed": arm(64, 4000, 8e12, 4000, 0.75),
+          "flat": arm(64, 1000, 1.5e12, 1000, 0.3)}
+    e = {"jaxembed": j, "st": st}
+    e.update(bench.ratios(e))
+    c = e["compare"]["packed_vs_st_natural"]
+    assert c["examples_ratio"] == pytest.approx(5.0) and c["slots_saved"] == pytest.approx(3.2)
+    assert c["speed_per_slot"] == pytest.approx(5.0 / 3.2) and c["flops_saved"] == pytest.approx(3.0)
+    assert c["summary"] == "5.00x = 3.20x slots saved x 1.56x speed per computed slot"
+    assert e["compare"]["fixed_vs_st_fixed"]["speed_per_slot"] == pytest.approx(1.5)
+    assert e["compare"]["packed_vs_st_flat"]["real_tokens_ratio"] == pytest.approx(1.5)
+    models = {m: dict(e) for m in bench.ENGINE_MODELS}
+    t = bench.targets({"train": {"models": models}})
+    assert t["engine_fixed"]["met"] is True and t["engine_natural"]["met"] is True
+    assert t["vs_padding_free"]["met"] is True
+    assert t["mfu_computed"]["met"] is False  # BERT-large: 41 % packed, 46 % fixed; the target is 45 % for both
+    assert t["mfu_computed"]["values"]["bert-large packed"] == 0.41
+    slow = dict(e, compare=dict(e["compare"], packed_vs_st_flat=dict(c, real_tokens_ratio=1.1)))
+    assert bench.targets({"train": {"models": dict(models, minilm=slow)}})["vs_padding_free"]["met"] is False
+    assert bench.targets({"train": {"models": {"minilm": e}}})["engine_fixed"]["met"] is None  # three not measured
+
+    assert bench.long_specs("bert-base:512:64:512+2048") == [{"model": "bert-base", "cap": 512, "batch": 64,
+                                                             "rows": [512, 2048]}]
+    spec = bench.llm_specs("qwen2-7b:lora:128:16:remat,qwen2-1.5b:full:256:32")
+    assert spec[0] == {"model": "qwen2-7b", "mode": "lora", "batch": 128, "chunk": 16, "remat": True}
+    assert not spec[1]["remat"]
+    assert bench.next_command({"long": [{"model": "bert-base", "cap": 512, "batch": 64, "rows": [2048]}],
+                               "llm": spec[:1]}) == ("bash benchmarks/gpu/run.sh $OUT --parts 5,6 --long "
+                                                     "bert-base:512:64:2048 --llm qwen2-7b:lora:128:16:remat")
+    f = bench.llm_figures({"jaxembed": {"real_tokens_per_s": 3000.0},
+                           "st": {"8": {"global_batch": 8, "step_s": 1, "real_tokens_per_s": 1000.0},
+                                  "16": {"global_batch": 16, "step_s": 1.5, "real_tokens_per_s": 1500.0},
+                                  "32": {"global_batch": 32, "oom": True}}})
+    assert f == {"st_largest_batch": 16, "st_best_tokens_per_s": 1500.0, "tokens_ratio": 2.0}
+    rule = bench.auto_rule({"models": {"bert-base": {"rows": {"2048": {"choice": {"fastest": "pallas",
+                                                                                  "over_xla": {"pallas": 1.4}}}}}}})
+    assert rule == {"bert-base": {"2048": {"fastest": "pallas", "over_xla": {"pallas": 1.4}}}}
+
+
+def test_long_documents_have_the_sampled_lengths_and_the_kernel_bounds(shared_data, tmp_path):
+    """Part 5 / 6's data: documents with the long-passage sample's token counts (cut at the cap) in the model's
+    own tokenizer, the cuDNN segment bound of packed rows, and a kernel forced into the model only inside its
+    context."""
+    sys.path.insert(0, str(GPU_BENCH))
+    import harness as H
+
+    from jaxembed.models import attention as A
+    from jaxembed.models.tiny import tiny_model_dir
+    from jaxembed.tokenizer import Tokenizer
+
+    ll = H.long_lengths()
+    assert ll["source"] == "eval/newsgroups_mini.jsonl" and len(ll["lengths"]) == 200
+    assert np.mean(ll["lengths"]) > 500  # the longest-passage set of the shared data
+    for arch, cap in (("bert", 96), ("qwen2", 128)):
+        folder = tiny_model_dir(arch)
+        path, stats = H.long_data_file(tmp_path, folder, rows=6, cap=cap, seed=3)
+        tok = Tokenizer.from_folder(folder, 4096)
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        docs = [r["pos"][0] for r in rows] + [r["neg"][0] for r in rows]
+        n = [len(x) for x in tok.tokenize(docs)]
+        specials = len(tok.tokenize(["a"])[0]) - 1
+        rng = np.random.default_rng(3)
+        want = np.minimum(rng.choice(np.asarray(ll["lengths"]), size=(6, 2)), cap)
+        assert n == [max(int(x) - 2, 1) + specials for x in list(want[:, 0]) + list(want[:, 1])], (arch, n)
+        assert stats["cap"] == cap and stats["doc_at_cap"] == pytest.approx((want >= cap).mean())
+    ids = np.array([[1, 1, 2, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0]])
+    assert H.segment_bound([{"pack_segment_ids": ids}]) == 4  # texts 1-3 and the padding run
+    assert H.plan_segment_bound({"row_length": np.array([8, 8])}, np.array([2, 5])) == 5
+    orig = A.attention
+    with H.forced_attention("pallas", max_runs=4):
+        assert A.attention is not orig and A.cudnn_attention.keywords == {"max_runs": 4}
+    assert A.attention is orig and not hasattr(A.cudnn_attention, "keywords")
 
 
 # ------------------------------------------------------------------------------------------------ accelerator only

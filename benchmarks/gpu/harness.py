@@ -26,6 +26,14 @@ QWEN2_05B = dict(model_type="qwen2", vocab_size=151936, hidden_size=896, num_hid
                  num_key_value_heads=2, intermediate_size=4864, max_position_embeddings=32768, rope_theta=1e6,
                  rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=True, attention_dropout=0.0,
                  use_sliding_window=False, sliding_window=None, max_window_layers=24)
+#: part 6 (LLM embedders at size): Qwen2-1.5B and Qwen2-7B's configs (Hugging Face, Qwen/Qwen2-*/config.json)
+QWEN2_15B = dict(QWEN2_05B, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960, max_window_layers=28)
+QWEN2_7B = dict(QWEN2_05B, vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                num_key_value_heads=4, intermediate_size=18944, max_window_layers=28, tie_word_embeddings=False)
+#: model name -> its Hugging Face config, for the named real configs
+REAL_CONFIGS = {"bert-base": BERT_BASE, "bert-large": BERT_LARGE, "qwen2-0.5b": QWEN2_05B, "qwen2-1.5b": QWEN2_15B,
+                "qwen2-7b": QWEN2_7B}
 #: name -> what the folder holds (tokenizer: all-MiniLM-L6-v2's WordPiece for the BERTs; for Qwen2 the byte-level
 #: BPE of jaxembed.models.tiny.qwen2_tokenizer, in Qwen2's layout: Qwen2's own cannot be fetched offline)
 MODEL_NOTES = {
@@ -34,6 +42,10 @@ MODEL_NOTES = {
     "bert-large": "BERT-large config (24 x 1024, 335M parameters), random weights",
     "qwen2-0.5b": "Qwen2-0.5B config (24 x 896, GQA 14/2, 494M parameters), random weights, causal; tokenizer: a "
                   "16k byte-level BPE in Qwen2's layout (more tokens per text than Qwen2's own)",
+    "qwen2-1.5b": "Qwen2-1.5B config (28 x 1536, GQA 12/2, 1.5B parameters), random weights initialised on the "
+                  "device (no folder weights: part 6), causal",
+    "qwen2-7b": "Qwen2-7B config (28 x 3584, GQA 28/4, 7.6B parameters), random weights initialised on the device "
+                "(no folder weights: part 6), causal",
     "tiny-bert": "jaxembed.models.tiny BERT (2 x 32), random weights",
     "tiny-qwen2": "jaxembed.models.tiny Qwen2 (2 x 32), random weights",
 }
@@ -47,7 +59,7 @@ def hf_config(name: str) -> dict:
         return json.loads((paths.demo_model_dir() / "config.json").read_text(encoding="utf-8"))
     if name.startswith("tiny-"):
         return tiny_hf_config(name[5:], num_layers=1)
-    return {"bert-base": BERT_BASE, "bert-large": BERT_LARGE, "qwen2-0.5b": QWEN2_05B}[name]
+    return REAL_CONFIGS[name]
 
 
 def model_folder(name: str, root: Path) -> Path:
@@ -95,33 +107,43 @@ def natural_data_file(root: Path) -> Path:
             if r.get("pos") and r.get("neg"):
                 rows.append(json.dumps({"query": r["query"], "pos": r["pos"], "neg": r["neg"]}))
     Path(root).mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")  # two processes may build it at once (prepare, smoke)
     tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
     os.replace(tmp, out)
     return out
 
 
 def run_config(folder: Path, B: int, *, data: Path, store: Path, K: int = 2, packing: bool = True,
-               chunk: int = 0, tiled: bool = False, plan_steps: int = 40, dtype: str = "bfloat16"):
+               chunk: int = 0, tiled: bool = False, plan_steps: int = 40, dtype: str = "bfloat16",
+               max_len: int = MAX_LEN, max_query_len: int | None = None, dropout: bool = True,
+               lora_rank: int = 0, remat: bool = False, name: str = "snli_wikiqa"):
     """The trainer's config: the snli + wikiqa rows (task type nli: no instruction), 1 positive + K-1 hard
     negatives, every text at most MAX_LEN tokens, global batch B, AdamW (lr 2e-5, weight decay 0.01, clip 1.0),
-    temperature 0.05, dropout on, ``dtype`` compute with float32 master weights."""
+    temperature 0.05, dropout on, ``dtype`` compute with float32 master weights. Long texts (parts 5 and 6):
+    documents up to ``max_len`` tokens and queries up to ``max_query_len``, dropout off (the fused attention
+    kernels have no attention dropout), LoRA adapters of ``lora_rank`` (alpha 2 x rank, the architecture's default
+    targets) and ``remat`` (every layer rematerialised in the backward pass)."""
     from jaxembed.config import default_config
     from jaxembed.data.config import dataset_config
 
     c = default_config()
     c.model.name = str(folder)
     c.model.dtype = dtype
-    c.model.max_length = MAX_LEN
-    c.data.datasets = [dataset_config(name="snli_wikiqa", path=str(data), task_type="nli", num_negatives=K - 1,
-                                      max_query_length=MAX_LEN, max_doc_length=MAX_LEN)]
+    c.model.max_length = max_len
+    c.model.remat = bool(remat)
+    if lora_rank:
+        c.model.lora.enabled = True
+        c.model.lora.rank = int(lora_rank)
+        c.model.lora.alpha = 2.0 * lora_rank
+    c.data.datasets = [dataset_config(name=name, path=str(data), task_type="nli", num_negatives=K - 1,
+                                      max_query_length=max_query_len or max_len, max_doc_length=max_len)]
     c.data.packing = bool(packing)
     c.plan.global_batch_size = B
     c.plan.steps = plan_steps
     c.loss.temperature = TEMPERATURE
     c.loss.tiled = bool(tiled)
     c.train.gradcache_chunk = int(chunk)
-    c.train.dropout = True
+    c.train.dropout = bool(dropout)
     c.eval.tasks, c.eval.every, c.eval.best_metric, c.eval.before = (), 0, "", False
     c.export.at_end = False
     from jaxembed import config as cfglib
@@ -339,3 +361,216 @@ def plan_view(c, workdir: Path):
     Path(workdir).mkdir(parents=True, exist_ok=True)
     return SimpleNamespace(config=c, workdir=Path(workdir), store=store, plan=plan,
                            loaded=SimpleNamespace(tokenizer=tok), K=K, packing=None)
+
+
+# ------------------------------------------------------------------------------------------------ models at size
+
+
+def config_folder(name: str, root: Path) -> Path:
+    """A sentence-transformers folder of ``name``'s real config WITHOUT weights (part 6: a 7B folder could not be
+    written and read back within a device call): config.json, the tokenizer (jaxembed.models.tiny's byte-level BPE
+    in Qwen2's layout, or all-MiniLM-L6-v2's WordPiece for BERTs), mean pooling. Load it inside
+    ``random_weights()``."""
+    out = Path(root) / f"{name}_config_only"
+    if (out / ".complete").is_file():
+        return out
+    from jaxembed.models.tiny import tiny_model_dir
+    from jaxembed.paths import demo_model_dir
+
+    hf = dict(hf_config(name))
+    src = tiny_model_dir("qwen2") if hf["model_type"] == "qwen2" else demo_model_dir()
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "jaxembed_*.json",
+                                                            "README.md", ".complete"))
+    hf.setdefault("architectures", ["Qwen2Model" if hf["model_type"] == "qwen2" else "BertModel"])
+    (out / "config.json").write_text(json.dumps(hf, indent=1) + "\n", encoding="utf-8")
+    pool = out / "1_Pooling" / "config.json"
+    if pool.is_file():
+        p = json.loads(pool.read_text(encoding="utf-8"))
+        p["word_embedding_dimension"] = int(hf["hidden_size"])
+        pool.write_text(json.dumps(p, indent=1) + "\n", encoding="utf-8")
+    (out / "README.md").write_text(f"# {name}\n\n{MODEL_NOTES.get(name, name)} (benchmarks/gpu). No weights.\n")
+    (out / ".complete").write_text("1\n")
+    return out
+
+
+class random_weights:
+    """Within it, jaxembed.hf.load builds the model from its config with random weights (HF-style normal(0.02),
+    seed 0) on the default device instead of reading the folder's weights, and LoRA's base fingerprint (a hash of
+    every base weight: minutes for 7B) is a constant: for ``config_folder`` folders (part 6)."""
+
+    def __enter__(self):
+        from jaxembed import hf, lora, models
+
+        self._saved = (hf.read_weights, models.load_weights, lora.base_fingerprint)
+        hf.read_weights = lambda folder: ({}, f"{folder} (random weights: benchmarks/gpu)")
+        models.load_weights = lambda config, tensors, source="": (models.init_model(config, seed=0), config)
+        lora.base_fingerprint = lambda model: "random-weights"
+        return self
+
+    def __exit__(self, *exc):
+        from jaxembed import hf, lora, models
+
+        hf.read_weights, models.load_weights, lora.base_fingerprint = self._saved
+        return False
+
+
+# ------------------------------------------------------------------------------------------------ long texts
+
+#: the longest-passage set of the shared data (eval/newsgroups_mini.jsonl: 20 Newsgroups posts, 737 WordPiece
+#: tokens on average, 63 % over 512): only its token counts are used (no text is trained on), carried to the
+#: device as data/long/lengths.json by prepare.sh
+LONG_SOURCE = "eval/newsgroups_mini.jsonl"
+LONG_FILE = "long/lengths.json"
+
+
+def long_lengths() -> dict:
+    """{"source", "tokenizer", "lengths": [...]}: the WordPiece token count (all-MiniLM-L6-v2's tokenizer, [CLS] and
+    [SEP] included, no truncation) of every text of LONG_SOURCE; read from the carried ``LONG_FILE`` when the data
+    folder has it (the device), else computed from the shared set."""
+    from jaxembed import paths
+
+    base = paths.shared_data_dir()
+    f = base / LONG_FILE
+    if f.is_file():
+        return json.loads(f.read_text(encoding="utf-8"))
+    import tokenizers
+
+    tok = tokenizers.Tokenizer.from_file(str(paths.demo_model_dir() / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    texts = [json.loads(line)["text"] for line in open(base / LONG_SOURCE, encoding="utf-8") if line.strip()]
+    return {"source": LONG_SOURCE, "tokenizer": "all-MiniLM-L6-v2 WordPiece",
+            "lengths": [len(e.ids) for e in tok.encode_batch(texts)]}
+
+
+def _single_token_words(folder: Path) -> list[str]:
+    """Words the folder's tokenizer turns into exactly one token each (WordPiece: whole lowercase words; byte-level
+    BPE: space-prefixed ones), so that a text of n of them is n tokens plus the specials."""
+    import re
+
+    import tokenizers
+
+    vocab = tokenizers.Tokenizer.from_file(str(Path(folder) / "tokenizer.json")).get_vocab()
+    bpe = sorted(w[1:] for w in vocab if re.fullmatch(r"\u0120[a-z]{3,}", w))
+    return bpe or sorted(w for w in vocab if re.fullmatch(r"[a-z]{3,}", w))
+
+
+def long_data_file(root: Path, folder: Path, *, rows: int, cap: int, K: int = 2, seed: int = 0,
+                   query_lengths=None) -> tuple[Path, dict]:
+    """A JSONL of ``rows`` rows (query, a positive and K-2 hard negatives) whose documents have the token counts of
+    ``long_lengths()`` drawn with replacement (seed) and cut at ``cap``, and whose queries have the natural
+    set's query lengths (``query_lengths``: a sample; default 8-32 tokens): texts of random single-token words
+    of the model folder's tokenizer (distinct rows: no false negatives). -> (path, its length statistics)."""
+    ll = long_lengths()
+    rng = np.random.default_rng(seed)
+    words = np.asarray(_single_token_words(folder))
+    lengths = np.asarray(ll["lengths"])
+    ql = np.asarray(query_lengths if query_lengths is not None else rng.integers(8, 33, 256))
+    out = Path(root) / f"long_{Path(folder).name}_{rows}x{K}_{cap}_{seed}.jsonl"
+    docs = np.minimum(rng.choice(lengths, size=(rows, K)), cap)
+    qs = rng.choice(ql, size=rows)
+    if not out.is_file():
+        text = lambda n: " ".join(rng.choice(words, size=max(int(n) - 2, 1)))  # - [CLS] / [SEP] (or EOS)
+        lines = [json.dumps({"query": text(q), "pos": [text(d[0])], "neg": [text(x) for x in d[1:]]})
+                 for q, d in zip(qs, docs)]
+        Path(root).mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        os.replace(tmp, out)
+    stats = {"source": ll["source"], "tokenizer": ll["tokenizer"], "texts_in_source": len(lengths),
+             "source_mean": float(lengths.mean()), "source_p50": float(np.median(lengths)),
+             "source_over_cap": float((lengths > cap).mean()), "cap": cap, "doc_mean": float(docs.mean()),
+             "doc_at_cap": float((docs >= cap).mean()), "query_mean": float(qs.mean())}
+    return out, stats
+
+
+def with_row_length(run, row_length: int):
+    """The run packing its rows at ``row_length`` slots (part 5): the Packing's shortest row raised to it, so the
+    cost rule (``jaxembed.data.pack_shapes``) takes it whenever it holds the longest text."""
+    import dataclasses
+
+    return dataclasses.replace(run, packing=dataclasses.replace(run.packing, min_row_length=int(row_length)))
+
+
+def segment_bound(hosts: list[dict]) -> int:
+    """The most runs of equal segment ids (texts, and the padding run) in any packed row of ``hosts``: the
+    cuDNN kernel's segment bound (``jaxembed.models.attention.segment_runs(max_runs=...)``) for those batches."""
+    m = 1
+    for h in hosts:
+        for k, v in h.items():
+            if k.endswith("segment_ids"):
+                ids = np.asarray(v)
+                runs = 1 + (ids[:, 1:] != ids[:, :-1]).sum(axis=1)
+                m = max(m, int(runs.max()))
+    return m
+
+
+def plan_segment_bound(table: dict, lengths: np.ndarray) -> int:
+    """The segment bound a whole plan guarantees from its pack table alone: a row of L slots holds at most
+    L // (shortest text) texts, plus one padding run."""
+    L = int(np.asarray(table["row_length"]).max())
+    return L // max(int(np.min(lengths)), 1) + 1
+
+
+class forced_attention:
+    """Within it, every attention call of the model runs ``kernel`` (xla / cudnn / pallas / te), whatever
+    model.attention says: a model built once is lowered with each kernel (part 5). ``max_runs``: cuDNN's segment
+    bound. Lower inside it, compile anywhere."""
+
+    def __init__(self, kernel: str, max_runs: int | None = None):
+        self.kernel, self.max_runs = kernel, max_runs
+
+    def __enter__(self):
+        import functools
+
+        from jaxembed.models import attention as A
+
+        self._saved = (A.attention, A.cudnn_attention)
+        orig, kernel = A.attention, self.kernel
+
+        def forced(*a, implementation="xla", **kw):
+            return orig(*a, implementation=kernel, **kw)
+
+        A.attention = forced
+        if self.max_runs:
+            A.cudnn_attention = functools.partial(self._saved[1], max_runs=self.max_runs)
+        return self
+
+    def __exit__(self, *exc):
+        from jaxembed.models import attention as A
+
+        A.attention, A.cudnn_attention = self._saved
+        return False
+
+
+# ------------------------------------------------------------------------------------------------ profiles
+
+#: kernel name patterns -> category, first match wins (device kernels of XLA on CUDA; on the CPU, XLA's thunks)
+KERNEL_CATEGORIES = (
+    ("attention (fused)", ("fmha", "flash", "cudnn", "attention", "mha")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "cublas", "xmma", "matmul", "dot", "wgmma", "sm90_", "sm80_")),
+    ("reduction", ("reduce",)),
+    ("scatter / gather", ("scatter", "gather", "dynamic_slice", "dynamic-update")),
+    ("random bits", ("xor", "threefry", "philox", "rng")),
+    ("copy / transpose", ("copy", "transpose", "memcpy", "memset", "concatenate", "pad")),
+    ("elementwise fusion", ("loop_", "input_", "fusion", "triton", "convert", "select", "multiply", "add")),
+)
+
+
+def kernel_categories(summary: dict) -> dict:
+    """benchmarks/gpu/diag.py's kernel summary -> {category: share of the device time} (KERNEL_CATEGORIES)."""
+    out: dict = {}
+    total = float(summary.get("total_us") or 0.0)
+    if not total:
+        return out
+    counted = 0.0
+    for k in summary.get("all_kernels", summary.get("kernels", [])):
+        name = k["name"].lower()
+        cat = next((c for c, pats in KERNEL_CATEGORIES if any(p in name for p in pats)), "other")
+        out[cat] = out.get(cat, 0.0) + k["us"] / total
+        counted += k["us"]
+    if counted < total:
+        out["other"] = out.get("other", 0.0) + (total - counted) / total
+    return {k: round(v, 4) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}

