@@ -120,9 +120,9 @@ def cmd_export(args) -> int:
               + (f"; the LoRA adapter alone in {folder / export.ADAPTER_DIR}"
                  if (folder / export.ADAPTER_DIR / "adapter_config.json").is_file() else ""))
     if repo is not None:
-        from jaxembed import hub, runfiles
+        from jaxembed import hub, pod
 
-        if runfiles.is_main():
+        if pod.is_main():
             url = hub.push_folder(folder, repo, private=args.private, revision=args.revision,
                                   commit_message=args.commit_message)
             print(f"pushed {folder} to {hub.endpoint()}/{repo}"

@@ -321,8 +321,8 @@ def to_json(c: mc.ConfigDict) -> str:
 
 def write_resolved(c: mc.ConfigDict, workdir: str | os.PathLike) -> None:
     """config.json (machine-readable) and config.txt (ml-collections' readable form) in the run directory."""
-    from jaxembed import runfiles
+    from jaxembed import atomic_files
 
     wd = Path(workdir)
-    runfiles.write_text(wd / "config.json", to_json(c) + "\n")  # atomic: a reader never sees half a file
-    runfiles.write_text(wd / "config.txt", str(c))
+    atomic_files.write_text(wd / "config.json", to_json(c) + "\n")  # atomic: a reader never sees half a file
+    atomic_files.write_text(wd / "config.txt", str(c))

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxembed import __version__, models, runfiles
+from jaxembed import __version__, atomic_files, models
 from jaxembed.errors import UserError
 from jaxembed.models.embedding import DENSE_ACTIVATIONS, EmbeddingModel
 from jaxembed.tokenizer import Tokenizer
@@ -34,7 +34,7 @@ def check_target(out: str | os.PathLike, flag: str = "--out", *, workdir: str | 
                  source: str | os.PathLike | None = None) -> Path:
     """Refuse, before any work, an export folder that would replace what jaxembed did not write: one that is, or
     contains, the run directory ``workdir`` or the model folder ``source`` being exported, or lies inside the run's
-    checkpoints; or an existing folder that is not an unchanged earlier export (``runfiles.replace_refusal``: an
+    checkpoints; or an existing folder that is not an unchanged earlier export (``atomic_files.replace_refusal``: an
     application folder, a model folder of someone else's, an export with the user's files added). -> the path."""
     out = Path(os.path.expanduser(str(out)))
     real = Path(os.path.realpath(out))
@@ -52,7 +52,7 @@ def check_target(out: str | os.PathLike, flag: str = "--out", *, workdir: str | 
             example = w / "export" if workdir is not None else real.parent / f"{real.name}_export"
             raise UserError(f"{flag} {out}: {where} {what} ({p}); the export would replace it, so nothing is written "
                             f"(fix: another folder, e.g. {example})")
-    why = runfiles.replace_refusal(out)
+    why = atomic_files.replace_refusal(out)
     if why is not None:
         raise UserError(f"{flag} {out}: {why}; the export replaces only a folder jaxembed exported before, unchanged "
                         "since, so nothing there is touched (fix: choose a new or empty folder, or move those files "
@@ -83,7 +83,7 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict
             for a in arrays:
                 f.write(a.tobytes())
 
-    runfiles.write_with(path, write)
+    atomic_files.write_with(path, write)
 
 
 def _dump(path: Path, obj: Any) -> None:
@@ -100,7 +100,7 @@ def export(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLi
     hf_config: the original config.json (kept for fields we do not model, e.g. ``_name_or_path``), overlaid
     with our architecture fields. A MoTE model is written as the full MoTE export (see ``export_mote``).
 
-    The folder is written as a whole (``jaxembed.runfiles.atomic_dir``): under a temporary name, renamed into place
+    The folder is written as a whole (``jaxembed.atomic_files.atomic_dir``): under a temporary name, renamed into place
     when complete, so a stop or a full disk during the export leaves no half folder (and an earlier export there
     stays as it was)."""
     if getattr(model.config, "mote", None) is not None:
@@ -109,7 +109,7 @@ def export(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLi
                            model_card=model_card)
     if model_card is None:
         model_card = _card(model.config, model.head, prompts, max_length=tokenizer.max_length, path=out_dir)
-    with runfiles.atomic_dir(out_dir) as tmp:
+    with atomic_files.atomic_dir(out_dir) as tmp:
         _write_dense(model, tokenizer, tmp, hf_config=hf_config, prompts=prompts,
                      default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name,
                      model_card=model_card)
@@ -232,7 +232,7 @@ def export_mote(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
     spec = model.config.mote
     card = kw.pop("model_card", None) or _mote_card(model, spec, out_dir)
     kw = {"hf_config": None, "prompts": None, "default_prompt_name": None, "similarity_fn_name": "cosine", **kw}
-    with runfiles.atomic_dir(out_dir) as out:  # written as a whole, like export()
+    with atomic_files.atomic_dir(out_dir) as out:  # written as a whole, like export()
         _write_dense(mote.extract_expert(model, spec.default), tokenizer, out,
                      model_card=card, **kw)
         modules = json.loads((out / "modules.json").read_text(encoding="utf-8"))
@@ -423,7 +423,7 @@ def export_lora(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
     if getattr(model.config, "mote", None) is not None and not lora.experts_share_base(model):
         raise UserError("LoRA adapter export of a MoTE model whose experts have different base weights (it started "
                         "from a MoTE export): no dense base model carries them (fix: model.lora.export=merged)")
-    with runfiles.atomic_dir(out_dir) as tmp:
+    with atomic_files.atomic_dir(out_dir) as tmp:
         if kind == "both":
             staged = tmp / ".merged"
             export(lora.merged(model), tokenizer, staged, **kw)

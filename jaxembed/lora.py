@@ -287,7 +287,7 @@ def check_base(workdir: Path, fingerprint: str, source: str) -> None:
     """``<workdir>/lora_base.json``: written by the run's first start; on a later start (a resume, an export from
     the workdir) the base weights must be the ones the adapters were trained on. A checkpoint holds the adapters
     only, so other base weights would silently give another model: a UserError."""
-    from jaxembed import runfiles
+    from jaxembed import atomic_files
 
     path = Path(workdir) / BASE_FILE
     if path.exists():
@@ -303,7 +303,7 @@ def check_base(workdir: Path, fingerprint: str, source: str) -> None:
                             "started from, or use a new --workdir)")
         if old.get("fingerprint") == fingerprint:
             return
-    runfiles.write_json(path, {"fingerprint": fingerprint, "source": str(source)})
+    atomic_files.write_json(path, {"fingerprint": fingerprint, "source": str(source)})
 
 
 # ---------------------------------------------------------------------------------------- PEFT's layout

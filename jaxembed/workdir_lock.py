@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from jaxembed.errors import UserError
-from jaxembed.runfiles import describe_os_error
+from jaxembed.atomic_files import describe_os_error
 
 log = logging.getLogger(__name__)
 

@@ -510,7 +510,7 @@ def test_next_prepare_removes_the_folders_of_killed_writers_of_this_host(tmp_pat
     line, and leaves alone what may be a live writer's: another host's folder, a running pid's, a locked one."""
     import fcntl
 
-    from jaxembed import runfiles
+    from jaxembed import atomic_files
 
     data = _write(tmp_path / "d.jsonl", [GOOD])
     cfg = _config_file(tmp_path, [data])
@@ -522,7 +522,7 @@ def test_next_prepare_removes_the_folders_of_killed_writers_of_this_host(tmp_pat
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == -9, p.stderr
     (left,) = [d.name for d in tmp_path.iterdir() if d.name.startswith(".store.tmp-")]
-    host_part = runfiles.unique_tmp(out).name.rsplit("-", 2)[0]  # .store.tmp-{this host}
+    host_part = atomic_files.unique_tmp(out).name.rsplit("-", 2)[0]  # .store.tmp-{this host}
     dead = int(left[len(host_part) + 1:].split("-")[0])
     assert left.startswith(host_part + "-") and dead != os.getpid()
     keep = [f".store.tmp-otherhost-{dead}-0123456789ab",  # another host of a pod: its pid says nothing here

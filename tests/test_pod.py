@@ -144,13 +144,13 @@ def test_dev_evaluation_is_refused_on_a_pod(shared_data, tmp_path, monkeypatch):
     """eval.tasks on several processes: one line, raised in process 0's config step (so every process stops with
     it). Here the process count is faked: the coordination is a no-op in one process."""
     from jaxembed import config as cfglib
-    from jaxembed import runfiles
+    from jaxembed import pod
     from jaxembed.errors import UserError
     from jaxembed.train import setup
 
     cfg = cfglib.load_config_file(str(runs.tiny_config(tmp_path / "c.py", tmp_path / "model", shared_data)))
     cfg.eval.tasks = ("STSBenchmark-dev",)
-    monkeypatch.setattr(runfiles, "process_count", lambda: 2)
+    monkeypatch.setattr(pod, "process_count", lambda: 2)
     with pytest.raises(UserError, match=r"^config.eval.tasks = \('STSBenchmark-dev',\): dev evaluation during "
                                         r"training runs in a single process, not on 2 \(fix: set "):
         setup(cfg, tmp_path / "w")

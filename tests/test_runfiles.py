@@ -1,5 +1,6 @@
-"""Run-directory files written by several writers at once (jaxembed/runfiles.py): unique temporary names, atomic
-replacement, whole-folder exports, one-line write errors; the plan and the length table through them."""
+"""Run-directory files written by several writers at once (jaxembed/atomic_files.py, jaxembed/pod.py): unique
+temporary names, atomic replacement, whole-folder exports, one-line write errors; the plan and the length table
+through them; one run per run directory (jaxembed/workdir_lock.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxembed import runfiles
+from jaxembed import atomic_files, pod
 from jaxembed.errors import UserError
 from jaxembed.workdir_lock import WorkdirLock
 
@@ -37,7 +38,7 @@ def _at_once(n: int, fn) -> list:
 
 
 def test_unique_tmp_names_differ_for_one_pid(tmp_path):
-    names = {runfiles.unique_tmp(tmp_path / "plan.npz").name for _ in range(100)}
+    names = {atomic_files.unique_tmp(tmp_path / "plan.npz").name for _ in range(100)}
     assert len(names) == 100
     name = next(iter(names))
     assert name.startswith(".plan.npz.tmp-") and f"-{os.getpid()}-" in name
@@ -67,51 +68,51 @@ def _tiny_plan():
 
 def test_write_with_is_atomic_and_cleans_up(tmp_path):
     p = tmp_path / "a.json"
-    runfiles.write_text(p, "old")
+    atomic_files.write_text(p, "old")
     with pytest.raises(RuntimeError):
-        runfiles.write_with(p, lambda t: (t.write_text("half"), (_ for _ in ()).throw(RuntimeError("disk"))))
+        atomic_files.write_with(p, lambda t: (t.write_text("half"), (_ for _ in ()).throw(RuntimeError("disk"))))
     assert p.read_text() == "old" and [x.name for x in tmp_path.iterdir()] == ["a.json"]
-    assert _at_once(8, lambda i: runfiles.write_text(p, f"writer {i}\n" * 1000)) == []
+    assert _at_once(8, lambda i: atomic_files.write_text(p, f"writer {i}\n" * 1000)) == []
     lines = p.read_text().splitlines()
     assert len(lines) == 1000 and len(set(lines)) == 1  # one writer's whole file, never a mix
 
 
 def test_atomic_dir_replaces_a_whole_folder_or_nothing(tmp_path):
     out = tmp_path / "export"
-    with runfiles.atomic_dir(out) as d:
+    with atomic_files.atomic_dir(out) as d:
         (d / "config.json").write_text("{}")
     with pytest.raises(KeyboardInterrupt):  # a stop half-way: the old folder stays, no temporary folder is left
-        with runfiles.atomic_dir(out) as d:
+        with atomic_files.atomic_dir(out) as d:
             (d / "config.json").write_text('{"new": 1}')
             raise KeyboardInterrupt
     assert (out / "config.json").read_text() == "{}" and [p.name for p in tmp_path.iterdir()] == ["export"]
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     with pytest.raises(UserError, match="mine: exists and is not a model folder; it is not replaced"):
-        with runfiles.atomic_dir(tmp_path / "mine"):
+        with atomic_files.atomic_dir(tmp_path / "mine"):
             pass
 
 
 def test_write_errors_are_one_line():
-    e = runfiles.write_failed("saving the checkpoint of step 8", "/w/checkpoints/8",
+    e = atomic_files.write_failed("saving the checkpoint of step 8", "/w/checkpoints/8",
                               ValueError("OUT_OF_RANGE: Failed writing: [OS error: No space left on device]"))
     assert str(e) == ("/w/checkpoints/8: saving the checkpoint of step 8 failed: [Errno 28] No space left on device "
                       "(fix: free space on that disk (or raise the quota / file-size limit); then run the same "
                       "command again)")
     with pytest.raises(UserError, match=r"^/x: writing the export failed: \[Errno 13\] Permission denied \(fix: "
                                         r"check that the folder is writable"):
-        with runfiles.writing("writing the export", "/x"):
+        with atomic_files.writing("writing the export", "/x"):
             raise PermissionError(errno.EACCES, "Permission denied")
     with pytest.raises(KeyError):  # not a write failure: passes through
-        with runfiles.writing("writing the export", "/x"):
+        with atomic_files.writing("writing the export", "/x"):
             raise KeyError("k")
 
 
 def test_single_process_coordination_is_a_no_op():
-    assert runfiles.process_count() == 1 and runfiles.is_main()
-    assert runfiles.main_first("x", lambda: 3) == 3 and runfiles.all_agree("y", lambda: 4) == 4
-    assert runfiles.broadcast("z", "v") == "v"
-    runfiles.barrier("b")
+    assert pod.process_count() == 1 and pod.is_main()
+    assert pod.main_first("x", lambda: 3) == 3 and pod.all_agree("y", lambda: 4) == 4
+    assert pod.broadcast("z", "v") == "v"
+    pod.barrier("b")
 
 
 def test_length_table_cache_tmp_names_are_unique(tmp_path, monkeypatch):
@@ -119,13 +120,13 @@ def test_length_table_cache_tmp_names_are_unique(tmp_path, monkeypatch):
     from jaxembed.data import pipeline
 
     seen = []
-    real = runfiles.write_with
+    real = atomic_files.write_with
 
     def spy(path, writer, suffix=""):
-        seen.append(runfiles.unique_tmp(Path(path), suffix).name)
+        seen.append(atomic_files.unique_tmp(Path(path), suffix).name)
         return real(path, writer, suffix)
 
-    monkeypatch.setattr(runfiles, "write_with", spy)
+    monkeypatch.setattr(atomic_files, "write_with", spy)
     monkeypatch.setattr(pipeline, "step_lengths", lambda *a, **k: (np.ones(3, np.int32), np.ones(3, np.int32)))
 
     class Tables:

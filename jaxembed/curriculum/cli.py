@@ -186,10 +186,10 @@ def _load_model(name, args, config=None):
 
 
 def cmd_score(args) -> int:
-    from jaxembed import runfiles
+    from jaxembed import pod
     from jaxembed.data.store import Store
 
-    runfiles.single_host_only("jaxembed score")
+    pod.single_host_only("jaxembed score")
 
     if (args.store is None) == (args.config is None):
         raise UserError("score: give exactly one of --store DIR or --config FILE[:VARIANT]")
@@ -218,10 +218,10 @@ def cmd_curriculum(args) -> int:
 
 
 def cmd_mine(args) -> int:
-    from jaxembed import mining, runfiles
+    from jaxembed import mining, pod
     from jaxembed.data.jsonl import read_texts
 
-    runfiles.single_host_only("jaxembed mine")
+    pod.single_host_only("jaxembed mine")
 
     if (args.input is None) == (args.store is None):
         raise UserError("mine: give exactly one of --input FILE or --store DIR --dataset NAME")

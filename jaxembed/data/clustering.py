@@ -125,7 +125,7 @@ def write_clustering_file(src, out, *, instruction: str, num_negatives: int = 4,
                           extra_fields: Sequence[str] = (), on_error: str = "stop") -> dict:
     """Read the classification file ``src``, write the clustering triplets file ``out`` (JSON Lines, atomic) and
     ``out`` with suffix .report.json. -> the report: read / written / left out (with reasons), labels, settings."""
-    from jaxembed import runfiles
+    from jaxembed import atomic_files
 
     if not instruction.strip():
         raise UserError("--instruction: a clustering instruction is needed (e.g. 'Identify the topic or theme of "
@@ -137,12 +137,12 @@ def write_clustering_file(src, out, *, instruction: str, num_negatives: int = 4,
     records, skipped = clustering_triplets(texts, labels, num_negatives=num_negatives, seed=seed)
     lines = [json.dumps(dict(r, prompt=instruction, type="clustering"), ensure_ascii=False) for r in records]
     out = Path(out)
-    runfiles.write_text(out, "\n".join(lines) + ("\n" if lines else ""))
+    atomic_files.write_text(out, "\n".join(lines) + ("\n" if lines else ""))
     counts = {x: labels.count(x) for x in sorted(set(labels))}
     report = {"source": str(src), "output": str(out), "records_read": tally, "examples": len(texts),
               "written": len(records), "left_out": skipped, "labels": counts, "instruction": instruction,
               "num_negatives": num_negatives, "seed": seed, "version": VERSION}
-    runfiles.write_json(out.with_suffix(".report.json"), report)
+    atomic_files.write_json(out.with_suffix(".report.json"), report)
     return report
 
 

@@ -1,7 +1,7 @@
 """The temporary folders a killed ``jaxembed data prepare`` leaves beside its store, and their removal.
 
 ``write_store`` builds a store in ``.{name}.tmp-{host}-{pid}-{random}`` beside the store folder
-(``jaxembed.runfiles.unique_tmp``) and renames it into place; an older store is first moved to such a name ending
+(``jaxembed.atomic_files.unique_tmp``) and renames it into place; an older store is first moved to such a name ending
 in ``.old``, then removed. A writer killed before it is done (kill -9, out of memory, a lost machine) leaves its
 folder behind. ``remove_dead(out)``, called when a store is written, removes the ones whose writer is certainly
 gone:
@@ -24,7 +24,7 @@ import re
 import shutil
 from pathlib import Path
 
-from jaxembed import runfiles
+from jaxembed import atomic_files
 
 try:
     import fcntl
@@ -61,7 +61,7 @@ def release(fd: int | None) -> None:
 
 def _this_host_prefix(out: Path) -> str:
     """``.{name}.tmp-{host}-`` of this host: a fresh temporary name of ``out`` without its pid and random part."""
-    name = runfiles.unique_tmp(out).name
+    name = atomic_files.unique_tmp(out).name
     return name[: name.rindex("-", 0, name.rindex("-"))] + "-"
 
 

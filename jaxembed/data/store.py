@@ -38,7 +38,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
 
-from jaxembed import runfiles
+from jaxembed import atomic_files
 from jaxembed.data import config as dc
 from jaxembed.data import leftovers
 from jaxembed.data.formats import ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset, source_size
@@ -368,7 +368,7 @@ def write_store(data_config, out_dir, where: str = "data", progress: bool | None
     report = PrepareReport(out_dir=str(out), on_error=on_error)
     out.parent.mkdir(parents=True, exist_ok=True)
     leftovers.remove_dead(out)  # the temporary folders of killed writers of this host
-    tmp = runfiles.unique_tmp(out)
+    tmp = atomic_files.unique_tmp(out)
     tmp.mkdir()
     lock = leftovers.hold(tmp)  # held while writing: a live writer's folder is never taken for a leftover
     try:
@@ -409,7 +409,7 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
     old = None
     if out.exists():
         if any(out.iterdir()):
-            old = runfiles.unique_tmp(out, ".old")
+            old = atomic_files.unique_tmp(out, ".old")
             os.rename(out, old)
         else:
             out.rmdir()

@@ -132,9 +132,9 @@ def setup(config, workdir: str | Path, *, progress: bool | None = None,
           lock: Any = None) -> Run:
     """Validate, read and tokenize the texts, build the model and the optimizer; then (``lock`` taken first: one
     run per run directory) write the run's config. Nothing is written before every check has passed."""
-    from jaxembed import runfiles
+    from jaxembed import pod
 
-    runfiles.single_host_only("jaxembed pretrain retromae")  # before any JAX call: one line, no hang
+    pod.single_host_only("jaxembed pretrain retromae")  # before any JAX call: one line, no hang
     validate(config)
     workdir = Path(workdir)
     _check_workdir(config, workdir)

@@ -9,7 +9,7 @@ Train state (one pytree): params, opt_state, step, rng (raw key data), peg_t (PE
 same batch for a step after any restart, so a resumed run reproduces an uninterrupted one bit for bit on CPU.
 
 A pod (several processes, jax.distributed): every process runs this same code on one shared workdir, started at
-the same moment. Each file of the run directory has one writer and the others wait for it (jaxembed.runfiles;
+the same moment. Each file of the run directory has one writer and the others wait for it (jaxembed.pod;
 the table is in docs/reliability.md): process 0 writes config.json / config.txt, store/, plan.npz / plan.json,
 plan_lengths.npz, metrics.jsonl, tensorboard/, init_from/, export/ and summary.json, every other process waits for
 its outcome (and fails with its error); Orbax writes checkpoints/ (each process its shards, process 0 the rest).

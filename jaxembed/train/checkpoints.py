@@ -14,7 +14,7 @@ Faults (docs/reliability.md):
 
 Several processes (a pod): every process constructs the manager and calls save / restore / wait (Orbax: each
 writes its shards, process 0 the metadata and the final rename, with barriers in between); the choice of the
-checkpoint to resume from is agreed by all processes (jaxembed.runfiles).
+checkpoint to resume from is agreed by all processes (jaxembed.pod).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from jaxembed import runfiles
+from jaxembed import atomic_files, pod
 from jaxembed.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class Checkpointer:
         try:
             self.manager = ocp.CheckpointManager(self.directory, options=opts)
         except OSError as e:
-            raise runfiles.write_failed("creating the checkpoint folder", self.directory, e) from None
+            raise atomic_files.write_failed("creating the checkpoint folder", self.directory, e) from None
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -99,7 +99,7 @@ class Checkpointer:
         except Exception:  # the listing itself fails (the disk is gone): say what is known
             kept = "unknown"
         where = self.directory / str(step) if step is not None else self.directory
-        return runfiles.write_failed(f"saving the checkpoint of step {step}", where, e,
+        return atomic_files.write_failed(f"saving the checkpoint of step {step}", where, e,
                                      fix=f"run the same command again: it resumes from the latest intact "
                                          f"checkpoint (intact: {kept})")
 
@@ -119,7 +119,7 @@ class Checkpointer:
         bad: list[tuple[int, str]] = []
         for step in steps:
             try:
-                state = runfiles.all_agree(f"restore-{step}", lambda: self.restore(step, like))
+                state = pod.all_agree(f"restore-{step}", lambda: self.restore(step, like))
             except Exception as e:  # truncated / corrupted files: Orbax, tensorstore or JSON errors
                 log.debug("restoring step %d failed", step, exc_info=e)
                 reason = _short(e)
@@ -153,7 +153,7 @@ class Checkpointer:
                         shutil.copytree(src, target)
                         shutil.rmtree(src)
 
-        runfiles.main_first("checkpoints-move-aside", move)  # the others wait until it is done
+        pod.main_first("checkpoints-move-aside", move)  # the others wait until it is done
         self.manager.reload()
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ import jax
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import lora, runfiles
+from jaxembed import lora, pod
 
 if TYPE_CHECKING:
     from jaxembed.train.run import Run
@@ -80,7 +80,7 @@ def run_card(run: Run, model, prompts: dict, **kw) -> str:
 
 def host_params(params) -> Any:
     """Parameters as host arrays on every process (a collective with several processes: all must call it)."""
-    if runfiles.process_count() > 1:
+    if pod.process_count() > 1:
         from jax.experimental import multihost_utils
 
         return multihost_utils.process_allgather(params, tiled=True)  # the full value of each global array

@@ -14,7 +14,7 @@ import jax
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import parallel, runfiles
+from jaxembed import atomic_files, parallel, pod
 from jaxembed.errors import UserError
 from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.train.export import export_params, host_params
@@ -69,8 +69,8 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
     run = setup(config, workdir, lock=lock)
     c = run.config
     workdir = run.workdir
-    is_main = runfiles.is_main()
-    multi = runfiles.process_count() > 1
+    is_main = pod.is_main()
+    multi = pod.process_count() > 1
     ckpt = Checkpointer(workdir / "checkpoints", keep_last=c.train.keep_checkpoints,
                         best_metric=c.eval.best_metric, best_mode=c.eval.best_mode,
                         async_save=c.train.async_checkpoints)
@@ -230,14 +230,14 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
                     params = host_params(state["params"])  # every process (a collective), then process 0 writes
 
                 def write_export():
-                    with sig.interruptible(), runfiles.writing(
+                    with sig.interruptible(), atomic_files.writing(
                             "writing the export", out_dir,
                             fix=f"run the same command again to write the export (training is complete, "
                                 f"checkpoint {summary['step']} is saved)"):
                         return export_params(run, params, out_dir, summary=summary, step=at)
 
                 try:
-                    runfiles.main_first("export", write_export)
+                    pod.main_first("export", write_export)
                     summary["export"] = str(out_dir)
                 except Interrupted as e:
                     summary["status"] = "preempted"
@@ -249,9 +249,9 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
         ckpt.close()
         monitor.close()
     if is_main:
-        with runfiles.writing("writing the summary", workdir / "summary.json"):
-            runfiles.write_json(workdir / "summary.json", summary)
-    runfiles.barrier("train-end")  # no process leaves while process 0 still writes
+        with atomic_files.writing("writing the summary", workdir / "summary.json"):
+            atomic_files.write_json(workdir / "summary.json", summary)
+    pod.barrier("train-end")  # no process leaves while process 0 still writes
     return summary
 
 

@@ -103,9 +103,9 @@ class Monitor:
             self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
             self._jsonl.flush()
         except OSError as e:
-            from jaxembed import runfiles
+            from jaxembed import atomic_files
 
-            raise runfiles.write_failed("writing the metrics", self.workdir / "metrics.jsonl", e) from None
+            raise atomic_files.write_failed("writing the metrics", self.workdir / "metrics.jsonl", e) from None
         if self._tb is not None:
             for k, v in clean.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
@@ -175,7 +175,7 @@ def start_wandb(workdir: Path, settings, run_config: dict):
     """``wandb.init`` for the run in ``workdir`` (process 0 only): the run id of ``<workdir>/wandb.json``, created
     (and written atomically) on the first start, so a restart resumes the same W&B run. Any failure is one
     UserError line."""
-    from jaxembed import runfiles
+    from jaxembed import atomic_files
     from jaxembed.errors import UserError
 
     try:
@@ -193,8 +193,8 @@ def start_wandb(workdir: Path, settings, run_config: dict):
                             '{"id": "<the W&B run id>"})') from None
     if not run_id:
         run_id = uuid.uuid4().hex[:12]
-        with runfiles.writing("writing the W&B run id", id_file):
-            runfiles.write_json(id_file, {"id": run_id, "project": settings.get("project") or None,
+        with atomic_files.writing("writing the W&B run id", id_file):
+            atomic_files.write_json(id_file, {"id": run_id, "project": settings.get("project") or None,
                                           "entity": settings.get("entity") or None})
     kw = dict(project=settings.get("project") or None, entity=settings.get("entity") or None,
               name=settings.get("name") or workdir.resolve().name, tags=list(settings.get("tags") or ()) or None,

@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import hf, lora, parallel, runfiles
+from jaxembed import atomic_files, hf, lora, parallel, pod
 from jaxembed.train import encode as train_encode, optim
 from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.errors import UserError
@@ -91,13 +91,13 @@ def _read_config_json(path: Path) -> dict:
 def _same_config_as_main(config, main_config: str) -> None:
     """On processes other than 0: process 0's config (its JSON) must be this process's own (all hosts of a pod run
     the same --config and overrides)."""
-    if runfiles.is_main():
+    if pod.is_main():
         return
     written = json.loads(main_config)
     mine = json.loads(cfglib.to_json(config))
     diffs = sorted(k for k in set(written) | set(mine) if written.get(k) != mine.get(k))
     if diffs:
-        raise UserError(f"process {runfiles.process_index()} has another config than process 0 ({', '.join(diffs)} "
+        raise UserError(f"process {pod.process_index()} has another config than process 0 ({', '.join(diffs)} "
                         "differ) (fix: start every process with the same --config and --config.KEY=VALUE overrides)")
 
 
@@ -116,12 +116,12 @@ def prepare_store(config, workdir: Path):
             return  # the run's own store (its config was checked), or one a refused start left for this data config
         say(f"data: preparing the dataset store in {store_dir} ({count(len(config.data.datasets), 'dataset')}: "
             "every record is read and checked once)")
-        with runfiles.writing("preparing the dataset store", store_dir,
+        with atomic_files.writing("preparing the dataset store", store_dir,
                               fix="run the same command again (the store is prepared from the start)"):
             report = write_store(cfglib.data_section(config), store_dir)
         log.info("prepared the dataset store: %s", report.summary() if hasattr(report, "summary") else report)
 
-    runfiles.main_first("store", write)
+    pod.main_first("store", write)
     return Store.open(store_dir)
 
 
@@ -162,21 +162,21 @@ def prepare_plan(config, store, workdir: Path, plan=None):
                 raise UserError(f"{path}: the saved plan differs from the one the config builds (the data or the "
                                 "plan config changed); fix: use a new --workdir")
         else:
-            with runfiles.writing("saving the batch plan", path):
+            with atomic_files.writing("saving the batch plan", path):
                 plan.save(path)
 
     def same_as_main():
-        if runfiles.is_main():
+        if pod.is_main():
             return
         side = path.with_suffix(".json")
         theirs = json.loads(side.read_text(encoding="utf-8")).get("fingerprint")
         if theirs != fingerprint:
-            raise UserError(f"process {runfiles.process_index()} built another batch plan than process 0 "
+            raise UserError(f"process {pod.process_index()} built another batch plan than process 0 "
                             f"(fingerprint {fingerprint} vs {theirs} in {side}): the hosts read different data "
                             "(fix: every host must see the same data files)")
 
-    runfiles.main_first("plan", save_or_check)
-    runfiles.all_agree("plan-check", same_as_main)
+    pod.main_first("plan", save_or_check)
+    pod.all_agree("plan-check", same_as_main)
     return plan
 
 
@@ -195,7 +195,7 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None) -> Run:
         lora.check_targets(config)
 
     def read_only_checks():  # on process 0; the others stop with its error
-        n = runfiles.process_count()
+        n = pod.process_count()
         if n > 1 and config.eval.tasks:
             raise UserError(f"config.eval.tasks = {tuple(config.eval.tasks)}: dev evaluation during training runs "
                             f"in a single process, not on {n} (fix: set --config.eval.tasks=() for the pod run and "
@@ -206,18 +206,18 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None) -> Run:
 
             check_target(export_dir(config, workdir), "config.export.dir", workdir=workdir)
 
-    runfiles.main_first("workdir-check", read_only_checks)
-    main_config = runfiles.broadcast("config", cfglib.to_json(config) if runfiles.is_main() else None)
-    runfiles.all_agree("config-check", lambda: _same_config_as_main(config, main_config))
+    pod.main_first("workdir-check", read_only_checks)
+    main_config = pod.broadcast("config", cfglib.to_json(config) if pod.is_main() else None)
+    pod.all_agree("config-check", lambda: _same_config_as_main(config, main_config))
     if lock is not None:
-        runfiles.main_first("workdir-lock", lock.acquire)
+        pod.main_first("workdir-lock", lock.acquire)
     mesh = parallel.make_mesh(config.train.mesh_data, config.train.mesh_fsdp)
     kw = model_kwargs(config)
     source = init_source(config, workdir)
     loaded = load_model(config, source=source, **kw)
     say(describe_model(loaded, source, config, mesh))
     if lora_spec is not None:  # the adapters apply to these base weights only: a resume on others is an error
-        runfiles.main_first("lora-base", lambda: lora.check_base(workdir, lora.base_fingerprint(loaded.model),
+        pod.main_first("lora-base", lambda: lora.check_base(workdir, lora.base_fingerprint(loaded.model),
                                                                  source))
     store = prepare_store(config, workdir)
     say(describe_store(store, config, workdir))
@@ -226,10 +226,10 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None) -> Run:
 
     def write_config():
         check_workdir(config, workdir)
-        with runfiles.writing("writing the config", workdir / "config.json"):
+        with atomic_files.writing("writing the config", workdir / "config.json"):
             cfglib.write_resolved(config, workdir)
 
-    runfiles.main_first("config", write_config)  # every check passed: process 0 writes the run's config
+    pod.main_first("config", write_config)  # every check passed: process 0 writes the run's config
     plan = prepare_plan(config, store, workdir, plan=plan)
     K = 1 + max(int(d.num_negatives) for d in store.datasets)
     spec = getattr(loaded.model.config, "mote", None)
@@ -289,9 +289,9 @@ def init_source(config, workdir: str | Path) -> str:
     if (p / "export" / "config.json").is_file():
         return str(p / "export")
     out = Path(workdir) / "init_from"
-    need = runfiles.broadcast("init_from", "no" if (out / "config.json").is_file() else "yes") == "yes"
+    need = pod.broadcast("init_from", "no" if (out / "config.json").is_file() else "yes") == "yes"
     if need:
-        if runfiles.is_main():
+        if pod.is_main():
             print(f"model.init_from: exporting the latest checkpoint of {p} to {out}", flush=True)
         export_from_workdir(p, out, lora_export="merged")  # a LoRA stage: its merged weights (no PEFT folder)
     return str(out)
@@ -427,7 +427,7 @@ def export_from_workdir(workdir: str | Path, out: str | Path, step: int | str | 
     from jaxembed import export as exportlib
 
     def write():
-        with runfiles.writing("writing the export", out):
+        with atomic_files.writing("writing the export", out):
             if task is None and not average_experts:
                 return export_params(run, params, Path(out), step=step, name=name, lora_export=lora_export)
             model = host_model(run, params)
@@ -442,5 +442,5 @@ def export_from_workdir(workdir: str | Path, out: str | Path, step: int | str | 
                 return exportlib.export_expert(model, run.loaded.tokenizer, Path(out), task, **kw)
             return exportlib.export_averaged(model, run.loaded.tokenizer, Path(out), **kw)
 
-    runfiles.main_first("export-from-workdir", write)
+    pod.main_first("export-from-workdir", write)
     return Path(out)

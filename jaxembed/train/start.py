@@ -9,12 +9,12 @@ import numpy as np
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import hf, lora, runfiles
+from jaxembed import hf, lora, pod
 
 
 def say(text: str) -> None:
     """A line of the run's start on stdout (process 0 of a pod only)."""
-    if runfiles.is_main():
+    if pod.is_main():
         print(text, flush=True)
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxembed import lora, parallel, runfiles
+from jaxembed import atomic_files, lora, parallel, pod
 from jaxembed.train import optim
 
 if TYPE_CHECKING:
@@ -60,11 +60,11 @@ def step_table(run: Run, cache: Path) -> dict[str, np.ndarray]:
     from jaxembed.data.pipeline import cached_step_table
 
     def compute():
-        with runfiles.writing("writing the length table", cache):
+        with atomic_files.writing("writing the length table", cache):
             return cached_step_table(run.store, run.plan, run.loaded.tokenizer, cache, packing=run.packing,
                                      num_candidates=run.K)
 
-    out = runfiles.main_first("lengths", compute)
+    out = pod.main_first("lengths", compute)
     return out if out is not None else cached_step_table(run.store, run.plan, run.loaded.tokenizer, cache,
                                                          packing=run.packing, num_candidates=run.K)
 

@@ -97,7 +97,7 @@ class Plan:
         path = Path(path)
         if path.suffix != ".npz":
             raise UserError(f"{path}: a plan file must end in .npz")
-        from jaxembed import runfiles
+        from jaxembed import atomic_files
 
         side = {"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint(), "steps": self.steps,
                 "global_batch_size": self.global_batch_size, "seed": self.seed,
@@ -109,8 +109,8 @@ class Plan:
         # each file through its own unique temporary name (host, pid, random), renamed into place: concurrent
         # savers never share a temporary file; a reader between the two renames sees a pair whose fingerprints
         # differ, which ``load`` reports
-        runfiles.write_with(path, lambda t: np.savez(t, **arrays), suffix=".npz")
-        runfiles.write_text(path.with_suffix(".json"), json.dumps(side, indent=1, default=_json_default) + "\n")
+        atomic_files.write_with(path, lambda t: np.savez(t, **arrays), suffix=".npz")
+        atomic_files.write_text(path.with_suffix(".json"), json.dumps(side, indent=1, default=_json_default) + "\n")
         return path
 
     @classmethod

@@ -1,0 +1,174 @@
+"""One run on several processes (a pod): every process runs the same command on one shared run directory; each
+file has one writer (process 0, or each process its own file), and the others wait for it through the
+coordinator that ``jax.distributed.initialize`` starts (its key-value store and barriers). Every call is a no-op
+in a single process.
+
+- ``main_first(name, fn)``: process 0 runs ``fn``; the others wait for its outcome and fail with process 0's
+  error if it failed, so no process reads a file before its writer is done, and no process hangs on a barrier
+  that an error on process 0 will never reach.
+- ``all_agree(name, fn)``: every process runs ``fn``; each waits for all outcomes; if any failed, all fail with
+  the first error (so an error on one host never leaves the others waiting).
+- ``broadcast(name, value)``: process 0's string, on every process; ``barrier(name)``: all wait for all.
+- ``single_host_only(command)``: a command that runs on one host refuses a pod in one line.
+Names must be the same on every process and called in the same order (a counter per name makes each use
+unique). The wait is ``JAXEMBED_SYNC_TIMEOUT_S`` seconds at most (default 7200: process 0 may be preparing a large
+dataset store). How a file is written whole: jaxembed.atomic_files.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable
+
+from jaxembed.errors import UserError
+
+_ERR = "error:"
+_counters: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def process_count() -> int:
+    """Processes of the run (1 unless jax.distributed was started)."""
+    client = _client()
+    if client is None:
+        return 1
+    import jax
+
+    return jax.process_count()
+
+
+def process_index() -> int:
+    client = _client()
+    if client is None:
+        return 0
+    import jax
+
+    return jax.process_index()
+
+
+def is_main() -> bool:
+    return process_index() == 0
+
+
+def _client():
+    try:
+        from jax._src import distributed
+    except ImportError:  # pragma: no cover
+        return None
+    return distributed.global_state.client
+
+
+def timeout_s() -> float:
+    text = os.environ.get("JAXEMBED_SYNC_TIMEOUT_S", "")
+    try:
+        return float(text) if text.strip() else 7200.0
+    except ValueError:
+        raise UserError(f"JAXEMBED_SYNC_TIMEOUT_S={text!r}: not a number of seconds (fix: e.g. 600)") from None
+
+
+def _key(name: str) -> str:
+    with _lock:
+        n = _counters.get(name, 0)
+        _counters[name] = n + 1
+    return f"jaxembed/{name}/{n}"
+
+
+def _get(client, key: str, what: str) -> str:
+    ms = int(timeout_s() * 1000)
+    try:
+        return client.blocking_key_value_get(key, ms)
+    except Exception as e:  # the coordinator's DEADLINE_EXCEEDED, or process 0 went away
+        raise UserError(f"waited {timeout_s():.0f}s for {what} and gave up ({' '.join(str(e).split())[:200]}) "
+                        "(fix: check the log of that process; JAXEMBED_SYNC_TIMEOUT_S sets the wait)") from None
+
+
+def _outcome(fn: Callable[[], Any]) -> tuple[Any, str, BaseException | None]:
+    try:
+        return fn(), "ok", None
+    except UserError as e:
+        return None, _ERR + str(e), e
+    except Exception as e:  # a bug or an I/O error: the others get its one-line description
+        return None, _ERR + f"{type(e).__name__}: {' '.join(str(e).split())[:500]}", e
+
+
+def main_first(name: str, fn: Callable[[], Any]) -> Any:
+    """Process 0 runs ``fn`` and returns its result; the other processes wait until it is done and return None,
+    or raise process 0's error as a UserError."""
+    client = _client()
+    if client is None or process_count() == 1:
+        return fn()
+    key = _key(name)
+    if is_main():
+        result, status, err = _outcome(fn)
+        client.key_value_set(key, status)
+        if err is not None:
+            raise err
+        return result
+    status = _get(client, key, f"process 0 ({name})")
+    if status.startswith(_ERR):
+        raise UserError(status[len(_ERR):])
+    return None
+
+
+def all_agree(name: str, fn: Callable[[], Any]) -> Any:
+    """Every process runs ``fn``; all wait for every outcome; if one failed, all raise the first error (with the
+    failing process's index). Returns this process's result."""
+    client = _client()
+    if client is None or process_count() == 1:
+        return fn()
+    key = _key(name)
+    me, n = process_index(), process_count()
+    result, status, err = _outcome(fn)
+    client.key_value_set(f"{key}/{me}", status)
+    for i in range(n):
+        s = status if i == me else _get(client, f"{key}/{i}", f"process {i} ({name})")
+        if s.startswith(_ERR):
+            if err is not None and i == me:
+                raise err
+            msg = s[len(_ERR):]
+            raise UserError(msg if msg.startswith(f"process {i} ") else f"process {i}: {msg}")
+    return result
+
+
+def broadcast(name: str, value: str | None = None) -> str:
+    """Process 0's ``value`` on every process (the others pass nothing)."""
+    client = _client()
+    if client is None or process_count() == 1:
+        return value
+    key = _key(name)
+    if is_main():
+        client.key_value_set(key, value)
+        return value
+    return _get(client, key, f"process 0 ({name})")
+
+
+def barrier(name: str) -> None:
+    """Every process waits here until all have arrived."""
+    client = _client()
+    if client is None or process_count() == 1:
+        return
+    key = _key(name).replace("/", "_")
+    try:
+        client.wait_at_barrier(key, int(timeout_s() * 1000))
+    except Exception as e:
+        raise UserError(f"waited {timeout_s():.0f}s at '{name}' for the other processes and gave up "
+                        f"({' '.join(str(e).split())[:200]}) (fix: check their logs)") from None
+
+
+def single_host_only(command: str) -> None:
+    """Refuse, in one line, to run ``command`` as one process of a multi-host run (it would run once per host,
+    each on its own, all writing the same outputs). Decided from the environment (parallel.cluster_plan), before
+    any JAX call."""
+    from jaxembed import parallel
+
+    plan = parallel.cluster_plan()
+    if plan["mode"] == "single":
+        return
+    hints = {"explicit": "unset JAXEMBED_COORDINATOR / JAXEMBED_NUM_PROCESSES / JAXEMBED_PROCESS_ID",
+             "slurm": "run it as a single SLURM task (srun --ntasks=1)",
+             "ompi": "run it without mpirun"}
+    fix = hints.get(plan["mode"], "run it on one machine")
+    raise UserError(f"{command} runs on one host (all its local devices), but this process is one of a multi-host "
+                    f"run ({plan['mode']}: {plan['detail']}) (fix: start it once, on one host: {fix}, or set "
+                    "JAXEMBED_DISTRIBUTED=off)")
