@@ -386,9 +386,10 @@ def _st_loss(loss_fn, cols):
 FLAT_ORDER = ("flash_attention_3", "flash_attention_2", "torch_varlen", "flex_attention", "sdpa_block_mask")
 
 
-def _flat_attention(gpu: bool, prefer: list | None = None) -> tuple[str, dict]:
-    """The first padding-free attention of FLAT_ORDER (or ``prefer``) that can run here -> (name, what was
-    tried: {name: "ok" or why not})."""
+def _flat_attention(gpu: bool, prefer: list | None = None) -> tuple[list, dict]:
+    """The padding-free attentions of FLAT_ORDER (or ``prefer``) that can run here, best first (the flat arm takes
+    the first that also passes its probe, a forward and backward on the device) -> (names, what was tried:
+    {name: "ok" or why not}); sdpa_block_mask when none."""
     import importlib.util
 
     import torch
@@ -422,9 +423,8 @@ def _flat_attention(gpu: bool, prefer: list | None = None) -> tuple[str, dict]:
                 tried[name] = f"not in torch {torch.__version__}: {e}"
         else:
             tried[name] = "ok"
-        if tried[name] == "ok":
-            return name, tried
-    return "sdpa_block_mask", tried
+    ok = [n for n, v in tried.items() if v == "ok"]
+    return ok or ["sdpa_block_mask"], tried
 
 
 def _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
@@ -591,9 +591,9 @@ def _st_one(a: dict, name: str, B: int, dl: H.Deadline) -> None:
     opt = trainer_adamw(model, lr=2e-5, weight_decay=0.01)  # the HF Trainer's AdamW groups
     kind = torch.cuda.get_device_name() if gpu else "cpu"
     peak = H.peak_flops(kind, a.get("peak_flops"))
-    flat_impl, tried = _flat_attention(gpu, a.get("flat_attention"))
+    flat_impls, tried = _flat_attention(gpu, a.get("flat_attention"))
     emit(kind="setup", tool="st", model=name, batch=B, device=kind, steps=steps, torch=torch.__version__,
-         chosen_shape=info["chosen_shape"], flat_attention=flat_impl, flat_tried=tried)
+         chosen_shape=info["chosen_shape"], flat_candidates=flat_impls, flat_tried=tried)
     with_tt = "token_type_ids" in inspect.signature(model[0].auto_model.forward).parameters
     amp = lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=gpu)  # noqa: E731 (CPU: float32)
 
@@ -603,7 +603,7 @@ def _st_one(a: dict, name: str, B: int, dl: H.Deadline) -> None:
     def one_step(f):  # bf16 autocast on the GPU; on the CPU (the dry run) float32: CPU autocast is very slow
         return st_step(model, loss_fn, opt, f, amp)
 
-    flat = _Flat(model[0].auto_model, model.tokenizer, model.max_seq_length, flat_impl, device)
+    flat = None  # the padding-free arm's _Flat, once one passed its probe
 
     def flat_step(f):  # the same step as st_step, on the flattened row
         with amp():
@@ -636,11 +636,13 @@ def _st_one(a: dict, name: str, B: int, dl: H.Deadline) -> None:
                     lengths.append(np.concatenate(ls))
                     padded.append(ps)
             elif setting == "flat":
-                if gpu and flat_impl == "sdpa_block_mask":
+                flat, agreement = _flat_probe(model, flat_impls, tried, cols, device, amp, loss_fn)
+                if flat is None or (gpu and flat.impl == "sdpa_block_mask"):
                     emit(kind="train", tool="st", setting=setting, model=name, tried=tried,
-                         skipped="no varlen / flex attention on this device: a dense [T, T] block mask over the "
-                                 "flattened step would not fit")
+                         skipped="no varlen / flex attention ran on this device (a dense [T, T] block mask over the "
+                                 "flattened step would not fit)")
                     continue
+                flat_impl = flat.impl
                 for step_cols in cols:
                     f = flat.features(list(step_cols.values()))
                     feats.append(f)
@@ -649,7 +651,7 @@ def _st_one(a: dict, name: str, B: int, dl: H.Deadline) -> None:
                 step_fn = flat_step
                 extra = {"attention": flat_impl, "tried": tried, "attention_dropout": "off: no dropout in "
                          "torch's varlen kernel" if flat_impl == "torch_varlen" else "as the model's config"}
-                extra["agreement"] = _flat_agreement(flat, list(cols[0].values()))
+                extra["agreement"] = agreement
                 if a.get("check_varlen_wiring"):  # the device's varlen path, with the kernel's CPU stand-in
                     extra["varlen_wiring"] = _flat_agreement(_Flat(
                         model[0].auto_model, model.tokenizer, model.max_seq_length, "torch_varlen", device,
@@ -721,6 +723,25 @@ def _st_one(a: dict, name: str, B: int, dl: H.Deadline) -> None:
             feats = None
             if gpu:
                 torch.cuda.empty_cache()
+
+
+def _flat_probe(model, impls: list, tried: dict, cols: list, device: str, amp, loss_fn):
+    """The first of ``impls`` whose flat path runs here: its agreement with the padded forward, then a forward and
+    backward of the first step (gradients dropped) -> (_Flat, agreement) or (None, None); ``tried`` says why each
+    one before it failed."""
+    for impl in impls:
+        try:
+            flat = _Flat(model[0].auto_model, model.tokenizer, model.max_seq_length, impl, device)
+            agreement = _flat_agreement(flat, list(cols[0].values()))
+            with flat, amp():
+                loss = _st_loss(loss_fn, flat.embed(flat.features(list(cols[0].values()))))
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            return flat, agreement
+        except Exception as e:  # noqa: BLE001 -- the next one, and the record says why
+            tried[impl] = "failed here: " + _error(e).strip().splitlines()[-1][:300]
+            model.zero_grad(set_to_none=True)
+    return None, None
 
 
 class _null:
@@ -1118,7 +1139,10 @@ def llm_st(a: dict) -> None:
     torch.manual_seed(0)
     dtype = torch.bfloat16 if lora and gpu else torch.float32
     with torch.device(device):
-        model = AutoModel.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
+        try:
+            model = AutoModel.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
+        except TypeError:  # a transformers that still calls it torch_dtype
+            model = AutoModel.from_config(cfg, attn_implementation="sdpa", torch_dtype=dtype)
     if a.get("check_varlen_wiring"):  # part 2's padding-free path on this architecture, the kernel's CPU stand-in
         fl = _Flat(model, tok, cap, "torch_varlen", device, varlen_kernel=_varlen_reference)
         emit(kind="wiring", tool="st", model=name, **_flat_agreement(fl, [[r["query"] for r in rows[:4]],
