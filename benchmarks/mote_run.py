@@ -58,7 +58,7 @@ def main():
     import numpy as np
 
     from jaxembed import config as cfglib
-    from jaxembed import hf
+    from jaxembed import loading
     from jaxembed.encode import Encoder
     from jaxembed.evaluate import dev_tasks, evaluate
     from jaxembed.train import train
@@ -76,7 +76,7 @@ def main():
     root.mkdir(parents=True, exist_ok=True)
 
     def scores(path_or_loaded) -> dict:
-        res = evaluate(Encoder.from_loaded(hf.load(path_or_loaded) if isinstance(path_or_loaded, (str, Path))
+        res = evaluate(Encoder.from_loaded(loading.load(path_or_loaded) if isinstance(path_or_loaded, (str, Path))
                                            else path_or_loaded), tasks, **kw)
         return {t: round(r["main_score"], 2) for t, r in res.items()}
 

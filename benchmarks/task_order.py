@@ -84,7 +84,7 @@ def real_similarity(args, unit: str, given: str | None) -> tuple[np.ndarray, lis
         if u != unit:
             raise SystemExit(f"{given}: the similarity is over {u}s, expected {unit}s")
         return S, names, f"{given} (model {meta.get('model', '?')}, n_t {meta.get('n_task_queries')})"
-    from jaxembed import hf, paths
+    from jaxembed import loading, paths
     from jaxembed.curriculum.cli import run_score
     from jaxembed.data.config import shared_train_config
     from jaxembed.data.store import Store, write_store
@@ -95,7 +95,7 @@ def real_similarity(args, unit: str, given: str | None) -> tuple[np.ndarray, lis
     if not (store_dir / "manifest.json").exists():
         write_store(shared_train_config(paths.shared_data_dir()), store_dir)
     model = str(paths.demo_model_dir())
-    enc = Encoder.from_loaded(hf.load(model, max_length=128))
+    enc = Encoder.from_loaded(loading.load(model, max_length=128))
     out = work / f"score_{unit}"
     run_score(enc, Store.open(store_dir), out, unit=unit, n_task_queries=args.n_task_queries, similarity_only=True,
               model_name=model)

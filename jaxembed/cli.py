@@ -42,7 +42,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args, task: str | None = None):
-    from jaxembed import hf
+    from jaxembed import loading
 
     kw = {"dtype": args.dtype, "max_length": args.max_length, "pooling": args.pooling,
           "attention": getattr(args, "attention", "auto")}
@@ -50,7 +50,7 @@ def _load(args, task: str | None = None):
         kw["causal"] = False
     if task is not None:
         kw["task"] = task
-    return hf.load(args.model, **kw)
+    return loading.load(args.model, **kw)
 
 
 def cmd_encode(args) -> int:

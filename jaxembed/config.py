@@ -262,7 +262,7 @@ def validate(c: mc.ConfigDict) -> None:
         _choice(c, "model.pooling", POOLING_MODES)
     ml = c.model.max_length
     if not (isinstance(ml, int) and not isinstance(ml, bool) and ml == 0):  # 0: the model folder's max_seq_length
-        from jaxembed.hf import check_max_length
+        from jaxembed.loading import check_max_length
 
         check_max_length(ml, "config.model.max_length", None, "")  # the position table: _check_lengths
     if not isinstance(c.data.get("packing", True), bool):

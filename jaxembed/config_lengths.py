@@ -21,18 +21,18 @@ def check_lengths(c: mc.ConfigDict) -> None:
     max_seq_length the export writes; a dataset's max_query_length / max_doc_length is in the same range, and a
     limit above the run's max length is capped at it (model.max_length caps every dataset's limits), said in one
     log line. The model is read from a local folder only (its JSON files, no weights); a hub id or a previous
-    stage not yet exported is checked when it loads (jaxembed.hf.load)."""
-    from jaxembed import hf
+    stage not yet exported is checked when it loads (jaxembed.loading.load)."""
+    from jaxembed import loading
 
     ml = c.model.max_length
     source, limit, table = length_source(c), None, ""
     try:
         if source is not None:
-            limit, table = hf.position_limit(source)
+            limit, table = loading.position_limit(source)
     except UserError:  # a folder the loader cannot read: the run says so in one line when it loads the model
         source = None
     if ml:
-        hf.check_max_length(ml, "config.model.max_length", limit, table)
+        loading.check_max_length(ml, "config.model.max_length", limit, table)
     limits = []
     if not c.data.store:
         limits = [(f"config.data.datasets[{i}].{k}", d.get(k)) for i, d in enumerate(c.data.datasets)
@@ -47,11 +47,11 @@ def check_lengths(c: mc.ConfigDict) -> None:
             pass  # an unreadable manifest: _check_store_task_types says so
     limits = [(key, v) for key, v in limits if v is not None]
     for key, v in limits:
-        hf.check_max_length(v, key, limit, table)
+        loading.check_max_length(v, key, limit, table)
     run = ml
     if not ml and source is not None and limits:
         try:
-            run = hf.default_max_length(source)
+            run = loading.default_max_length(source)
         except UserError:  # said when the run loads the model
             run = None
     capped = [f"{key} = {v}" for key, v in limits if run is not None and v > run]

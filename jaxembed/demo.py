@@ -31,7 +31,7 @@ def run_demo(workdir, *, tiny: bool = False, overrides: Sequence[str] = (), task
 
     from jaxembed import config as cfglib
     from jaxembed import evaluate as evallib
-    from jaxembed import hf
+    from jaxembed import loading
     from jaxembed.encode import Encoder
     from jaxembed.train import train
 
@@ -40,7 +40,7 @@ def run_demo(workdir, *, tiny: bool = False, overrides: Sequence[str] = (), task
     tasks = tuple(tasks) if tasks else DEMO_TASKS
     workdir = Path(workdir)
     print(f"model: {cfg.model.name}")
-    base = hf.load(cfg.model.name)
+    base = loading.load(cfg.model.name)
     packing = cfglib.packing_enabled(cfg)  # data.packing (default True): packed rows in training and evaluation
     enc = Encoder.from_loaded(base)
     enc.packing = packing
@@ -63,7 +63,7 @@ def run_demo(workdir, *, tiny: bool = False, overrides: Sequence[str] = (), task
         return 143
     export_dir = summary["export"]
     print(f"\n[3/3] evaluating the export ({export_dir})")
-    after_enc = Encoder.from_loaded(hf.load(export_dir))
+    after_enc = Encoder.from_loaded(loading.load(export_dir))
     after_enc.packing = packing
     after = evallib.evaluate(after_enc, tasks, **kw)
     try:

@@ -74,7 +74,7 @@ class Encoder:
 
     @classmethod
     def from_loaded(cls, loaded) -> "Encoder":
-        """From ``jaxembed.hf.load(...)``."""
+        """From ``jaxembed.loading.load(...)``."""
         return cls(loaded.model, loaded.tokenizer, loaded.st.prompts, loaded.st.default_prompt_name)
 
     def _forward(self, state, input_ids, attention_mask, prompt_lengths, experts, dim):
@@ -255,7 +255,7 @@ class Encoder:
 
 
 def load_encoder(name_or_path: str, **kwargs) -> Encoder:
-    """Load a model folder / hub id (see ``jaxembed.hf.load``) and wrap it in an Encoder."""
-    from jaxembed import hf
+    """Load a model folder / hub id (see ``jaxembed.loading.load``) and wrap it in an Encoder."""
+    from jaxembed import loading
 
-    return Encoder.from_loaded(hf.load(name_or_path, **kwargs))
+    return Encoder.from_loaded(loading.load(name_or_path, **kwargs))

@@ -179,7 +179,7 @@ def _write_dense(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, hf_c
 
 
 def export_loaded(loaded, out_dir: str | os.PathLike, *, name: str | None = None) -> Path:
-    """Export what ``jaxembed.hf.load`` returned (keeps its prompts and original config fields), with the card of a
+    """Export what ``jaxembed.loading.load`` returned (keeps its prompts and original config fields), with the card of a
     conversion (``jaxembed.model_card.plain_card``: the source, no training claims; ``name``: the hub id it will be
     pushed to)."""
     from jaxembed import model_card
@@ -226,7 +226,7 @@ def export_mote(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
       type (``retrieval`` needs ``encode_query`` / ``encode_document``) or ``query`` / ``document``. Without a
       task, the default expert is used.
 
-    ``jaxembed.hf.load`` reads the folder back as a MoTE model (optionally for one task's experts only)."""
+    ``jaxembed.loading.load`` reads the folder back as a MoTE model (optionally for one task's experts only)."""
     from jaxembed import mote
 
     spec = model.config.mote

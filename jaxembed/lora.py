@@ -186,10 +186,10 @@ def check_targets(config) -> None:
     spec = spec_from_config(config)
     if spec is None:
         return
-    from jaxembed import hf
+    from jaxembed import loading
 
-    folder = hf.resolve(config.model.name)
-    st = hf.read_sentence_transformers(folder)
+    folder = loading.resolve(config.model.name)
+    st = loading.read_sentence_transformers(folder)
     try:
         hf_cfg = json.loads((st.transformer_dir / "config.json").read_text(encoding="utf-8"))
         cfg = models.config_from_hf(hf_cfg, where=str(st.transformer_dir / "config.json"))

@@ -125,7 +125,7 @@ def score_file(model, input, out, *, batch_size: int = 64, prompt: str | None = 
     ``model``. -> {"out", "records", "resumed" (records found done), "seconds"}."""
     from tqdm import tqdm
 
-    from jaxembed import hf
+    from jaxembed import loading
     from jaxembed.encode import Encoder
     from jaxembed.outputs import check_output
 
@@ -139,7 +139,7 @@ def score_file(model, input, out, *, batch_size: int = 64, prompt: str | None = 
     kw = {"dtype": dtype}
     if max_length:
         kw["max_length"] = max_length
-    loaded = hf.load(model, **kw)
+    loaded = loading.load(model, **kw)
     encoder = Encoder.from_loaded(loaded)
     query_prompt = encoder.resolve_prompt(prompt, prompt_name)
     doc_prompt = encoder.resolve_prompt(doc_prompt, doc_prompt_name)

@@ -179,9 +179,9 @@ def minilm_dir():
 
 @pytest.fixture(scope="session")
 def minilm(minilm_dir):
-    from jaxembed import hf
+    from jaxembed import loading
 
-    return hf.load(minilm_dir)
+    return loading.load(minilm_dir)
 
 
 @pytest.fixture(scope="session")

@@ -237,7 +237,7 @@ def test_config_validates_model_attention():
 def test_run_config_and_cli_flag_reach_the_model(tmp_path, capsys):
     """model.attention (jaxembed train) and --attention (encode / eval) build the model with that kernel: a kernel of
     another platform is refused in one line, xla builds."""
-    from jaxembed import hf
+    from jaxembed import loading
     from jaxembed.cli import main
     from jaxembed.models.tiny import tiny_model_dir
     from jaxembed.train import model_kwargs
@@ -245,11 +245,11 @@ def test_run_config_and_cli_flag_reach_the_model(tmp_path, capsys):
     folder = tiny_model_dir("bert")
     c = cfglib.default_config()
     c.model.attention = "xla"
-    assert hf.load(folder, **model_kwargs(c)).model.config.attention == "xla"
+    assert loading.load(folder, **model_kwargs(c)).model.config.attention == "xla"
     wrong = {"gpu": "splash", "tpu": "pallas"}.get(jax.default_backend(), "pallas")
     c.model.attention = wrong
     with pytest.raises(UserError, match=f"model.attention={wrong!r} runs on"):
-        hf.load(folder, **model_kwargs(c))
+        loading.load(folder, **model_kwargs(c))
     texts = tmp_path / "t.txt"
     texts.write_text("a b\nc\n")
     for cmd in (["encode", "--input", str(texts), "--out", str(tmp_path / "e.npy")], ["eval", "--tasks", "STSBenchmark"]):

@@ -112,7 +112,7 @@ def test_export_command_and_console_script(minilm_dir, minilm, tmp_path):
     import jax
     from flax import nnx
 
-    from jaxembed import hf
+    from jaxembed import loading
 
     out = tmp_path / "exported"
     r = subprocess.run([str(Path(sys.executable).parent / "jaxembed"), "export", "--model", str(minilm_dir),
@@ -123,7 +123,7 @@ def test_export_command_and_console_script(minilm_dir, minilm, tmp_path):
     assert (meta["base_model"], meta["license"]) == ("sentence-transformers/all-MiniLM-L6-v2", "apache-2.0")
     assert body.startswith("\n# sentence-transformers/all-MiniLM-L6-v2 (jaxembed export)\n")
     assert f"SentenceTransformer({str(out.resolve())!r})" in body
-    again = hf.load(str(out))
+    again = loading.load(str(out))
     src, exp = (jax.tree_util.tree_leaves_with_path(nnx.state(m.model, nnx.Param)) for m in (minilm, again))
     assert [p for p, _ in src] == [p for p, _ in exp]
     for (path, a), (_, b) in zip(src, exp):

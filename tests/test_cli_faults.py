@@ -285,7 +285,7 @@ def test_max_lengths_out_of_range_stop_encode(minilm_dir, tmp_path, capsys, capl
     assert not (tmp_path / "o.npy").exists()
     long = _copy(minilm_dir, tmp_path / "long", without="sentence_bert_config.json")
     (long / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 1000, "do_lower_case": False}))
-    with caplog.at_level("WARNING", logger="jaxembed.hf"):
+    with caplog.at_level("WARNING", logger="jaxembed.loading"):
         assert main(["encode", "--model", str(long), *args[3:]]) == 0
     said = [r.getMessage() for r in caplog.records if "position table" in r.getMessage()]
     assert said == [f"{long}: the folder's max length 1000 is longer than the position table: 512 positions "

@@ -54,10 +54,10 @@ def _unit(x):
 
 
 def test_encode_options(bert_dir, qwen_dir, tmp_path, monkeypatch):
-    from jaxembed import hf
+    from jaxembed import loading
     from jaxembed.encode import Encoder
 
-    base = Encoder.from_loaded(hf.load(bert_dir)).encode(TEXTS)
+    base = Encoder.from_loaded(loading.load(bert_dir)).encode(TEXTS)
     # stdin (--input -): plain text, one text per line
     monkeypatch.setattr("sys.stdin", io.StringIO("".join(t + "\n" for t in TEXTS)))
     np.testing.assert_allclose(_encode(bert_dir, tmp_path, "--input", "-"), base, atol=1e-6)
@@ -84,7 +84,7 @@ def test_encode_options(bert_dir, qwen_dir, tmp_path, monkeypatch):
                                _encode(bert_dir, tmp_path, "--input", str(short)), atol=1e-6)
 
     # --pooling cls: the normalised hidden state of the first token, from the backbone itself
-    loaded = hf.load(bert_dir)
+    loaded = loading.load(bert_dir)
     ids, mask = loaded.tokenizer.pad(loaded.tokenizer.tokenize(TEXTS), 32, len(TEXTS))
     hidden = np.asarray(loaded.model.backbone(ids, mask, None, deterministic=True))
     cls = _encode(bert_dir, tmp_path, "--input", str(plain), "--format", "text", "--pooling", "cls")
@@ -112,7 +112,7 @@ def test_eval_options_through_the_cli(bert_dir, qwen_dir, shared_data, tmp_path,
     """One `jaxembed eval` with the model and prompt options equals `evaluate` given the same options, and each
     option changes the result (dropping any one of them from the API call gives other scores). --bidirectional on a
     Qwen2 model likewise."""
-    from jaxembed import hf
+    from jaxembed import loading
     from jaxembed.encode import Encoder
     from jaxembed.evaluate import evaluate
 
@@ -131,7 +131,7 @@ def test_eval_options_through_the_cli(bert_dir, qwen_dir, shared_data, tmp_path,
     assert all(name in table for name in EVAL_TASKS)
 
     def api(model_dir, model_kw, run_kw, tasks=EVAL_TASKS):
-        enc = Encoder.from_loaded(hf.load(model_dir, **model_kw))
+        enc = Encoder.from_loaded(loading.load(model_dir, **model_kw))
         return json.loads(json.dumps(evaluate(enc, tasks, **run_kw)))  # the JSON round trip of --out
 
     model = dict(dtype="bfloat16", max_length=20, pooling="max")
@@ -190,9 +190,9 @@ def test_eval_mteb_prefix_runs_the_mteb_task(bert_dir, shared_data, tmp_path, mo
     files = list(out.glob("results/me__tiny/*/STSBenchmark.json"))
     assert len(files) == 1
     score = 100 * json.loads(files[0].read_text())["scores"]["test"][0]["main_score"]
-    from jaxembed import hf
+    from jaxembed import loading
 
-    ours = evaluate(hf.load(bert_dir, max_length=32), ["STSBenchmark"], max_examples=100)["STSBenchmark"]
+    ours = evaluate(loading.load(bert_dir, max_length=32), ["STSBenchmark"], max_examples=100)["STSBenchmark"]
     assert score == pytest.approx(ours["main_score"], abs=0.01)
 
 

@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 from sentence_transformers import SentenceTransformer  # noqa: E402
 from sentence_transformers.models import Dense, Normalize, Pooling, Transformer  # noqa: E402
 
-from jaxembed import export, hf  # noqa: E402
+from jaxembed import export, loading  # noqa: E402
 from jaxembed.cli import main  # noqa: E402
 from jaxembed.encode import Encoder  # noqa: E402
 from jaxembed.models.embedding import EmbeddingModel  # noqa: E402
@@ -131,7 +131,7 @@ def gtr(t5_model, minilm_dir, tmp_path_factory):
 
 def test_t5_gtr_matches_sentence_transformers_and_round_trips(gtr, sentences, tmp_path):
     folder, ref = gtr
-    loaded = hf.load(folder)
+    loaded = loading.load(folder)
     assert loaded.hf_config["model_type"] == "t5" and loaded.model.dim == 16
     assert loaded.model.head.pooling == "mean" and loaded.model.head.normalize
     assert loaded.model.head.dense[0].activation == "identity" and not loaded.model.head.dense[0].bias
@@ -147,12 +147,12 @@ def test_t5_gtr_matches_sentence_transformers_and_round_trips(gtr, sentences, tm
     for kw in ({}, {"prompt_name": "query"}):
         assert _maxdiff(enc, again, sentences, **kw) <= TOL, kw
     # and the export reads back into jaxembed with the same embeddings
-    np.testing.assert_array_equal(Encoder.from_loaded(hf.load(out)).encode(sentences[:4]), enc.encode(sentences[:4]))
+    np.testing.assert_array_equal(Encoder.from_loaded(loading.load(out)).encode(sentences[:4]), enc.encode(sentences[:4]))
 
 
 def test_t5_instructor_excludes_the_prompt_like_sentence_transformers(t5_model, minilm_dir, sentences, tmp_path):
     folder, ref = _st_folder(tmp_path, t5_model, minilm_dir, include_prompt=False, prompts=PROMPTS)
-    loaded = hf.load(folder)
+    loaded = loading.load(folder)
     assert not loaded.model.head.include_prompt
     enc = Encoder.from_loaded(loaded)
     for kw in ({"prompt_name": "query"}, {"prompt_name": "doc"}, {}):
@@ -193,7 +193,7 @@ def test_qwen2_matches_sentence_transformers(qwen2_model, minilm_dir, sentences,
                                              padding_side, include_prompt):
     folder, ref = _st_folder(tmp_path, qwen2_model, minilm_dir, pooling_mode=pooling_mode,
                              padding_side=padding_side, include_prompt=include_prompt, prompts=PROMPTS)
-    loaded = hf.load(folder)
+    loaded = loading.load(folder)
     assert loaded.hf_config["model_type"] == "qwen2" and loaded.model.config.causal
     assert loaded.model.head.pooling == pooling_mode and loaded.model.head.include_prompt == include_prompt
     assert loaded.tokenizer.padding_side == padding_side
@@ -210,7 +210,7 @@ def test_qwen2_matches_sentence_transformers(qwen2_model, minilm_dir, sentences,
 def test_qwen3_qk_norm_lasttoken_left_padding(qwen3_model, minilm_dir, sentences, tmp_path):
     folder, ref = _st_folder(tmp_path, qwen3_model, minilm_dir, pooling_mode="lasttoken", padding_side="left",
                              dense=True, prompts=PROMPTS)
-    loaded = hf.load(folder)
+    loaded = loading.load(folder)
     assert loaded.model.config.model_type == "qwen3" and loaded.model.config.qk_norm
     assert loaded.model.dim == 16 and loaded.tokenizer.padding_side == "left"
     enc = Encoder.from_loaded(loaded)

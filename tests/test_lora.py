@@ -64,19 +64,19 @@ def _peft_checks(base: Path, folder: Path, ours: np.ndarray, n_adapters: int, me
 def test_peft_and_sentence_transformers_parity(arch, tmp_path):
     """Random adapters (B != 0) on a tiny model: the PEFT folder and the merged folder give our embeddings."""
     pytest.importorskip("peft")
-    from jaxembed import export, hf, lora
+    from jaxembed import export, loading, lora
     from jaxembed.encode import Encoder
     from jaxembed.models.tiny import tiny_model_dir
 
     base = tiny_model_dir(arch)
-    loaded = hf.load(base)
+    loaded = loading.load(base)
     spec = lora.LoRASpec(rank=4, alpha=8.0)
     picked = lora.apply(loaded.model, spec, seed=0)
     assert len(picked) == 2 * 7 if arch != "bert" else len(picked) == 2 * 6  # q k v o + the MLP, every layer
     for layer in lora.adapters(loaded.model).values():
         layer.lora_b.value = 0.2 * jax.random.normal(jax.random.key(layer.uid), layer.lora_b.shape)
     ours = Encoder(loaded.model, loaded.tokenizer).encode(TEXTS)
-    plain = Encoder.from_loaded(hf.load(base)).encode(TEXTS)
+    plain = Encoder.from_loaded(loading.load(base)).encode(TEXTS)
     assert np.abs(ours - plain).max() > 100 * TOL  # the adapters move the embeddings
     export.export_lora(loaded.model, loaded.tokenizer, tmp_path / "out", spec=spec, base=str(base), kind="both")
     cfg = json.loads((tmp_path / "out" / "adapter" / "adapter_config.json").read_text())
@@ -105,14 +105,14 @@ def test_lora_dropout_in_train_mode_only():
     (Qwen2's attention dropout is 0: the base model is deterministic either way)."""
     from flax import nnx
 
-    from jaxembed import hf, lora
+    from jaxembed import loading, lora
     from jaxembed.models.tiny import tiny_model_dir
 
     ids = np.arange(1, 17, dtype=np.int32).reshape(2, 8) + 100
     mask = np.ones_like(ids)
 
     def run(rate, deterministic, seed=0):
-        loaded = hf.load(tiny_model_dir("qwen2"))
+        loaded = loading.load(tiny_model_dir("qwen2"))
         lora.apply(loaded.model, lora.LoRASpec(rank=4, alpha=8.0, dropout=rate), seed=0)
         for layer in lora.adapters(loaded.model).values():
             layer.lora_b.value = 0.2 * jax.random.normal(jax.random.key(layer.uid), layer.lora_b.shape)
@@ -228,7 +228,7 @@ def _flat(tree) -> dict:
 def test_lora_run_trains_the_adapters_only(lora_run):
     from safetensors.numpy import load_file
 
-    from jaxembed import hf, lora
+    from jaxembed import loading, lora
     from jaxembed.encode import Encoder
 
     c, wd, base = lora_run
@@ -264,7 +264,7 @@ def test_lora_run_trains_the_adapters_only(lora_run):
     assert seen == n_adapters
 
     # the trained adapter on its base, in PyTorch: our embeddings
-    ours = Encoder.from_loaded(hf.load(wd / "export")).encode(TEXTS)
+    ours = Encoder.from_loaded(loading.load(wd / "export")).encode(TEXTS)
     diffs = _peft_checks(base, wd / "export" / "adapter", ours, n_adapters)
     print(f"trained BERT adapter parity (max |diff|, float32): {diffs}")
     assert max(diffs.values()) <= TOL, diffs

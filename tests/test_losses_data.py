@@ -181,7 +181,7 @@ def test_bad_teacher_scores_are_record_errors(tmp_path):
 # ------------------------------------------------------------------------------------------ jaxembed teacher-score
 
 def test_teacher_score_writes_cosines_atomically_and_resumes(tmp_path, monkeypatch, capsys):
-    from jaxembed import hf, teacher
+    from jaxembed import loading, teacher
     from jaxembed.cli import main
     from jaxembed.encode import Encoder
     from jaxembed.models.tiny import tiny_model_dir
@@ -220,7 +220,7 @@ def test_teacher_score_writes_cosines_atomically_and_resumes(tmp_path, monkeypat
     assert not Path(f"{out}.partial").exists() and not Path(f"{out}.partial.json").exists()
     got = [json.loads(x) for x in out.read_text().splitlines()]
     assert [g["extra"] for g in got] == list(range(12))  # input order, other fields kept
-    enc = Encoder.from_loaded(hf.load(model))
+    enc = Encoder.from_loaded(loading.load(model))
     unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
     q = unit(enc.encode([r["query"] for r in rows], prompt="query: "))
     for i in (0, 7, 11):

@@ -285,7 +285,7 @@ def test_export_reloads_in_sentence_transformers(kind, pooling_mode, minilm_dir,
     sentences (longer than the window) as jaxembed does; EmbeddingGemma-style bidirectional Gemma 3 included
     (transformers honours its switch: no warning that it would run causally)."""
     st = pytest.importorskip("sentence_transformers")
-    from jaxembed import export, hf
+    from jaxembed import export, loading
     from jaxembed.encode import Encoder
     from jaxembed.models.embedding import EmbeddingModel, HeadConfig
     from jaxembed.tokenizer import Tokenizer
@@ -296,7 +296,7 @@ def test_export_reloads_in_sentence_transformers(kind, pooling_mode, minilm_dir,
     with caplog.at_level(logging.WARNING):
         out = export.export(EmbeddingModel(model, HeadConfig(pooling_mode)), tok, tmp_path / "exp")
     assert not [r for r in caplog.records if "bidirectional" in r.getMessage()]
-    loaded = hf.load(out)
+    loaded = loading.load(out)
     assert loaded.model.config == cfg and loaded.model.head.pooling == pooling_mode
     ours = Encoder.from_loaded(loaded).encode(SENTENCES, batch_size=8)
     ref = st.SentenceTransformer(str(out), device="cpu").encode(SENTENCES, batch_size=4, convert_to_numpy=True)

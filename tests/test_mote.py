@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import export, hf, models, mote, paths
+from jaxembed import export, loading, models, mote, paths
 from jaxembed.train import optim
 from jaxembed.encode import Encoder
 from jaxembed.errors import UserError
@@ -215,8 +215,8 @@ def test_full_export_loads_offline_in_sentence_transformers(distinct, full_expor
     np.testing.assert_allclose(m.encode_query(SENTS), enc.encode(SENTS, task="query", prompt="query: "), atol=1e-5)
     with pytest.raises(ValueError, match="encode_query / encode_document"):
         m.encode(SENTS, task="retrieval")
-    shared = hf.read_safetensors(full_export / "model.safetensors")
-    experts = hf.read_safetensors(full_export / mote.WEIGHTS_FILE)
+    shared = loading.read_safetensors(full_export / "model.safetensors")
+    experts = loading.read_safetensors(full_export / mote.WEIGHTS_FILE)
     per_expert = {k.split(".", 2)[2] for k in experts}
     assert len(experts) == 4 * len(per_expert) and per_expert < set(shared)  # FFN keys of the 6 layers, 4 experts
     assert not any("embeddings" in k or "attention.self" in k for k in per_expert)  # only the FFN (+ its LNs)
@@ -224,18 +224,18 @@ def test_full_export_loads_offline_in_sentence_transformers(distinct, full_expor
 
 
 def test_hf_load_reads_the_full_export_all_or_one_task(distinct, full_export):
-    """jaxembed.hf.load gives back the MoTE model (same parameters); with task= only that task's experts are
+    """jaxembed.loading.load gives back the MoTE model (same parameters); with task= only that task's experts are
     read and kept (memory: one task's experts), with the same embeddings."""
     model, enc, embs = distinct
-    back = hf.load(full_export)
+    back = loading.load(full_export)
     assert back.model.config.mote == model.config.mote
     for a, b in zip(jax.tree.leaves(nnx.state(back.model, nnx.Param)), jax.tree.leaves(nnx.state(model, nnx.Param))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     full = nnx.to_flat_state(nnx.state(model, nnx.Param))
-    one = hf.load(full_export, task="clustering")
+    one = loading.load(full_export, task="clustering")
     assert one.model.config.mote.experts == ("clustering",)
     assert one.model.backbone.layers[5].ffn.experts.output.kernel.shape == (1, 1536, 384)
-    two = hf.load(full_export, task="Retrieval")
+    two = loading.load(full_export, task="Retrieval")
     assert two.model.config.mote.experts == ("search_query", "search_document")
     for loaded, idx in ((one, [1]), (two, [2, 3])):  # exactly the task's expert slices, the rest shared
         for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(loaded.model, nnx.Param)), full):
@@ -270,7 +270,7 @@ def test_per_task_and_averaged_exports(distinct, full_export, minilm, tmp_path):
         export.export_expert(model, minilm.tokenizer, tmp_path / "x", "retrieval")
     assert not (tmp_path / "x").exists()
     assert main(["export", "--model", str(full_export), "--average-experts", "--out", str(tmp_path / "avg")]) == 0
-    avg = hf.load(tmp_path / "avg")
+    avg = loading.load(tmp_path / "avg")
     assert getattr(avg.model.config, "mote", None) is None
     stack = np.asarray(model.backbone.layers[2].ffn.experts.intermediate.kernel[...])
     np.testing.assert_allclose(np.asarray(avg.model.backbone.layers[2].ffn.intermediate.kernel[...]),
@@ -434,7 +434,7 @@ def test_train_step_updates_only_routed_experts(tiny_run):
           if "expert_count" in jax.tree_util.keystr(k)]
     expected = [sum(e in {int(q[t]), int(d[t])} for t in plan.task_ids[:4]) for e in range(4)]
     assert [x.tolist() for x in ec] == [expected]
-    back = hf.load(wd / "export")
+    back = loading.load(wd / "export")
     assert back.model.config.mote.experts == EXPERTS
 
 
@@ -451,7 +451,7 @@ def test_evaluation_and_mteb_route_by_task_type(tiny_run):
             calls.append(kw.get("expert"))
             return super().encode(texts, **kw)
 
-    rec = Rec.from_loaded(hf.load(wd / "export"))
+    rec = Rec.from_loaded(loading.load(wd / "export"))
     evaluate(rec, ["WikiQA-dev", "STSBenchmark-dev"], max_examples=3)
     assert calls == ["search_query", "search_document", "classification"]
     mteb_types = pytest.importorskip("mteb.types")

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from jaxembed import export, hf, models  # noqa: E402
+from jaxembed import export, loading, models  # noqa: E402
 from jaxembed.encode import Encoder  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def test_export_loads_in_sentence_transformers_and_transformers(minilm, encoder,
 
     st = SentenceTransformer(str(out), device="cpu")
     assert st.prompts["STSBenchmark"] == "Retrieve semantically similar text: "
-    ours = Encoder.from_loaded(hf.load(out))
+    ours = Encoder.from_loaded(loading.load(out))
     for kw in ({}, {"prompt_name": "query"}):
         a = ours.encode(sentences[:40], **kw)
         b = st.encode(sentences[:40], convert_to_numpy=True, **kw)
@@ -60,7 +60,7 @@ def test_export_loads_in_sentence_transformers_and_transformers(minilm, encoder,
     import transformers
 
     tm = transformers.AutoModel.from_pretrained(str(out)).eval()
-    src = hf.read_weights(minilm.source)[0]
+    src = loading.read_weights(minilm.source)[0]
     for k, v in tm.state_dict().items():
         if k in src:
             np.testing.assert_array_equal(v.numpy(), src[k])
@@ -68,7 +68,7 @@ def test_export_loads_in_sentence_transformers_and_transformers(minilm, encoder,
 
 def test_export_reimport_gives_identical_params(minilm, tmp_path):
     out = export.export_loaded(minilm, tmp_path / "exp")
-    again = hf.load(out)
+    again = loading.load(out)
     a, b = models.flat_params(minilm.model.backbone), models.flat_params(again.model.backbone)
     assert a.keys() == b.keys()
     for k in a:
@@ -97,7 +97,7 @@ def test_instruction_tokens_excluded_like_sentence_transformers(minilm, sentence
 
 
 def test_sharded_safetensors_and_pytorch_bin(minilm, minilm_dir, tmp_path):
-    tensors = hf.read_weights(minilm_dir)[0]
+    tensors = loading.read_weights(minilm_dir)[0]
     keys = sorted(tensors)
     sharded = tmp_path / "sharded"
     shutil.copytree(minilm_dir, sharded)
@@ -114,7 +114,7 @@ def test_sharded_safetensors_and_pytorch_bin(minilm, minilm_dir, tmp_path):
     torch.save({k: torch.tensor(np.asarray(v)) for k, v in tensors.items()}, binary / "pytorch_model.bin")
     ref = models.flat_params(minilm.model.backbone)
     for folder in (sharded, binary):
-        got = models.flat_params(hf.load(folder).model.backbone)
+        got = models.flat_params(loading.load(folder).model.backbone)
         for k in ref:
             np.testing.assert_array_equal(got[k], ref[k])
 
@@ -128,12 +128,12 @@ def test_dense_head_matches_sentence_transformers(minilm_dir, sentences, tmp_pat
     st = SentenceTransformer(modules=[base[0], base[1], Dense(384, 128, activation_function=torch.nn.Tanh()),
                                       Normalize()], device="cpu")
     st.save(str(tmp_path / "dense"))
-    loaded = hf.load(tmp_path / "dense")
+    loaded = loading.load(tmp_path / "dense")
     assert loaded.model.dim == 128 and loaded.model.head.dense[0].activation == "tanh"
     a = Encoder.from_loaded(loaded).encode(sentences[:30])
     b = st.encode(sentences[:30], convert_to_numpy=True)
     assert np.abs(a - b).max() <= 1e-5
-    again = hf.load(export.export_loaded(loaded, tmp_path / "dense_exp"))
+    again = loading.load(export.export_loaded(loaded, tmp_path / "dense_exp"))
     # the same texts: packed rows (the default) depend on which texts share a row, at the level of rounding
     np.testing.assert_array_equal(Encoder.from_loaded(again).encode(sentences[:30]), a)
 
@@ -149,7 +149,7 @@ def test_matryoshka_dim_and_bfloat16(minilm_dir, encoder, st_minilm, sentences):
     short = encoder.encode(sentences[:16], dim=64)
     ref = full[:, :64] / np.linalg.norm(full[:, :64], axis=1, keepdims=True)
     assert short.shape == (16, 64) and np.abs(short - ref).max() < 1e-5
-    bf = Encoder.from_loaded(hf.load(minilm_dir, dtype="bfloat16")).encode(sentences[:16])
+    bf = Encoder.from_loaded(loading.load(minilm_dir, dtype="bfloat16")).encode(sentences[:16])
     st_bf16 = copy.deepcopy(st_minilm).to(torch.bfloat16)
     ref_bf16 = st_bf16.encode(sentences[:16], convert_to_tensor=True).float().numpy()
     # measured: relative max 0.0103, mean 0.0097 (attention scale off by 5 %: 0.026, 0.027 -- a cosine with the
@@ -159,10 +159,10 @@ def test_matryoshka_dim_and_bfloat16(minilm_dir, encoder, st_minilm, sentences):
 
 def test_hub_id_that_cannot_be_downloaded_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(hf.ModelLoadError, match="not a local folder.*hub"):
-        hf.resolve("sentence-transformers/definitely-not-cached-model")
-    with pytest.raises(hf.ModelLoadError, match="no such folder"):
-        hf.resolve("./missing/folder")
+    with pytest.raises(loading.ModelLoadError, match="not a local folder.*hub"):
+        loading.resolve("sentence-transformers/definitely-not-cached-model")
+    with pytest.raises(loading.ModelLoadError, match="no such folder"):
+        loading.resolve("./missing/folder")
 
 
 def test_encode_on_8_devices_equals_one_device(minilm_dir, encoder, sentences, tmp_path):

@@ -323,7 +323,7 @@ def test_get_hyper_sweeps_expand_and_validate(tmp_path, tiny_cache, offline):
 
 
 def test_tiny_models_cached_deterministic_and_safe_under_concurrency(tmp_path):
-    from jaxembed import hf
+    from jaxembed import loading
     from jaxembed.models.tiny import MARKER, spec_hash, tiny_model_dir, tiny_spec
 
     a, b = tmp_path / "a", tmp_path / "b"
@@ -339,7 +339,7 @@ def test_tiny_models_cached_deterministic_and_safe_under_concurrency(tmp_path):
     assert tiny_model_dir("t5", include_prompt=False, cache_dir=b) == again  # cached: not written again
     assert (again / "model.safetensors").stat().st_mtime_ns == mtime
     assert tiny_model_dir("t5", include_prompt=False, seed=1, cache_dir=b) != again
-    loaded = hf.load(again)
+    loaded = loading.load(again)
     assert loaded.model.config.model_type == "t5" and not loaded.model.head.include_prompt
     assert loaded.tokenizer.hf.vocab_size == 30522
     with pytest.raises(UserError, match="arch='gpt2' is not one of bert, gemma2, gemma3, llama, mistral, qwen2, t5$"):

@@ -1,6 +1,6 @@
 """RetroMAE pre-training: masking statistics, the decoder's first token is the sentence embedding (and the
 decoder loss trains the encoder through it), learning on a fixed batch of real text, the job with resume, and
-the exported encoder (jaxembed.hf.load and sentence-transformers give the trained encoder's embeddings)."""
+the exported encoder (jaxembed.loading.load and sentence-transformers give the trained encoder's embeddings)."""
 
 import json
 from pathlib import Path
@@ -282,14 +282,14 @@ def test_job_run_directory_and_resume(job):
 
 
 def test_exported_encoder_loads_with_identical_embeddings(job, minilm_dir):
-    from jaxembed import hf
+    from jaxembed import loading
     from jaxembed.encode import Encoder
 
     root, _, _ = job
     run = rm.setup(_tiny(), root / "a")
     params = _params(root / "a", 4)
     trained = rm.encoder_model(run, params)
-    loaded = hf.load(root / "a" / "export")
+    loaded = loading.load(root / "a" / "export")
     assert loaded.model.head.pooling == "cls" and loaded.model.head.normalize
     want = jax.tree.leaves(nnx.to_pure_dict(nnx.split(trained.backbone, nnx.Param, ...)[1]))
     got = jax.tree.leaves(nnx.to_pure_dict(nnx.split(loaded.model.backbone, nnx.Param, ...)[1]))

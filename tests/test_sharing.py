@@ -221,9 +221,9 @@ def test_plain_export_card_claims_no_training(tiny_model_dir, tmp_path, capsys):
 
 def test_a_mote_export_keeps_the_card_it_is_given(tiny_model_dir, tmp_path):
     """export() of a MoTE model (a run's export at the end) writes the run's card, not the generic one."""
-    from jaxembed import export, hf, mote
+    from jaxembed import export, loading, mote
 
-    loaded = hf.load(tiny_model_dir)
+    loaded = loading.load(tiny_model_dir)
     model = mote.upcycle(loaded.model, mote.MoTESpec.build(loaded.model.config.num_layers))
     export.export(model, loaded.tokenizer, tmp_path / "m", model_card="---\ntags:\n- jaxembed\n---\n# the run\n")
     assert (tmp_path / "m" / "README.md").read_text() == "---\ntags:\n- jaxembed\n---\n# the run\n"

@@ -20,7 +20,7 @@ def loss_agreement(c, store, plan, loader, st_loss, collator, rows, K: int, doc_
     import numpy as np
     import torch
 
-    from jaxembed import hf
+    from jaxembed import loading
     from jaxembed.losses import CandidateInfo, QueryInfo, layout_pos_index
     from jaxembed.losses.infonce import contrastive_loss
 
@@ -29,7 +29,7 @@ def loss_agreement(c, store, plan, loader, st_loss, collator, rows, K: int, doc_
     empty = np.flatnonzero((labels[:, :, 1:K] < 0).any(axis=(1, 2)))
     shared = np.flatnonzero([len(set(x[:, 0].tolist())) < G for x in labels])
     steps = [0] + [int(a[0]) for a in (empty, shared) if a.size]
-    model = hf.load(c.model.name, max_length=c.model.max_length or None).model
+    model = loading.load(c.model.name, max_length=c.model.max_length or None).model
     out = {}
     was_training = st_loss.model.training
     st_loss.model.eval()
@@ -66,7 +66,7 @@ def train_st(c, seed: int, rundir: Path, st_loss: str = "masked", st_threads: in
     from jaxembed.data.pipeline import make_loader
     from jaxembed.data.plan import build_plan
     from jaxembed.data.store import Store
-    from jaxembed.hf import read_sentence_transformers
+    from jaxembed.loading import read_sentence_transformers
     from jaxembed.tokenizer import Tokenizer
 
     store = Store.open(c.data.store)
@@ -187,7 +187,7 @@ def train_st_stock(c, seed: int, rundir: Path, st_threads: int = 1) -> dict:
     from jaxembed import config as cfglib
     from jaxembed.data.plan import build_plan
     from jaxembed.data.store import Store
-    from jaxembed.hf import read_sentence_transformers
+    from jaxembed.loading import read_sentence_transformers
     from jaxembed.tokenizer import Tokenizer
 
     store = Store.open(c.data.store)

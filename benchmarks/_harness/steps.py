@@ -28,7 +28,7 @@ def worker_jaxembed(folder: str, B: int, lq: int, ld: int, chunk: int, steps: in
     import numpy as np
     from flax import nnx
 
-    from jaxembed import hf, parallel
+    from jaxembed import loading, parallel
     from jaxembed.train import optim
     from jaxembed.config import default_config
     from jaxembed.data.pipeline import to_global
@@ -36,7 +36,7 @@ def worker_jaxembed(folder: str, B: int, lq: int, ld: int, chunk: int, steps: in
 
     gpu = jax.default_backend() != "cpu"
     dtype = "bfloat16" if gpu else "float32"
-    loaded = hf.load(folder, dtype=dtype, param_dtype="float32", max_length=max(lq, ld))
+    loaded = loading.load(folder, dtype=dtype, param_dtype="float32", max_length=max(lq, ld))
     c = default_config()
     c.model.name = folder
     c.model.dtype = dtype
@@ -319,7 +319,7 @@ def step_flops(folder: Path, B: int, lq: int, ld: int, cached: bool) -> float:
     """Analytic FLOPs of one step (jaxembed.flops.train_step_flops) from the folder's config.json."""
     from jaxembed import models
     from jaxembed.flops import train_step_flops
-    from jaxembed.hf import read_sentence_transformers
+    from jaxembed.loading import read_sentence_transformers
 
     st = read_sentence_transformers(folder)
     cfg = models.config_from_hf(json.loads((st.transformer_dir / "config.json").read_text()))

@@ -344,18 +344,18 @@ def versions() -> dict:
 def plan_view(c, workdir: Path):
     """The run's store, plan and tokenizer without its model (the sentence-transformers worker): a stand-in for a
     jaxembed.train.Run wherever only those are read (loader_of, natural_texts). The tokenizer is loaded as
-    jaxembed.hf.load loads it."""
+    jaxembed.loading.load loads it."""
     from types import SimpleNamespace
 
     from jaxembed import config as cfglib
-    from jaxembed import hf
+    from jaxembed import loading
     from jaxembed.data.plan import build_plan
     from jaxembed.data.store import Store
     from jaxembed.tokenizer import Tokenizer
 
     store = Store.open(c.data.store)
     plan = build_plan(store, c.plan, data_config=cfglib.data_section(c))
-    st = hf.read_sentence_transformers(Path(c.model.name))
+    st = loading.read_sentence_transformers(Path(c.model.name))
     tok = Tokenizer.from_folder(st.transformer_dir, c.model.max_length, lowercase=st.do_lower_case)
     K = 1 + max(int(d.num_negatives) for d in store.datasets)
     Path(workdir).mkdir(parents=True, exist_ok=True)
@@ -396,23 +396,23 @@ def config_folder(name: str, root: Path) -> Path:
 
 
 class random_weights:
-    """Within it, jaxembed.hf.load builds the model from its config with random weights (HF-style normal(0.02),
+    """Within it, jaxembed.loading.load builds the model from its config with random weights (HF-style normal(0.02),
     seed 0) on the default device instead of reading the folder's weights, and LoRA's base fingerprint (a hash of
     every base weight: minutes for 7B) is a constant: for ``config_folder`` folders (part 6)."""
 
     def __enter__(self):
-        from jaxembed import hf, lora, models
+        from jaxembed import loading, lora, models
 
-        self._saved = (hf.read_weights, models.load_weights, lora.base_fingerprint)
-        hf.read_weights = lambda folder: ({}, f"{folder} (random weights: benchmarks/gpu)")
+        self._saved = (loading.read_weights, models.load_weights, lora.base_fingerprint)
+        loading.read_weights = lambda folder: ({}, f"{folder} (random weights: benchmarks/gpu)")
         models.load_weights = lambda config, tensors, source="": (models.init_model(config, seed=0), config)
         lora.base_fingerprint = lambda model: "random-weights"
         return self
 
     def __exit__(self, *exc):
-        from jaxembed import hf, lora, models
+        from jaxembed import loading, lora, models
 
-        hf.read_weights, models.load_weights, lora.base_fingerprint = self._saved
+        loading.read_weights, models.load_weights, lora.base_fingerprint = self._saved
         return False
 
 

@@ -73,7 +73,7 @@ def _model_revision(source) -> str:
 class MTEBEncoder(AbsEncoder):
     """mteb v2 encoder (``EncoderProtocol``) around a jaxembed model: ``mteb.evaluate(MTEBEncoder(...), tasks)``.
 
-    model_or_encoder: a model folder / workdir / hub id, a ``jaxembed.hf.Loaded`` or a jaxembed Encoder (any
+    model_or_encoder: a model folder / workdir / hub id, a ``jaxembed.loading.Loaded`` or a jaxembed Encoder (any
     object with ``encode(texts, prompt=, batch_size=)``). Prompts are resolved per task name / task type /
     query-document in mteb's order from the model's prompts, the task's instruction (``task_instructions=True``:
     ``TaskMetadata.prompt``; the local custom tasks carry the registry's instructions there) and ``prompts``.
@@ -88,12 +88,12 @@ class MTEBEncoder(AbsEncoder):
                  experts: Router | None = None, dim: int | None = None, batch_size: int = 64,
                  progress: bool = False, device: str | None = None, **load_kwargs: Any):
         if isinstance(model_or_encoder, (str, os.PathLike)):
-            from jaxembed import hf
+            from jaxembed import loading
             from jaxembed.evaluate.prompts import resolve_model_path
 
-            model_or_encoder = hf.load(resolve_model_path(model_or_encoder), **load_kwargs)
+            model_or_encoder = loading.load(resolve_model_path(model_or_encoder), **load_kwargs)
         if source is None:
-            source = getattr(model_or_encoder, "source", None)  # a jaxembed.hf.Loaded knows its folder
+            source = getattr(model_or_encoder, "source", None)  # a jaxembed.loading.Loaded knows its folder
         encoder = as_encoder(model_or_encoder)
         self.model = encoder
         self.eval_encoder = EvalEncoder(encoder, prompts=prompts, task_instructions=task_instructions,
@@ -364,10 +364,10 @@ def run_mteb(model_or_encoder, tasks: str | Iterable[str], *, out: str | os.Path
     task_objs = _resolve_mteb_tasks(tasks, split, max_examples, seed)
     source = getattr(model_or_encoder, "source", None)
     if isinstance(model_or_encoder, (str, os.PathLike)):
-        from jaxembed import hf
+        from jaxembed import loading
         from jaxembed.evaluate.prompts import resolve_model_path
 
-        model_or_encoder = hf.load(resolve_model_path(model_or_encoder))
+        model_or_encoder = loading.load(resolve_model_path(model_or_encoder))
         source = model_or_encoder.source
     base = as_encoder(model_or_encoder)  # one Encoder (one set of compilations) for every dim
     if packing is not None and packing != base.packing:

@@ -168,7 +168,7 @@ def resolve_model_path(path: str | os.PathLike) -> str:
 
 def as_encoder(model_or_encoder, **load_kwargs):
     """An encoder from: a jaxembed Encoder (or any object with ``encode(texts, prompt=..., batch_size=...)``),
-    a ``jaxembed.hf.Loaded``, or a model folder / workdir / hub id (loaded with ``jaxembed.hf.load``)."""
+    a ``jaxembed.loading.Loaded``, or a model folder / workdir / hub id (loaded with ``jaxembed.loading.load``)."""
     from jaxembed.encode import Encoder
 
     if hasattr(model_or_encoder, "encode") and callable(model_or_encoder.encode):
@@ -176,11 +176,11 @@ def as_encoder(model_or_encoder, **load_kwargs):
     if hasattr(model_or_encoder, "model") and hasattr(model_or_encoder, "tokenizer"):
         return Encoder.from_loaded(model_or_encoder)
     if isinstance(model_or_encoder, (str, bytes)) or hasattr(model_or_encoder, "__fspath__"):
-        from jaxembed import hf
+        from jaxembed import loading
 
-        return Encoder.from_loaded(hf.load(resolve_model_path(model_or_encoder), **load_kwargs))
+        return Encoder.from_loaded(loading.load(resolve_model_path(model_or_encoder), **load_kwargs))
     raise UserError(f"cannot evaluate a {type(model_or_encoder).__name__}: pass an Encoder, a loaded model "
-                    "(jaxembed.hf.load) or a model folder")
+                    "(jaxembed.loading.load) or a model folder")
 
 
 class EvalEncoder:

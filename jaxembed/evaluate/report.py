@@ -53,11 +53,11 @@ def read_prompts(path: str | None) -> dict | None:
 
 
 def load_model(model: str, **load_kwargs):
-    """``jaxembed.hf.load`` of a model folder, a training workdir (its ``export/``) or a hub id."""
-    from jaxembed import hf
+    """``jaxembed.loading.load`` of a model folder, a training workdir (its ``export/``) or a hub id."""
+    from jaxembed import loading
     from jaxembed.evaluate.prompts import resolve_model_path
 
-    return hf.load(resolve_model_path(model), **load_kwargs)
+    return loading.load(resolve_model_path(model), **load_kwargs)
 
 
 def parse_task_specs(items: Sequence[str]) -> list[dict]:
@@ -235,7 +235,7 @@ def evaluate_and_report(model: str, *, tasks: str | None = None, task_specs: Seq
                         quiet: bool = False) -> dict[str, dict]:
     """``jaxembed eval``: the local evaluators (``report_local``), or ``mteb.evaluate`` when ``mteb`` names tasks
     (``report_mteb``; ``task_specs`` are local only). Arguments as the command's flags (``prompts_file``:
-    ``--prompts``; ``load_kwargs``: ``jaxembed.hf.load``'s dtype / max_length / pooling / attention / causal)."""
+    ``--prompts``; ``load_kwargs``: ``jaxembed.loading.load``'s dtype / max_length / pooling / attention / causal)."""
     common = dict(dims=dims, batch_size=batch_size, max_examples=max_examples, seed=seed,
                   prompts=read_prompts(prompts_file), task_instructions=instructions,
                   instruction_template=instruction_template)

@@ -220,7 +220,7 @@ def evaluate(model_or_encoder, tasks: str | Task | Iterable[str | Task] | None =
     """Evaluate a model on local tasks -> ``{"TaskName": {"main_score": float, metric: float, ...}}`` (points).
 
     model_or_encoder: a jaxembed Encoder (or any object with ``encode(texts, prompt=, batch_size=)``), a
-    ``jaxembed.hf.Loaded``, or a model folder / workdir / hub id. tasks: names, or ``all`` / ``dev`` / ``eval``
+    ``jaxembed.loading.Loaded``, or a model folder / workdir / hub id. tasks: names, or ``all`` / ``dev`` / ``eval``
     (see ``resolve_tasks``; None = all). split: map the named tasks to their ``dev`` / ``eval`` / ``both``
     variants. dims: Matryoshka dimensions, reported under ``"dims"`` (the top level is the full dimension).
     max_examples: a seeded sample of at most N test examples per task -- a cheap in-training signal (not

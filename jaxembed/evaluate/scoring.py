@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from jaxembed.metrics import rankdata, spearman
+from jaxembed.evaluate.rank_stats import rankdata, spearman
 
 
 def normalize(x: np.ndarray) -> np.ndarray:

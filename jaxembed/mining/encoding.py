@@ -115,7 +115,7 @@ def load_encoder(name, *, dtype: str | None = None, max_length: int | None = Non
     """(Loaded, Encoder) of the reference model ``name``; reused within a process while the model's files are
     unchanged, so that several jobs in one process (or a notebook) compile the encoder once. Options not given
     come from the run ``config``'s model section (when given), else the model's own."""
-    from jaxembed import hf
+    from jaxembed import loading
     from jaxembed.encode import Encoder
 
     kw = {}
@@ -130,12 +130,12 @@ def load_encoder(name, *, dtype: str | None = None, max_length: int | None = Non
         kw["causal"] = False
     elif config is not None and config.model.get("causal") is not None:
         kw["causal"] = config.model.causal
-    folder = hf.resolve(name)
+    folder = loading.resolve(name)
     stamp = tuple(sorted((str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns)
                          for f in folder.rglob("*") if f.is_file() and f.suffix in (".json", ".safetensors", ".bin")))
     key = (str(folder.resolve()), stamp, tuple(sorted(kw.items())))
     if key not in _LOADED:
-        loaded = hf.load(folder, **kw)
+        loaded = loading.load(folder, **kw)
         _LOADED.clear()  # keep one model alive at most
         _LOADED[key] = (loaded, Encoder.from_loaded(loaded))
     loaded, enc = _LOADED[key]

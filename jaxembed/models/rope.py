@@ -8,7 +8,7 @@ frequency scalings of transformers' ``ROPE_INIT_FUNCTIONS`` that leave cos / sin
   between are interpolated with s = (original / wavelength - low) / (high - low): (1 - s) inv / factor + s inv.
 - ``dynamic`` (NTK-aware): transformers rescales theta only once a batch's length exceeds
   max_position_embeddings; at or below it the frequencies are the default ones, which is what jaxembed computes.
-  ``jaxembed.hf.load`` caps the tokenizer's max_length at max_position_embeddings, so texts never reach the
+  ``jaxembed.loading.load`` caps the tokenizer's max_length at max_position_embeddings, so texts never reach the
   rescaled regime (a padded row longer than that, fed to the model directly, would differ from transformers).
 
 Any other type (``yarn``, ``longrope``, ...) is a one-line ValueError naming it. Tables are computed in float32

@@ -10,7 +10,7 @@ block, ``jaxembed.models.mapping``).
 - ``from_hf_experts``: a dense model + those tensors -> the MoTE model (all experts, or those a task uses);
 - ``read_spec``: a folder's ``mote_config.json`` -> its ``MoTESpec`` (None for a dense folder).
 
-``jaxembed.hf.load`` uses ``read_spec`` and ``from_hf_experts`` to load such a folder.
+``jaxembed.loading.load`` uses ``read_spec`` and ``from_hf_experts`` to load such a folder.
 """
 
 from __future__ import annotations

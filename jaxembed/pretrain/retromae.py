@@ -34,7 +34,7 @@ import optax
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import hf, models, parallel
+from jaxembed import loading, models, parallel
 from jaxembed.train import optim
 from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.errors import UserError
@@ -95,17 +95,17 @@ def _encoder(c, notes: list) -> tuple[Any, Tokenizer, dict, dict | None]:
     tensors or None)."""
     kw = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat)
     if c.model.init == "pretrained":
-        loaded = hf.load(c.model.name, max_length=c.model.max_length, **kw)
+        loaded = loading.load(c.model.name, max_length=c.model.max_length, **kw)
         backbone = loaded.model.backbone
         if backbone.config.model_type not in BERT_FAMILY:
             raise UserError(f"model.name {c.model.name}: model_type {backbone.config.model_type!r} is not in the "
                             f"BERT family ({', '.join(BERT_FAMILY)}); RetroMAE here needs a BERT-style encoder")
-        tensors, _ = hf.read_weights(loaded.st.transformer_dir)
+        tensors, _ = loading.read_weights(loaded.st.transformer_dir)
         notes.append(f"encoder: {c.model.name} ({backbone.config.model_type}, {backbone.config.num_layers} layers, "
                      f"hidden {backbone.config.hidden_size})")
         return backbone, loaded.tokenizer, loaded.hf_config, tensors
-    folder = hf.resolve(c.model.name)
-    st = hf.read_sentence_transformers(folder)
+    folder = loading.resolve(c.model.name)
+    st = loading.read_sentence_transformers(folder)
     cfg_file = st.transformer_dir / "config.json"
     try:
         base = json.loads(cfg_file.read_text(encoding="utf-8"))

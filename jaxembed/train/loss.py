@@ -58,11 +58,11 @@ def load_guide(run) -> tuple[Any, Any]:
     the run's, ``train.param_sharding``). It reads the batch's token ids, so its tokenizer must be the student's."""
     from flax import nnx
 
-    from jaxembed import hf, parallel
+    from jaxembed import loading, parallel
 
     c = run.config
     name = str(c.loss.gist_guide)
-    guide = hf.load(name, dtype=c.model.dtype)  # no max_length: the guide reads the student's token ids (below)
+    guide = loading.load(name, dtype=c.model.dtype)  # no max_length: the guide reads the student's token ids (below)
     if getattr(guide.model.config, "mote", None) is not None:
         raise UserError(f"config.loss.gist_guide = {name!r} is a MoTE model (task experts) (fix: a dense guide, e.g. "
                         "`jaxembed export --model ... --average-experts`)")
@@ -71,7 +71,7 @@ def load_guide(run) -> tuple[Any, Any]:
         raise UserError(f"config.loss.gist_guide = {name!r}: its tokenizer differs from model.name's "
                         f"({c.model.name!r}); the guide encodes the batch's own token ids (fix: a guide with the "
                         "same tokenizer, e.g. a larger model of the same family, or the model itself)")
-    limit = hf._position_limit(guide.model.config)
+    limit = loading.config_position_limit(guide.model.config)
     need = int(student.max_length)
     if limit is not None and limit < need:
         raise UserError(f"config.loss.gist_guide = {name!r} reads at most {limit} tokens but the run's texts reach "

@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import atomic_files, hf, lora, parallel, pod
+from jaxembed import atomic_files, loading, lora, parallel, pod
 from jaxembed.train import encode as train_encode, optim
 from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.errors import UserError
@@ -42,7 +42,7 @@ class Run:
     config: Any
     workdir: Path
     mesh: Any
-    loaded: hf.Loaded
+    loaded: loading.Loaded
     store: Any
     plan: Any
     graphdef: Any
@@ -298,7 +298,7 @@ def init_source(config, workdir: str | Path) -> str:
 
 
 def model_kwargs(config) -> dict:
-    """The run config's ``model.*`` settings that shape the loaded model (``hf.load``'s keyword arguments)."""
+    """The run config's ``model.*`` settings that shape the loaded model (``loading.load``'s keyword arguments)."""
     kw = dict(dtype=config.model.dtype, param_dtype=config.model.param_dtype, remat=config.model.remat)
     if config.model.max_length:
         kw["max_length"] = config.model.max_length
@@ -311,7 +311,7 @@ def model_kwargs(config) -> dict:
     return kw
 
 
-def load_model(config, source: str | None = None, **kw) -> hf.Loaded:
+def load_model(config, source: str | None = None, **kw) -> loading.Loaded:
     """The run's model: ``source`` (default ``config.model.name``) loaded with ``kw``; with
     ``model.mote.enabled``, up-cycled into task experts (MoTE 3.1.1), or a MoTE export whose experts match the
     config. With ``model.lora.enabled``, LoRA adapters wrap the targeted linear layers (jaxembed.lora; after MoTE's
@@ -323,10 +323,10 @@ def load_model(config, source: str | None = None, **kw) -> hf.Loaded:
     return loaded
 
 
-def _load_base(config, source: str, **kw) -> hf.Loaded:
+def _load_base(config, source: str, **kw) -> loading.Loaded:
     m = config.model.mote if "mote" in config.model else None
     if m is None or not m.enabled:
-        loaded = hf.load(source, **kw)
+        loaded = loading.load(source, **kw)
         if getattr(loaded.model.config, "mote", None) is not None:
             raise UserError(f"the model {source!r} is a MoTE model (task experts) but "
                             "config.model.mote.enabled is False (fix: set model.mote.enabled=True, or start from a "
@@ -335,13 +335,13 @@ def _load_base(config, source: str, **kw) -> hf.Loaded:
     from jaxembed import mote
     from jaxembed.models import config_from_hf
 
-    folder = hf.resolve(source)
-    st = hf.read_sentence_transformers(folder)
+    folder = loading.resolve(source)
+    st = loading.read_sentence_transformers(folder)
     try:
         num_layers = config_from_hf(json.loads((st.transformer_dir / "config.json").read_text())).num_layers
     except (OSError, ValueError, TypeError) as e:
         raise UserError(f"{st.transformer_dir / 'config.json'}: cannot read the model config ({e})") from None
-    return hf.load(folder, mote=mote.spec_from_config(m, num_layers), **kw)
+    return loading.load(folder, mote=mote.spec_from_config(m, num_layers), **kw)
 
 
 def params_at(run: Run, ckpt: Checkpointer, step: int, like: dict | None = None) -> Any:

@@ -9,7 +9,7 @@ import numpy as np
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import hf, lora, pod
+from jaxembed import loading, lora, pod
 
 
 def say(text: str) -> None:
@@ -22,7 +22,7 @@ def count(n: float, unit: str) -> str:
     return f"{n:,.0f} {unit}" + ("" if n == 1 else "s")
 
 
-def describe_model(loaded: hf.Loaded, source: str, config, mesh) -> str:
+def describe_model(loaded: loading.Loaded, source: str, config, mesh) -> str:
     """One line: the model, its size, its max length, compute dtype and the devices."""
     mc = loaded.model.config
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(loaded.model, nnx.Param)))

@@ -131,7 +131,7 @@ def _restore(run, workdir, step):
 
 
 def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
-    from jaxembed import hf
+    from jaxembed import loading
     from jaxembed.data import pipeline
     from jaxembed.encode import Encoder
     from jaxembed.evaluate import evaluate
@@ -184,7 +184,7 @@ def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
     # ---- eval.before: a dev evaluation at step 0, equal to evaluating the initial model
     before = [x for x in lines if x["split"] == "eval" and x["step"] == 0]
     assert len(before) == 1, lines
-    init = hf.load(model_dir, dtype="bfloat16", max_length=32)
+    init = loading.load(model_dir, dtype="bfloat16", max_length=32)
     ref = evaluate(Encoder.from_loaded(init), ["STSBenchmark-dev"], max_examples=16)
     assert before[0]["STSBenchmark-dev/main_score"] == pytest.approx(ref["STSBenchmark-dev"]["main_score"],
                                                                      abs=1e-4)
@@ -202,7 +202,7 @@ def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
     # for decayed matrices, p_0 for norm scales and biases, up to Adam's clipped step (<= 1e-4 * lr_t each)
     from flax import nnx
 
-    p0 = _leaves(nnx.to_pure_dict(nnx.split(hf.load(model_dir).model, nnx.Param, ...)[1]))
+    p0 = _leaves(nnx.to_pure_dict(nnx.split(loading.load(model_dir).model, nnx.Param, ...)[1]))
     pT = _leaves(final["params"])
     assert p0.keys() == pT.keys()
     shrink = float(np.prod([1 - _lr(t) * WD for t in range(STEPS)]))
@@ -255,7 +255,7 @@ def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
     # ---- export.dir: the export is there (not in the workdir), and encodes like the final checkpoint
     assert summary["export"] == str(tmp_path / "exported") and not (wd / "export").exists()
     texts = ["a test sentence", "another one"]
-    exp = Encoder.from_loaded(hf.load(str(tmp_path / "exported"), dtype="bfloat16")).encode(texts)
+    exp = Encoder.from_loaded(loading.load(str(tmp_path / "exported"), dtype="bfloat16")).encode(texts)
     enc = Encoder(run.loaded.model, run.loaded.tokenizer)
     enc.set_model(nnx.merge(run.graphdef, jax.device_get(final["params"]), run.rest))
     np.testing.assert_allclose(exp, enc.encode(texts), atol=1e-6)

@@ -339,7 +339,7 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", param_dtype
                                        param_dtype=param_dtype, remat=remat, **arch_overrides)
     except (TypeError, ValueError) as e:
         raise ModelLoadError(f"{tdir / 'config.json'}: {e}") from None
-    limit, table = _position_limit(config), _position_table(config, tdir / "config.json")
+    limit, table = config_position_limit(config), _position_table(config, tdir / "config.json")
     if max_length:  # asked for: checked before any weight is read
         check_max_length(max_length, "--max-length / model.max_length", limit, table)
     tensors, wsource = read_weights(tdir)
@@ -385,7 +385,7 @@ def _load_mote(backbone, tdir: Path, spec, task: str | None):
     return motelib.from_hf_experts(backbone, saved.subset(keep), read_safetensors(wfile), str(wfile))
 
 
-def _position_limit(config) -> int | None:
+def config_position_limit(config) -> int | None:
     """Longest input the position table allows (None for relative positions, e.g. T5)."""
     n = getattr(config, "max_position_embeddings", None)
     if n is None:
@@ -441,7 +441,7 @@ def position_limit(name_or_path: str | os.PathLike) -> tuple[int | None, str] | 
         if isinstance(e, UserError):
             raise
         raise ModelLoadError(f"{path}: {e}") from None
-    return _position_limit(config), _position_table(config, path)
+    return config_position_limit(config), _position_table(config, path)
 
 
 def default_max_length(name_or_path: str | os.PathLike) -> int | None:
