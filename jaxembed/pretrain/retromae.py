@@ -15,6 +15,10 @@ The config (``default_config``, ``validate``) is ``jaxembed.pretrain.config``, r
 
 Train state (one pytree): params (encoder, encoder_head, decoder, decoder_head), opt_state, step, rng (raw key
 data), nonfinite (consecutive skipped updates), skipped (total).
+
+Its loop is its own, not jaxembed.train.loop: that loop runs a contrastive Run (dataset store, batch plan, Grain
+loader, dev evaluation, pods) and none of it applies to one host masking raw texts; the parts that do apply are
+shared (jaxembed.train: checkpoints, monitor, signals, optim; the run lock; the export's folder rules).
 """
 
 from __future__ import annotations
