@@ -437,7 +437,7 @@ def from_json(text: str) -> mc.ConfigDict:
     def merge(node: mc.ConfigDict, values: dict, prefix: str):
         for k, v in values.items():
             if k not in node:
-                continue  # a key this version no longer has
+                continue  # a key this version does not have (a run made by another version)
             if isinstance(node[k], mc.ConfigDict) and isinstance(v, dict):
                 merge(node[k], v, f"{prefix}{k}.")
             elif isinstance(node[k], mc.ConfigDict):

@@ -46,10 +46,10 @@ def _file_model_type(folder: str | os.PathLike) -> str | None:
 
 def load_hf_tokenizer(folder: str | os.PathLike):
     """The folder's Hugging Face tokenizer, as ``AutoTokenizer`` (and so sentence-transformers) loads it, unless
-    that tokenizer no longer is the folder's tokenizer.json: transformers 5 picks the tokenizer class from
+    that tokenizer differs from the folder's tokenizer.json: transformers 5 picks the tokenizer class from
     config.json's ``model_type`` for some families (qwen2 -> Qwen2Tokenizer, whatever tokenizer_config.json says)
     and rebuilds the tokenizer around that class's own algorithm, so a WordPiece tokenizer.json beside a qwen2
-    config became a byte-level BPE with no merges (one token per character, the first letter dropped). When the
+    config becomes a byte-level BPE with no merges (one token per character, the first letter dropped). When the
     loaded tokenizer's model (BPE, WordPiece, ...) differs from tokenizer.json's, the file is loaded as it is
     (``PreTrainedTokenizerFast``, special tokens from tokenizer_config.json), with a warning: sentence-transformers
     would still feed such a folder's model the rebuilt tokenizer's ids."""

@@ -97,7 +97,8 @@ def test_duplicate_key_check_has_no_false_alarms():
 
 
 def test_deep_nesting_and_huge_integer_in_data_validate_and_prepare(tmp_path, capsys):
-    """The issue's two tracebacks: `data validate` and `prepare` (on_error skip and stop) end with a line."""
+    """Deep nesting and a huge integer in a record: `data validate` and `prepare` (on_error skip and stop) end with
+    a line, not a traceback."""
     deep = _write(tmp_path / "deep.jsonl", [GOOD, "[" * 100_000])
     big = _write(tmp_path / "big.jsonl", [GOOD, '{"query": "q", "pos": ["p"], "id": ' + "9" * 5000 + "}"])
     assert run_data_cli(["data", "validate", str(deep), str(big)]) == 1

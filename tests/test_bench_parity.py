@@ -210,7 +210,7 @@ def _assert_figures_in_record(row: list[str], cells: list[str], record_cell: str
 
 
 def test_readme_method_table_figures_are_in_their_record():
-    """The README's 'Does each method help?' table (issue 22): six arms, each row's record exists and holds every
+    """The README's 'Does each method help?' table: six arms, each row's record exists and holds every
     figure of the row as printed."""
     readme = (ROOT / "README.md").read_text()
     rows = _table(readme, "| arm | average (spread of 3 seeds) | vs base | vs its reference | STS average | record |")

@@ -51,14 +51,14 @@ def files(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("spec,arg", [
     ("v.py", None), ("v.py:tiny", "tiny"),
-    ("a:b/v.py", None), ("a:b/v.py:tiny", "tiny"),  # a ':' in a folder name (a Windows drive): the old train loader
-    ("v.py:a:b", "a:b"),           # after the first ':' of the file, as ml_collections: the old data loader failed
-    ("v.py:", None),               # an empty variant is none (the data loader passed '')
-    ("base.py", "base"),           # no variant: get_config() with its own default (the train loader passed None)
-    ("required.py", None),         # get_config(arg) with no default: get_config(None) (the data loader failed)
+    ("a:b/v.py", None), ("a:b/v.py:tiny", "tiny"),  # a ':' in a folder name (a Windows drive)
+    ("v.py:a:b", "a:b"),           # after the first ':' of the file, as ml_collections
+    ("v.py:", None),               # an empty variant is none
+    ("base.py", "base"),           # no variant: get_config() with its own default
+    ("required.py", None),         # get_config(arg) with no default: get_config(None)
     ("noarg.py", "none"),          # ml_collections' def get_config():
-    ("v.cfg:x", "x"),              # any file name, as ml_collections loads it (both failed: no .py loader)
-    ("dc.py", "1"),                # a @dataclass in the file: it runs as a module in sys.modules (both failed)
+    ("v.cfg:x", "x"),              # any file name, as ml_collections loads it
+    ("dc.py", "1"),                # a @dataclass in the file: it runs as a module in sys.modules
 ])
 def test_spec_rules(files, spec, arg):
     assert cfglib.load_config_file(spec).arg == (repr(arg) if arg not in ("none", "1") else arg)

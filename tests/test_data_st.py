@@ -128,7 +128,7 @@ def test_st_rows_by_column_order_pairs_and_labels(tmp_path):
         _read(dc.dataset_config(name="sc", path=str(p), format="st", task_type="sts"))
     exs, t = _read(dc.dataset_config(name="sc", path=str(p), format="st", task_type="sts", score_threshold=0.5))
     assert _triples(exs) == [("a", ["b"], [])] and t.filtered == 1
-    # the auto format read as scored pairs (sentence1, sentence2, score) needs the threshold too (was: every pair
+    # the auto format read as scored pairs (sentence1, sentence2, score) needs the threshold too (not every pair
     # silently a positive)
     with pytest.raises(InputError, match=r"sc\.csv:2: the records are scored pairs .* need score_threshold"):
         _read(dc.dataset_config(name="sc", path=str(p), task_type="sts"))
@@ -159,7 +159,8 @@ def test_st_rows_by_column_order_pairs_and_labels(tmp_path):
 
 
 def test_triplets_with_renamed_columns_take_one_text(tmp_path):
-    """The issue's case: an ST triplet file read as triplets with columns renaming (was: 'pos' must be a list)."""
+    """An ST triplet file read as triplets with its columns renamed: a renamed `pos` column takes one text (not
+    only a list)."""
     p = _jsonl(tmp_path / "st.jsonl", ST_ROWS[:2])
     cfg = dc.dataset_config(name="t", path=str(p), format="triplets", task_type="nli",
                             columns={"query": "anchor", "pos": "positive", "neg": "negative"})

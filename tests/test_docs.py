@@ -492,7 +492,7 @@ def links(path: Path) -> list[str]:
     return re.findall(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", _strip_code(path.read_text(encoding="utf-8")))
 
 
-#: files that work beside the docs' is writing (issue 21's other parts) and that the docs link already; a link to
+#: files that other work beside the docs writes and that the docs link already; a link to
 #: one of them may dangle until it lands (then it is checked like any other). Drop an entry once its file exists.
 PENDING_FILES = {
     "docs/testing.md": "mutation testing, written with the mutation work",

@@ -1,4 +1,4 @@
-"""The GPU benchmark (benchmarks/gpu, issue 18) and the trainer's device figures.
+"""The GPU benchmark (benchmarks/gpu) and the trainer's device figures.
 
 On the CPU: MFU and device memory in the trainer's metrics from a (faked) device kind and allocator; the whole
 benchmark run end to end through its entry script with tiny sizes (--dry-run: every part, every worker, the
@@ -188,7 +188,7 @@ def test_gpu_benchmark_dry_run_end_to_end(shared_data, tmp_path):
 
 def test_gpu_benchmark_figures_targets_and_the_next_call():
     """The summary's arithmetic on made-up figures: step time relative to the reference batch, the cache's
-    overhead, each issue-18 target met or not, and the second call that measures what did not fit."""
+    overhead, each target (bench.TARGETS) met or not, and the second call that measures what did not fit."""
     sys.path.insert(0, str(GPU_BENCH))
     import bench
 

@@ -225,7 +225,7 @@ def test_not_yet_split_entries_are_current():
 
 
 def test_evaluation_modules_import_one_way():
-    """prompts -> tasks -> runner -> report, each only downwards (issue 21: the prompts / runner / tasks cycle)."""
+    """prompts -> tasks -> runner -> report, each only downwards (no prompts / runner / tasks cycle)."""
     top, deferred = import_graph()
     order = ["jaxembed.evaluate.prompts", "jaxembed.evaluate.tasks", "jaxembed.evaluate.runner",
              "jaxembed.evaluate.report"]

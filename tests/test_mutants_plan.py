@@ -134,8 +134,8 @@ def test_step_mode_past_one_pass_repeats_whole_passes():
 
 def test_step_mode_is_not_cut_short_by_a_round_without_a_whole_batch():
     """A fractional epoch whose extra round has less than a batch in every unit (epochs 1.1 of 16 = 2 rows, batch
-    8): step mode still gives every step asked for (the loop went on only when the round had a batch: 3 steps of
-    100 before the fix; the mutant `bd.shape[0] == 0` -> `bd.shape[-1] == 0` showed that guard untested)."""
+    8): step mode still gives every step asked for (a loop that went on only while a round had a batch would give 3
+    steps of 100; kills the mutant `bd.shape[0] == 0` -> `bd.shape[-1] == 0` of that guard)."""
     store = make_store([("a", "A", 16, dict(epochs=1.1)), ("b", "B", 8, {})])
     plan = build_plan(store, {"global_batch_size": 8, "steps": 100, "curriculum": _cur()}, task_order=["A", "B"])
     assert plan.steps == 100

@@ -3,8 +3,8 @@ processes (2 CPU devices each, gloo collectives, JAXEMBED_COORDINATOR / _NUM_PRO
 the same moment.
 
 - They finish, on a slow shared disk (tests/faults slow_writes: the first write to each run file stalls half-way,
-  so a process that read a file before its writer was done would see half of it: the old trainer failed here
-  with a JSONDecodeError on config.json and the coordinator then killed process 0), and their export equals a
+  so a process that read a file before its writer was done would see half of it, e.g. a JSONDecodeError on
+  config.json), and their export equals a
   single process on the same 4 devices (<= 1e-5).
 - Both killed (-9) while the async save of step 6 is in flight (its final rename held, tests/faults hold_save)
   and started again: they say so, resume from the previous complete checkpoint (3) and end bitwise equal to the

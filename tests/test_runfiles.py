@@ -45,7 +45,7 @@ def test_unique_tmp_names_differ_for_one_pid(tmp_path):
 
 
 def test_concurrent_plan_saves_all_succeed(tmp_path):
-    """Every host of a pod used to save plan.npz through one fixed temporary name: 4 savers at once failed."""
+    """Every host of a pod saves plan.npz: 4 savers at once all succeed (each through its own temporary name)."""
     from jaxembed.data.plan import Plan
 
     plan = _tiny_plan()

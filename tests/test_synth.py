@@ -314,8 +314,8 @@ print(json.dumps({"bad": bad}))
 
 def test_two_processes_append_to_one_cache(tmp_path):
     """Two processes store answers in one cache file at once (half of the keys in common) and read each back:
-    every answer is the right one (the old cache recorded the offset before another process's append and read
-    that process's line back), each key is stored once (a key the other process stored is a hit), and every
+    every answer is the right one (an offset recorded before another process's append would read that
+    process's line back), each key is stored once (a key the other process stored is a hit), and every
     line is whole."""
     import subprocess
     import sys

@@ -1,4 +1,4 @@
-"""jaxembed on one GPU, next to sentence-transformers (issues 18 and the engine-speed issue), in one or two calls.
+"""jaxembed on one GPU, next to sentence-transformers (layout, engine speed, long texts, LLMs), in one or two calls.
 
     bash benchmarks/gpu/run.sh $OUT --parts 2 --budget 400   # on the device machine (benchmarks/gpu/README.md)
     python benchmarks/gpu/bench.py --out DIR --dry-run   # the same code on the CPU, tiny sizes (the test)
@@ -82,7 +82,7 @@ TARGETS = {
     "mfu": "MFU >= 40 % for BERT-base and BERT-large packed",
     "candidates": ">= 80,000 candidates per step on one GPU for BERT-base",
     "cache_overhead": "gradient-cache step <= 1.4x the plain step (same global batch)",
-    # issue: engine speed per computed token, MFU on computed slots, against ST's padding-free arm
+    # engine speed per computed token, MFU on computed slots, against ST's padding-free arm
     "engine_fixed": "fixed lengths (q 32 / d 128): jaxembed's speed per computed token >= 1.2x ST's, all four models",
     "engine_natural": "natural lengths: jaxembed packed's speed per computed slot >= 1.2x ST's (its own padding), "
                       "all four models",

@@ -1,4 +1,4 @@
-"""Where a jaxembed training step spends its time on the device (issue 17 / 18 follow-up to the first GPU run):
+"""Where a jaxembed training step spends its time on the device:
 the packed step of one model under a few variants (dropout on / off, attention kernel), each timed over the same
 steps, the optimised HLO of the first variant, and a profiler trace (perfetto JSON) of it.
 

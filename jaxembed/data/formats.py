@@ -37,7 +37,7 @@ it (``'skip'``); valid records that a rule leaves out (``Skip.invalid`` False) a
 The record level (checks, parsers, ``Skip``) is ``jaxembed.data.records``; the table of the formats (each one's
 fields, parser, detection and help) ``jaxembed.data.record_formats``; the on_error policy and the counts
 (``apply_policy``, ``Tally``) ``jaxembed.data.tally``. This module reads files and sources with them, and
-re-exports their names (``from jaxembed.data.formats import Skip, Tally, ...`` works as before).
+re-exports their names (``from jaxembed.data.formats import Skip, Tally, ...``).
 """
 
 from __future__ import annotations

@@ -58,8 +58,7 @@ the bucket of max(longest query or candidate, ``min_row_length``) (one L for bot
 'fine' ``length_buckets``). The row counts (Rq, Rd) come from a few shapes chosen for the whole plan
 (``choose_rows``: greedily, a shape is added while it saves more token slots than a compilation costs,
 ``Packing.compile_slots`` from ``compile_cost_slots``, at most ``MAX_SHAPES``; the demo mix at B=64 with MiniLM on a
-CPU: 12 shapes over a 1000-step plan, 1.9 % of the rows empty; with 20 average steps per compilation, the earlier
-rule, 5 shapes and 6.2 %). With the gradient cache
+CPU: 12 shapes over a 1000-step plan, 1.9 % of the rows empty). With the gradient cache
 (``Packing.sub_tokens``), a pack's rows are split into sub-batches of about that many token slots per shard
 (``sub_rows``, ``sub_batches``), and a row count above one sub-batch is a multiple of the sub-batch's rows. A text
 never spans two rows, so it is never cut (L >= the longest text); the loader checks that the table still fits (a

@@ -32,7 +32,7 @@ BGE_TYPES = {
 TEACHER_FIELDS = ("pos_scores", "neg_scores")
 
 
-BGE_IGNORED = TEACHER_FIELDS  # the former name
+BGE_IGNORED = TEACHER_FIELDS  # the same fields under a second name (re-exported by jaxembed.data.formats)
 
 
 DEFAULT_FIELDS = {

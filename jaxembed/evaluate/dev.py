@@ -132,7 +132,7 @@ def validate_eval(eval_cfg, where: str = "config.eval") -> DevTasks:
     tasks = eval_cfg.get("tasks") if hasattr(eval_cfg, "get") else eval_cfg.tasks
     dev = parse_eval_tasks(tasks, f"{where}.tasks")
     best = eval_cfg.get("best_metric", "") if hasattr(eval_cfg, "get") else ""
-    if dev.names:  # without dev tasks nothing is evaluated and best_metric is not used (as before)
+    if dev.names:  # without dev tasks nothing is evaluated and best_metric is not used
         check_best_metric(best, dev, f"{where}.best_metric")
     return dev
 

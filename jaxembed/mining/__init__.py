@@ -7,7 +7,7 @@
   ``jaxembed score`` uses it too);
 - ``job``: the job's input and output files (``run_mine``, ``read_input``, the report).
 
-The names below are re-exported, so ``from jaxembed import mining; mining.mine(...)`` works as before.
+The names below are re-exported: ``from jaxembed import mining; mining.mine(...)``.
 """
 
 from jaxembed.mining.encoding import encode_texts, load_encoder, model_fingerprint, normalize, progress_bar

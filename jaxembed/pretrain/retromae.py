@@ -85,7 +85,7 @@ def _check_workdir(config, workdir: Path) -> None:
     if not prev.exists():
         return
     old, new = json.loads(prev.read_text()), json.loads(cfglib.to_json(config))
-    old.setdefault("data", {}).setdefault("packing", True)  # a run from before data.packing: today's default
+    old.setdefault("data", {}).setdefault("packing", True)  # a run config without data.packing: the default
     diffs = [k for k in _RESUME_KEYS if old.get(k) != new.get(k)]
     diffs += [f"train.{k}" for k in ("seed", "batch_size", "steps", "dropout")
               if old.get("train", {}).get(k) != new["train"].get(k)]

@@ -13,7 +13,7 @@ block-diagonal by segment. The relative-position bucket of a query / key pair de
 query position) within the text. A packed text occupies consecutive columns, so that difference equals the
 difference of the row's columns, and the [1, N, L, L] bias computed from the row's columns is the per-text bias
 wherever attention is allowed (pairs across texts are masked). So packed and padded rows share one bias
-(computed in numpy from the static shape, as before).
+(computed in numpy from the static shape).
 """
 
 from __future__ import annotations
