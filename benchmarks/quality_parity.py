@@ -129,7 +129,7 @@ def parse_args(argv=None):
     ap.add_argument("--st-loss", choices=("masked", "plain"), default="masked")
     ap.add_argument("--st-threads", type=int, default=1,
                     help="torch threads of the ST run (0 = torch's default). On a shared, oversubscribed CPU torch's "
-                         "OpenMP threads spin at barriers: 1 thread ran a step 3-6x faster than 2 here")
+                         "OpenMP threads spin at barriers, so 1 thread runs a step faster than 2")
     ap.add_argument("--mrl-weights", default="1,1,1,1", help="weights of dims 384,256,128,64")
     ap.add_argument("--curriculum-task-order", default="", help="task order file (plan.curriculum.task_order)")
     ap.add_argument("--curriculum-scores", default="", help="per-example phi file (plan.scores)")

@@ -1,6 +1,6 @@
 """The sentence-transformers side of benchmarks/quality_parity.py computes jaxembed's loss: ST's
 MultipleNegativesRankingLoss plus jaxembed's two masks (empty negative slots, duplicates of the own positive), and
-the batch sampler replays the plan's batches in order. Fast (< 10 s): random embeddings, no model."""
+the batch sampler replays the plan's batches in order. Random embeddings, no model."""
 
 import sys
 from pathlib import Path

@@ -87,7 +87,7 @@ def test_trainer_logs_no_mfu_or_device_memory_where_unknown(monkeypatch):
 # ------------------------------------------------------------------------------------------------ the dry run
 
 
-@pytest.mark.timeout(900)  # ~55 CPU-s (one shared worker process, 8 tiny compilations); a busy machine needs more
+@pytest.mark.timeout(900)  # one shared worker process, 8 tiny compilations; the margin is for a busy machine
 def test_gpu_benchmark_dry_run_end_to_end(shared_data, tmp_path):
     """benchmarks/gpu/run.sh --dry-run on the CPU: the smoke step, pytest -m gpu (skipped here), part 2 (tiny
     BERT: jaxembed fixed / packed / padded, compiled side by side, with a profile; sentence-transformers fixed /

@@ -1,7 +1,7 @@
 """The curriculum walk of jaxembed/data/plan/ (curriculum.py, units.py) where its mutation run (docs/testing.md)
 found it untested: several rounds (epochs > 1, fractional epochs, step mode longer than one pass), the unit-size and
 compression boundaries, the empty walk, the dropped counts. Each test names the mutants it kills (line: original ->
-mutant). Pure numpy, < 1 s."""
+mutant). Pure numpy, no model."""
 
 import numpy as np
 import pytest

@@ -1270,7 +1270,7 @@ def prepare(a: dict) -> None:
 def serve() -> None:
     """The dry run's one worker process (bench.py's Workers(shared=True)): jobs from stdin, one JSON line each
     ({"name", "payload", "log", "env"}); each job's output, RESULT lines included, goes to its log file, which ends
-    with "JOB_END <rc>". One process instead of one per job: the imports (torch's ~7 CPU-s) happen once."""
+    with "JOB_END <rc>". One process instead of one per job: the imports (torch's above all) happen once."""
     import os
 
     for line in sys.stdin:

@@ -94,11 +94,12 @@ class Packing:
                 list(self.sub_tokens)]
 
 
-#: seconds one compilation of a train step takes, by platform (measured: all-MiniLM-L6-v2 at B=64, one CPU core,
-#: 7.5-8.5 s per packed shape; on an H200, 20-46 s for MiniLM to BERT-large, benchmarks/results/gpu_train_h200_*)
+#: seconds one compilation of a train step takes, by platform: rough figures (CPU: all-MiniLM-L6-v2 at B=64 on one
+#: core, per packed shape; GPU / TPU: within the H200 records' range for MiniLM to BERT-large,
+#: benchmarks/results/gpu_train_h200_*)
 COMPILE_SECONDS = {"cpu": 8.0, "gpu": 30.0, "tpu": 30.0}
-#: the train step's sustained matrix FLOP/s per device on a CPU (measured: MiniLM-L6 packed demo-mix step at B=64,
-#: 3,680 slots x 63.7 MFLOP in 3.7 s on one core); on accelerators MFU_GUESS x the device's peak (H200: 14-27 %)
+#: the train step's sustained matrix FLOP/s per device on a CPU (a rough figure: a MiniLM-L6 packed demo-mix step at
+#: B=64 on one core); on accelerators MFU_GUESS x the device's peak (the H200 records' MFU: benchmarks/README.md)
 CPU_TRAIN_FLOPS = 6.3e10
 MFU_GUESS = 0.2
 

@@ -48,9 +48,9 @@ from jaxembed.errors import UserError
 STORE_FORMAT = "jaxembed-store"
 STORE_VERSION = 1
 #: records per ArrayRecord chunk. A random read decodes its chunk; the writer keeps ~80 bytes per chunk until it
-#: closes (its index). 16 records: 16x less writer memory than 1 record per chunk (~5 bytes per record, 150 MB
-#: less at 2M records), ~3x smaller files, and 0.8x the random-read rate (79k vs 99k records/s, which is far
-#: above what the loader's tokenizer takes) -- see benchmarks/prepare_memory.py.
+#: closes (its index). 16 records: a sixteenth of the writer memory of 1 record per chunk (~5 bytes per record),
+#: smaller files, and a somewhat slower random read that stays far above what the loader's tokenizer takes
+#: (benchmarks/prepare_memory.py measures the writer's memory).
 GROUP_SIZE = 16
 _WRITER_OPTIONS = f"group_size:{GROUP_SIZE}"
 

@@ -212,8 +212,9 @@ def _dataset_dict(task: Task, data) -> Any:
 
 class _ListColumns:
     """A datasets.Dataset whose columns read as plain lists. mteb's classification undersampling indexes the
-    label column row by row, which on a lazy datasets column costs ~0.15 ms a row (SST-2's 67k training rows x 10
-    experiments: ~100 s); through this view mteb's own code runs unchanged in well under a second."""
+    label column row by row, which on a lazy datasets column decodes one row per index (SST-2's 67k training rows
+    x 10 experiments); through this view the columns are plain lists, read once, and mteb's own code runs
+    unchanged."""
 
     def __init__(self, dataset):
         self._ds = dataset
@@ -241,8 +242,8 @@ def _fast_undersample(base):
 
 
 def _single_thread_openmp(base):
-    """sklearn's MiniBatchKMeans gives the same clusters with one OpenMP thread, and on small data is up to 50x
-    faster than with several (thread synchronisation dominates)."""
+    """sklearn's MiniBatchKMeans gives the same clusters with one OpenMP thread, and on small data is much faster
+    than with several (thread synchronisation dominates)."""
 
     def _evaluate_subset(self, *args, **kwargs):
         from threadpoolctl import threadpool_limits

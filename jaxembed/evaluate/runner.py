@@ -162,7 +162,7 @@ def _clustering(data: ClusteringData, emb: Callable, views: Callable, task: Task
         v = []
         for _ in range(p["n_clusters"]):
             idx = rng.choices(range(len(xx)), k=p["cluster_size"])
-            with threadpool_limits(1, user_api="openmp"):  # same result; multi-threaded it can be 50x slower
+            with threadpool_limits(1, user_api="openmp"):  # same result; on small data far slower multi-threaded
                 assign = km.fit_predict(xx[idx])
             v.append(scoring.v_measure(labels[idx], assign))
         out[d] = {"v_measure": float(np.mean(v)), "v_measure_std": float(np.std(v))}

@@ -11,8 +11,8 @@ Implementations (``model.attention``; ``IMPLEMENTATIONS``):
 
 - ``xla``: the reference, everywhere, with a boolean [B, 1, T, S] mask built from the segment ids; attention
   dropout and the T5 bias are only supported here. On CPUs: heads-first batched products, the softmax normalised
-  after the product, with its own backward (``xla_attention(heads_first=True)``, ~45 % less time per attention
-  call in inference); elsewhere ``jax.nn.dot_product_attention(implementation='xla')`` / einsums. Both give the
+  after the product, with its own backward (``xla_attention(heads_first=True)``, faster per attention call on
+  a CPU core); elsewhere ``jax.nn.dot_product_attention(implementation='xla')`` / einsums. Both give the
   same outputs and gradients (tests/test_attention.py).
 - ``cudnn``: cuDNN flash attention (CUDA GPU, Hopper or later, bfloat16 / float16). Segments go in as
   per-segment lengths and offsets (cuDNN's packed "THD" layout, ``jax._src.cudnn.fused_attention_stablehlo``:
@@ -25,12 +25,10 @@ Implementations (``model.attention``; ``IMPLEMENTATIONS``):
 - ``te``: Transformer Engine's JAX fused attention (``transformer_engine.jax.attention.fused_attn``) with a
   ``SequenceDescriptor`` from segment ids and positions (CUDA GPU; imported only when asked for).
 - ``auto``: per platform: TPU -> splash; otherwise (GPU included) xla. Calls splash cannot serve (the T5 bias,
-  attention dropout in training) use xla. Measured on an H200 (benchmarks/README.md, gpu diag 2026-11-26):
-  on MiniLM's packed rows [195, 128] the attention call alone (forward + backward) takes 0.58 ms with xla, 0.42 ms
-  with pallas and 15.7 ms with cudnn (3.6 ms with its max segments cut to the rows' 22 runs: JAX's wrapper sizes
-  cuDNN's statistics and work by B x max segments); the training step 10.5 ms with xla vs 101 ms with cudnn, and
-  cudnn failed outright on [1024, 128] padded rows (CUDNN_STATUS_EXECUTION_FAILED). So GPU runs use xla unless
-  a kernel is asked for.
+  attention dropout in training) use xla. In the recorded H200 run (figures: docs/scaling.md, attention
+  kernels), cudnn's training step was far slower than xla's (JAX's wrapper sizes cuDNN's statistics and work by
+  B x max segments) and cudnn failed outright on long padded rows; pallas's attention call alone was a little
+  faster than xla's. So GPU runs use xla unless a kernel is asked for.
 
 Sliding windows (Mistral, Gemma's local layers) and attention logit soft-capping (Gemma 2) are applied by xla
 (in the mask / on the logits) and by splash (``LocalMask``, ``attn_logits_soft_cap``). A window at least as long
@@ -179,7 +177,7 @@ def resolve(name: str, *, dtype, head_dim: int, bias: bool, dropout: bool, windo
     if name == "auto":
         if bias or dropout:
             return "xla"
-        return "splash" if _platform() == "tpu" else "xla"  # GPU: xla (measured, module docstring)
+        return "splash" if _platform() == "tpu" else "xla"  # GPU: xla (module docstring)
     if name != "xla" and dropout:
         raise UserError(f"model.attention={name!r} has no attention dropout, which this training step uses (fix: "
                         "model.attention='auto' (xla while dropout is on) or train.dropout=False)")
@@ -263,10 +261,9 @@ def xla_attention(q, k, v, seg: Segments, *, causal=False, bias=None, scale=None
     """The reference. q: [B, T, N, D]; k, v: [B, S, K, D]; bias: additive [1 or B, N, T, S]; window: sliding
     window (``segment_mask``); softcap: logits = softcap * tanh(scaled logits / softcap), before the mask (as
     transformers' Gemma) -> [B, T, N, D]. heads_first (default: on CPUs): the same attention as heads-first
-    batched products with the normalisation after the product and its own backward (``_softmax_av``); measured
-    on one CPU core, the attention call of a MiniLM layer: forward on [16, 128] packed rows 14.2 -> 7.9 ms,
-    forward + backward on [60, 64] rows 69 -> 53 ms; whole runs: WikiQA encode 9.3 -> 8.85 s, the demo-mix train
-    step 3.38 -> 3.35 s. Not yet measured on a GPU, so GPUs keep the einsum path (``heads_first=False``)."""
+    batched products with the normalisation after the product and its own backward (``_softmax_av``), faster than
+    the einsum path on a CPU core (a MiniLM layer's attention call, forward and backward). Not measured on a GPU,
+    so GPUs keep the einsum path (``heads_first=False``)."""
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     mask = segment_mask(seg.ids, causal, window)

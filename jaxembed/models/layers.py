@@ -109,9 +109,8 @@ class Dense(nnx.Linear):
 def _cpu_matmul(x, kernel, precision):
     """x [..., din] @ kernel [din, dout] -> [..., dout], the values of ``jax.lax.dot_general`` (``Dense`` on CPUs).
     Its backward flattens the tokens and computes the kernel's gradient with the smaller of din / dout as the
-    product's rows: XLA's CPU dot (Eigen) of tokens^T x cotangents runs at 82 GFLOP/s into [1536, 384] and 109 into
-    [384, 1536] on one core (measured); autodiff's transpose of the dot left XLA the slow orientation and layout
-    copies around it. MiniLM demo-mix train step on one core: 3.19 -> 2.91 s."""
+    product's rows, the faster orientation of XLA's CPU dot (Eigen) of tokens^T x cotangents; autodiff's transpose
+    of the dot leaves XLA the slower one and layout copies around it (figures: docs/models.md)."""
     return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), precision=precision)
 
 
@@ -255,9 +254,8 @@ _INV_SQRT_2PI = 0.3989422804014327
 def gelu(x):
     """Exact GELU, x * Phi(x) (HF ``gelu``, torch's ``nn.GELU()``), the values of ``jax.nn.gelu(x,
     approximate=False)``. On CPUs as torch computes it, x * (1 + erf(x / sqrt 2)) / 2 (XLA's CPU erfc, which
-    jax.nn.gelu uses, is slow: a [3456, 1536] activation on one core 15.0 -> 2.5 ms forward), with its own backward,
-    g * (Phi(x) + x phi(x)) from the forward's Phi(x) (forward + backward 38.9 -> 12.5 ms). GPUs keep jax.nn.gelu
-    until measured there."""
+    jax.nn.gelu uses, is slow), with its own backward, g * (Phi(x) + x phi(x)) from the forward's Phi(x)
+    (figures: docs/models.md). GPUs keep jax.nn.gelu until measured there."""
     if _attn._platform() != "cpu":
         return jax.nn.gelu(x, approximate=False)
     return _gelu_cpu(x)

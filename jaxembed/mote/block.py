@@ -27,19 +27,9 @@ the route is per text, never per token within a text; padding is -1, routed nowh
   several experts): each expert runs under ``lax.cond(active[e], ...)`` on all the call's rows, and its rows
   (tokens) are picked with ``where``. The cost is the
   number of experts used x one dense pass; unused experts are skipped. Under autodiff, every ``cond`` keeps
-  residuals for its expert, so activation memory grows to E x the feed-forward's.
-  Measured on CPU: all-MiniLM-L6-v2, 32 x 64 tokens, forward + backward, compiled. The machine was a shared
-  2-core one, so the times are rough:
-
-  | routing | step | XLA temporaries |
-  |---|---|---|
-  | dense model | 5.7 s | 636 MiB |
-  | one expert per call | 5.4 s | 663 MiB |
-  | per row, 1 expert used | 7.8 s | 1956 MiB |
-  | per row, 2 experts used | 9.9 s | 1956 MiB |
-
-  Compile time is about the dense model's on the fast path and about 2.5x on the per-row path. This is why the
-  trainer passes one expert per call whenever the plan says the batch holds one task.
+  residuals for its expert, so activation memory grows to E x the feed-forward's, and the program compiles
+  longer (docs/mote.md, training and cost, has a CPU measurement of both paths). This is why the trainer passes
+  one expert per call whenever the plan says the batch holds one task.
 
 In both paths an unrouted expert's gradient is exactly zero. ``jaxembed.train.optim`` (``routed_adamw``) then leaves
 its weights and moments untouched. Sorting rows by expert and running a grouped matmul (``lax.ragged_dot``)
