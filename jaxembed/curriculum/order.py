@@ -23,9 +23,8 @@ Solvers (all compiled with numba, never a Python loop over iterations):
   from a greedy start (for symmetric S, which cosine similarities are).
 - ``exact``: Held-Karp dynamic programming, the exact optimum for m <= 16 (O(2^m m^2); the tests use 8-12).
 
-Size: ~540 lines because it is one problem, the order of Eq. 6, with its three solvers: they share the
-objective's numba kernels (``_objective``, ``_swap_delta``) and the front door ``solve``, and are compared with each
-other (tests, ``benchmarks/task_order.py``); a module per solver would scatter the kernels.
+Size: one module because the three solvers of Eq. 6 share the objective's numba kernels (``_objective``,
+``_swap_delta``) and the front door ``solve``, and are compared with each other (tests, ``benchmarks/task_order.py``).
 
 Paper note: Algorithm 1 writes "if Delta > 0 then accept" with Delta a gain, and Eq. 7 writes exp(-Delta / tau)
 with Delta the loss; both describe the usual Metropolis rule, which is what is implemented.

@@ -56,11 +56,9 @@ extra_fields        record keys that are not fields of the format but are expect
                     and ignored, e.g. ``["fine_label"]``); any other unknown record key is an error
 =================== ==================================================================================
 
-Size: ~620 lines because this is the one schema of a dataset entry: the field table above, the defaults, the
-constructors and the check of every field are read together; and ``shared_train_config`` (the shared data as
-datasets, ~100 lines) is built from ``dataset_config`` and imported from here by the recipes and benchmarks, so a
-module of its own would have to import this one back. The checks that read records are
-``jaxembed.data.loss_checks``.
+Size: one module because it is the schema of a dataset entry (the field table above, its defaults, constructors
+and the check of every field, read together) with the shared training data written in it (``shared_train_config``);
+the checks that read records are ``jaxembed.data.loss_checks``.
 
 Top level: ``datasets`` (list), ``on_error`` (``stop`` at the first bad record, or ``skip`` and count),
 ``sampling`` (``size``: proportional to dataset size, ``weights``: to ``weight`` (``None`` = 1.0),

@@ -11,7 +11,7 @@
     out_dir/report.json, report.txt  records read / written / skipped per dataset, every skipped record with its
                                    file:line, field and reason
 
-Size: ~580 lines because the store's file layout is written (``write_store``) and read (``Store``) in one place,
+Size: one module because the store's file layout is written (``write_store``) and read (``Store``) in one place,
 with the report of what was written; the record formats, the on_error policy and the counts are in
 ``jaxembed.data.formats`` / ``records`` / ``tally``.
 
