@@ -65,23 +65,31 @@ def license_of(name: str | os.PathLike | None) -> str | None:
     return value.strip() if isinstance(value, str) and value.strip() else None
 
 
+def _start_of(config: dict) -> tuple[str, object]:
+    """Where a run's weights came from: ('run', that run's config) when ``model.init_from`` is a run directory,
+    ('folder', its path) when it is a model folder, ('unreadable', None) when the run's config cannot be read,
+    ('name', ``model.name``) without ``init_from``."""
+    model = config.get("model") or {}
+    src = model.get("init_from") or ""
+    if not src:
+        return "name", model.get("name") or ""
+    p = Path(os.path.expanduser(str(src)))
+    cfg = p / "config.json"
+    if (p / "checkpoints").is_dir() and cfg.is_file():
+        try:
+            return "run", json.loads(cfg.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return "unreadable", None
+    return "folder", p
+
+
 def base_license_of(config: dict, _depth: int = 0) -> str | None:
     """The license of the weights the run started from (``license_of``): ``model.init_from``'s (a previous run: its
     own start's; a jaxembed export: its card's), else ``model.name``'s."""
-    if _depth > 8:
-        return None
-    model = config.get("model") or {}
-    src = model.get("init_from") or ""
-    if src:
-        p = Path(os.path.expanduser(str(src)))
-        cfg = p / "config.json"
-        if (p / "checkpoints").is_dir() and cfg.is_file():
-            try:
-                return base_license_of(json.loads(cfg.read_text(encoding="utf-8")), _depth + 1)
-            except (OSError, ValueError):
-                return None
-        return license_of(p)
-    return license_of(model.get("name"))
+    kind, start = _start_of(config)
+    if kind == "run":
+        return base_license_of(start, _depth + 1) if _depth < 8 else None
+    return license_of(start) if kind != "unreadable" else None
 
 
 #: the license identifiers the hub accepts in a card's ``license``
@@ -137,24 +145,17 @@ def jaxembed_base(folder) -> str | None:
 def base_model_of(config: dict, _depth: int = 0) -> str | None:
     """The hub id the run started from: ``export.base_model``; else ``model.init_from``'s (a previous run: its
     own base; a jaxembed export: its card's ``base_model``); else ``model.name`` when it is a hub id."""
-    if _depth > 8:
-        return None
     explicit = (config.get("export") or {}).get("base_model")
     if explicit:
         return str(explicit)
-    model = config.get("model") or {}
-    src = model.get("init_from") or ""
-    if src:
-        p = Path(os.path.expanduser(str(src)))
-        cfg = p / "config.json"
-        if (p / "checkpoints").is_dir() and cfg.is_file():
-            try:
-                return base_model_of(json.loads(cfg.read_text(encoding="utf-8")), _depth + 1)
-            except (OSError, ValueError):
-                return None
-        return jaxembed_base(p) or hub_id(src)
-    name = model.get("name") or ""
-    return hub_id(name) or (jaxembed_base(name) if name else None)
+    kind, start = _start_of(config)
+    if kind == "run":
+        return base_model_of(start, _depth + 1) if _depth < 8 else None
+    if kind == "folder":
+        return jaxembed_base(start) or hub_id(config["model"]["init_from"])
+    if kind == "name":
+        return hub_id(start) or (jaxembed_base(start) if start else None)
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ front matter

@@ -72,7 +72,7 @@ def final_eval(workdir: Path, summary: dict | None) -> dict | None:
     if summary and isinstance(summary.get("eval"), dict) and summary["eval"].get("metrics"):
         return summary["eval"]
     best = None
-    for r in _eval_records(workdir):
+    for r in eval_records(workdir):
         if best is None or r["step"] >= best["step"]:
             best = r
     return best
@@ -82,13 +82,13 @@ def eval_at(workdir: Path, step: int) -> dict | None:
     """The dev evaluation of ``step`` in metrics.jsonl ({"step", "metrics"}; the one written last), or None. Step 0
     is the model the run started from, evaluated before training (``eval.before``)."""
     found = None
-    for r in _eval_records(workdir):
+    for r in eval_records(workdir):
         if r["step"] == step:
             found = r
     return found
 
 
-def _eval_records(workdir: Path) -> list[dict]:
+def eval_records(workdir: Path) -> list[dict]:
     """The ``eval`` records of metrics.jsonl, in order, as {"step", "metrics"}."""
     try:
         lines = (Path(workdir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()

@@ -4,7 +4,6 @@ signals, the summary and the run's export. What it runs is set up by jaxembed.tr
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -41,18 +40,9 @@ def dev_eval_due(step: int, every: int, total: int) -> bool:
 
 def _eval_logged(workdir: Path, step: int) -> bool:
     """Whether metrics.jsonl holds the dev evaluation of ``step`` (a stop during it leaves none)."""
-    try:
-        lines = (workdir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return False
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if r.get("split") == "eval" and r.get("step") == step:
-            return True
-    return False
+    from jaxembed.run_facts import eval_records
+
+    return any(r["step"] == step for r in eval_records(workdir))
 
 
 def train(config, workdir: str | Path) -> dict:

@@ -65,23 +65,15 @@ def step_flops(run: Run, host_batch: dict) -> float:
 def dev_scores(workdir, metric: str) -> dict[int, float]:
     """{step: value of ``metric``} of the dev evaluations in ``<workdir>/metrics.jsonl``, over every invocation of
     the run (step 0: the model before training, ``eval.before``); non-finite values are left out."""
-    import json
     import math
-    from pathlib import Path
+
+    from jaxembed.run_facts import eval_records
 
     out: dict[int, float] = {}
-    try:
-        lines = (Path(workdir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return out
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        v = r.get(metric) if isinstance(r, dict) and r.get("split") == "eval" else None
+    for r in eval_records(workdir):
+        v = r["metrics"].get(metric)
         if isinstance(v, (int, float)) and math.isfinite(v):
-            out[int(r["step"])] = float(v)
+            out[r["step"]] = float(v)
     return out
 
 
