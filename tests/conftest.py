@@ -24,25 +24,28 @@ import pytest
 
 from jaxembed import paths
 
-# tests/multidevice runs in a pytest process of its own (tests/test_multidevice.py, collect_ignore below), the
-# suite's heaviest: compile it with less LLVM optimisation, the same programs (measured on test_sharded.py +
-# test_train_features.py: 86 -> 64 CPU-seconds, all passing). Set before that process's JAX backend starts.
-if os.environ.get("JAXEMBED_MULTIDEVICE") == "1" and "xla_backend_optimization_level" not in os.environ.get(
-        "XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 "
-                               "--xla_llvm_disable_expensive_passes=true").strip()
+# The suite's programs are small (tiny models, short rows): compiling them costs more than running them, so every
+# process of the suite -- this one, the pytest-xdist workers, the subprocesses the tests start (tests/runs.py
+# xla_flags) -- compiles with less LLVM optimisation: the same programs and results, compiled faster. Set before
+# the JAX backend starts.
+FAST_XLA = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_XLA}".strip()
 
-# One persistent JAX compilation cache for the session (set before any test compiles): the same programs -- the
-# tiny models' encoders and train steps, MiniLM's encoder -- compile once, not once per Encoder / per test (measured:
-# -22 % CPU time on the CLI / training-feature tests). Set through jax.config, not the environment, so that
-# subprocesses (and the launch scripts' dry runs, which print JAX_* variables) see the caller's environment. A cache
-# the caller set (JAX_COMPILATION_CACHE_DIR) is used as it is.
+# One persistent JAX compilation cache for the session (set before any test compiles), shared by the pytest-xdist
+# workers: the same programs -- the tiny models' encoders and train steps, MiniLM's encoder -- compile once, not
+# once per Encoder, per test or per worker. The controller (or the only process) makes it and removes it at the end;
+# the workers it starts inherit its path. Set through jax.config, not the environment, so that subprocesses (and
+# the launch scripts' dry runs, which print JAX_* variables) see the caller's environment. A cache the caller set
+# (JAX_COMPILATION_CACHE_DIR) is used as it is.
 _OWN_JAX_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     import jax
 
-    _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="jaxembed-tests-jax-cache-")
-    jax.config.update("jax_compilation_cache_dir", _OWN_JAX_CACHE)
+    if not os.environ.get("JAXEMBED_TESTS_JAX_CACHE") or not os.environ.get("PYTEST_XDIST_WORKER"):
+        _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="jaxembed-tests-jax-cache-")
+        os.environ["JAXEMBED_TESTS_JAX_CACHE"] = _OWN_JAX_CACHE
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAXEMBED_TESTS_JAX_CACHE"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 

@@ -27,10 +27,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def xla_flags(devices: int | None = None) -> str:
+    """XLA_FLAGS for a process the suite starts: the suite's own (tests/conftest.py: fast compilation of its small
+    programs) and, with ``devices``, that many simulated CPU devices."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    if devices is not None:
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+    return " ".join(flags)
+
+
 def env(devices: int, cache_dir: Path | None = None, fault: str = "", marker: Path | None = None, **extra) -> dict:
     """A subprocess environment: ``devices`` CPU devices, JAX's persistent compilation cache in ``cache_dir``
     (processes share compiled programs), faults from tests/faults, unbuffered output."""
-    e = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    e = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(devices),
              PYTHONUNBUFFERED="1", JAXEMBED_TEST_FAULT=fault,
              PYTHONPATH=os.pathsep.join([str(FAULTS), str(HERE), os.environ.get("PYTHONPATH", "")]))
     for k in ("JAXEMBED_COORDINATOR", "JAXEMBED_NUM_PROCESSES", "JAXEMBED_PROCESS_ID", "JAXEMBED_DISTRIBUTED"):

@@ -18,6 +18,8 @@ import pytest
 from jaxembed.errors import UserError
 from jaxembed.parallel import cluster_plan
 
+import runs
+
 REPO = Path(__file__).resolve().parent.parent
 LOCAL, SLURM, TPU = (str(REPO / "launch" / n) for n in ("local.sh", "slurm_gpu.sh", "tpu_pod.sh"))
 
@@ -221,7 +223,7 @@ def test_slurm_environment_joins_two_jax_processes(tmp_path):
     env, rec = _bin(tmp_path, srun=SPAWNING_SRUN)
     (tmp_path / "worker.py").write_text(WORKER)
     env.update(SLURM_JOB_ID="4242", SLURM_JOB_NUM_NODES="2", SLURM_NTASKS_PER_NODE="1", JAX_PLATFORMS="cpu",
-               JAX_COORDINATOR_PORT=str(_free_port()), XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_COORDINATOR_PORT=str(_free_port()), XLA_FLAGS=runs.xla_flags(2),
                CUDA_VISIBLE_DEVICES="", JAXEMBED=f"{sys.executable} {tmp_path / 'worker.py'} {rec}")
     wd = tmp_path / "run"
     p = subprocess.run(["bash", SLURM, "configs/demo.py", str(wd), "--config.optim.lr=1e-5"], env=env,

@@ -16,6 +16,8 @@ import pytest
 from jaxembed import mining
 from jaxembed.errors import UserError
 
+import runs
+
 DIM = 32
 N_WIKI, N_SNLI = 40, 100                      # slices of the real files: small, to keep the test fast
 REAL_ARGS = ["--max-length", "32", "--batch-size", "32"]  # the same model options in every real test: one compile
@@ -196,7 +198,7 @@ def test_blocked_search_on_8_simulated_devices(tmp_path):
         assert (res.above[:, 0] == (s > thr).sum(1)).all()
         print("OK8")
     """)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=runs.xla_flags(8), JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "OK8" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
 

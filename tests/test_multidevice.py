@@ -5,10 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import runs
+
 
 def test_multidevice_suite():
     here = Path(__file__).parent
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=runs.xla_flags(8), JAX_PLATFORMS="cpu",
                JAXEMBED_MULTIDEVICE="1")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here / "multidevice")],
                        env=env, capture_output=True, text=True, timeout=900, cwd=here.parent)

@@ -14,6 +14,8 @@ import numpy as np
 from jaxembed.losses import CandidateInfo, LossOptions, QueryInfo, contrastive_loss
 from loss_reference import random_batch
 
+import runs
+
 
 def _free_port():
     with socket.socket() as s:
@@ -25,7 +27,7 @@ def test_two_processes_equal_single_process(tmp_path):
     here = Path(__file__).parent
     out = tmp_path / "mh.npz"
     port = _free_port()
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=runs.xla_flags(2), JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]))
     worker = str(here / "multidevice" / "multihost_worker.py")
     procs = [subprocess.Popen([sys.executable, worker, str(i), str(port), str(out)], env=env,

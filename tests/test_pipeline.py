@@ -17,6 +17,8 @@ from jaxembed.data.plan import build_plan
 from jaxembed.errors import UserError
 from jaxembed.tokenizer import Tokenizer, bucket_for
 
+import runs
+
 KEYS = {"query_input_ids": np.int32, "query_attention_mask": np.int32, "query_prompt_length": np.int32,
         "doc_input_ids": np.int32, "doc_attention_mask": np.int32, "doc_prompt_length": np.int32,
         "doc_valid": np.bool_, "doc_hash": np.uint32, "query_hash": np.uint32, "task_id": np.int32,
@@ -253,7 +255,7 @@ def test_to_global_on_8_simulated_devices(tmp_path, minilm_dir):
     here = Path(__file__).parent
     script = tmp_path / "to_global.py"
     script.write_text(TO_GLOBAL)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=runs.xla_flags(8), JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
                        cwd=here.parent)

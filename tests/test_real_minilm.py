@@ -16,6 +16,8 @@ torch = pytest.importorskip("torch")
 from jaxembed import export, loading, models  # noqa: E402
 from jaxembed.encode import Encoder  # noqa: E402
 
+import runs
+
 
 @pytest.fixture(scope="module")
 def sentences(shared_data):
@@ -177,7 +179,7 @@ def test_encode_on_8_devices_equals_one_device(minilm_dir, encoder, sentences, t
         print("maxdiff", float(np.abs(out - ref).max()))
         assert np.abs(out - ref).max() <= 1e-5
     """)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=runs.xla_flags(8), JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
 

@@ -35,6 +35,7 @@ import pytest
 
 from jaxembed import config as cfglib
 from jaxembed.errors import UserError
+from runs import xla_flags
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -353,11 +354,9 @@ def test_tiny_models_cached_deterministic_and_safe_under_concurrency(tmp_path):
 # ------------------------------------------------------------------------------------------- the tiny runs
 #
 # The tiny runs (all in process) go to two worker processes side by side: this file run as a script,
-# `python tests/test_recipes.py CHAIN OUT`. Compiling is nearly all the cost of a tiny run, and a fresh process
-# can take XLA flags that about halve it, which this one, its XLA backend already started, cannot; the two
-# workers also use both cores.
+# `python tests/test_recipes.py CHAIN OUT`. Compiling is nearly all the cost of a tiny run: the workers take the
+# suite's XLA flags (runs.xla_flags: faster compilation), and the two use both cores.
 
-FAST_XLA = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 CHAINS = {"a": ("datacube", "mote"), "b": ("kalm", "peg")}  # about equal halves
 
 
@@ -444,7 +443,7 @@ def _workers(request, tiny_cache, tmp_path_factory):
     for recipe in ("datacube", "peg", "kalm", "mote"):  # their tiny models, made once here, not raced for below
         _load(recipe, "tiny")
     out = tmp_path_factory.mktemp("runs")
-    env = dict(os.environ, XLA_FLAGS=FAST_XLA, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(), JAX_PLATFORMS="cpu")
     procs = {}
     for chain in CHAINS:
         log = open(out / f"worker_{chain}.log", "w")
