@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # torch is pinned and installed first: the CPU wheel lies on disk here; unpinned torch pulls GBs of CUDA packages.
 TORCH := torch==2.13.0
 
-.PHONY: demo test install clean
+.PHONY: demo test test-fast install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,11 @@ TEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	MTEB_CACHE=$${MTEB_CACHE:-$(CURDIR)/$(VENV)/mteb-cache} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
 		--dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# The inner loop while developing: the suite without the tests marked slow (tests/slow_tests.txt, each over 2 s).
+test-fast: $(VENV)/.installed
+	MTEB_CACHE=$${MTEB_CACHE:-$(CURDIR)/$(VENV)/mteb-cache} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
+		--dist loadfile --no-loadscope-reorder -m "not slow" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -4,6 +4,7 @@ without a TPU and an allow-listed one; outside CI a skip stays a skip; pytest-ti
 Runs a small suite in a subprocess under the real conftest, with .ci/run's --continue-on-collection-errors."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -70,6 +71,7 @@ def _run(tmp_path, ci: bool):
     d.mkdir()
     # the real conftest, plus one allow-listed test of this small suite
     (d / "conftest.py").write_text(CONFTEST.read_text() + '\nALLOWED_SKIPS["test_a.py::test_allowed"] = "test"\n')
+    shutil.copy(CONFTEST.parent / "slow_tests.py", d)  # the conftest's list of slow tests (none here)
     for name, src in SUITE.items():
         (d / name).write_text(textwrap.dedent(src))
     (d / "pytest.ini").write_text("[pytest]\nmarkers =\n  gpu: needs an accelerator\n  tpu: needs a TPU\n")
@@ -111,3 +113,16 @@ def test_skips_fail_in_ci_except_gpu_tpu_and_allowed_and_timeouts_name_the_test(
     failed = " ".join(_lines(out, "FAILED") + _lines(out, "ERROR"))
     assert rc == 1 and "test_hangs" in failed and "test_body_skip" not in failed and "test_b.py" not in failed, out
     assert "unexpected skip" not in out
+
+
+def test_the_slow_list_names_tests_that_exist():
+    """tests/slow_tests.txt (left out by `make test-fast`) names files and test functions of the suite."""
+    import slow_tests
+
+    entries = slow_tests.read()
+    assert entries
+    root = CONFTEST.parent.parent
+    for entry in entries:
+        file, _, name = entry.partition("::")
+        assert (root / file).is_file(), entry
+        assert not name or f"def {name}(" in (root / file).read_text(encoding="utf-8"), entry
