@@ -22,21 +22,28 @@ def slice_data(shared_data, out):
     return out
 
 
-def small_config(data_dir, **train):
-    """A run config: the tiny BERT, 120 rows each of STS-B (sts, no negative) and WikiQA (retrieval, one hard
-    negative, an instruction), 16 tokens per text, 8 queries, mixed-task batches, no dropout; ``train`` keys."""
+def two_datasets(data_dir) -> list:
+    """The datasets of ``data_dir``'s stsb.jsonl and wikiqa.jsonl (``slice_data``'s): STS-B (sts, no negative) and
+    WikiQA (retrieval, one hard negative, an instruction), 16 tokens per text."""
     from jaxembed.data.config import dataset_config
-    from jaxembed.models.tiny import tiny_model_dir
 
-    c = cfglib.default_config()
-    c.model.name = str(tiny_model_dir("bert"))
-    c.model.max_length = 32
-    c.data.datasets = [
+    return [
         dataset_config(name="stsb", path=str(data_dir / "stsb.jsonl"), format="scored_pairs", task_type="sts",
                        score_threshold=3.0, num_negatives=0, max_query_length=16, max_doc_length=16),
         dataset_config(name="wikiqa", path=str(data_dir / "wikiqa.jsonl"), task_type="retrieval", num_negatives=1,
                        query_instruction="Instruct: Given a question, retrieve answers \n Query: ",
                        max_query_length=16, max_doc_length=16)]
+
+
+def small_config(data_dir, **train):
+    """A run config: the tiny BERT, 120 rows each of STS-B (sts, no negative) and WikiQA (retrieval, one hard
+    negative, an instruction), 16 tokens per text, 8 queries, mixed-task batches, no dropout; ``train`` keys."""
+    from jaxembed.models.tiny import tiny_model_dir
+
+    c = cfglib.default_config()
+    c.model.name = str(tiny_model_dir("bert"))
+    c.model.max_length = 32
+    c.data.datasets = two_datasets(data_dir)
     c.plan.global_batch_size = 8
     c.plan.steps = 3
     c.plan.strategy = "random"  # mixed-task batches: MoTE routes rows (tokens) of one batch to different experts

@@ -12,23 +12,16 @@ import numpy as np
 import pytest
 
 from jaxembed import config as cfglib
+from packed_reference import two_datasets
 
 STEPS = 4
 
 
 def _config(model_dir, data_dir, store):
-    from jaxembed.data.config import dataset_config
-
     c = cfglib.default_config()  # data.packing and train.dropout as they come
     c.model.name = str(model_dir)
     c.model.max_length = 32
-    c.data.datasets = [
-        dataset_config(name="stsb", path=str(data_dir / "stsb.jsonl"), format="scored_pairs", task_type="sts",
-                       score_threshold=3.0, num_negatives=0, max_query_length=16, max_doc_length=16),
-        dataset_config(name="wikiqa", path=str(data_dir / "wikiqa.jsonl"), task_type="retrieval", num_negatives=1,
-                       query_instruction="Instruct: Given a question, retrieve answers \n Query: ",
-                       max_query_length=16, max_doc_length=16),
-    ]
+    c.data.datasets = two_datasets(data_dir)
     c.data.store = str(store)
     c.plan.global_batch_size = 8  # one query (and its candidates) per device on 8 devices
     c.plan.steps = STEPS

@@ -31,6 +31,7 @@ import pytest
 
 from jaxembed import config as cfglib
 from loss_reference import reference_loss
+from packed_reference import two_datasets
 
 STEPS, LR, WD, WARMUP_RATIO, CLIP = 5, 0.05, 0.5, 0.4, 1e-12
 N_STS, N_WIKI = 120, 120
@@ -38,20 +39,12 @@ PEAK = 1e12  # a made-up device peak (FLOP/s): the CPU has none, so MFU is other
 
 
 def _config(model_dir, data_dir, export_dir):
-    from jaxembed.data.config import dataset_config
-
     c = cfglib.default_config()
     c.model.name = str(model_dir)
     c.model.max_length = 32
     c.model.dtype = "bfloat16"
     c.model.remat = True
-    c.data.datasets = [
-        dataset_config(name="stsb", path=str(data_dir / "stsb.jsonl"), format="scored_pairs", task_type="sts",
-                       score_threshold=3.0, num_negatives=0, max_query_length=16, max_doc_length=16),
-        dataset_config(name="wikiqa", path=str(data_dir / "wikiqa.jsonl"), task_type="retrieval", num_negatives=1,
-                       query_instruction="Instruct: Given a question, retrieve answers \n Query: ",
-                       max_query_length=16, max_doc_length=16),
-    ]
+    c.data.datasets = two_datasets(data_dir)
     if "packing" in c.data:  # one text per row: the reference loss below re-encodes the batch's padded rows
         c.data.packing = False
     c.plan.global_batch_size = 8
