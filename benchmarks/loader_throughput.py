@@ -78,7 +78,7 @@ def main():
 
     tmp = None
     if args.store is None:
-        from jaxembed.data.config import shared_train_config
+        from jaxembed.data.shared_train import shared_train_config
         from jaxembed.data.store import write_store
 
         tmp = tempfile.TemporaryDirectory()

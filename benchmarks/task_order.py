@@ -86,7 +86,7 @@ def real_similarity(args, unit: str, given: str | None) -> tuple[np.ndarray, lis
         return S, names, f"{given} (model {meta.get('model', '?')}, n_t {meta.get('n_task_queries')})"
     from jaxembed import loading, paths
     from jaxembed.curriculum.cli import run_score
-    from jaxembed.data.config import shared_train_config
+    from jaxembed.data.shared_train import shared_train_config
     from jaxembed.data.store import Store, write_store
     from jaxembed.encode import Encoder
 

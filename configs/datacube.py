@@ -58,7 +58,7 @@ from ml_collections import FieldReference
 from jaxembed import paths
 from jaxembed.config import default_config
 from jaxembed.config_io import recipe_spec
-from jaxembed.data.config import shared_train_config
+from jaxembed.data.shared_train import shared_train_config
 from jaxembed.errors import UserError
 
 NAME = recipe_spec(__file__)  # 'datacube' (a copy of this file: its path), for the messages and the commands they print
@@ -171,7 +171,7 @@ def get_config(arg=None):
     c.model.max_length = 512                        # INSTRUCTOR's max_seq_length (the paper states none)
     c.model.dtype = "bfloat16"                      # jaxembed: mixed precision on accelerators (paper: not stated)
 
-    # ---- data: the 14 shared training sets (jaxembed.data.config.shared_train_config), INSTRUCTOR instructions
+    # ---- data: the 14 shared training sets (jaxembed.data.shared_train.shared_train_config), INSTRUCTOR instructions
     c.data = shared_train_config(paths.shared_data_dir())
     c.data.store = ""
     c.data.packing = True        # several texts per row, no compute on padding (data.packing)

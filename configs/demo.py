@@ -3,7 +3,7 @@
     jaxembed train --config demo --workdir runs/demo        # ~200 steps, a few minutes on 2 cores
     jaxembed train --config demo:tiny --workdir runs/tiny   # 4 steps (CI)
 
-Data: every file of ../shared/data/train (or --config.data_dir=...), see jaxembed.data.config.shared_train_config:
+Data: every file of ../shared/data/train (or --config.data_dir=...), see jaxembed.data.shared_train.shared_train_config:
 14 datasets, 6 task types, KaLM-style instructions on asymmetric tasks, none on symmetric ones, one hard negative
 per query, task-homogeneous batches (one dataset per batch; classification batches span that task's datasets).
 
@@ -14,7 +14,7 @@ Variants:
 
 from jaxembed import paths
 from jaxembed.config import default_config
-from jaxembed.data.config import shared_train_config
+from jaxembed.data.shared_train import shared_train_config
 from jaxembed.errors import UserError
 
 VARIANTS = ("tiny",)

@@ -31,7 +31,7 @@ from jaxembed import mote, paths
 from jaxembed.config import default_config
 from jaxembed.config_io import recipe_spec
 from jaxembed.data.clustering import shared_clustering_datasets
-from jaxembed.data.config import shared_train_config
+from jaxembed.data.shared_train import shared_train_config
 from jaxembed.errors import UserError
 
 NAME = recipe_spec(__file__)  # 'mote' (a copy of this file: its path), for the messages
@@ -61,7 +61,7 @@ def get_config(arg=None):
     # document (paper 3.1, 5.3); classification, clustering -> their experts; sts, pair_classification, nli ->
     # classification (paper 5.3, after Nussbaum et al. 2024).
 
-    c.data = shared_train_config(paths.shared_data_dir())  # the 14 shared training sets (jaxembed.data.config)
+    c.data = shared_train_config(paths.shared_data_dir())  # the 14 shared training sets (jaxembed.data.shared_train)
     if "no_clustering" not in variants:              # + clustering sets from train/ classification files (above)
         c.data.datasets = list(c.data.datasets) + shared_clustering_datasets(paths.shared_data_dir())
     c.data.store = ""

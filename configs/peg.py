@@ -44,7 +44,7 @@ from ml_collections import FieldReference
 from jaxembed import paths
 from jaxembed.config import default_config
 from jaxembed.config_io import recipe_spec
-from jaxembed.data.config import shared_train_config
+from jaxembed.data.shared_train import shared_train_config
 from jaxembed.errors import UserError
 
 NAME = recipe_spec(__file__)  # 'peg' (a copy of this file: its path), for the messages

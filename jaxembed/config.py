@@ -156,7 +156,7 @@ def data_section(c: mc.ConfigDict) -> mc.ConfigDict:
 def load_data_config(spec: str):
     """(data config, where) for the ``--config`` of ``jaxembed data prepare``: ``shared`` (every file of the shared
     training data), or a config file's ``data`` section (or the data config itself when the file returns one)."""
-    from jaxembed.data.config import shared_train_config
+    from jaxembed.data.shared_train import shared_train_config
 
     if spec == "shared":
         from jaxembed import paths

@@ -94,7 +94,7 @@ def real_store_dir(tmp_path_factory):
             if os.environ.get("JAXEMBED_REQUIRE_SHARED_DATA") == "1":
                 pytest.fail(f"shared data folder {d} is missing")
             pytest.skip(f"shared data folder {d} is missing (set JAXEMBED_DATA)")
-        from jaxembed.data.config import shared_train_config
+        from jaxembed.data.shared_train import shared_train_config
         from jaxembed.data.store import write_store
 
         out = tmp_path_factory.mktemp("real_store") / "store"

@@ -217,7 +217,7 @@ class HashEncoder:
 def small_store(shared_data, tmp_path_factory):
     """A store of slices of eleven shared datasets (nine tasks: enough task orders, 20,160, that finding the best
     is a search), the demo's lengths, small enough for CI."""
-    from jaxembed.data.config import shared_train_config
+    from jaxembed.data.shared_train import shared_train_config
     from jaxembed.data.store import write_store
 
     d = tmp_path_factory.mktemp("cstore")

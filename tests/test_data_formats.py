@@ -13,6 +13,7 @@ from jaxembed.data import config as dc
 from data_fakes import run_data_cli as _cli
 from jaxembed.data.formats import (DEFAULT_FIELDS, ReadInfo, ReadOptions, Skip, Tally, apply_policy, read_dataset,
                                    read_hf, read_jsonl, read_tfds)
+from jaxembed.data.shared_train import shared_train_config
 from jaxembed.errors import InputError, UserError
 
 
@@ -348,7 +349,7 @@ def test_unknown_keys(tmp_path):
 
 
 def test_shared_train_config(shared_data):
-    c = dc.shared_train_config(shared_data)
+    c = shared_train_config(shared_data)
     dc.validate_data_config(c, where="data")
     assert len(c.datasets) >= 8 and len({d.task_type for d in c.datasets}) >= 5
     files = {Path(p).name for d in c.datasets for p in dc.dataset_paths(d)}

@@ -263,7 +263,7 @@ def test_instruction_prompt_round_trip():
 
 @pytest.fixture(scope="module")
 def snli_store(shared_data, tmp_path_factory):
-    from jaxembed.data.config import shared_train_config
+    from jaxembed.data.shared_train import shared_train_config
     from jaxembed.data.store import write_store
 
     d = tmp_path_factory.mktemp("snli")

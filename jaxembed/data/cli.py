@@ -10,7 +10,7 @@ the work is ``jaxembed.data.validate``, ``jaxembed.config.load_data_config`` and
 - ``data prepare --config PATH[:VARIANT] --out DIR [--on-error stop|skip]``: writes the dataset store
   (``jaxembed.data.store.write_store``). ``--config`` is a Python file whose ``get_config()`` (or
   ``get_config(VARIANT)``) returns a ConfigDict with a ``data`` field (or a data config itself), or ``shared``: every
-  file of the shared training data (``jaxembed.data.config.shared_train_config``).
+  file of the shared training data (``jaxembed.data.shared_train.shared_train_config``).
 - ``data clustering --input FILE --out FILE [--instruction TEXT] [--num-negatives K]``: clustering triplets from a
   classification file (``jaxembed.data.clustering``).
 """

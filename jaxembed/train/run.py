@@ -1,9 +1,8 @@
 """A run set up from its config (the first half of the trainer): ``setup`` validates the config, joins the
 processes of a pod, checks the run directory and writes its config, loads the model (``init_source``: the model,
 or ``model.init_from``, a previous stage; MoTE up-cycling; LoRA adapters), prepares the dataset store and the
-batch plan, and builds the optimizer: a ``Run``. ``init_state`` places the initial train state on the mesh,
-``params_at`` the parameters of any step (jaxembed.train.state: the state's placement, the loader's length
-table).
+batch plan, and builds the optimizer: a ``Run``. ``params_at`` gives the parameters of any step (the initial
+state's placement and the loader's length table are jaxembed.train.state).
 
 ``export_from_workdir`` (``jaxembed export``) sets a run directory up again and exports one of its steps
 (``resolve_step``: a checkpoint, 0, best, latest) through jaxembed.train.export. It is here because
