@@ -299,6 +299,14 @@ def part_pytest(env: dict, timeout: float, out_dir: Path) -> dict:
     return res
 
 
+def time_shares(weights: list[float], until: float):
+    """(index, seconds left, share) for each item in turn: the seconds left until ``until`` split by weight over
+    the items still to run, read when the item starts (an item that ends early leaves its time to the rest)."""
+    for i in range(len(weights)):
+        left = until - time.time()
+        yield i, left, left * weights[i] / sum(weights[i:])
+
+
 def part_train(w: Workers, cfg: dict, until: float, out_dir: Path, peak: float | None) -> dict:
     """Per model: jaxembed fixed (the control) / packed / padded and sentence-transformers fixed (the control) /
     natural / flat (padding-free), each over the same steps, warm-up + cfg.rounds timed rounds. ST first, every
@@ -347,10 +355,9 @@ def part_train(w: Workers, cfg: dict, until: float, out_dir: Path, peak: float |
     w.run("train_st", dict(base, models=st_models, settings=cfg["st_settings"],
                            flat_attention=cfg.get("flat_attention"), check_varlen_wiring=cfg["check_varlen_wiring"]),
           timeout=st_until - time.time() + 30, on_result=keep("st"), env={"JAX_PLATFORMS": "cpu"})
-    for i, (name, b) in enumerate(specs):
+    for i, left, share in time_shares(weights, until):
+        name, b = specs[i]
         entry = res["models"][name]
-        left = until - time.time()
-        share = left * weights[i] / sum(weights[i:])
         if share < 20:
             entry["skipped"] = f"{left:.0f} s left for the part"
             write_json(path, res)
@@ -552,10 +559,8 @@ def part_long(w: Workers, cfg: dict, until: float, out_dir: Path, peak: float | 
             log(f"  long {r['model']} rows {r['row_length']}: fastest {r['fastest']} ({r.get('over_xla')})")
         write_json(path, res)
 
-    weight = [len(sp["rows"]) for sp in specs]
-    for i, sp in enumerate(specs):
-        left = until - time.time()
-        share = left * weight[i] / sum(weight[i:])
+    for i, _, share in time_shares([len(sp["rows"]) for sp in specs], until):
+        sp = specs[i]
         if share < 20:
             res["todo"].append(sp)
             continue
@@ -624,10 +629,8 @@ def part_llm(w: Workers, cfg: dict, until: float, out_dir: Path, peak: float | N
         e.update(llm_figures(e))
         write_json(path, res)
 
-    weights = [LLM_WEIGHT.get(sp["model"], 1.0) for sp in specs]
-    for i, sp in enumerate(specs):
-        left = until - time.time()
-        share = left * weights[i] / sum(weights[i:])
+    for i, _, share in time_shares([LLM_WEIGHT.get(sp["model"], 1.0) for sp in specs], until):
+        sp = specs[i]
         if share < 30:
             res["todo"].append(sp)
             continue

@@ -151,6 +151,28 @@ def _time(progs: list, dev: list, state, rounds: int, dl: H.Deadline, sync_each:
                    "finite": bool(np.isfinite(float(m["loss"])))}
 
 
+def _torch_time(round_fn, rounds: int, dl: H.Deadline, gpu: bool):
+    """PyTorch's side of ``_time``: one warm-up round of ``round_fn`` (-> its last loss), then ``rounds`` timed
+    rounds while the deadline allows two more, each ended by a device sync -> (loss, warm-up s, round times)."""
+    import torch
+
+    def one():
+        t0 = time.perf_counter()
+        loss = round_fn()
+        if gpu:
+            torch.cuda.synchronize()
+        return loss, time.perf_counter() - t0
+
+    loss, warm_s = one()
+    times = []
+    for _ in range(rounds):
+        if times and not dl.enough(2 * max(times) + 2):
+            break
+        loss, t = one()
+        times.append(t)
+    return loss, warm_s, times
+
+
 def _compile_and_time(run, state, hosts: list[dict], rounds: int, dl: H.Deadline, sync_each: bool = False,
                       keep: dict | None = None):
     """Compile the run's step for each distinct shape of ``hosts`` (ahead of time), run them once (warm-up), then
@@ -678,22 +700,7 @@ def _st_one(a: dict, name: str, B: int, dl: H.Deadline) -> None:
                 torch.cuda.reset_peak_memory_stats()
             cm = flat if setting == "flat" else _null()
             with cm:
-                t0 = time.perf_counter()
-                for f in feats:
-                    loss = step_fn(f)
-                if gpu:
-                    torch.cuda.synchronize()
-                warm_s = time.perf_counter() - t0
-                times = []
-                for _ in range(a["rounds"]):
-                    if times and not dl.enough(2 * max(times) + 2):
-                        break
-                    t0 = time.perf_counter()
-                    for f in feats:
-                        loss = step_fn(f)
-                    if gpu:
-                        torch.cuda.synchronize()
-                    times.append(time.perf_counter() - t0)
+                loss, warm_s, times = _torch_time(lambda: [step_fn(f) for f in feats][-1], a["rounds"], dl, gpu)
             real = int(sum(x.sum() for x in lengths))
             fl_real = sum(H.real_flops(cfg, x, B, n_cand, dim) for x in lengths)
             if setting == "flat":  # every text attends to itself alone: the computed slots are the real tokens
@@ -1202,20 +1209,7 @@ def llm_st(a: dict) -> None:
             if gpu:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            t0 = time.perf_counter()
-            loss = step(feats)
-            if gpu:
-                torch.cuda.synchronize()
-            warm = time.perf_counter() - t0
-            times = []
-            for _ in range(a["rounds"]):
-                if times and not dl.enough(2 * max(times) + 2):
-                    break
-                t0 = time.perf_counter()
-                loss = step(feats)
-                if gpu:
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
+            loss, warm, times = _torch_time(lambda: step(feats), a["rounds"], dl, gpu)
             out = {"warmup_s": warm, "round_times_s": times, "loss": float(loss.detach()),
                    "finite": bool(torch.isfinite(loss.detach()).item()), "real_tokens_per_round": real,
                    "token_slots_per_round": slots, "real_fraction": real / max(slots, 1)}
