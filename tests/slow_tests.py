@@ -27,11 +27,14 @@ HEADER = """\
 """
 
 
-def read(path: Path = LIST) -> set[str]:
-    """The node ids of the list (without comments), or an empty set when the file is absent."""
-    if not path.is_file():
-        return set()
-    return {line.split("#")[0].strip() for line in path.read_text(encoding="utf-8").splitlines()} - {""}
+def read(path: Path = LIST) -> dict[str, float]:
+    """The list's node ids -> their seconds (the comment's figure, 0 without one); empty when the file is absent."""
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else ():
+        node, _, figure = line.partition("#")
+        if node.strip():
+            out[node.strip()] = float(figure.split()[0]) if figure.strip() else 0.0
+    return out
 
 
 def times_from_junit(xml: Path) -> dict[str, float]:
@@ -51,12 +54,7 @@ def main(argv=None) -> None:
     p.add_argument("--over", type=float, default=2.0, help="seconds above which a test is slow")
     p.add_argument("--keep", action="store_true", help="keep the current entries")
     a = p.parse_args(argv)
-    seconds: dict[str, float] = {}
-    if a.keep:
-        for line in LIST.read_text(encoding="utf-8").splitlines() if LIST.is_file() else ():
-            node, _, figure = line.partition("#")
-            if node.strip():
-                seconds[node.strip()] = float(figure.split()[0]) if figure.strip() else a.over
+    seconds = read() if a.keep else {}
     for report in a.junit:
         for node, t in times_from_junit(report).items():
             if t > a.over:
