@@ -854,20 +854,12 @@ def main(argv=None) -> int:
                 r = part_pytest(env, allow, out_dir)
                 if r["timed_out"]:
                     todo[part] = ["all"]
-            elif part == "train":
-                r = part_train(w, cfg, until, out_dir, args.peak_flops)
-                todo[part] = r["todo"]
-            elif part == "batch":
-                r = part_batch(w, cfg, until, out_dir, args.peak_flops)
-                todo[part] = r["todo"]
-            elif part == "long":
-                r = part_long(w, cfg, until, out_dir, args.peak_flops)
-                todo[part] = r["todo"]
-            elif part == "llm":
-                r = part_llm(w, cfg, until, out_dir, args.peak_flops)
-                todo[part] = r["todo"]
-            else:
+            elif part == "encode":
                 r = part_encode(w, cfg, until, out_dir)
+                todo[part] = r["todo"]
+            else:  # the parts that report MFU against the device's peak
+                part_fn = {"train": part_train, "batch": part_batch, "long": part_long, "llm": part_llm}[part]
+                r = part_fn(w, cfg, until, out_dir, args.peak_flops)
                 todo[part] = r["todo"]
         except Exception as e:  # noqa: BLE001 -- one part's failure must not lose the others
             import traceback
