@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -25,13 +26,21 @@ import pytest
 
 from jaxembed import paths
 
+import runs
 import slow_tests
 
-# The suite's programs are small (tiny models, short rows): compiling them costs more than running them, so every
-# process of the suite -- this one, the pytest-xdist workers, the subprocesses the tests start (tests/runs.py
-# xla_flags) -- compiles with less LLVM optimisation: the same programs and results, compiled faster. Set before
-# the JAX backend starts.
+# The suite's programs are small (tiny models, short rows) and many are single operations run eagerly: compiling
+# them costs more than running them, so every process of the suite -- this one, the pytest-xdist workers, the
+# subprocesses the tests start (tests/runs.py xla_flags) -- compiles with less LLVM optimisation, and with XLA's
+# classic elemental emitters instead of its MLIR fusion emitters, which build a new MLIR context with every dialect
+# for each compilation (measured on the 2-core machine: an eager operation compiles in 25 instead of 40 ms, and the
+# whole suite takes 30 % less CPU time). Float32 results may differ in the last bits. Set before the JAX backend
+# starts.
+# XLA aborts on a flag it does not know: the emitter flag is given only to the jaxlib versions it was checked with.
+# A comparison at the rounding of two programs runs with XLA's emitters (runs.in_child_with_default_emitters).
 FAST_XLA = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if importlib.metadata.version("jaxlib").startswith("0.10."):
+    FAST_XLA += f" {runs.CLASSIC_EMITTERS}"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_XLA}".strip()
 # and their compiler input carries no Python traceback per operation (JAX builds one location per frame of every
@@ -43,20 +52,23 @@ os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 gc.set_threshold(100_000, 50, 100)
 
 # One persistent JAX compilation cache for the session (set before any test compiles), shared by the pytest-xdist
-# workers: the same programs -- the tiny models' encoders and train steps, MiniLM's encoder -- compile once, not
-# once per Encoder, per test or per worker. The controller (or the only process) makes it and removes it at the end;
-# the workers it starts inherit its path. Set through jax.config, not the environment, so that subprocesses (and
-# the launch scripts' dry runs, which print JAX_* variables) see the caller's environment. A cache the caller set
-# (JAX_COMPILATION_CACHE_DIR) is used as it is.
+# workers and by every process the tests start (the CLI runs, pods, launch scripts, the multi-device suite): the
+# same programs -- the tiny models' encoders and train steps, MiniLM's encoder and the demo's train step -- compile
+# once, not once per Encoder, per test, per worker or per process. The controller (or the only process) makes it
+# and removes it at the end; everything it starts inherits JAX_COMPILATION_CACHE_DIR. A test of a tool's own cache
+# (the sweep's, the launch scripts') removes the variable from its subprocess's environment. A cache the caller set
+# is used as it is.
 _OWN_JAX_CACHE = None
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    import jax
+if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="jaxembed-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JAX_CACHE
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+import jax  # noqa: E402  (it may be imported already, by a plugin: its config follows the variables)
 
-    if not os.environ.get("JAXEMBED_TESTS_JAX_CACHE") or not os.environ.get("PYTEST_XDIST_WORKER"):
-        _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="jaxembed-tests-jax-cache-")
-        os.environ["JAXEMBED_TESTS_JAX_CACHE"] = _OWN_JAX_CACHE
-    jax.config.update("jax_compilation_cache_dir", os.environ["JAXEMBED_TESTS_JAX_CACHE"])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" in os.environ:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 
 def pytest_sessionfinish(session, exitstatus):

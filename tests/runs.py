@@ -6,6 +6,7 @@ kill -9, and checkpoint reading."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,6 +35,27 @@ def xla_flags(devices: int | None = None) -> str:
     if devices is not None:
         flags.append(f"--xla_force_host_platform_device_count={devices}")
     return " ".join(flags)
+
+
+# XLA's classic CPU emitters: the suite compiles with them (tests/conftest.py FAST_XLA), XLA's default is its MLIR
+# fusion emitters
+CLASSIC_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def in_child_with_default_emitters(nodeid: str) -> bool:
+    """For a test that compares two programs' float32 results at their rounding (remat against the plain
+    step, whose default compilations are bitwise equal): where this process compiles with the suite's classic
+    emitters, the test ``nodeid`` runs again in a child pytest with XLA's default emitters, and its failure is
+    this one's; True then (the caller returns). False in that child, or when the emitters are XLA's: the test
+    runs here."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if CLASSIC_EMITTERS not in flags.split():
+        return False
+    child = dict(os.environ, XLA_FLAGS=" ".join(f for f in flags.split() if f != CLASSIC_EMITTERS))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", nodeid],
+                       env=child, cwd=HERE.parent, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and re.search(r"^1 passed", r.stdout, re.M), r.stdout[-6000:] + r.stderr[-3000:]
+    return True
 
 
 def env(devices: int, cache_dir: Path | None = None, fault: str = "", marker: Path | None = None, **extra) -> dict:

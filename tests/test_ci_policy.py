@@ -71,7 +71,8 @@ def _run(tmp_path, ci: bool):
     d.mkdir()
     # the real conftest, plus one allow-listed test of this small suite
     (d / "conftest.py").write_text(CONFTEST.read_text() + '\nALLOWED_SKIPS["test_a.py::test_allowed"] = "test"\n')
-    shutil.copy(CONFTEST.parent / "slow_tests.py", d)  # the conftest's list of slow tests (none here)
+    for helper in ("slow_tests.py", "runs.py"):  # the conftest's list of slow tests (none here), its XLA flag
+        shutil.copy(CONFTEST.parent / helper, d)
     for name, src in SUITE.items():
         (d / name).write_text(textwrap.dedent(src))
     (d / "pytest.ini").write_text("[pytest]\nmarkers =\n  gpu: needs an accelerator\n  tpu: needs a TPU\n")

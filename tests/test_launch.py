@@ -32,7 +32,9 @@ def _bin(tmp_path, **scripts):
     for name, text in scripts.items():
         (d / name).write_text("#!/bin/bash\n" + text)
         (d / name).chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAXEMBED", "TPU_"))}
+    # the suite's compilation cache (tests/conftest.py) left out too: the scripts' own default is under test
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "JAXEMBED", "TPU_", "JAX_COMPILATION_CACHE_DIR"))}
     env.update(PATH=f"{d}:{os.environ['PATH']}", REC=str(rec), PYTHON=sys.executable)
     return env, rec
 

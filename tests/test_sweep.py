@@ -427,9 +427,8 @@ def test_tiny_sweep_2x2_end_to_end(tiny_setup, tmp_path, capsys):
     share one compilation through the sweep's persistent cache), then `jaxembed sweep report`."""
     root = tmp_path / "sweep"
     t0 = time.time()
-    # less LLVM optimisation: the same programs, compiled in ~2/3 of the CPU time (tiny runs: compiling dominates)
-    fast = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {fast}".strip())
+    # XLA_FLAGS: the suite's fast compilation of small programs (tests/conftest.py FAST_XLA)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the sweep's own cache, ROOT/.jax_cache
     # JAX stores only programs that took >= 1 s to compile (its default); on a fast machine the tiny runs' programs
     # all compile faster, and the cache would stay empty however the sweep shares it: store every program here
