@@ -58,16 +58,14 @@ def in_child_with_default_emitters(nodeid: str) -> bool:
     return True
 
 
-def env(devices: int, cache_dir: Path | None = None, fault: str = "", marker: Path | None = None, **extra) -> dict:
-    """A subprocess environment: ``devices`` CPU devices, JAX's persistent compilation cache in ``cache_dir``
-    (processes share compiled programs), faults from tests/faults, unbuffered output."""
+def env(devices: int, fault: str = "", marker: Path | None = None, **extra) -> dict:
+    """A subprocess environment: ``devices`` CPU devices, the suite's persistent compilation cache (inherited,
+    tests/conftest.py: processes share compiled programs), faults from tests/faults, unbuffered output."""
     e = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(devices),
              PYTHONUNBUFFERED="1", JAXEMBED_TEST_FAULT=fault,
              PYTHONPATH=os.pathsep.join([str(FAULTS), str(HERE), os.environ.get("PYTHONPATH", "")]))
     for k in ("JAXEMBED_COORDINATOR", "JAXEMBED_NUM_PROCESSES", "JAXEMBED_PROCESS_ID", "JAXEMBED_DISTRIBUTED"):
         e.pop(k, None)
-    if cache_dir is not None:
-        e.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     if marker is not None:
         e["JAXEMBED_TEST_MARKER"] = str(marker)
     e.update({k: str(v) for k, v in extra.items()})
@@ -105,7 +103,7 @@ def start(args: list[str], env: dict, log: Path) -> Proc:
     return Proc([JAXEMBED, *args], env, log)
 
 
-def start_pod(n: int, devices_each: int, args: list[str], log_prefix: Path, cache_dir: Path, fault: str = "",
+def start_pod(n: int, devices_each: int, args: list[str], log_prefix: Path, fault: str = "",
               marker: Path | None = None, extra: dict[int, list[str]] | None = None,
               pause: tuple[int, Path] | None = None) -> list[Proc]:
     """``n`` processes of ``jaxembed ARGS`` started back to back (the same moment), each with ``devices_each`` CPU
@@ -113,7 +111,7 @@ def start_pod(n: int, devices_each: int, args: list[str], log_prefix: Path, cach
     arguments for some processes (by index); pause: (step, marker), each process pauses after logging that step
     until a SIGTERM has reached the pod (tests/signal_pause.py)."""
     coord = f"127.0.0.1:{free_port()}"
-    envs = [env(devices_each, cache_dir, fault, marker, JAXEMBED_COORDINATOR=coord, JAXEMBED_NUM_PROCESSES=n,
+    envs = [env(devices_each, fault, marker, JAXEMBED_COORDINATOR=coord, JAXEMBED_NUM_PROCESSES=n,
                 JAXEMBED_PROCESS_ID=i) for i in range(n)]
     cmd = [JAXEMBED] if pause is None else [sys.executable, str(HERE / "signal_pause.py"), str(pause[0]),
                                             str(pause[1])]

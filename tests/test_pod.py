@@ -34,14 +34,13 @@ def pod(tmp_path_factory, shared_data, minilm_dir):
     same total device count (4)."""
     root = tmp_path_factory.mktemp("pod")
     cfg = runs.tiny_config(root / "tiny_train.py", runs.tiny_model(root / "model", minilm_dir), shared_data)
-    cache = root / "jaxcache"
     wd, single = root / "pod", root / "single"
-    procs = runs.start_pod(2, 2, ["train", "--config", str(cfg), "--workdir", str(wd)], root / "pod", cache,
+    procs = runs.start_pod(2, 2, ["train", "--config", str(cfg), "--workdir", str(wd)], root / "pod",
                            fault="slow_writes=0.5")
-    procs.append(runs.start(["train", "--config", str(cfg), "--workdir", str(single)], runs.env(4, cache),
+    procs.append(runs.start(["train", "--config", str(cfg), "--workdir", str(single)], runs.env(4),
                             root / "single.log"))
     outs = runs.wait_all(procs)
-    return {"root": root, "config": cfg, "cache": cache, "wd": wd, "single": single, "outs": outs[:2]}
+    return {"root": root, "config": cfg, "wd": wd, "single": single, "outs": outs[:2]}
 
 
 def test_pod_started_at_once_on_one_workdir_equals_one_process(pod):
@@ -68,13 +67,13 @@ def test_pod_killed_during_async_save_resumes_bitwise(pod):
     root = pod["root"]
     wd, marker = root / "killed", root / "hold.marker"
     args = ["train", "--config", str(pod["config"]), "--workdir", str(wd)]
-    procs = runs.start_pod(2, 2, args, root / "killed", pod["cache"], fault="hold_save=6", marker=marker)
+    procs = runs.start_pod(2, 2, args, root / "killed", fault="hold_save=6", marker=marker)
     runs.wait_for(marker, procs)  # step 6's checkpoint is written but not yet renamed into place
     for p in procs:
         p.kill9()
     assert runs.steps_of(wd) == [3]
     assert [p.name for p in (wd / "checkpoints").iterdir() if "tmp" in p.name] == ["6.orbax-checkpoint-tmp"]
-    procs = runs.start_pod(2, 2, args, root / "resumed", pod["cache"])
+    procs = runs.start_pod(2, 2, args, root / "resumed")
     out = runs.wait_all(procs)[0]
     assert "removed 1 unfinished save(s) of a stopped run (6.orbax-checkpoint-tmp)" in out, out[-2000:]
     assert "resuming at step 3 of 8" in out
@@ -97,7 +96,7 @@ def test_pod_stopped_by_sigterm_resumes_on_other_layouts(pod):
     root, single = pod["root"], pod["single"]
     wd, marker = root / "sigterm", root / "sigterm.marker"
     args = ["train", "--config", str(pod["config"]), "--workdir", str(wd)]
-    procs = runs.start_pod(2, 2, args, root / "sigterm", pod["cache"], pause=(6, marker))
+    procs = runs.start_pod(2, 2, args, root / "sigterm", pause=(6, marker))
     runs.wait_for(marker, procs)
     for p in procs:
         p.signal(signal.SIGTERM)
@@ -112,7 +111,7 @@ def test_pod_stopped_by_sigterm_resumes_on_other_layouts(pod):
         resumed[devices] = root / f"sigterm_on_{devices}"
         shutil.copytree(wd, resumed[devices])
     procs = [runs.start(["train", "--config", str(pod["config"]), "--workdir", str(resumed[d])],
-                        runs.env(d, pod["cache"]), root / f"sigterm_on_{d}.log") for d in resumed]
+                        runs.env(d), root / f"sigterm_on_{d}.log") for d in resumed]
     outs = runs.wait_all(procs)
     b, _ = runs.params_at(single, 8)
     for (devices, w), out in zip(resumed.items(), outs):
@@ -131,7 +130,7 @@ def test_an_error_on_one_process_stops_every_process(pod, tmp_path):
     """Process 1 started with another config than process 0: both stop at once with the same error line (neither
     waits for the other until a timeout), before any work."""
     args = ["train", "--config", str(pod["config"]), "--workdir", str(tmp_path / "w")]
-    procs = runs.start_pod(2, 2, args, tmp_path / "pod", pod["cache"], extra={1: ["--config.optim.lr=0.5"]})
+    procs = runs.start_pod(2, 2, args, tmp_path / "pod", extra={1: ["--config.optim.lr=0.5"]})
     outs = runs.wait_ended(procs, timeout=300)
     assert [p.returncode for p in procs] == [2, 2], runs.describe(procs)
     for out in outs:

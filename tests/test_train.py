@@ -128,10 +128,9 @@ def test_run_directory_holds_everything(straight_run):
 
 
 def _start(config_file, wd, *extra, pause=None):
-    # texts are cut to 16 tokens (one length bucket) and compiled programs are shared through JAX's persistent
-    # cache, so each process compiles little. pause=(step, marker): tests/signal_pause.py
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(Path(config_file).parent / "jaxcache"),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    # texts are cut to 16 tokens (one length bucket) and compiled programs are shared through the suite's persistent
+    # cache (tests/conftest.py), so each process compiles little. pause=(step, marker): tests/signal_pause.py
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
     cmd = [str(Path(sys.executable).parent / "jaxembed")]
     if pause is not None:
         cmd = [sys.executable, str(Path(__file__).parent / "signal_pause.py"), str(pause[0]), str(pause[1])]
