@@ -20,6 +20,7 @@ layers' feed-forward sublayers are MoTE task-expert blocks, and ``__call__`` tak
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import pkgutil
@@ -97,8 +98,18 @@ def init_model(config, seed: int = 0) -> nnx.Module:
 
 
 def abstract_model(config) -> nnx.Module:
-    """The model with ShapeDtypeStructs instead of arrays (no memory, no random init)."""
-    return nnx.eval_shape(lambda: init_model(config))
+    """The model with ShapeDtypeStructs instead of arrays (no memory, no random init): a new module each call,
+    from the structure traced once per config (``config`` is a frozen dataclass)."""
+    return nnx.merge(*_abstract_parts(config))
+
+
+@functools.lru_cache(maxsize=32)
+def _abstract_parts(config) -> tuple:
+    """(graphdef, state) of the abstract model. Tracing the random init is the slow part: each parameter's key
+    draw updates the RNG counter, and Flax then reads the traced counter's ``sharding``, whose error message JAX
+    builds by walking every operation traced so far (0.37 s for all-MiniLM-L6-v2's 6 layers, 0.79 s for 12, 2.45 s
+    for 24); loading, export and up-cycling ask for the same config several times."""
+    return nnx.split(nnx.eval_shape(lambda: init_model(config)))
 
 
 def param_shapes(model: nnx.Module) -> dict[tuple, tuple[int, ...]]:
