@@ -241,6 +241,15 @@ def _fast_undersample(base):
     return _undersample_data
 
 
+def _fast_experiment(base):
+    """The same for each experiment's classifier and metrics: sklearn converts the train and test label columns
+    to arrays row by row on every call (nine metric calls per experiment), through the list view once each."""
+    def _run_experiment(self, train_split, eval_split, *args, **kwargs):
+        return base._run_experiment(self, _ListColumns(train_split), _ListColumns(eval_split), *args, **kwargs)
+
+    return _run_experiment
+
+
 def _single_thread_openmp(base):
     """sklearn's MiniBatchKMeans gives the same clusters with one OpenMP thread, and on small data is much faster
     than with several (thread synchronisation dominates)."""
@@ -272,7 +281,8 @@ def _base_class(task: Task):
     if task.type == "Classification":
         return AbsTaskClassification, {"n_experiments": p["n_experiments"], "samples_per_label": p["samples_per_label"],
                                        "evaluator_model": LogisticRegression(max_iter=p["max_iter"]),
-                                       "_undersample_data": _fast_undersample(AbsTaskClassification)}
+                                       "_undersample_data": _fast_undersample(AbsTaskClassification),
+                                       "_run_experiment": _fast_experiment(AbsTaskClassification)}
     if task.type == "Clustering":
         return AbsTaskClustering, {"max_fraction_of_documents_to_embed": None, "max_document_to_embed": None,
                                    "max_documents_per_cluster": p["cluster_size"], "n_clusters": p["n_clusters"],
