@@ -37,7 +37,7 @@ import slow_tests
 # losses, attention, BERT and packed-step tests take 24 % less CPU time; `.ci/run` on a clean clone, with the shared
 # cache below: pytest 962 -> 748 s). Float32 results may differ in the last bits. Set before the JAX backend starts.
 # XLA aborts on a flag it does not know: the emitter flag is given only to the jaxlib versions it was checked with.
-# A comparison at the rounding of two programs runs with XLA's emitters (runs.in_child_with_default_emitters).
+# A program that a test compiles itself can ask for XLA's own emitters (runs.fusion_emitter_options).
 FAST_XLA = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 if importlib.metadata.version("jaxlib").startswith("0.10."):
     FAST_XLA += f" {runs.CLASSIC_EMITTERS}"

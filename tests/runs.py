@@ -6,7 +6,6 @@ kill -9, and checkpoint reading."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -43,30 +42,16 @@ CLASSIC_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
 
 def fusion_emitter_options(devices: int) -> dict:
-    """compiler_options for a train step the tests compile themselves (tests/packed_reference.py): XLA's own
-    emitters for a program on one device, where the suite's classic emitters compile the MoTE steps with the
-    gradient cache slowly (their elemental kernels each scan the whole module; measured on
-    tests/test_packed_train.py's step cases: 41 -> 29 s with dropout, 19 -> 16 s without, the dense ones equal);
-    on 8 devices the classic emitters stay faster (the dense packed step: 9.5 s against 12.3 s)."""
+    """compiler_options for a program a test compiles itself, on ``devices`` devices: XLA's own CPU emitters for a
+    one-device program where the suite compiles with its classic emitters; none otherwise. The classic emitters
+    compile the MoTE train steps with the gradient cache slowly (their elemental kernels each scan the whole
+    module; tests/packed_reference.py: tests/test_packed_train.py's step cases 41 -> 29 s with dropout, 19 -> 16 s
+    without, the dense ones equal), and round differently in programs that a test compares at float32 rounding
+    (tests/test_models_t5.py's remat gradients). On 8 devices the classic emitters stay faster (the dense packed
+    step: 9.5 s against 12.3 s)."""
     if devices != 1 or CLASSIC_EMITTERS not in os.environ.get("XLA_FLAGS", "").split():
         return {}
     return {"xla_cpu_use_fusion_emitters": True}
-
-
-def in_child_with_default_emitters(nodeid: str) -> bool:
-    """For a test that compares two programs' float32 results at their rounding (remat against the plain
-    step, whose default compilations are bitwise equal): where this process compiles with the suite's classic
-    emitters, the test ``nodeid`` runs again in a child pytest with XLA's default emitters, and its failure is
-    this one's; True then (the caller returns). False in that child, or when the emitters are XLA's: the test
-    runs here."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if CLASSIC_EMITTERS not in flags.split():
-        return False
-    child = dict(os.environ, XLA_FLAGS=" ".join(f for f in flags.split() if f != CLASSIC_EMITTERS))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", nodeid],
-                       env=child, cwd=HERE.parent, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and re.search(r"^1 passed", r.stdout, re.M), r.stdout[-6000:] + r.stderr[-3000:]
-    return True
 
 
 def env(devices: int, fault: str = "", marker: Path | None = None, **extra) -> dict:

@@ -1,6 +1,7 @@
 """T5 / mT5 encoder: numerical parity with ``transformers.T5EncoderModel`` and the HF mapping in both directions."""
 
 import dataclasses
+import functools
 import json
 import logging
 
@@ -12,6 +13,7 @@ import runs
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
@@ -202,18 +204,25 @@ def test_bfloat16_compute_close():
                       mean_tol=0.012, label="t5")
 
 
-@nnx.jit
 def _loss_and_grads(model, ids, mask):
-    def loss(m):
-        y = m(ids, mask)
-        return jnp.sum(jnp.square(y) * mask[..., None])
+    """The loss and gradients, in one compiled program. It compiles with XLA's own CPU emitters
+    (runs.fusion_emitter_options): the plain and the remat program then give bitwise equal gradients, where
+    the suite's classic emitters at -O0 round one element (of gradients up to 273) 1.0004 x the test's
+    allowance apart."""
+    graphdef, state = nnx.split(model)
 
-    return nnx.value_and_grad(loss)(model)
+    @functools.partial(jax.jit, compiler_options=runs.fusion_emitter_options(1))
+    def run(state, ids, mask):
+        def loss(m):
+            y = m(ids, mask)
+            return jnp.sum(jnp.square(y) * mask[..., None])
+
+        return nnx.value_and_grad(loss)(nnx.merge(graphdef, state))
+
+    return run(state, ids, mask)
 
 
 def test_remat_same_output_and_grads():
-    if runs.in_child_with_default_emitters(f"{__file__}::test_remat_same_output_and_grads"):
-        return
     tc, _, sd, _, model, _ = _case("gated-gelu")
     remat_model, cfg = models.load_weights(models.config_from_hf(tc.to_dict(), remat=True), sd)
     assert cfg.remat
