@@ -43,6 +43,11 @@ def _install(faults: dict) -> None:
     if "hold_save" in faults:
         hooks["orbax.checkpoint._src.path.atomicity"] = lambda m: _hold_save(m, faults["hold_save"])
     if "sigint_after" in faults:
+        import signal
+
+        # Ctrl-C reaches a process of the terminal's foreground job, whose SIGINT Python handles; a suite started
+        # in the background (`make test &`) passes SIGINT on ignored, and Python then leaves it ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         module, _, name = faults["sigint_after"].partition(":")
         hooks[module] = lambda m: _sigint_after(m, name, int(faults.get("sigints", 1)))
     if hooks:
