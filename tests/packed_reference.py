@@ -10,7 +10,6 @@ import jax
 import numpy as np
 import pytest
 
-import runs
 from jaxembed import config as cfglib
 from jaxembed.data import pipeline as P
 
@@ -77,8 +76,7 @@ def step_grads(run, host_batch: dict, perturb_experts: bool = False, hlo: list |
         state["params"] = jax.tree_util.tree_map_with_path(bump, state["params"])
     before = jax.device_get(state["params"])
     batch = P.to_global(host_batch, parallel.batch_sharding(run.mesh))
-    compiled = make_train_step(run).lower(state, batch).compile(
-        compiler_options=runs.fusion_emitter_options(run.mesh.devices.size))
+    compiled = make_train_step(run).lower(state, batch).compile()
     if hlo is not None:
         hlo.append(compiled.as_text())
     state, m = compiled(state, batch)

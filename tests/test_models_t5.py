@@ -211,7 +211,7 @@ def _loss_and_grads(model, ids, mask):
     allowance apart."""
     graphdef, state = nnx.split(model)
 
-    @functools.partial(jax.jit, compiler_options=runs.fusion_emitter_options(1))
+    @functools.partial(jax.jit, compiler_options=runs.fusion_emitter_options())
     def run(state, ids, mask):
         def loss(m):
             y = m(ids, mask)
