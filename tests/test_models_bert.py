@@ -229,6 +229,23 @@ def test_params_carry_logical_sharding_axes():
         assert axes is not None and len(axes) == len(var.shape), path
 
 
+def test_abstract_model_is_traced_once_per_config_and_new_each_call(monkeypatch):
+    """The abstract model's init is traced once per config (it is the slow part of loading a model); each call
+    still gives a new module, so a caller that changes one does not change the next; another config traces again."""
+    traced = []
+    init = models.init_model
+    monkeypatch.setattr(models, "init_model", lambda config, seed=0: traced.append(config) or init(config, seed))
+    cfg = models.config_from_hf(dict(TINY, model_type="bert", num_hidden_layers=3))
+    a = models.abstract_model(cfg)
+    b = models.abstract_model(cfg)
+    assert traced == [cfg] and a is not b
+    a.embeddings.word_embeddings.embedding.set_value(jax.ShapeDtypeStruct((1, 1), jnp.float32))
+    assert models.param_shapes(b) == models.param_shapes(models.abstract_model(cfg)) != models.param_shapes(a)
+    assert models.param_shapes(b)[("embeddings", "word_embeddings", "embedding")] == (128, 64)
+    models.abstract_model(dataclasses.replace(cfg, num_hidden_layers=1))
+    assert len(traced) == 2 and traced[1].num_hidden_layers == 1
+
+
 def test_unsupported_position_embedding_type_is_clear():
     with pytest.raises(ValueError, match="relative_key"):
         models.config_from_hf({"model_type": "bert", "position_embedding_type": "relative_key"})

@@ -100,7 +100,8 @@ def init_model(config, seed: int = 0) -> nnx.Module:
 def abstract_model(config) -> nnx.Module:
     """The model with ShapeDtypeStructs instead of arrays (no memory, no random init): a new module each call,
     from the structure traced once per config (``config`` is a frozen dataclass)."""
-    return nnx.merge(*_abstract_parts(config))
+    graphdef, state = _abstract_parts(config)
+    return nnx.merge(graphdef, state, copy=True)  # its own Variables: a change to one model stays in it
 
 
 @functools.lru_cache(maxsize=32)
