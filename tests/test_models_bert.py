@@ -232,6 +232,7 @@ def test_params_carry_logical_sharding_axes():
 def test_abstract_model_is_traced_once_per_config_and_new_each_call(monkeypatch):
     """The abstract model's init is traced once per config (it is the slow part of loading a model); each call
     still gives a new module, so a caller that changes one does not change the next; another config traces again."""
+    models._abstract_parts.cache_clear()  # an earlier test of this process may have traced the same config
     traced = []
     init = models.init_model
     monkeypatch.setattr(models, "init_model", lambda config, seed=0: traced.append(config) or init(config, seed))
