@@ -34,8 +34,8 @@ import slow_tests
 # subprocesses the tests start (tests/runs.py xla_flags) -- compiles with less LLVM optimisation, and with XLA's
 # classic elemental emitters instead of its MLIR fusion emitters, which build a new MLIR context with every dialect
 # for each compilation (measured on the 2-core machine: an eager operation compiles in 25 instead of 40 ms; the
-# losses, attention, BERT and packed-step tests take 24 % less CPU time; `.ci/run` on a clean clone, with the shared
-# cache below: pytest 962 -> 748 s). Float32 results may differ in the last bits. Set before the JAX backend starts.
+# losses, attention, BERT and packed-step tests take 24 % less CPU time). Float32 results may differ in the last
+# bits. Set before the JAX backend starts.
 # XLA aborts on a flag it does not know: the emitter flag is given only to the jaxlib versions it was checked with.
 # A program that a test compiles itself can ask for XLA's own emitters (runs.fusion_emitter_options).
 FAST_XLA = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"

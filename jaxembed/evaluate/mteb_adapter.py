@@ -242,8 +242,9 @@ def _fast_undersample(base):
 
 
 def _fast_experiment(base):
-    """The same for each experiment's classifier and metrics: sklearn converts the train and test label columns
-    to arrays row by row on every call (nine metric calls per experiment), through the list view once each."""
+    """mteb's classification experiment with its train and test splits seen through ``_ListColumns``: its
+    classifier and its nine metric calls per experiment each turn a label column into an array, which on a lazy
+    datasets column goes row by row; as a list it is read once."""
     def _run_experiment(self, train_split, eval_split, *args, **kwargs):
         return base._run_experiment(self, _ListColumns(train_split), _ListColumns(eval_split), *args, **kwargs)
 
