@@ -277,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit status: 0, 2 for a user error (one line), 130 for Ctrl-C (SIGINT; one line)."""
+    """Run one command; its exit status: 0, 2 for a user error (one line), 130 for Ctrl-C (SIGINT; one line), 141
+    when the reader of standard output has closed it."""
     name = ["jaxembed"]
     try:
         return _main(argv, name)
@@ -287,6 +288,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: interrupted (Ctrl-C): `{' '.join(name)}` stopped before it finished (run the same command "
               "again to do the work)", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of standard output closed it (`jaxembed recipes | head -3`): stop quietly, as other command-line
+        # tools do. Output still buffered for the closed pipe goes nowhere (Python would print a second error for it
+        # at exit); 141 = 128 + SIGPIPE, as a shell reports such a command. A broken pipe elsewhere is a real error.
+        if not _stdout_reader_gone():
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe whose reading end is closed (poll reports an error on its writing end)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or stdout replaced or closed
+        return False
 
 
 def _main(argv: list[str] | None, name: list[str]) -> int:

@@ -186,3 +186,27 @@ def test_demo_trains_evaluates_and_exports(shared_data, tmp_path, capsys):
     assert "resuming at step 2 of 2" in out and "[train step" not in out
     assert (wd / "export" / "model.safetensors").read_bytes() == exported
     assert float(table["STSBenchmark"][3]) == pytest.approx(results["after"]["STSBenchmark"]["main_score"], abs=0.006)
+
+
+def test_a_closed_pipe_ends_the_command_quietly(monkeypatch):
+    """`jaxembed recipes | head -1`: the reader closes the pipe before the command writes; the command ends with
+    128 + SIGPIPE and writes nothing to stderr (no traceback). A broken pipe that is not standard output's is still
+    an error."""
+    import os
+
+    read, write = os.pipe()
+    p = subprocess.Popen([str(Path(sys.executable).parent / "jaxembed"), "recipes"], stdout=write,
+                         stderr=subprocess.PIPE)
+    os.close(write)
+    os.close(read)  # before the command has imported what it needs, let alone written
+    err = p.stderr.read()
+    assert (p.wait(timeout=120), err) == (141, b"")
+
+    from jaxembed import cli
+
+    def broken(args):
+        raise BrokenPipeError("a socket of the command's own")
+
+    monkeypatch.setattr(cli, "cmd_recipes", broken)
+    with pytest.raises(BrokenPipeError, match="a socket"):
+        main(["recipes"])
