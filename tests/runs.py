@@ -45,7 +45,7 @@ def fusion_emitter_options() -> dict:
     """compiler_options for a program that a test compares with another at float32 rounding: XLA's own CPU
     emitters where the suite compiles with its classic ones (tests/test_models_t5.py: the plain and the remat
     gradient programs are then bitwise equal; with the classic emitters at -O0 one element of gradients up to 273
-    lands 1.0004 x the test's allowance apart). None otherwise."""
+    lands 1.0004 x the test's allowance apart); no options otherwise."""
     if CLASSIC_EMITTERS not in os.environ.get("XLA_FLAGS", "").split():
         return {}
     return {"xla_cpu_use_fusion_emitters": True}

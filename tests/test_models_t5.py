@@ -205,10 +205,8 @@ def test_bfloat16_compute_close():
 
 
 def _loss_and_grads(model, ids, mask):
-    """The loss and gradients, in one compiled program. It compiles with XLA's own CPU emitters
-    (runs.fusion_emitter_options): the plain and the remat program then give bitwise equal gradients, where
-    the suite's classic emitters at -O0 round one element (of gradients up to 273) 1.0004 x the test's
-    allowance apart."""
+    """The loss and gradients, in one program compiled with runs.fusion_emitter_options (there: why the
+    remat comparison needs XLA's own CPU emitters)."""
     graphdef, state = nnx.split(model)
 
     @functools.partial(jax.jit, compiler_options=runs.fusion_emitter_options())
