@@ -404,6 +404,62 @@ def test_diag_kernel_summary_sums_device_kernels_by_name(tmp_path):
     assert (tmp_path / "trace.json.gz").is_file()
 
 
+def test_two_calls_of_a_session_are_recorded_as_one_comparison(tmp_path):
+    """A session that measured sentence-transformers' arms in one call and jaxembed's in the next (the H200 of
+    2026-11-28): --record DIR1 DIR2 merges them arm by arm (each arm says its call), computes the split and the
+    targets over the merged arms, and the README line names both calls' commands."""
+    sys.path.insert(0, str(GPU_BENCH))
+
+    def arm(ex, slots, flops, real, t, mfu):
+        return {"examples_per_round": 4 * ex, "examples_per_s": 4 * ex / t, "token_slots_per_round": slots,
+                "flops_per_round": flops, "real_tokens_per_s": real / t, "real_fraction": real / slots, "mfu": mfu,
+                "xla_step_gib": 1.0}
+
+    skipped = {"skipped": "-3 s left"}
+    call1 = {"setting": {"jax_settings": ["fixed", "packed"], "st_settings": ["fixed", "natural", "flat"]},
+             "models": {"bert-large": {"batch": 128, "jaxembed": {}, "st": {}},  # its jaxembed worker timed out
+                        "bert-base": {"batch": 256, "jaxembed": {"fixed": skipped, "packed": skipped},
+                                      "st": {"fixed": arm(64, 4000, 8e12, 4000, 0.75, 0.3),
+                                             "natural": arm(64, 4000, 6e12, 1000, 1.0, 0.2),
+                                             "flat": dict(arm(64, 1000, 1.5e12, 1000, 0.3, 0.1),
+                                                          attention="torch_varlen")}}}}
+    call2 = {"setting": {"jax_settings": ["fixed", "packed", "padded"], "st_settings": []},
+             "models": {"bert-base": {"batch": 256, "jaxembed": {"fixed": arm(64, 4000, 8e12, 4000, 0.5, 0.46),
+                                                                 "packed": arm(64, 1250, 2e12, 1000, 0.2, 0.41),
+                                                                 "padded": skipped},
+                                      "st": {}, "compile": {"fixed+packed": {"wall_s": 60.0}}}}}
+    dirs = []
+    for i, (part, argv) in enumerate([(call1, ["--out", "/o", "--parts", "2"]),
+                                      (call2, ["--out", "/o", "--parts", "2", "--st-settings", "none"])]):
+        d = tmp_path / f"call{i}"
+        d.mkdir()
+        (d / "part2_train.json").write_text(json.dumps(part))
+        (d / "summary.json").write_text(json.dumps({"date": "2026-11-28", "argv": argv, "started": f"t{i}",
+                                                    "device": {"nvidia_smi": "NVIDIA H200, 143771 MiB"}}))
+        dirs.append(str(d))
+    p = subprocess.run([sys.executable, str(GPU_BENCH / "bench.py"), "--record", *dirs, "--results-dir",
+                        str(tmp_path / "results"), "--readme", str(tmp_path / "README.md")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (line,) = (tmp_path / "README.md").read_text().splitlines()
+    assert "2 calls of one session merged" in line and "| NVIDIA H200 |" in line
+    assert ("`bash benchmarks/gpu/run.sh $OUT --parts 2`; then `bash benchmarks/gpu/run.sh $OUT --parts 2 "
+            "--st-settings none`") in line
+    assert "packed vs ST natural 5.00x = 3.20x slots saved x 1.56x speed per computed slot" in line
+    (rec,) = (tmp_path / "results").glob("gpu_train_h200_*.json")
+    e = json.loads(rec.read_text())["models"]["bert-base"]
+    assert e["jaxembed"]["packed"]["call"] == 1 and e["st"]["natural"]["call"] == 0
+    assert e["compare"]["fixed_vs_st_fixed"]["speed_per_slot"] == pytest.approx(1.5)
+    assert e["missing"] == ["jaxembed padded"] and e["compile"]["fixed+packed"]["call"] == 1
+    (summ,) = (tmp_path / "results").glob("gpu_summary_h200_*.json")
+    s = json.loads(summ.read_text())
+    assert [c["started"] for c in s["calls"]] == ["t0", "t1"]
+    assert s["targets"]["engine_fixed"]["values"]["bert-base"] == pytest.approx(1.5)
+    assert s["todo"] == {"train": ["bert-large:128", "bert-base:256"]}
+    assert json.loads(rec.read_text())["models"]["bert-large"]["missing"] == [
+        "jaxembed fixed", "jaxembed packed", "jaxembed padded", "st fixed", "st natural", "st flat"]
+
+
 def test_pytest_part_keeps_the_outcomes_of_a_run_stopped_at_its_cap():
     """pytest -v's per-test lines are parsed, so a part stopped at its cap (no final summary) still says which
     tests passed and failed (the first H200 call recorded '0 passed, 0 failed' for 7 finished tests)."""

@@ -3,6 +3,7 @@
     bash benchmarks/gpu/run.sh $OUT --parts 2 --budget 400   # on the device machine (benchmarks/gpu/README.md)
     python benchmarks/gpu/bench.py --out DIR --dry-run   # the same code on the CPU, tiny sizes (the test)
     python benchmarks/gpu/bench.py --record DIR     # here, afterwards: DIR's JSONs -> benchmarks/results/ + README
+    python benchmarks/gpu/bench.py --record DIR1 DIR2   # two calls of one session (one part split): merged
 
 Parts (--parts, run in the order given, by default 2,5,6,3,4,1; a smoke step first checks that jaxembed runs at
 all, and falls back to the flax / optax / orbax versions jaxembed is tested with, carried in .whl/pins, when it
@@ -60,7 +61,7 @@ FULL = dict(models="minilm:512,bert-base:256,bert-large:128,qwen2-0.5b:64", look
             long_kernels="xla,pallas,cudnn_bound,cudnn,te", long_take=1, long_rounds=3, long_plan_steps=4,
             llm="qwen2-1.5b:full:128:32,qwen2-7b:lora:64:16:remat", llm_sizes=[8, 16, 32, 64, 128], llm_take=1,
             llm_rounds=2, llm_plan_steps=2, llm_cap=512, lora_rank=16, capacity_gib=None, prepare_processes=4,
-            check_varlen_wiring=False, budget=530.0, cap_scale=1)
+            check_varlen_wiring=False, budget=530.0, cap_scale=1, jax_min_s=110)
 DRY = dict(models="tiny-bert:8", look=6, take=2, plan_steps=8, rounds=1, q_len="auto", d_len="auto",
            jax_settings=["fixed", "packed", "padded"], st_settings=["fixed", "natural", "flat"],
            waves=[["fixed", "packed"], ["padded"]], compile_threads=2, profile=["packed"], st_share=0.3,
@@ -69,7 +70,7 @@ DRY = dict(models="tiny-bert:8", look=6, take=2, plan_steps=8, rounds=1, q_len="
            long="tiny-bert:64:8:64", long_kernels="xla,pallas", long_take=1, long_rounds=1, long_plan_steps=2,
            llm="tiny-qwen2:lora:16:8:remat", llm_sizes=[4, 8], llm_take=1, llm_rounds=1, llm_plan_steps=1,
            llm_cap=64, lora_rank=4, capacity_gib=1.0, prepare_processes=0, check_varlen_wiring=True,
-           budget=3600.0, cap_scale=10)
+           budget=3600.0, cap_scale=10, jax_min_s=20)
 #: seconds: the most a part may take (cap) and the least left for it when an earlier part runs long (floor)
 CAP = {"smoke": 150, "pytest": 150, "train": 420, "batch": 150, "encode": 60, "long": 200, "llm": 200}
 FLOOR = {"pytest": 30, "train": 120, "batch": 60, "encode": 30, "long": 80, "llm": 60}
@@ -347,21 +348,25 @@ def part_train(w: Workers, cfg: dict, until: float, out_dir: Path, peak: float |
     total = max(until - t0, 0.0)
     weights = [WEIGHT.get(n, 1.0) for n, _ in specs]
     st_until = t0 + cfg["st_share"] * total
-    acc, st_models = 0.0, []
-    for (name, b), wt in zip(specs, weights):
-        acc += wt
-        st_models.append([name, int(b), t0 + cfg["st_share"] * total * acc / sum(weights)])
-    log(f"part 2: sentence-transformers, {len(specs)} models, {st_until - time.time():.0f} s")
-    w.run("train_st", dict(base, models=st_models, settings=cfg["st_settings"],
-                           flat_attention=cfg.get("flat_attention"), check_varlen_wiring=cfg["check_varlen_wiring"]),
-          timeout=st_until - time.time() + 30, on_result=keep("st"), env={"JAX_PLATFORMS": "cpu"})
-    for i, left, share in time_shares(weights, until):
+    # the worker splits its time by weight as each model starts (torch's import and the first model's setup
+    # must not eat the first model's share: on the H200 of 2026-11-28 MiniLM's arms were skipped so)
+    st_models = [[name, int(b), wt] for (name, b), wt in zip(specs, weights)]
+    if cfg["st_settings"]:
+        log(f"part 2: sentence-transformers, {len(specs)} models, {st_until - time.time():.0f} s")
+        w.run("train_st", dict(base, models=st_models, until=st_until, settings=cfg["st_settings"],
+                               flat_attention=cfg.get("flat_attention"),
+                               check_varlen_wiring=cfg["check_varlen_wiring"]),
+              timeout=st_until - time.time() + 30, on_result=keep("st"), env={"JAX_PLATFORMS": "cpu"})
+    for i, left, share in time_shares(weights if cfg["jax_settings"] else [], until):
         name, b = specs[i]
         entry = res["models"][name]
-        if share < 20:
-            entry["skipped"] = f"{left:.0f} s left for the part"
+        # a worker needs jax_min_s to set up, compile and time its first wave (H200, 2026-11-28: setup 20 s,
+        # compilation 61-69 s): a model gets at least that, so the first models finish rather than all time out
+        if left < cfg["jax_min_s"]:
+            entry["skipped"] = f"{left:.0f} s left for the part, {cfg['jax_min_s']} s needed"
             write_json(path, res)
             continue
+        share = max(share, cfg["jax_min_s"])
         log(f"part 2: jaxembed {name} B={b}, {share:.0f} s")
         dl = time.time() + share
         w.run("train_jax", dict(base, model=name, batch=int(b), deadline=dl, settings=cfg["jax_settings"],
@@ -760,13 +765,20 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-threads", type=int, help="programs of one worker compiled side by side (default 3)")
     ap.add_argument("--flat-attention", help="part 2's ST padding-free arm: the attentions to try, comma-separated "
                                              "(default: workers.FLAT_ORDER, the first that runs)")
+    ap.add_argument("--jax-settings", help="part 2: jaxembed's settings, comma-separated (default fixed,packed,padded; "
+                                           "'none': no jaxembed worker)")
+    ap.add_argument("--st-settings", help="part 2: sentence-transformers' settings, comma-separated (default "
+                                          "fixed,natural,flat; 'none': no ST worker, e.g. when an earlier call of "
+                                          "the session measured it)")
     ap.add_argument("--own-processes", action="store_true",
                     help="the dry run: a process per job, as on a device (default: one shared process)")
     ap.add_argument("--peak-flops", type=float, default=None,
                     help="peak FLOP/s for MFU instead of the device's datasheet entry (the CPU test sets one)")
     ap.add_argument("--root", default="/tmp/gpu_bench", help="scratch: model folders, stores, worker logs")
     ap.add_argument("--no-smoke", action="store_true")
-    ap.add_argument("--record", metavar="DIR", help="record DIR's results in benchmarks/results/ and the README")
+    ap.add_argument("--record", metavar="DIR", nargs="+",
+                    help="record DIR's results in benchmarks/results/ and the README (several DIRs: calls of one "
+                         "session, merged arm by arm into one record)")
     ap.add_argument("--results-dir", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--readme", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_worker", nargs=2, help=argparse.SUPPRESS)
@@ -781,7 +793,7 @@ def main(argv=None) -> int:
     if args.record:
         import record
 
-        record.record(Path(args.record), results_dir=args.results_dir, readme=args.readme)
+        record.record([Path(d) for d in args.record], results_dir=args.results_dir, readme=args.readme)
         return 0
     if not args.out:
         ap.error("--out is required")
@@ -797,6 +809,12 @@ def main(argv=None) -> int:
         cfg["llm_sizes"] = [int(x) for x in args.llm_sizes.split(",")]
     if args.long_kernels:
         cfg["long_kernels"] = args.long_kernels
+    for k in ("jax_settings", "st_settings"):
+        v = getattr(args, k)
+        if v is not None:
+            cfg[k] = [] if v == "none" else [x for x in v.split(",") if x]
+            cfg["waves"] = [[s for s in wave if s in cfg["jax_settings"]] for wave in cfg["waves"]]
+            cfg["waves"] = [wave for wave in cfg["waves"] if wave]
     if args.flat_attention:
         cfg["flat_attention"] = args.flat_attention.split(",")
     t_start = time.time()

@@ -3,6 +3,11 @@ benchmarks/README.md: one result file per part, named by part and device (``gpu_
 benchmarks/_record.py), and one README line per part.
 
     python benchmarks/gpu/bench.py --record DIR     # DIR: the call's files_at (summary.json, part*.json)
+    python benchmarks/gpu/bench.py --record DIR1 DIR2   # calls of one session on one device kind: one record
+
+Several folders (calls of one session that split the work: sentence-transformers' arms in one, jaxembed's in the
+next) are merged arm by arm (``merge``): each measured arm comes from the last call that measured it and says which
+(``call``), the ratios and targets are computed again over the merged arms, and the summary lists the calls.
 """
 
 from __future__ import annotations
@@ -52,9 +57,12 @@ def line_train(r: dict) -> str:
     parts = []
     for m, e in r.get("models", {}).items():
         j, s = e.get("jaxembed", {}), e.get("st", {})
+        fj, fs = j.get("fixed", {}), s.get("fixed", {})
+        both_fixed = "examples_per_s" in fj and "examples_per_s" in fs  # then compared below
         bits = []
-        for k, d in (("packed", j.get("packed")), ("padded", j.get("padded")), ("ST", s.get("natural")),
-                     (f"ST padding-free [{(s.get('flat') or {}).get('attention')}]", s.get("flat"))):
+        for k, d in (("fixed", None if both_fixed else j.get("fixed")), ("packed", j.get("packed")), ("padded", j.get("padded")), ("ST", s.get("natural")),
+                     (f"ST padding-free [{(s.get('flat') or {}).get('attention')}]", s.get("flat")),
+                     ("ST fixed", None if both_fixed else s.get("fixed"))):
             if d and "examples_per_s" in d:
                 mem = d.get("device_peak_gib", d.get("xla_step_gib"))
                 bits.append(f"{k} {d['examples_per_s']:.0f} ex/s, {d['real_tokens_per_s'] / 1e3:.0f}k real tok/s, "
@@ -67,8 +75,7 @@ def line_train(r: dict) -> str:
             txt += f": packed/ST **{e['ratio_packed_over_st']:.2f}x**"
         if "ratio_packed_over_padded" in e:
             txt += f", packed/padded {e['ratio_packed_over_padded']:.2f}x"
-        fj, fs = j.get("fixed", {}), s.get("fixed", {})
-        if "examples_per_s" in fj and "examples_per_s" in fs:
+        if both_fixed:
             txt += (f"; fixed {fj.get('q_len')}/{fj.get('d_len')}: {fj['examples_per_s']:.0f} vs "
                     f"{fs['examples_per_s']:.0f} ex/s ({e.get('ratio_fixed_over_st', 0):.2f}x, MFU "
                     f"{_pct(fj.get('mfu'))} vs {_pct(fs.get('mfu'))})")
@@ -161,28 +168,109 @@ LINES = {"pytest": line_pytest, "train": line_train, "batch": line_batch, "encod
          "llm": line_llm}
 
 
-def record(folder: Path, results_dir=None, readme=None) -> list[str]:
-    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+def _measured(d) -> bool:
+    return isinstance(d, dict) and "examples_per_s" in d
+
+
+def merge_train(results: list[dict]) -> dict:
+    """Part 2 of several calls as one: per model and tool, each setting's arm from the last call that measured it
+    (else the last that tried it, skipped or failed), tagged with its ``call`` (the index in ``results``); setup,
+    compile and profile entries likewise; then the ratios (bench.ratios) and todo over the merged arms."""
+    from bench import ratios
+
+    out = {k: v for k, v in results[-1].items() if k not in ("models", "todo")}
+    out["models"], out["todo"] = {}, []
+    for i, r in enumerate(results):
+        for m, e in r.get("models", {}).items():
+            dst = out["models"].setdefault(m, {"batch": e.get("batch"), "jaxembed": {}, "st": {}})
+            for tool in ("jaxembed", "st"):
+                for setting, arm in e.get(tool, {}).items():
+                    if _measured(arm) or not _measured(dst[tool].get(setting)):
+                        dst[tool][setting] = dict(arm, call=i)
+            for k in ("setup", "compile", "profile"):
+                for sub, v in (e.get(k) or {}).items():
+                    dst.setdefault(k, {})[sub] = dict(v, call=i) if isinstance(v, dict) else v
+    # every arm some call was asked for (its "setting"), measured or not
+    asked = {tool: [s for r in results for s in (r.get("setting") or {}).get(key, [])]
+             for tool, key in (("jaxembed", "jax_settings"), ("st", "st_settings"))}
+    for m, e in out["models"].items():
+        e.update(ratios(e))
+        missing = [f"{tool} {s}" for tool in ("jaxembed", "st") for s in dict.fromkeys(asked[tool] + list(e[tool]))
+                   if not _measured(e[tool].get(s))]
+        if missing:
+            e["missing"] = missing
+            out["todo"].append(f"{m}:{e['batch']}")
+    return out
+
+
+def merge(folders: list[Path]) -> tuple[dict, dict]:
+    """(summary, {part: result}) of several calls' folders: part 2 merged arm by arm (merge_train), any other part
+    from the last call that ran it; the targets computed again; ``calls`` lists each call's start and arguments."""
+    from bench import targets
+
+    summaries = [json.loads((f / "summary.json").read_text(encoding="utf-8")) for f in folders]
+    parts: dict = {}
+    for part, fname in FILES.items():
+        found = [json.loads((f / fname).read_text(encoding="utf-8")) for f in folders if (f / fname).is_file()]
+        if found:
+            parts[part] = merge_train(found) if part == "train" and len(found) > 1 else found[-1]
+    summary = dict(summaries[-1], calls=[{k: s.get(k) for k in ("started", "argv", "device", "todo")}
+                                         for s in summaries])
+    summary["targets"] = targets(parts)
+    summary["todo"] = {k: v for s in summaries for k, v in (s.get("todo") or {}).items()}
+    if "train" in parts:
+        summary["todo"]["train"] = parts["train"]["todo"]
+    summary["todo"] = {k: v for k, v in summary["todo"].items() if v}
+    return summary, parts
+
+
+def command_of(summary: dict) -> str:
+    """The call's command line (run.sh with its arguments, --out as $OUT), one per merged call."""
+    def one(argv):
+        args, skip = [], False
+        for a in argv or []:
+            if skip:
+                skip = False
+                continue
+            if a == "--out":
+                skip = True
+                continue
+            args.append(a)
+        return "`" + " ".join(["bash benchmarks/gpu/run.sh $OUT"] + args) + "`"
+    calls = summary.get("calls") or [summary]
+    return "; then ".join(one(c.get("argv")) for c in calls)
+
+
+def record(folder, results_dir=None, readme=None) -> list[str]:
+    """Record one call's folder, or several calls' folders merged (``merge``)."""
+    folders = [Path(f) for f in folder] if isinstance(folder, (list, tuple)) else [Path(folder)]
+    if len(folders) > 1:
+        summary, parts = merge(folders)
+    else:
+        summary = json.loads((folders[0] / "summary.json").read_text(encoding="utf-8"))
+        parts = {part: json.loads((folders[0] / fname).read_text(encoding="utf-8"))
+                 for part, fname in FILES.items() if (folders[0] / fname).is_file()}
+    return _record(summary, parts, results_dir, readme)
+
+
+def _record(summary: dict, parts: dict, results_dir, readme) -> list[str]:
     name = device_name(summary)
     slug = device_slug(name)
     if summary.get("dry_run"):
         name += " (dry run, tiny sizes)"
     lines = []
-    for part, fname in FILES.items():
-        f = folder / fname
-        if not f.is_file():
-            continue
-        r = json.loads(f.read_text(encoding="utf-8"))
+    for part, r in parts.items():
         r = dict(r, device=name, summary={k: summary.get(k) for k in ("date", "device", "versions", "targets",
-                                                                       "todo", "next_command", "dry_run")})
+                                                                       "todo", "next_command", "dry_run", "calls")})
         save_result(f"gpu_{part}_{slug}", r, Path(results_dir) if results_dir else None)
         setting = SETTINGS[part].format(model=r.get("model"), q_len=r.get("q_len"), d_len=r.get("d_len"))
         result = LINES[part](r)
         if part == "train" and line_train_compare(r):
             result += "; " + line_train_compare(r)
         result = result.replace("|", "/")  # a table cell
-        line = (f"| {summary.get('date')} | gpu {part} | {name} | {setting} | {result} | "
-                "`bash benchmarks/gpu/run.sh $OUT` |")
+        if len(summary.get("calls") or []) > 1:
+            setting += f" ({len(summary['calls'])} calls of one session merged, each arm from the call that measured it)"
+        line = f"| {summary.get('date')} | gpu {part} | {name} | {setting} | {result} | {command_of(summary)} |"
         lines.append(record_line(line, readme=Path(readme) if readme else None))
     save_result(f"gpu_summary_{slug}", summary, Path(results_dir) if results_dir else None)
     return lines

@@ -376,10 +376,13 @@ def train_st(a: dict) -> None:
     natural batches with ST's collator (each column padded to its longest text), and padding-free (``flat``: the
     same texts flattened into one row with per-text positions and the best varlen attention transformers reaches
     here, ``_flat_attention``); bf16 autocast around forward and backward (the HF Trainer's bf16=True), float32
-    master weights, AdamW, grad-norm clipping 1.0."""
-    for name, B, deadline in a["models"]:
+    master weights, AdamW, grad-norm clipping 1.0. Each model's deadline: the time left until a.until split by the
+    weights of the models still to run, read as it starts (one that ends early leaves its time to the rest)."""
+    weights = [float(m[2]) for m in a["models"]]
+    for i, (name, B, _) in enumerate(a["models"]):
+        left = a["until"] - time.time()
         try:
-            _st_one(a, name, int(B), H.Deadline(deadline))
+            _st_one(a, name, int(B), H.Deadline(time.time() + left * weights[i] / sum(weights[i:])))
         except Exception as e:  # noqa: BLE001 -- one model's failure must not lose the next
             emit(kind="train", tool="st", setting="setup", model=name, error=_error(e))
         finally:
