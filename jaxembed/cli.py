@@ -15,6 +15,7 @@ prints one line (exit 130).
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -56,6 +57,7 @@ def _load(args, task: str | None = None):
 def cmd_encode(args) -> int:
     import numpy as np
 
+    from jaxembed import atomic_files
     from jaxembed.data.jsonl import read_texts
     from jaxembed.encode import Encoder
     from jaxembed.outputs import check_output
@@ -70,8 +72,8 @@ def cmd_encode(args) -> int:
     enc = Encoder.from_loaded(_load(args, task=args.task))  # MoTE: only the task's expert is loaded
     emb = enc.encode(texts, prompt=args.prompt, prompt_name=args.prompt_name, batch_size=args.batch_size,
                      dim=args.dim, progress=not args.quiet, task=args.task, packing=not args.no_packing)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    np.save(out, emb.astype(np.float32))
+    # a temporary file replaces --out when complete: an interrupted or failed write leaves the old file (or none)
+    atomic_files.write_with(out, lambda t: np.save(t, emb.astype(np.float32)), suffix=".npy")
     print(f"wrote {out}: {emb.shape[0]} x {emb.shape[1]} float32 in {time.time() - t0:.1f}s")
     return 0
 
@@ -277,8 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit status: 0, 2 for a user error (one line), 130 for Ctrl-C (SIGINT; one line), 141
-    when the reader of standard output has closed it."""
+    """Run one command; its exit status: 0, 1 when a disk fails it (full, read-only, not writable; one line), 2 for a
+    user error (one line), 130 for Ctrl-C (SIGINT; one line), 141 when the reader of standard output has closed
+    it."""
     name = ["jaxembed"]
     try:
         return _main(argv, name)
@@ -296,6 +299,26 @@ def main(argv: list[str] | None = None) -> int:
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as e:
+        # the disk filled up, or a folder stopped being writable, during the work (the outputs were checked writable
+        # before it began): one line instead of a traceback. Writers replace their files through temporary ones
+        # (jaxembed.atomic_files), so a file being written is left as it was.
+        fix = _DISK_FIXES.get(e.errno)
+        if fix is None:
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"error: {e.strerror or e}{where}: `{' '.join(name)}` stopped before it finished (fix: {fix})",
+              file=sys.stderr)
+        return 1
+
+
+#: errno -> the fix, for a disk that fails a command during its work (an error line, exit status 1)
+_DISK_FIXES = {errno.ENOSPC: "free some space on that disk, or write to another one, then run the same command "
+                             "again",
+               errno.EDQUOT: "free some of your disk quota, or write to another disk, then run the same command again",
+               errno.EROFS: "the file system became read-only: write to another folder",
+               errno.EACCES: "make the folder writable for you, or write to another one",
+               errno.EPERM: "make the folder writable for you, or write to another one"}
 
 
 def _stdout_reader_gone() -> bool:

@@ -55,6 +55,28 @@ def test_encode_jsonl_and_text_in_input_order(minilm_dir, minilm, tmp_path, caps
     np.testing.assert_allclose(b, ref_b, atol=1e-6)
 
 
+def test_encode_that_fails_while_writing_keeps_the_earlier_output(minilm_dir, tmp_path, monkeypatch, capsys):
+    """A write cut off (disk full, Ctrl-C) leaves --out as it was: the matrix goes to a temporary file in the same
+    folder, which replaces --out only when complete, and is removed on failure."""
+    src = _write(tmp_path / "in.txt", TEXTS)
+    out = tmp_path / "emb.npy"
+    assert main(["encode", "--model", str(minilm_dir), "--input", str(src), "--out", str(out), "-q"]) == 0
+    before = out.read_bytes()
+
+    def half_then_full(path, arr):  # writes part of the file, then the disk is full
+        with open(path, "wb") as f:
+            f.write(b"\x93NUMPY" + b"\0" * 100)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "save", half_then_full)
+    assert main(["encode", "--model", str(minilm_dir), "--input", str(src), "--out", str(out), "--dim", "64",
+                 "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: No space left on device: `jaxembed encode` stopped before it finished (fix: free "
+                          "some space") and err.count("\n") == 1, err
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["emb.npy", "in.txt"]
+
+
 @pytest.mark.parametrize("lines,match", [
     (['{"text": "ok"}', '{"text": "broken'], r"in\.jsonl:2: invalid JSON"),
     (['{"text": "ok"}', '{"body": "x"}'], r"in\.jsonl:2: field 'text': missing \(keys present: body\)"),

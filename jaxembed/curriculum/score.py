@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxembed import atomic_files
 from jaxembed.errors import UserError
 
 SCORE_FILES = ("task_similarity.npz", "task_similarity.png", "scores.npz", "score_summary.json")
@@ -158,7 +159,7 @@ def run_score(encoder, store, out, *, unit: str = "dataset", n_task_queries: int
                          negatives_sampled=int((~own & ~none).sum()), negatives_none=int(none.sum()))
         datasets.append(entry)
     if not similarity_only:
-        np.savez(out / "scores.npz", **scores)
+        atomic_files.write_with(out / "scores.npz", lambda t: np.savez(t, **scores), suffix=".npz")
     summary = {"model": model_name, "model_key": model_key, "store": str(Path(store.path).resolve()),
                "unit": unit, "units": {u: [infos[d].name for d in m] for u, m in units.items()},
                "n_task_queries": n_task_queries, "queries_per_unit": dict(zip(names, counts)), "seed": seed,

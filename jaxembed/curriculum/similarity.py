@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from jaxembed import atomic_files
 from jaxembed.errors import UserError
 
 
@@ -72,9 +73,9 @@ def save_similarity(path: str | os.PathLike, S: np.ndarray, names: Sequence[str]
     """task_similarity.npz: matrix float64 [U, U], names [U], unit, queries int64 [U] (n_t used per unit), meta
     (JSON: model, seed, ...)."""
     p = Path(path)
-    np.savez(p, matrix=np.asarray(S, np.float64), names=np.array(list(names), dtype=str), unit=np.array(unit),
-             queries=np.asarray(queries, np.int64), meta=np.array(json.dumps(meta or {})))
-    return p
+    arrays = dict(matrix=np.asarray(S, np.float64), names=np.array(list(names), dtype=str), unit=np.array(unit),
+                  queries=np.asarray(queries, np.int64), meta=np.array(json.dumps(meta or {})))
+    return atomic_files.write_with(p, lambda t: np.savez(t, **arrays), suffix=".npz")
 
 
 def load_similarity(path: str | os.PathLike) -> tuple[np.ndarray, list[str], str, dict]:
