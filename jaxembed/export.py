@@ -398,7 +398,7 @@ class MoTETransformer(_Transformer):
 
 
 def export_lora(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLike, *, spec, base: str,
-                kind: str = "merged", adapter_card: str | None = None, **kw) -> Path:
+                kind: str = "merged", adapter_card: str | None = None, name: str | None = None, **kw) -> Path:
     """The export of a model with LoRA adapters (``jaxembed.lora``), written as a whole like ``export``. One layout
     for every kind: the merged model is the folder ``DIR`` itself, the adapter is always ``DIR/adapter/``.
 
@@ -413,7 +413,8 @@ def export_lora(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
 
     A MoTE model whose experts share their base weights (up-cycled from a dense model) gets one adapter folder per
     expert, ``DIR/adapter/<expert>/``. ``model_card`` (in ``kw``) is the merged folder's README.md,
-    ``adapter_card`` the adapter folder's (default: ``jaxembed.model_card.adapter_card``)."""
+    ``adapter_card`` the adapter folder's (default: ``jaxembed.model_card.adapter_card``). ``name``: the hub id
+    the adapter will be pushed to (its config then names the base by hub id: ``adapter_base``)."""
     from jaxembed import lora
 
     if kind not in lora.EXPORTS:
@@ -439,12 +440,32 @@ def export_lora(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
                 f"SentenceTransformer\nmodel = SentenceTransformer({where!r})\n```\n", encoding="utf-8")
         kw.pop("model_card", None)
         _write_adapters(model, tokenizer, tmp / ADAPTER_DIR, spec=spec, base=base, card=adapter_card,
-                        path=Path(out_dir) / ADAPTER_DIR, **kw)
+                        path=Path(out_dir) / ADAPTER_DIR, config_base=adapter_base(base, name), **kw)
     return Path(out_dir)
 
 
 #: the subfolder of a LoRA export that holds the PEFT adapter (``export_lora``)
 ADAPTER_DIR = "adapter"
+
+
+def adapter_base(base: str, name: str | None) -> str:
+    """The base model an adapter's adapter_config.json names (``base_model_name_or_path``, where PEFT and
+    sentence-transformers load the base from): ``base`` as given (a local folder loads offline), but for an adapter
+    to be pushed to the hub (``name``) the base's hub id where it has one (``jaxembed.base_model.hub_id``: the
+    bundled all-MiniLM-L6-v2, a hub cache folder), since the hub's users cannot read a local folder. A local base
+    without a hub id stays a path, with a warning."""
+    if not name:
+        return base
+    from jaxembed.base_model import hub_id
+
+    found = hub_id(base)
+    if found:
+        return found
+    if Path(os.path.expanduser(str(base))).exists():
+        log.warning("%s: the adapter's base model is the local folder %s, which has no hub id, so users of the hub "
+                    "cannot load the adapter (fix: push the base model too and train from its hub id, or export "
+                    "model.lora.export=merged)", name, base)
+    return base
 
 
 def loadable_folder(folder: str | os.PathLike) -> Path:
@@ -459,13 +480,14 @@ def loadable_folder(folder: str | os.PathLike) -> Path:
 
 
 def _write_adapters(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, spec, base: str, card: str | None,
-                    path: Path, **kw) -> None:
+                    path: Path, config_base: str, **kw) -> None:
     mote_spec = getattr(model.config, "mote", None)
     if mote_spec is None:
-        return _write_adapter(model, tokenizer, out, spec=spec, base=base, expert=None, card=card, path=path, **kw)
+        return _write_adapter(model, tokenizer, out, spec=spec, base=base, expert=None, card=card, path=path,
+                              config_base=config_base, **kw)
     for e, name in enumerate(mote_spec.experts):
         _write_adapter(model, tokenizer, out / name, spec=spec, base=base, expert=e, card=None, path=path / name,
-                       **kw)
+                       config_base=config_base, **kw)
     (out / "README.md").write_text(
         "# LoRA adapters of a jaxembed MoTE model, one per expert\n\nEach folder is the dense base model "
         f"`{base}` plus that expert's adapter (PEFT LoRA, rank {spec.rank}, alpha {spec.alpha}): "
@@ -473,15 +495,15 @@ def _write_adapters(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, s
 
 
 def _write_adapter(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, spec, base: str, expert: int | None,
-                   card: str | None, path: Path, hf_config: dict | None = None, prompts: dict[str, str] | None = None,
+                   card: str | None, path: Path, config_base: str, hf_config: dict | None = None, prompts: dict[str, str] | None = None,
                    default_prompt_name: str | None = None, similarity_fn_name: str = "cosine") -> None:
     """One PEFT adapter folder (see ``export_lora``), written to ``out`` (its final place: ``path``); ``expert``: a
-    MoTE expert's index."""
+    MoTE expert's index; ``config_base``: the base adapter_config.json names (``adapter_base``)."""
     from jaxembed import lora, model_card
 
     out.mkdir(parents=True, exist_ok=True)
     tensors, picked, every = lora.peft_tensors(model, expert)
-    config = lora.peft_config(spec, picked, every, base)
+    config = lora.peft_config(spec, picked, every, config_base)
     if card is None:
         card = model_card.adapter_card(base=base, rank=spec.rank, alpha=spec.alpha, layers=len(picked),
                                        modules=config["target_modules"], path=path,

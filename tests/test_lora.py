@@ -314,7 +314,7 @@ def test_lora_export_layout_and_cards(lora_run):
     assert scope["emb"].shape == (2, 32)
 
 
-def test_adapter_only_export_is_the_adapter_folder_and_pushes_it(lora_run, tmp_path, monkeypatch, capsys):
+def test_adapter_only_export_is_the_adapter_folder_and_pushes_it(lora_run, tmp_path, monkeypatch, capsys, caplog):
     """model.lora.export='adapter': `jaxembed export --workdir` writes the adapter in adapter/ (the files of the
     'both' export's adapter/) and nothing else but a README.md saying so; --push-to-hub uploads the
     adapter folder, whose card names the repository and passes the hub's checks."""
@@ -349,6 +349,28 @@ def test_adapter_only_export_is_the_adapter_folder_and_pushes_it(lora_run, tmp_p
     assert f"pushed {out / 'adapter'} to {hub.url}/org/tiny-adapter" in said.out
     meta, body = _card(out / "adapter" / "README.md")
     assert body.startswith("\n# org/tiny-adapter\n") and "SentenceTransformer('org/tiny-adapter')" in body
+    # the tiny base is a local folder without a hub id: its path stays in the config, and the push says so
+    assert json.loads((out / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
+        cfg["model"]["name"])
+    assert "org/tiny-adapter: the adapter's base model is the local folder" in caplog.text
+
+
+def test_a_pushed_adapter_names_its_base_by_hub_id(minilm_dir, tmp_path, caplog):
+    """adapter_config.json's base_model_name_or_path (where PEFT and sentence-transformers load the base from): the
+    folder as given for a local export (it loads offline), the hub id for an adapter to be pushed where the base has
+    one (the bundled all-MiniLM-L6-v2, a hub cache folder); a local base without one stays a path, with a warning."""
+    from jaxembed.export import adapter_base
+
+    assert adapter_base(str(minilm_dir), None) == str(minilm_dir)
+    assert adapter_base(str(minilm_dir), "org/x") == "sentence-transformers/all-MiniLM-L6-v2"
+    snap = tmp_path / "models--BAAI--bge-small-en-v1.5" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    assert adapter_base(str(snap), "org/x") == "BAAI/bge-small-en-v1.5"
+    assert adapter_base("BAAI/bge-small-en-v1.5", "org/x") == "BAAI/bge-small-en-v1.5"
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="jaxembed.export"):
+        assert adapter_base(str(tmp_path), "org/x") == str(tmp_path)
+    assert "has no hub id, so users of the hub cannot load the adapter" in caplog.text
 
 
 def test_lora_resume_is_bitwise_and_needs_the_same_base(lora_run, tmp_path):

@@ -56,7 +56,7 @@ def export_params(run: Run, params, out_dir: Path, *, summary: dict | None = Non
                                     name=name if lora_kind == "adapter" else None, adapter_base=run.lora_base,
                                     path=Path(out_dir) / exportlib.ADAPTER_DIR, lora_export=lora_kind)
         return exportlib.export_lora(model, run.loaded.tokenizer, out_dir, spec=run.lora, base=run.lora_base,
-                                     kind=lora_kind, adapter_card=adapter_card, **kw)
+                                     kind=lora_kind, adapter_card=adapter_card, name=name, **kw)
     return exportlib.export(model, run.loaded.tokenizer, out_dir, **kw)
 
 
