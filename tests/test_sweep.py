@@ -303,6 +303,22 @@ def test_sigterm_stops_the_sweep_at_a_checkpoint(cfg, tmp_path):
     assert not (root / "lr=3e-05").exists()  # the next run was not started
 
 
+def test_a_run_stopped_at_once_is_interrupted_not_failed(cfg, tmp_path, capsys):
+    """A run that exits 130 (a second signal stops `jaxembed train` at once) is the user's stop: the run is recorded
+    'interrupted' (no error), the sweep stops there with 130 and says how to resume; the next run is not started."""
+    launcher = tmp_path / "interrupted.sh"
+    launcher.write_text("#!/bin/sh\necho 'error: interrupted (Ctrl-C)' >&2\nexit 130\n")
+    launcher.chmod(0o755)
+    root = tmp_path / "sweep"
+    assert main(["sweep", "--config", str(cfg), "--root", str(root), "--launcher", str(launcher), "--sweep",
+                 "optim.lr=1e-5,3e-5"]) == 130
+    out = capsys.readouterr().out
+    assert "lr=1e-05: interrupted in" in out and "sweep: interrupted at lr=1e-05" in out and "failed" not in out
+    st = json.loads((root / "lr=1e-05" / "status.json").read_text())
+    assert st["status"] == "interrupted" and st["returncode"] == 130 and st["error"] == ""
+    assert not (root / "lr=3e-05").exists()
+
+
 # ------------------------------------------------------------------------------------------ report
 
 

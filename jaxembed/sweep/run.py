@@ -81,7 +81,8 @@ def write_manifest(sw: Sweep, mode: str) -> Path:
 
 
 def run_status(workdir: Path) -> dict:
-    """What a run directory says about its run: completed / preempted / failed / running / incomplete / pending."""
+    """What a run directory says about its run: completed / preempted / interrupted / failed / running / incomplete /
+    pending."""
     workdir = Path(workdir)
     summary, status = _read_json(workdir / "summary.json"), _read_json(workdir / STATUS)
     if summary and summary.get("status") == "completed":
@@ -204,7 +205,8 @@ def _run_in_process(sw, run, quiet) -> tuple[int, str]:
 
 def run_local(sw: Sweep, *, in_process: bool = False, launcher: str | None = None, quiet: bool = False,
               compile_cache: bool = True) -> int:
-    """Run every run of the sweep in turn; returns 0 (all completed), 1 (some failed) or 143 (stopped)."""
+    """Run every run of the sweep in turn; returns 0 (all completed), 1 (some failed), 143 (stopped at a
+    checkpoint) or 130 (a run was interrupted: stopped at once)."""
     n = len(sw.runs)
     env = dict(os.environ)
     cache = sw.root / ".jax_cache"
@@ -237,7 +239,10 @@ def run_local(sw: Sweep, *, in_process: bool = False, launcher: str | None = Non
                 rc, err = _run_subprocess(sw, run, launcher, quiet, stop, env)
             if stop.received is not None and rc == 0 and run_status(run.workdir)["status"] != "completed":
                 rc = 143
-            status = "completed" if rc == 0 else "preempted" if rc == 143 else "failed"
+            # 143: stopped by a signal at a checkpoint; 130: stopped at once by a second signal (Ctrl-C twice) or
+            # killed by SIGINT: the user's stop, not the run's failure
+            status = ("completed" if rc == 0 else "preempted" if rc == 143 else
+                      "interrupted" if rc in (130, -signal.SIGINT) else "failed")
             seconds = round(time.time() - t0, 1)
             write_status(run.workdir, status=status, returncode=rc, attempts=attempts, seconds=seconds,
                          error=err[-4000:] if status == "failed" else "")
@@ -246,6 +251,10 @@ def run_local(sw: Sweep, *, in_process: bool = False, launcher: str | None = Non
                                                          if status == "failed" else ""), flush=True)
             if status == "failed" and err:
                 print("  " + "\n  ".join(err.splitlines()[-6:]), flush=True)
+            if status == "interrupted":
+                print(f"sweep: interrupted at {run.name} (from its latest checkpoint, if any); run the same command "
+                      "to resume")
+                return 130
             if status == "preempted" or stop.received is not None:
                 print(f"sweep: stopped at {run.name} (checkpoint saved); run the same command to resume")
                 return 143
