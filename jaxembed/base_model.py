@@ -1,16 +1,18 @@
 """What a model card says of its base model, read offline: its hub id (``hub_id``: a repo id as given, a hub
 cache folder, the bundled all-MiniLM-L6-v2 package, an earlier jaxembed export's own base) and its license
 (``license_of``: the base folder's README.md front matter; ``hub_license``: the hub's identifier or ``other`` with
-a ``license_name``)."""
+a ``license_name``), and the base a pushed LoRA adapter's config names (``adapter_base``)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
 
 
+log = logging.getLogger(__name__)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _CACHE_SNAPSHOT = re.compile(r"models--([^/]+?)--([^/]+)/snapshots/")
 
@@ -33,6 +35,24 @@ def hub_id(name: str | os.PathLike | None) -> str | None:
     if m:
         return f"{m.group(1)}/{m.group(2)}"
     return _bundled_id(p)
+
+
+def adapter_base(base: str, name: str | None) -> str:
+    """The base model an adapter's adapter_config.json names (``base_model_name_or_path``, where PEFT and
+    sentence-transformers load the base from): ``base`` as given (a local folder loads offline), but for an adapter
+    to be pushed to the hub (``name``) the base's hub id where it has one (``jaxembed.base_model.hub_id``: the
+    bundled all-MiniLM-L6-v2, a hub cache folder), since the hub's users cannot read a local folder. A local base
+    without a hub id stays a path, with a warning."""
+    if not name:
+        return base
+    found = hub_id(base)
+    if found:
+        return found
+    if Path(os.path.expanduser(str(base))).exists():
+        log.warning("%s: the adapter's base model is the local folder %s, which has no hub id, so users of the hub "
+                    "cannot load the adapter (fix: push the base model too and train from its hub id, or export "
+                    "model.lora.export=merged)", name, base)
+    return base
 
 
 def _bundled_id(folder: Path) -> str | None:

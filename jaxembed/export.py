@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxembed import __version__, atomic_files, models
+from jaxembed import __version__, atomic_files, base_model, models
 from jaxembed.errors import UserError
 from jaxembed.models.embedding import DENSE_ACTIVATIONS, EmbeddingModel
 from jaxembed.tokenizer import Tokenizer
@@ -414,7 +414,7 @@ def export_lora(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
     A MoTE model whose experts share their base weights (up-cycled from a dense model) gets one adapter folder per
     expert, ``DIR/adapter/<expert>/``. ``model_card`` (in ``kw``) is the merged folder's README.md,
     ``adapter_card`` the adapter folder's (default: ``jaxembed.model_card.adapter_card``). ``name``: the hub id
-    the adapter will be pushed to (its config then names the base by hub id: ``adapter_base``)."""
+    the adapter will be pushed to (its config then names the base by hub id: ``base_model.adapter_base``)."""
     from jaxembed import lora
 
     if kind not in lora.EXPORTS:
@@ -440,32 +440,13 @@ def export_lora(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
                 f"SentenceTransformer\nmodel = SentenceTransformer({where!r})\n```\n", encoding="utf-8")
         kw.pop("model_card", None)
         _write_adapters(model, tokenizer, tmp / ADAPTER_DIR, spec=spec, base=base, card=adapter_card,
-                        path=Path(out_dir) / ADAPTER_DIR, config_base=adapter_base(base, name), **kw)
+                        path=Path(out_dir) / ADAPTER_DIR, config_base=base_model.adapter_base(base, name),
+                        **kw)
     return Path(out_dir)
 
 
 #: the subfolder of a LoRA export that holds the PEFT adapter (``export_lora``)
 ADAPTER_DIR = "adapter"
-
-
-def adapter_base(base: str, name: str | None) -> str:
-    """The base model an adapter's adapter_config.json names (``base_model_name_or_path``, where PEFT and
-    sentence-transformers load the base from): ``base`` as given (a local folder loads offline), but for an adapter
-    to be pushed to the hub (``name``) the base's hub id where it has one (``jaxembed.base_model.hub_id``: the
-    bundled all-MiniLM-L6-v2, a hub cache folder), since the hub's users cannot read a local folder. A local base
-    without a hub id stays a path, with a warning."""
-    if not name:
-        return base
-    from jaxembed.base_model import hub_id
-
-    found = hub_id(base)
-    if found:
-        return found
-    if Path(os.path.expanduser(str(base))).exists():
-        log.warning("%s: the adapter's base model is the local folder %s, which has no hub id, so users of the hub "
-                    "cannot load the adapter (fix: push the base model too and train from its hub id, or export "
-                    "model.lora.export=merged)", name, base)
-    return base
 
 
 def loadable_folder(folder: str | os.PathLike) -> Path:
@@ -495,10 +476,11 @@ def _write_adapters(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, s
 
 
 def _write_adapter(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, spec, base: str, expert: int | None,
-                   card: str | None, path: Path, config_base: str, hf_config: dict | None = None, prompts: dict[str, str] | None = None,
-                   default_prompt_name: str | None = None, similarity_fn_name: str = "cosine") -> None:
+                   card: str | None, path: Path, config_base: str, hf_config: dict | None = None,
+                   prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
+                   similarity_fn_name: str = "cosine") -> None:
     """One PEFT adapter folder (see ``export_lora``), written to ``out`` (its final place: ``path``); ``expert``: a
-    MoTE expert's index; ``config_base``: the base adapter_config.json names (``adapter_base``)."""
+    MoTE expert's index; ``config_base``: the base adapter_config.json names (``base_model.adapter_base``)."""
     from jaxembed import lora, model_card
 
     out.mkdir(parents=True, exist_ok=True)

@@ -359,7 +359,7 @@ def test_a_pushed_adapter_names_its_base_by_hub_id(minilm_dir, tmp_path, caplog)
     """adapter_config.json's base_model_name_or_path (where PEFT and sentence-transformers load the base from): the
     folder as given for a local export (it loads offline), the hub id for an adapter to be pushed where the base has
     one (the bundled all-MiniLM-L6-v2, a hub cache folder); a local base without one stays a path, with a warning."""
-    from jaxembed.export import adapter_base
+    from jaxembed.base_model import adapter_base
 
     assert adapter_base(str(minilm_dir), None) == str(minilm_dir)
     assert adapter_base(str(minilm_dir), "org/x") == "sentence-transformers/all-MiniLM-L6-v2"
@@ -368,7 +368,7 @@ def test_a_pushed_adapter_names_its_base_by_hub_id(minilm_dir, tmp_path, caplog)
     assert adapter_base(str(snap), "org/x") == "BAAI/bge-small-en-v1.5"
     assert adapter_base("BAAI/bge-small-en-v1.5", "org/x") == "BAAI/bge-small-en-v1.5"
     assert not caplog.records
-    with caplog.at_level("WARNING", logger="jaxembed.export"):
+    with caplog.at_level("WARNING", logger="jaxembed.base_model"):
         assert adapter_base(str(tmp_path), "org/x") == str(tmp_path)
     assert "has no hub id, so users of the hub cannot load the adapter" in caplog.text
 

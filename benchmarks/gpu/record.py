@@ -60,7 +60,8 @@ def line_train(r: dict) -> str:
         fj, fs = j.get("fixed", {}), s.get("fixed", {})
         both_fixed = "examples_per_s" in fj and "examples_per_s" in fs  # then compared below
         bits = []
-        for k, d in (("fixed", None if both_fixed else j.get("fixed")), ("packed", j.get("packed")), ("padded", j.get("padded")), ("ST", s.get("natural")),
+        for k, d in (("fixed", None if both_fixed else j.get("fixed")), ("packed", j.get("packed")),
+                     ("padded", j.get("padded")), ("ST", s.get("natural")),
                      (f"ST padding-free [{(s.get('flat') or {}).get('attention')}]", s.get("flat")),
                      ("ST fixed", None if both_fixed else s.get("fixed"))):
             if d and "examples_per_s" in d:
@@ -269,7 +270,8 @@ def _record(summary: dict, parts: dict, results_dir, readme) -> list[str]:
             result += "; " + line_train_compare(r)
         result = result.replace("|", "/")  # a table cell
         if len(summary.get("calls") or []) > 1:
-            setting += f" ({len(summary['calls'])} calls of one session merged, each arm from the call that measured it)"
+            setting += (f" ({len(summary['calls'])} calls of one session merged, each arm from the call that "
+                        "measured it)")
         line = f"| {summary.get('date')} | gpu {part} | {name} | {setting} | {result} | {command_of(summary)} |"
         lines.append(record_line(line, readme=Path(readme) if readme else None))
     save_result(f"gpu_summary_{slug}", summary, Path(results_dir) if results_dir else None)
