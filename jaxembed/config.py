@@ -108,6 +108,7 @@ def default_config() -> mc.ConfigDict:
         checkpoint_minutes=0.0,  # also save every N minutes (0 = off)
         keep_checkpoints=2,
         async_checkpoints=True,
+        compile_cache=True,     # keep compiled programs in WORKDIR/jax_cache: a resumed run does not compile again
         max_nonfinite=5,        # stop after this many non-finite steps in a row
         mesh_data=-1, mesh_fsdp=1,
         param_sharding="replicate",

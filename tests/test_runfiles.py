@@ -190,3 +190,40 @@ def test_workdir_lock_dies_with_its_process(tmp_path):
     assert (wd / "run.lock").exists()
     with WorkdirLock(wd):
         assert json.loads((wd / "run.lock").read_text())["pid"] == os.getpid()
+
+
+def test_compile_cache_follows_the_run_unless_the_user_set_one(tmp_path):
+    """train.compile_cache: JAX's persistent compilation cache in WORKDIR/jax_cache (a jitted program written there
+    and loaded back), a later run of the same process moves it to its own run directory, off turns it off, and a
+    cache the user configured (here the suite's, tests/conftest.py) stays whatever the run says."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    from jaxembed import compile_cache
+
+    suite = jax.config.jax_compilation_cache_dir
+    assert suite and compile_cache.use_for_run(tmp_path / "a", True) == Path(suite)  # the user's: kept
+    assert compile_cache.use_for_run(tmp_path / "a", False) == Path(suite)
+    min_time = jax.config.jax_persistent_cache_min_compile_time_secs
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        cc.reset_cache()
+        assert compile_cache.use_for_run(tmp_path / "a", True) == (tmp_path / "a" / "jax_cache").absolute()
+        f = lambda x: jnp.sin(x) * 3.0 + 1.0  # noqa: E731
+        jax.jit(f)(jnp.arange(7.0)).block_until_ready()
+        assert any((tmp_path / "a" / "jax_cache").iterdir())
+        hits = compile_cache.hits()
+        jax.clear_caches()  # the in-memory cache: the next call goes to the persistent one
+        jax.jit(f)(jnp.arange(7.0)).block_until_ready()
+        assert compile_cache.hits() > hits  # f (and arange) loaded from WORKDIR/jax_cache
+        assert compile_cache.use_for_run(tmp_path / "b", True) == (tmp_path / "b" / "jax_cache").absolute()
+        assert jax.config.jax_compilation_cache_dir == str((tmp_path / "b" / "jax_cache").absolute())
+        assert compile_cache.use_for_run(tmp_path / "c", False) is None
+        assert not jax.config.jax_compilation_cache_dir and not (tmp_path / "c").exists()
+    finally:
+        jax.config.update("jax_compilation_cache_dir", suite)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
+        cc.reset_cache()
+        compile_cache._ours = None

@@ -127,10 +127,15 @@ def test_run_directory_holds_everything(straight_run):
     np.testing.assert_allclose(ours, m.encode(["a test sentence", "another one"]), atol=1e-5)
 
 
-def _start(config_file, wd, *extra, pause=None):
+def _start(config_file, wd, *extra, pause=None, own_cache=False):
     # texts are cut to 16 tokens (one length bucket) and compiled programs are shared through the suite's persistent
-    # cache (tests/conftest.py), so each process compiles little. pause=(step, marker): tests/signal_pause.py
+    # cache (tests/conftest.py), so each process compiles little. pause=(step, marker): tests/signal_pause.py.
+    # own_cache: without the suite's cache, so the run keeps its programs in its own WORKDIR/jax_cache (every
+    # program, however fast it compiled)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if own_cache:
+        env.pop("JAX_COMPILATION_CACHE_DIR", None)
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     cmd = [str(Path(sys.executable).parent / "jaxembed")]
     if pause is not None:
         cmd = [sys.executable, str(Path(__file__).parent / "signal_pause.py"), str(pause[0]), str(pause[1])]
@@ -145,11 +150,13 @@ def test_signal_saves_then_resume_is_bitwise_identical(straight_run, config_file
 
     While it is paused, a second `jaxembed train` on the same workdir (no pod) is refused at once naming the first,
     which goes on alone (its metrics only). The runs' output: a visible start, one line per stage, and (no
-    terminal: no progress bar) a plain progress line with the ETA."""
+    terminal: no progress bar) a plain progress line with the ETA. SIGTERM's runs use their own compilation cache
+    (WORKDIR/jax_cache, the default outside the suite): the resumed run loads its train step from it."""
     wd_straight, _ = straight_run
     wd = tmp_path / "term"
     marker = tmp_path / "at_step"
-    proc = _start(config_file, wd, pause=(4, marker))
+    own = sig == signal.SIGTERM
+    proc = _start(config_file, wd, pause=(4, marker), own_cache=own)
     t0 = time.time()
     while not marker.exists():
         assert proc.poll() is None, "the run ended before step 4:\n" + proc.stdout.read()[-3000:]
@@ -174,11 +181,16 @@ def test_signal_saves_then_resume_is_bitwise_identical(straight_run, config_file
                   f"run directory: {wd} (a new run", "training: steps 1-8; compiling the train step first"):
         assert any(x.startswith(start) for x in lines), (start, out[-3000:])
     assert "(bert, 2 layers, hidden 32, " in out and "stsb " in out and "wikiqa " in out
+    if own:
+        assert any(x.startswith("train step: compiled in ") and x.endswith(f"(kept in {wd / 'jax_cache'})")
+                   for x in lines), out[-3000:]
     assert not (wd / "run.lock").exists()
-    proc = _start(config_file, wd)
+    proc = _start(config_file, wd, own_cache=own)
     out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, out[-3000:]
     assert "resuming at step 4 of 8" in out and "training: steps 5-8" in out
+    if own:
+        assert f"train step: loaded from the compilation cache {wd / 'jax_cache'} in " in out, out[-3000:]
     assert any(x.startswith("train: step 8/8 (100 %), ") and ", ETA 0m00s" in x for x in out.splitlines()), out[-3000:]
     a, _ = _params_at(wd, 8)
     b, _ = _params_at(wd_straight, 8)

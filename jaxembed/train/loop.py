@@ -13,7 +13,7 @@ import jax
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import atomic_files, parallel, pod
+from jaxembed import atomic_files, compile_cache, parallel, pod
 from jaxembed.errors import UserError
 from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.train.export import export_params, host_params
@@ -59,6 +59,7 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
     run = setup(config, workdir, lock=lock)
     c = run.config
     workdir = run.workdir
+    cache_dir = compile_cache.use_for_run(workdir, c.train.compile_cache)
     is_main = pod.is_main()
     multi = pod.process_count() > 1
     ckpt = Checkpointer(workdir / "checkpoints", keep_last=c.train.keep_checkpoints,
@@ -149,10 +150,14 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
                 for step in range(start, total if status == "completed" else start):
                     host_batch = next(loader)
                     batch = to_global(host_batch, rows_sharding)
+                    t_call, hits0 = time.time(), compile_cache.hits()
                     if run.routes is not None:  # MoTE: a one-task batch takes the one-expert-per-call path
                         state, m = step_fn(state, batch, single_task=bool(run.plan.task_ids[step] >= 0))
                     else:
                         state, m = step_fn(state, batch)
+                    if step == start:  # the call compiled the step (dispatch itself returns at once)
+                        monitor.message(_compiled_message(time.time() - t_call, compile_cache.hits() > hits0,
+                                                          cache_dir))
                     hs = batch_stats(host_batch, loader.batcher.shards if run.packing is not None else 1)
                     hs["task"] = int(run.plan.task_ids[step]) if hasattr(run.plan, "task_ids") else -1
                     pending.append((step, m, hs))
@@ -262,6 +267,14 @@ def _worse_than_start(dev: dict, mode: str) -> str:
     best = "the starting model (step 0)" if dev["best_step"] == 0 else f"step {dev['best_step']}"
     return (f"dev {dev['metric']}: {start:.4g} before training, {last:.4g} at step {dev['last_step']}: training made "
             f"it worse; the best is {best} ({dev['best']:.4g})")
+
+
+def _compiled_message(seconds: float, hit: bool, cache_dir: Path | None) -> str:
+    """What the first step's call said about the train step's program: compiled, or loaded from the cache."""
+    if hit:
+        return f"train step: loaded from the compilation cache {cache_dir} in {seconds:.1f}s"
+    kept = cache_dir is not None and seconds >= jax.config.jax_persistent_cache_min_compile_time_secs
+    return f"train step: compiled in {seconds:.1f}s" + (f" (kept in {cache_dir})" if kept else "")
 
 
 def _nonfinite_message(run: Run, step: int, first: int, count: int, task: int) -> str:
