@@ -300,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as e:
-        # the disk filled up, or a folder stopped being writable, during the work (the outputs were checked writable
-        # before it began): one line instead of a traceback. Writers replace their files through temporary ones
+        # the disk filled up, a file system turned read-only, or a path is not readable or writable for this user,
+        # during the work (the outputs were checked writable before it began): one line instead of a traceback. Writers replace their files through temporary ones
         # (jaxembed.atomic_files), so a file being written is left as it was.
         fix = _DISK_FIXES.get(e.errno)
         if fix is None:
@@ -312,13 +312,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-#: errno -> the fix, for a disk that fails a command during its work (an error line, exit status 1)
+#: errno -> the fix, for a disk or a permission that fails a command during its work (an error line, exit 1)
 _DISK_FIXES = {errno.ENOSPC: "free some space on that disk, or write to another one, then run the same command "
                              "again",
                errno.EDQUOT: "free some of your disk quota, or write to another disk, then run the same command again",
                errno.EROFS: "the file system became read-only: write to another folder",
-               errno.EACCES: "make the folder writable for you, or write to another one",
-               errno.EPERM: "make the folder writable for you, or write to another one"}
+               errno.EACCES: "check that you may read or write that path, or use another one",
+               errno.EPERM: "check that you may read or write that path, or use another one"}
 
 
 def _stdout_reader_gone() -> bool:

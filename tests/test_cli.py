@@ -76,6 +76,15 @@ def test_encode_that_fails_while_writing_keeps_the_earlier_output(minilm_dir, tm
                           "some space") and err.count("\n") == 1, err
     assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["emb.npy", "in.txt"]
 
+    def denied(path, arr):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(np, "save", denied)
+    assert main(["encode", "--model", str(minilm_dir), "--input", str(src), "--out", str(out), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: Permission denied (") and "(fix: check that you may read or write that path" in err
+    assert out.read_bytes() == before
+
 
 @pytest.mark.parametrize("lines,match", [
     (['{"text": "ok"}', '{"text": "broken'], r"in\.jsonl:2: invalid JSON"),
