@@ -58,6 +58,7 @@ def default_config() -> mc.ConfigDict:
         steps=1000,
         dropout=True,           # the model's dropout while training
         log_every=10, checkpoint_every=200, checkpoint_minutes=0.0, keep_checkpoints=2, async_checkpoints=True,
+        compile_cache=True,     # keep compiled programs in WORKDIR/jax_cache: a resumed run does not compile again
         max_nonfinite=5,        # stop after this many non-finite steps in a row
         progress=config_dict.placeholder(bool),
     ))

@@ -38,7 +38,7 @@ import optax
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import loading, models, parallel
+from jaxembed import compile_cache, loading, models, parallel
 from jaxembed.train import optim
 from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.errors import UserError
@@ -328,6 +328,7 @@ def _pretrain(config, workdir, max_steps: int | None, lock) -> dict:
     c = config
     run = setup(config, workdir, progress=c.train.progress, lock=lock)
     workdir = run.workdir
+    compile_cache.use_for_run(workdir, c.train.compile_cache)
     for n in run.notes:
         print(n)
     ckpt = Checkpointer(workdir / "checkpoints", keep_last=c.train.keep_checkpoints,
