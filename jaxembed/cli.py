@@ -279,9 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit status: 0, 1 when a disk fails it (full, read-only, not writable; one line), 2 for a
-    user error (one line), 130 for Ctrl-C (SIGINT; one line), 141 when the reader of standard output has closed
-    it."""
+    """Run one command; its exit status: 0, 1 when a disk or a permission fails it during its work (full, read-only,
+    not readable or writable; one line), 2 for a user error (one line), 130 for Ctrl-C (SIGINT; one line), 141 when
+    the reader of standard output has closed it."""
     name = ["jaxembed"]
     try:
         return _main(argv, name)
@@ -301,8 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except OSError as e:
         # the disk filled up, a file system turned read-only, or a path is not readable or writable for this user,
-        # during the work (the outputs were checked writable before it began): one line instead of a traceback. Writers replace their files through temporary ones
-        # (jaxembed.atomic_files), so a file being written is left as it was.
+        # during the work (the outputs were checked writable before it began): one line instead of a traceback.
+        # Writers replace their files through temporary ones (jaxembed.atomic_files), so a file being written is
+        # left as it was.
         fix = _DISK_FIXES.get(e.errno)
         if fix is None:
             raise

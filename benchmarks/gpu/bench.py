@@ -348,8 +348,8 @@ def part_train(w: Workers, cfg: dict, until: float, out_dir: Path, peak: float |
     total = max(until - t0, 0.0)
     weights = [WEIGHT.get(n, 1.0) for n, _ in specs]
     st_until = t0 + cfg["st_share"] * total
-    # the worker splits its time by weight as each model starts (torch's import and the first model's setup
-    # must not eat the first model's share: on the H200 of 2026-11-28 MiniLM's arms were skipped so)
+    # the worker splits its time by weight as each model starts, so torch's import and the first model's setup do
+    # not eat the first model's share
     st_models = [[name, int(b), wt] for (name, b), wt in zip(specs, weights)]
     if cfg["st_settings"]:
         log(f"part 2: sentence-transformers, {len(specs)} models, {st_until - time.time():.0f} s")
@@ -360,8 +360,9 @@ def part_train(w: Workers, cfg: dict, until: float, out_dir: Path, peak: float |
     for i, left, share in time_shares(weights if cfg["jax_settings"] else [], until):
         name, b = specs[i]
         entry = res["models"][name]
-        # a worker needs jax_min_s to set up, compile and time its first wave (H200, 2026-11-28: setup 20 s,
-        # compilation 61-69 s): a model gets at least that, so the first models finish rather than all time out
+        # a worker needs about jax_min_s to set up, compile and time its first wave (the setup and compile times
+        # of the H200 record, benchmarks/gpu/README.md): a model gets at least that, so the first models finish
+        # rather than all time out
         if left < cfg["jax_min_s"]:
             entry["skipped"] = f"{left:.0f} s left for the part, {cfg['jax_min_s']} s needed"
             write_json(path, res)
