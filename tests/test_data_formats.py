@@ -297,7 +297,10 @@ def _cfg(tmp_path, **kw):
     (dict(temperature=0.0), r"data\.datasets\[1\]\.temperature: 0\.0 must be a number > 0"),
     (dict(temperature=-1.0), r"temperature: -1\.0 must be a number > 0"),
     (dict(num_negatives=-1), r"data\.datasets\[1\]\.num_negatives: -1 must be an integer >= 0"),
-    (dict(max_query_length=0), r"max_query_length: 0 must be a positive integer"),
+    (dict(max_query_length=0), r"data\.datasets\[1\]\.max_query_length = 0 is too short: .* at least 2"),
+    (dict(max_doc_length=1), r"data\.datasets\[1\]\.max_doc_length = 1 is too short: a max length counts the "
+                             r"special tokens"),  # the same rule as model.max_length, also outside training
+    (dict(max_doc_length=64.0), r"max_doc_length = 64\.0 is not a whole number of tokens"),
     (dict(weight=-2.0), r"weight: -2\.0 must be a number > 0"),
     (dict(weight=1.0, epochs=2.0), r"data\.datasets\[1\]: set weight or epochs, not both"),
     (dict(name="a"), r"data\.datasets\[1\]\.name: 'a' is used by another dataset"),
