@@ -210,9 +210,10 @@ def merge(folders: list[Path]) -> tuple[dict, dict]:
     from bench import targets
 
     summaries = [json.loads((f / "summary.json").read_text(encoding="utf-8")) for f in folders]
+    per_call = [_parts_of(f) for f in folders]
     parts: dict = {}
-    for part, fname in FILES.items():
-        found = [json.loads((f / fname).read_text(encoding="utf-8")) for f in folders if (f / fname).is_file()]
+    for part in FILES:
+        found = [p[part] for p in per_call if part in p]
         if found:
             parts[part] = merge_train(found) if part == "train" and len(found) > 1 else found[-1]
     summary = dict(summaries[-1], calls=[{k: s.get(k) for k in ("started", "argv", "device", "todo")}
@@ -242,6 +243,12 @@ def command_of(summary: dict) -> str:
     return "; then ".join(one(c.get("argv")) for c in calls)
 
 
+def _parts_of(folder: Path) -> dict:
+    """{part: result} of the part files one call wrote."""
+    return {part: json.loads((folder / fname).read_text(encoding="utf-8"))
+            for part, fname in FILES.items() if (folder / fname).is_file()}
+
+
 def record(folder, results_dir=None, readme=None) -> list[str]:
     """Record one call's folder, or several calls' folders merged (``merge``)."""
     folders = [Path(f) for f in folder] if isinstance(folder, (list, tuple)) else [Path(folder)]
@@ -249,8 +256,7 @@ def record(folder, results_dir=None, readme=None) -> list[str]:
         summary, parts = merge(folders)
     else:
         summary = json.loads((folders[0] / "summary.json").read_text(encoding="utf-8"))
-        parts = {part: json.loads((folders[0] / fname).read_text(encoding="utf-8"))
-                 for part, fname in FILES.items() if (folders[0] / fname).is_file()}
+        parts = _parts_of(folders[0])
     return _record(summary, parts, results_dir, readme)
 
 

@@ -384,8 +384,10 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
         raise UserError(f"{w}: set weight or epochs, not both")
     for k in ("max_query_length", "max_doc_length"):
         v = _get(ds, k)
-        if v is not None:  # the rule of every max length (at least the special tokens); training adds the model's
-            from jaxembed.loading import check_max_length  # position table as its upper bound
+        if v is not None:
+            # the rule of every max length (at least the special tokens); training adds the model's position table
+            # as its upper bound. Imported here: jaxembed.loading brings jax, which a data config check needs not.
+            from jaxembed.loading import check_max_length
 
             check_max_length(v, f"{w}.{k}", None, "")
     thr = _get(ds, "score_threshold")

@@ -150,12 +150,13 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
                 for step in range(start, total if status == "completed" else start):
                     host_batch = next(loader)
                     batch = to_global(host_batch, rows_sharding)
-                    t_call, hits0 = time.time(), compile_cache.hits()
+                    if step == start:  # this call compiles the step (its dispatch returns at once)
+                        t_call, hits0 = time.time(), compile_cache.hits()
                     if run.routes is not None:  # MoTE: a one-task batch takes the one-expert-per-call path
                         state, m = step_fn(state, batch, single_task=bool(run.plan.task_ids[step] >= 0))
                     else:
                         state, m = step_fn(state, batch)
-                    if step == start:  # the call compiled the step (dispatch itself returns at once)
+                    if step == start:
                         monitor.message(_compiled_message(time.time() - t_call, compile_cache.hits() > hits0,
                                                           cache_dir))
                     hs = batch_stats(host_batch, loader.batcher.shards if run.packing is not None else 1)
