@@ -26,7 +26,7 @@ from jaxembed import models
 from jaxembed.errors import UserError
 from jaxembed.models.embedding import DENSE_ACTIVATIONS, DenseSpec, EmbeddingModel, HeadConfig
 from jaxembed.models.layers import to_dtype
-from jaxembed.tokenizer import Tokenizer
+from jaxembed.tokenizer import Tokenizer, missing_tokenizer_files
 
 log = logging.getLogger(__name__)
 
@@ -329,8 +329,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", param_dtype
         st.head = dataclasses.replace(st.head, **{k: v for k, v in (("pooling", pooling), ("normalize", normalize))
                                                   if v is not None})
     tdir = st.transformer_dir
-    if not (tdir / "config.json").exists():
-        raise ModelLoadError(f"{tdir}: no config.json; is this a Hugging Face model folder?")
+    if not (tdir / "config.json").is_file():
+        check_complete(tdir)  # names config.json and whatever else is missing
     for name, value in (("dtype", dtype), ("param_dtype", param_dtype)):
         to_dtype(value)
     hf_config = _read_json(tdir / "config.json")
@@ -339,9 +339,12 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", param_dtype
                                        param_dtype=param_dtype, remat=remat, **arch_overrides)
     except (TypeError, ValueError) as e:
         raise ModelLoadError(f"{tdir / 'config.json'}: {e}") from None
+    check_complete(tdir)
     limit, table = config_position_limit(config), _position_table(config, tdir / "config.json")
     if max_length:  # asked for: checked before any weight is read
         check_max_length(max_length, "--max-length / model.max_length", limit, table)
+    ml = max_length or st.max_seq_length
+    tok = Tokenizer.from_folder(tdir, ml, lowercase=st.do_lower_case)  # checked on a probe before any weight
     tensors, wsource = read_weights(tdir)
     backbone, config = models.load_weights(config, tensors, source=wsource)
     del tensors
@@ -352,13 +355,30 @@ def load(name_or_path: str | os.PathLike, *, dtype: str = "float32", param_dtype
         layer.linear.kernel.value = jnp.asarray(np.asarray(w["linear.weight"], np.float32).T, pdt)
         if layer.linear.bias is not None:
             layer.linear.bias.value = jnp.asarray(np.asarray(w["linear.bias"], np.float32), pdt)
-    ml = max_length or st.max_seq_length
-    tok = Tokenizer.from_folder(tdir, ml, lowercase=st.do_lower_case)
     if limit is not None and tok.max_length > limit:  # the folder's own max_seq_length: capped, said once
         log.warning("%s: the folder's max length %d is longer than the position table: %d positions (%s); texts "
                     "are cut at %d tokens", folder, tok.max_length, limit, table, limit)
         tok.max_length = limit
     return Loaded(model, tok, hf_config, st, folder)
+
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def check_complete(tdir: Path) -> None:
+    """A model folder holds what ``load`` needs before any of it is read: config.json, a weights file and a
+    tokenizer's files (the tokenizer is then checked on a probe sentence, ``jaxembed.tokenizer.check_round_trip``).
+    Otherwise one ModelLoadError naming everything missing and the fix."""
+    missing = [] if (tdir / "config.json").is_file() else ["config.json"]
+    if not any((tdir / n).is_file() for n in _WEIGHT_FILES):
+        missing.append("weights found (" + ", ".join(_WEIGHT_FILES[:3]) + ")")
+    tok = missing_tokenizer_files(tdir)
+    if tok:
+        missing.append(tok)
+    if missing:
+        raise ModelLoadError(f"{tdir}: not a complete model folder: no {'; no '.join(missing)} (fix: copy the "
+                             "whole model folder again -- weights, config.json and the tokenizer files of the same "
+                             "model -- or pass the folder that holds them)")
 
 
 def _load_mote(backbone, tdir: Path, spec, task: str | None):

@@ -9,12 +9,25 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from jaxembed.errors import UserError
+
 log = logging.getLogger(__name__)
+
+#: The sentence every tokenizer is checked on when it is loaded: it must come back from ``decode(encode(.))``
+#: with the same letters and digits (case aside). A folder without its tokenizer files gets from transformers an
+#: empty tokenizer that turns every word into [UNK], and a model fed that gives wrong embeddings without an error.
+PROBE = "The quick brown fox jumps over the lazy dog, 42 times."
+#: What counts as a tokenizer's files: one of these sets must be in the folder.
+TOKENIZER_FILES = (("tokenizer.json",), ("vocab.txt",), ("vocab.json", "merges.txt"), ("*.model",))
+_HOW_TO_FIX = ("copy the tokenizer files of the model the weights come from into the folder (tokenizer.json, "
+               "tokenizer_config.json, special_tokens_map.json, vocab.txt ...), e.g. with transformers.AutoTokenizer"
+               ".from_pretrained(BASE).save_pretrained(FOLDER)")
 
 
 def length_buckets(max_length: int, smallest: int = 16) -> tuple[int, ...]:
@@ -44,6 +57,31 @@ def _file_model_type(folder: str | os.PathLike) -> str | None:
         return None
 
 
+def missing_tokenizer_files(folder: str | os.PathLike) -> str | None:
+    """What a folder lacks to hold a tokenizer (None when one of ``TOKENIZER_FILES``'s sets is there)."""
+    folder = Path(folder)
+    for names in TOKENIZER_FILES:
+        if all(any(folder.glob(n)) if "*" in n else (folder / n).is_file() for n in names):
+            return None
+    return "tokenizer files (tokenizer.json, vocab.txt, vocab.json + merges.txt, or a SentencePiece *.model)"
+
+
+def _letters(text: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", text.lower())
+
+
+def check_round_trip(hf, folder: str | os.PathLike) -> None:
+    """UserError unless ``hf`` reads ``PROBE`` back: its tokens, decoded, give the probe's letters and digits
+    (no [UNK]-only encoding, no empty one)."""
+    ids = hf(PROBE, add_special_tokens=False)["input_ids"]
+    back = hf.decode(ids, skip_special_tokens=True) if ids else ""
+    if _letters(back) == _letters(PROBE):
+        return
+    shown = " ".join(hf.convert_ids_to_tokens(ids[:12])) + (" ..." if len(ids) > 12 else "") if ids else "no tokens"
+    raise UserError(f"{folder}: the tokenizer does not read back the probe sentence {PROBE!r}: it makes {shown} "
+                    f"(its files are incomplete or belong to another model; fix: {_HOW_TO_FIX})")
+
+
 def load_hf_tokenizer(folder: str | os.PathLike):
     """The folder's Hugging Face tokenizer, as ``AutoTokenizer`` (and so sentence-transformers) loads it, unless
     that tokenizer differs from the folder's tokenizer.json: transformers 5 picks the tokenizer class from
@@ -52,7 +90,20 @@ def load_hf_tokenizer(folder: str | os.PathLike):
     config becomes a byte-level BPE with no merges (one token per character, the first letter dropped). When the
     loaded tokenizer's model (BPE, WordPiece, ...) differs from tokenizer.json's, the file is loaded as it is
     (``PreTrainedTokenizerFast``, special tokens from tokenizer_config.json), with a warning: sentence-transformers
-    would still feed such a folder's model the rebuilt tokenizer's ids."""
+    would still feed such a folder's model the rebuilt tokenizer's ids.
+
+    Checked first, for every command that loads a tokenizer: the folder holds tokenizer files
+    (``missing_tokenizer_files``) and the tokenizer reads ``PROBE`` back (``check_round_trip``); otherwise one
+    UserError naming the folder, what is missing and the fix."""
+    missing = missing_tokenizer_files(folder)
+    if missing:
+        raise UserError(f"{folder}: no {missing}, so every word would become [UNK] (fix: {_HOW_TO_FIX})")
+    hf = _auto_tokenizer(folder)
+    check_round_trip(hf, folder)
+    return hf
+
+
+def _auto_tokenizer(folder: str | os.PathLike):
     from transformers import AutoTokenizer  # tokenizers only; transformers needs no torch for this
 
     hf = AutoTokenizer.from_pretrained(str(folder))
