@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from jaxembed import __version__, atomic_files, base_model, models
+from jaxembed.data import leftovers
 from jaxembed.errors import UserError
 from jaxembed.models.embedding import DENSE_ACTIVATIONS, EmbeddingModel
 from jaxembed.tokenizer import Tokenizer
@@ -100,16 +101,16 @@ def export(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.PathLi
     hf_config: the original config.json (kept for fields we do not model, e.g. ``_name_or_path``), overlaid
     with our architecture fields. A MoTE model is written as the full MoTE export (see ``export_mote``).
 
-    The folder is written as a whole (``jaxembed.atomic_files.atomic_dir``): under a temporary name, renamed into place
-    when complete, so a stop or a full disk during the export leaves no half folder (and an earlier export there
-    stays as it was)."""
+    The folder is written as a whole (``jaxembed.data.leftovers.atomic_dir``): under a temporary name, renamed into
+    place when complete, so a stop or a full disk during the export leaves no half folder (and an earlier export there
+    stays as it was); the temporary folders of killed exports beside it are removed."""
     if getattr(model.config, "mote", None) is not None:
         return export_mote(model, tokenizer, out_dir, hf_config=hf_config, prompts=prompts,
                            default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name,
                            model_card=model_card)
     if model_card is None:
         model_card = _card(model.config, model.head, prompts, max_length=tokenizer.max_length, path=out_dir)
-    with atomic_files.atomic_dir(out_dir) as tmp:
+    with leftovers.atomic_dir(out_dir) as tmp:
         _write_dense(model, tokenizer, tmp, hf_config=hf_config, prompts=prompts,
                      default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name,
                      model_card=model_card)
@@ -232,7 +233,7 @@ def export_mote(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
     spec = model.config.mote
     card = kw.pop("model_card", None) or _mote_card(model, spec, out_dir)
     kw = {"hf_config": None, "prompts": None, "default_prompt_name": None, "similarity_fn_name": "cosine", **kw}
-    with atomic_files.atomic_dir(out_dir) as out:  # written as a whole, like export()
+    with leftovers.atomic_dir(out_dir) as out:  # written as a whole, like export()
         _write_dense(mote.extract_expert(model, spec.default), tokenizer, out,
                      model_card=card, **kw)
         modules = json.loads((out / "modules.json").read_text(encoding="utf-8"))
@@ -424,7 +425,7 @@ def export_lora(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
     if getattr(model.config, "mote", None) is not None and not lora.experts_share_base(model):
         raise UserError("LoRA adapter export of a MoTE model whose experts have different base weights (it started "
                         "from a MoTE export): no dense base model carries them (fix: model.lora.export=merged)")
-    with atomic_files.atomic_dir(out_dir) as tmp:
+    with leftovers.atomic_dir(out_dir) as tmp:
         if kind == "both":
             staged = tmp / ".merged"
             export(lora.merged(model), tokenizer, staged, **kw)

@@ -1,10 +1,11 @@
-"""The temporary folders a killed ``jaxembed data prepare`` leaves beside its store, and their removal.
+"""The temporary folders a killed ``jaxembed data prepare`` or ``jaxembed export`` leaves beside its output, and
+their removal.
 
-``write_store`` builds a store in ``.{name}.tmp-{host}-{pid}-{random}`` beside the store folder
-(``jaxembed.atomic_files.unique_tmp``) and renames it into place; an older store is first moved to such a name ending
-in ``.old``, then removed. A writer killed before it is done (kill -9, out of memory, a lost machine) leaves its
-folder behind. ``remove_dead(out)``, called when a store is written, removes the ones whose writer is certainly
-gone:
+``write_store`` builds a store, and ``atomic_dir`` here an export, in ``.{name}.tmp-{host}-{pid}-{random}`` beside
+the output folder (``jaxembed.atomic_files.unique_tmp``) and renames it into place; an older folder is first moved
+to such a name ending in ``.old``, then removed. A writer killed before it is done (kill -9, out of memory, a lost
+machine) leaves its folder behind. ``remove_dead(out)``, called when a store or an export is written, removes the
+ones whose writer is certainly gone:
 
 - the host in the name is this host: a folder of another host (another process of a pod, on a shared file
   system) is never touched, whatever its pid;
@@ -18,11 +19,13 @@ Other names (older ones without a host, any other file) are left alone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any, Iterator
 
 from jaxembed import atomic_files
 
@@ -102,9 +105,9 @@ def _locked(folder: Path) -> bool:
     return False
 
 
-def remove_dead(out: Path) -> list[str]:
+def remove_dead(out: Path, who: str = "data prepare") -> list[str]:
     """Remove the temporary folders of ``out`` left by writers of this host that are gone (see the module
-    docstring); one log line names them. Returns their names."""
+    docstring); one log line names them (``who``: the command that writes ``out``). Returns their names."""
     out = Path(out)
     if not out.parent.is_dir():
         return []
@@ -122,7 +125,21 @@ def remove_dead(out: Path) -> list[str]:
         if not entry.exists():
             removed.append(entry.name)
     if removed:
-        log.warning("%s: removed %d temporary folder%s left by data prepare processes of this host that are no "
+        log.warning("%s: removed %d temporary folder%s left by %s processes of this host that are no "
                     "longer running: %s", os.path.abspath(out.parent), len(removed), "s" if len(removed) != 1 else "",
-                    ", ".join(removed))
+                    who, ", ".join(removed))
     return removed
+
+
+@contextlib.contextmanager
+def atomic_dir(out: str | os.PathLike, who: str = "export", **kw: Any) -> Iterator[Path]:
+    """``jaxembed.atomic_files.atomic_dir(out, **kw)`` (a folder written whole), under this module's rule: its
+    temporary folder is locked while written (``hold``), and the ones that killed writers left beside ``out`` are
+    removed (``remove_dead``) once the write is allowed."""
+    with atomic_files.atomic_dir(out, **kw) as tmp:
+        lock = hold(tmp)
+        try:
+            remove_dead(Path(out), who)
+            yield tmp
+        finally:
+            release(lock)

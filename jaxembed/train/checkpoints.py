@@ -42,21 +42,22 @@ UNREADABLE = "checkpoints_unreadable"
 
 class Checkpointer:
     def __init__(self, directory: str | Path, keep_last: int = 2, best_metric: str = "", best_mode: str = "max",
-                 async_save: bool = True):
+                 async_save: bool = True, read_only: bool = False):
+        """``read_only``: the checkpoints are read, nothing in the folder is written or removed (an export)."""
         self.directory = Path(directory).absolute()
         self.best_metric = best_metric
         self._pending: int | None = None  # step of the async save in flight
         self._failed = False
         # unfinished saves of a stopped run (kill -9 during a save); Orbax removes them (process 0) below
         self.leftovers = sorted(p.name for p in self.directory.glob(f"*{TMP_MARK}*")) \
-            if self.directory.is_dir() else []
+            if self.directory.is_dir() and not read_only else []
         policies = [cm.LatestN(n=keep_last)]
         if best_metric:
             policies.append(cm.BestN(get_metric_fn=lambda m: m[best_metric], reverse=(best_mode == "min"), n=1,
                                      keep_checkpoints_without_metrics=False))
         opts = ocp.CheckpointManagerOptions(preservation_policy=cm.AnyPreservationPolicy(policies),
-                                            enable_async_checkpointing=async_save, create=True,
-                                            cleanup_tmp_directories=True)
+                                            enable_async_checkpointing=async_save, create=not read_only,
+                                            cleanup_tmp_directories=not read_only, read_only=read_only)
         try:
             self.manager = ocp.CheckpointManager(self.directory, options=opts)
         except OSError as e:

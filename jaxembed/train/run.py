@@ -59,21 +59,29 @@ class Run:
         return list(self.plan.task_names) if hasattr(self.plan, "task_names") else []
 
 
-def check_workdir(config, workdir: Path) -> None:
+def check_workdir(config, workdir: Path) -> bool:
+    """Refuse a resume with another config (naming each differing key); True when the config only grows
+    plan.steps (the run is trained on: its plan is built again for the new total)."""
+    from jaxembed import config_io
+
     prev = workdir / "config.json"
     if not prev.exists():
-        return
+        return False
     # the old config through today's defaults: a key added to jaxembed since that run takes its default, so adding a
     # config key does not make earlier runs unresumable
     old = json.loads(cfglib.to_json(cfglib.from_json(json.dumps(_read_config_json(prev)))))
     new = json.loads(cfglib.to_json(config))
-    keys = ("model", "data", "plan", "loss", "optim")
-    diffs = [k for k in keys if old.get(k) != new.get(k)]
-    diffs += [f"train.{k}" for k in ("seed", "gradcache_chunk", "dropout")
-              if old.get("train", {}).get(k) != new["train"].get(k)]
-    if diffs:
-        raise UserError(f"{workdir} holds a run with a different config ({', '.join(diffs)} differ). Resuming needs "
-                        "the same config (fix: use a new --workdir, or the run's own config.json)")
+    keys = ("model", "data", "plan", "loss", "optim", "train.seed", "train.gradcache_chunk", "train.dropout")
+    diffs = config_io.config_differences(old, new, keys)
+    if diffs and not config_io.extends_steps(diffs):
+        raise UserError(config_io.changed_config_message(workdir, diffs))
+    return bool(diffs)
+
+
+def _replan(workdir: Path) -> None:
+    """A run trained on to more steps: its saved plan (built for the old total) goes; prepare_plan saves the new."""
+    for name in ("plan.npz", "plan.json"):
+        (workdir / name).unlink(missing_ok=True)
 
 
 def _read_config_json(path: Path) -> dict:
@@ -179,13 +187,15 @@ def prepare_plan(config, store, workdir: Path, plan=None):
     return plan
 
 
-def setup(config, workdir: str | Path, lock: WorkdirLock | None = None) -> Run:
+def setup(config, workdir: str | Path, lock: WorkdirLock | None = None, read_only: bool = False) -> Run:
     """Validate, join the other processes (a pod), load the model, the store and the plan, build the optimizer.
 
     Nothing is written to the run directory until every read-only check has passed (the config, the previous
     run's config, the export folder, the model), and its config.json only once the store and the plan are built
     too: a refused config leaves no config behind to refuse the corrected one. ``lock`` (a ``WorkdirLock``; the
-    trainer's): taken by process 0 before the first write, so a second run on the same directory stops there."""
+    trainer's): taken by process 0 before the first write, so a second run on the same directory stops there.
+    ``read_only`` (an export of the run): nothing is written in the run directory, which may be on read-only
+    storage (a run whose store was deleted gets it prepared again, as a resume does)."""
     cfglib.validate(config)
     parallel.initialize()  # before any other JAX call: every process of a pod joins here
     workdir = Path(workdir)
@@ -200,7 +210,7 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None) -> Run:
                             f"in a single process, not on {n} (fix: set --config.eval.tasks=() for the pod run and "
                             "evaluate its export with `jaxembed eval`)")
         check_workdir(config, workdir)
-        if config.export.at_end:
+        if config.export.at_end and not read_only:
             from jaxembed.export import check_target
 
             check_target(export_dir(config, workdir), "config.export.dir", workdir=workdir)
@@ -215,7 +225,8 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None) -> Run:
     source = init_source(config, workdir)
     loaded = load_model(config, source=source, **kw)
     say(describe_model(loaded, source, config, mesh))
-    if lora_spec is not None:  # the adapters apply to these base weights only: a resume on others is an error
+    if lora_spec is not None and not (read_only and not (workdir / lora.BASE_FILE).exists()):
+        # the adapters apply to these base weights only: a resume on others is an error
         pod.main_first("lora-base", lambda: lora.check_base(workdir, lora.base_fingerprint(loaded.model),
                                                                  source))
     store = prepare_store(config, workdir)
@@ -224,12 +235,14 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None) -> Run:
     say(describe_plan(plan, config, store))
 
     def write_config():
-        check_workdir(config, workdir)
+        if check_workdir(config, workdir):
+            _replan(workdir)
         with atomic_files.writing("writing the config", workdir / "config.json"):
             cfglib.write_resolved(config, workdir)
 
-    pod.main_first("config", write_config)  # every check passed: process 0 writes the run's config
-    plan = prepare_plan(config, store, workdir, plan=plan)
+    if not read_only:
+        pod.main_first("config", write_config)  # every check passed: process 0 writes the run's config
+        plan = prepare_plan(config, store, workdir, plan=plan)
     K = 1 + max(int(d.num_negatives) for d in store.datasets)
     spec = getattr(loaded.model.config, "mote", None)
     routes = None
@@ -415,8 +428,8 @@ def export_from_workdir(workdir: str | Path, out: str | Path, step: int | str | 
     if not cfg_file.exists():
         raise UserError(f"{workdir}: not a jaxembed run directory (no config.json)")
     config = cfglib.from_json(cfg_file.read_text())
-    run = setup(config, workdir)
-    ckpt = Checkpointer(workdir / "checkpoints", async_save=False)
+    run = setup(config, workdir, read_only=True)  # the run directory is read, never written
+    ckpt = Checkpointer(workdir / "checkpoints", async_save=False, read_only=True)
     try:
         step = resolve_step(workdir, config, step, sorted(ckpt.all_steps()))
         params = params_at(run, ckpt, step)
