@@ -57,7 +57,7 @@ class Checkpointer:
                                      keep_checkpoints_without_metrics=False))
         opts = ocp.CheckpointManagerOptions(preservation_policy=cm.AnyPreservationPolicy(policies),
                                             enable_async_checkpointing=async_save, create=not read_only,
-                                            cleanup_tmp_directories=not read_only, read_only=read_only)
+                                            cleanup_tmp_directories=not read_only)
         try:
             self.manager = ocp.CheckpointManager(self.directory, options=opts)
         except OSError as e:
