@@ -55,26 +55,23 @@ def _load(args, task: str | None = None):
 
 
 def cmd_encode(args) -> int:
-    import numpy as np
-
-    from jaxembed import atomic_files
-    from jaxembed.data.jsonl import read_texts
-    from jaxembed.encode import Encoder
+    from jaxembed.encode import Encoder, checked_texts, encode_file
     from jaxembed.outputs import check_output
 
     if args.batch_size <= 0:
         raise UserError(f"--batch-size must be positive, got {args.batch_size}")
     out = check_output(args.out, "file", "--out", ".npy")
-    texts = read_texts(args.input, args.field, args.format)  # validate the whole input before loading the model
-    if not texts:
+    total, texts = checked_texts(args.input, args.field, args.format)  # all checked before loading the model
+    if total == 0:
         raise UserError(f"{args.input}: no texts to encode")
     t0 = time.time()
     enc = Encoder.from_loaded(_load(args, task=args.task))  # MoTE: only the task's expert is loaded
-    emb = enc.encode(texts, prompt=args.prompt, prompt_name=args.prompt_name, batch_size=args.batch_size,
-                     dim=args.dim, progress=not args.quiet, task=args.task, packing=not args.no_packing)
-    # a temporary file replaces --out when complete: an interrupted or failed write leaves the old file (or none)
-    atomic_files.write_with(out, lambda t: np.save(t, emb.astype(np.float32)), suffix=".npy")
-    print(f"wrote {out}: {emb.shape[0]} x {emb.shape[1]} float32 in {time.time() - t0:.1f}s")
+    # streamed: read, encoded and written a chunk at a time, into a temporary file that replaces --out when
+    # complete (an interrupted or failed encode leaves the old file, or none)
+    n, d = encode_file(enc, texts(), out, total=total, prompt=args.prompt,
+                       prompt_name=args.prompt_name, batch_size=args.batch_size, dim=args.dim,
+                       progress=not args.quiet, task=args.task, packing=not args.no_packing)
+    print(f"wrote {out}: {n} x {d} float32 in {time.time() - t0:.1f}s")
     return 0
 
 

@@ -12,12 +12,18 @@ to a few static length buckets, so XLA compiles once per bucket; each batch is s
 
 Both give the same embeddings (tests/test_packing_encode.py: <= 1e-5 on all-MiniLM-L6-v2). ``last_stats`` says
 how many token slots the last ``encode`` computed and how many held real tokens.
+
+Streaming (``encode_chunks``, ``encode_file``: ``jaxembed encode``): the texts are read, encoded and written
+``STREAM_CHUNK`` at a time, each chunk packed on its own, so memory stays flat in the input's length and progress
+starts with the first chunk; the embeddings equal one ``encode`` of all texts (<= 1e-5).
 """
 
 from __future__ import annotations
 
+import json
 import sys
-from typing import Sequence
+import tempfile
+from typing import Callable, Iterable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -147,27 +153,55 @@ class Encoder:
         ``expert_index``; without either, the default expert. Dense models take neither."""
         if isinstance(texts, str):
             raise TypeError("encode() takes a list of texts, not a single string")
+        how = self._settings(prompt, prompt_name, batch_size, max_length, dim, task, expert, side, packing,
+                             row_length, empty=not len(texts))
+        with self._bar(len(texts), progress) as bar:
+            return self._encode_part(texts, how, bar)
+
+    def encode_chunks(self, chunks: Iterable[Sequence[str]], *, total: int | None = None,
+                      progress: bool | None = None, **kw) -> Iterator[np.ndarray]:
+        """Streaming ``encode``: one [n_i, D] array per chunk of texts, in order, with one progress bar over all of
+        them (``total``: the number of texts, when known). Only one chunk's texts, tokens and embeddings are held
+        at a time, so memory does not grow with the input; the chunks are read from ``chunks`` one by one, as they
+        are encoded. Takes ``encode``'s keyword arguments; each chunk is packed on its own, so the embeddings
+        equal ``encode``'s of all texts at once (to float rounding, <= 1e-5)."""
+        how = self._settings(**kw)
+        with self._bar(total, progress) as bar:
+            for texts in chunks:
+                if isinstance(texts, str):
+                    raise TypeError("encode_chunks() takes lists of texts, not single strings")
+                yield self._encode_part(texts, how, bar)
+
+    def _settings(self, prompt=None, prompt_name=None, batch_size=32, max_length=None, dim=None, task=None,
+                  expert=None, side=None, packing=None, row_length=None, empty=False) -> dict:
+        """encode's arguments, checked and resolved once for all of a call's texts."""
         eidx = self.expert_index(task, expert, side)
-        n = len(texts)
-        out_dim = dim or self.model.dim
-        if n == 0:
-            return np.zeros((0, out_dim), np.float32)
-        if dim is not None and not 0 < dim <= self.model.dim:
+        if not empty and dim is not None and not 0 < dim <= self.model.dim:
             raise UserError(f"--dim must be between 1 and the model's dimension {self.model.dim}, got {dim}")
         p = self.resolve_prompt(prompt, prompt_name)
-        max_length = max_length or self.tokenizer.max_length
-        ids = self.tokenizer.tokenize([p + t for t in texts], max_length)
-        plen = self.tokenizer.prompt_length(p)
-        lengths = np.array([len(x) for x in ids])
-        ex = None if eidx is None else np.int32(eidx)  # one expert for the call (MoTE's fast path)
-        out = np.zeros((n, out_dim), np.float32)
+        return dict(prompt=p, plen=self.tokenizer.prompt_length(p), dim=dim, out_dim=dim or self.model.dim,
+                    ex=None if eidx is None else np.int32(eidx),  # one expert for the call (MoTE's fast path)
+                    batch_size=batch_size, max_length=max_length or self.tokenizer.max_length,
+                    packing=self.packing if packing is None else packing, row_length=row_length)
+
+    @staticmethod
+    def _bar(total: int | None, progress: bool | None):
         show = sys.stderr.isatty() if progress is None else progress
-        packing = self.packing if packing is None else packing
-        with tqdm(total=n, desc="encode", unit="text", disable=not show) as bar:
-            if packing:
-                self._encode_packed(ids, lengths, plen, ex, dim, batch_size, max_length, row_length, out, bar)
-            else:
-                self._encode_padded(ids, lengths, plen, ex, dim, batch_size, max_length, out, bar)
+        return tqdm(total=total, desc="encode", unit="text", disable=not show)
+
+    def _encode_part(self, texts: Sequence[str], how: dict, bar) -> np.ndarray:
+        """Texts -> [N, D] with the resolved settings ``how``, advancing ``bar``."""
+        n = len(texts)
+        if n == 0:
+            return np.zeros((0, how["out_dim"]), np.float32)
+        ids = self.tokenizer.tokenize([how["prompt"] + t for t in texts], how["max_length"])
+        lengths = np.array([len(x) for x in ids])
+        out = np.zeros((n, how["out_dim"]), np.float32)
+        ex, dim, bs, ml = how["ex"], how["dim"], how["batch_size"], how["max_length"]
+        if how["packing"]:
+            self._encode_packed(ids, lengths, how["plen"], ex, dim, bs, ml, how["row_length"], out, bar)
+        else:
+            self._encode_padded(ids, lengths, how["plen"], ex, dim, bs, ml, out, bar)
         return out
 
     def _encode_padded(self, ids, lengths, plen, ex, dim, batch_size, max_length, out, bar) -> None:
@@ -259,3 +293,85 @@ def load_encoder(name_or_path: str, **kwargs) -> Encoder:
     from jaxembed import loading
 
     return Encoder.from_loaded(loading.load(name_or_path, **kwargs))
+
+
+#: texts per chunk of a streamed encode (``encode_file``): one chunk's texts, tokens and embeddings are held at a time
+STREAM_CHUNK = 8192
+
+
+def checked_texts(path: str, field: str = "text", fmt: str | None = None) -> tuple[int, Callable[[], Iterator[str]]]:
+    """Check every text of ``path`` (JSON Lines or plain text, ``-``: standard input; ``jaxembed.data.jsonl.
+    iter_texts``: a bad line is a UserError naming it) in one pass that holds one text at a time. -> (the number
+    of texts, a function that reads them again, one at a time). Standard input, which can be read only once, is
+    copied while it is checked to an anonymous temporary file (one JSON string a line), read back from there."""
+    from jaxembed.data.jsonl import iter_texts
+
+    if path != "-":
+        return sum(1 for _ in iter_texts(path, field, fmt)), lambda: iter_texts(path, field, fmt)
+    spool = tempfile.TemporaryFile("w+", encoding="utf-8")  # removed when closed or at exit
+    n = 0
+    for n, text in enumerate(iter_texts(path, field, fmt), 1):
+        spool.write(json.dumps(text, ensure_ascii=False) + "\n")
+
+    def again() -> Iterator[str]:
+        spool.seek(0)
+        return (json.loads(line) for line in spool)
+
+    return n, again
+
+
+def encode_file(encoder: Encoder, texts: Iterable[str], out, *, total: int | None = None, chunk: int = STREAM_CHUNK,
+                **kw) -> tuple[int, int]:
+    """Encode ``texts`` (e.g. ``checked_texts``'s reader) into the .npy file ``out``, ``chunk`` texts at a time:
+    the texts are read as they are encoded and each chunk's embeddings appended to the file, so memory stays flat
+    in the input's length. The file is written under a temporary name that replaces ``out`` when complete (an
+    interrupted or failed encode leaves the earlier ``out``, or none). total: the number of texts, for the
+    progress bar; kw: ``Encoder.encode``'s options. -> the matrix's shape (N, D)."""
+    from jaxembed import atomic_files
+
+    width = kw.get("dim") or encoder.model.dim
+    shape = []
+
+    def write(tmp) -> None:
+        with open(tmp, "wb") as f:
+            n = write_npy_rows(f, encoder.encode_chunks(batched(texts, chunk), total=total, **kw), width)
+        if n == 0:
+            raise UserError("no texts to encode (fix: pass a file with at least one text)")
+        shape.extend((n, width))
+
+    atomic_files.write_with(out, write, suffix=".npy")
+    return tuple(shape)
+
+
+def batched(items: Iterable, size: int) -> Iterator[list]:
+    """Lists of ``size`` consecutive items (the last one shorter), each taken from ``items`` when it is asked for."""
+    part = []
+    for x in items:
+        part.append(x)
+        if len(part) == size:
+            yield part
+            part = []
+    if part:
+        yield part
+
+
+def write_npy_rows(f, parts: Iterable[np.ndarray], width: int) -> int:
+    """Write a float32 [N, width] .npy file to the binary file ``f`` from row blocks that arrive one at a time
+    (N unknown until the last): the header is written for 0 rows, the rows appended, then the header rewritten
+    in place with N (numpy's header leaves room for the first dimension to grow). -> N."""
+    from numpy.lib import format as npy
+
+    header = {"descr": npy.dtype_to_descr(np.dtype("<f4")), "fortran_order": False}
+    npy.write_array_header_1_0(f, {**header, "shape": (0, width)})
+    start, n = f.tell(), 0
+    for part in parts:
+        part = np.ascontiguousarray(part, dtype="<f4")
+        if part.ndim != 2 or part.shape[1] != width:
+            raise ValueError(f"write_npy_rows: a block of shape {part.shape}, expected (rows, {width})")
+        f.write(part.tobytes())
+        n += part.shape[0]
+    f.seek(0)
+    npy.write_array_header_1_0(f, {**header, "shape": (n, width)})
+    if f.tell() != start:
+        raise RuntimeError(f"write_npy_rows: the header for {n} rows does not fit the room left for it")
+    return n

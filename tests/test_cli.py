@@ -63,12 +63,11 @@ def test_encode_that_fails_while_writing_keeps_the_earlier_output(minilm_dir, tm
     assert main(["encode", "--model", str(minilm_dir), "--input", str(src), "--out", str(out), "-q"]) == 0
     before = out.read_bytes()
 
-    def half_then_full(path, arr):  # writes part of the file, then the disk is full
-        with open(path, "wb") as f:
-            f.write(b"\x93NUMPY" + b"\0" * 100)
+    def half_then_full(f, parts, width):  # writes part of the file, then the disk is full
+        f.write(b"\x93NUMPY" + b"\0" * 100)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(np, "save", half_then_full)
+    monkeypatch.setattr("jaxembed.encode.write_npy_rows", half_then_full)
     assert main(["encode", "--model", str(minilm_dir), "--input", str(src), "--out", str(out), "--dim", "64",
                  "-q"]) == 1
     err = capsys.readouterr().err
@@ -76,10 +75,10 @@ def test_encode_that_fails_while_writing_keeps_the_earlier_output(minilm_dir, tm
                           "some space") and err.count("\n") == 1, err
     assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["emb.npy", "in.txt"]
 
-    def denied(path, arr):
-        raise PermissionError(13, "Permission denied", str(path))
+    def denied(f, parts, width):
+        raise PermissionError(13, "Permission denied", f.name)
 
-    monkeypatch.setattr(np, "save", denied)
+    monkeypatch.setattr("jaxembed.encode.write_npy_rows", denied)
     assert main(["encode", "--model", str(minilm_dir), "--input", str(src), "--out", str(out), "-q"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: Permission denied (") and "(fix: check that you may read or write that path" in err

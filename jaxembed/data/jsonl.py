@@ -313,6 +313,11 @@ def read_texts(path: str, field: str = "text", fmt: str | None = None) -> list[s
 
     fmt: 'jsonl' or 'text'; by default from the suffix (.jsonl / .json, also + .gz / .bz2 / .xz -> jsonl, else
     text)."""
+    return list(iter_texts(path, field, fmt))
+
+
+def iter_texts(path: str, field: str = "text", fmt: str | None = None) -> Iterator[str]:
+    """``read_texts`` one text at a time, read as they are asked for (the file is never held whole)."""
     name = str(path)
     for ext in (".gz", ".bz2", ".xz"):
         name = name[: -len(ext)] if name.endswith(ext) else name
@@ -320,13 +325,15 @@ def read_texts(path: str, field: str = "text", fmt: str | None = None) -> list[s
     if path != "-":
         check_input_file(path, "a .jsonl or .txt file")
     if fmt == "jsonl":
-        return [text_field(path, i, obj, field) for i, obj in iter_jsonl(path)]
+        return (text_field(path, i, obj, field) for i, obj in iter_jsonl(path))
     if fmt != "text":
         raise InputError(path, None, f"unknown input format {fmt!r}", "use 'jsonl' or 'text'")
-    out = []
+    return _plain_texts(path)
+
+
+def _plain_texts(path: str) -> Iterator[str]:
     for i, line in iter_lines(path):
         empty = empty_text(line, "empty line")
         if empty:
             raise InputError(path, i, empty, "each line is one text: remove blank lines")
-        out.append(line)
-    return out
+        yield line
