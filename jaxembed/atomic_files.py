@@ -6,8 +6,9 @@ atomically (local disks, NFS, Lustre), whichever process of a pod writes.
   give their processes the same pid.
 - ``write_text`` / ``write_bytes`` / ``write_json`` / ``write_with``: write the temporary file, flush it to disk,
   ``os.replace`` it onto ``path``.
-- ``atomic_dir(path)``: a folder written as a whole (an export): built under a temporary name, swapped into place;
-  it replaces only a folder it wrote itself, unchanged since (its ``MANIFEST``; ``replace_refusal`` says why not).
+- ``atomic_dir(path)``: a folder written as a whole (an export, a dataset store): built under a temporary name,
+  swapped into place; it replaces only a folder it wrote itself, unchanged since (its ``MANIFEST``;
+  ``replace_refusal`` says why not).
 - ``writing(what, path)`` / ``write_failed(what, path, error)``: the one-line UserError for a write that failed
   (disk full, no permission).
 
@@ -120,11 +121,18 @@ def write_manifest(folder: Path, **info: Any) -> None:
     (folder / MANIFEST).write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
 
 
-def replace_refusal(path: str | os.PathLike) -> str | None:
+#: what a folder of each kind that ``atomic_dir`` writes is called, and the files that mark one written without a
+#: ``MANIFEST`` (by someone else, or by an older jaxembed)
+KINDS = {"model": ("model folder", ("config.json", "modules.json")),
+         "store": ("dataset store", ("manifest.json",))}
+
+
+def replace_refusal(path: str | os.PathLike, kind: str = "model") -> str | None:
     """Why the existing ``path`` must not be replaced by a folder that ``atomic_dir`` writes, or None: it is absent,
     an empty folder, or a folder ``atomic_dir`` wrote whose files are all as it wrote them (its ``MANIFEST``).
     Anything else may hold a person's work: a file, a link, a folder of other files, a jaxembed folder with files
-    added, removed or changed since."""
+    added, removed or changed since. ``kind``: what the folder holds (``KINDS``), for the messages."""
+    noun, markers = KINDS[kind]
     out = Path(path)
     if out.is_symlink():
         return "is a symbolic link"
@@ -137,14 +145,17 @@ def replace_refusal(path: str | os.PathLike) -> str | None:
     try:
         manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
         listed, folders = dict(manifest["files"]), set(manifest["folders"])
+        wrote = manifest.get("kind", "model")  # exports written before kinds were recorded are models
     except FileNotFoundError:
-        if (out / "config.json").exists() or (out / "modules.json").exists():
+        if any((out / m).exists() for m in markers):
             names = sorted(p.name for p in out.iterdir())
             shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-            return f"holds files jaxembed did not write ({shown}; no {MANIFEST}: not an export of jaxembed's)"
-        return "exists and is not a model folder"
+            return f"holds files jaxembed did not write ({shown}; no {MANIFEST}: not a {noun} jaxembed wrote whole)"
+        return f"exists and is not a {noun}"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return f"its {MANIFEST} is damaged, so what jaxembed wrote there is unknown"
+    if wrote != kind:
+        return f"exists and is not a {noun} (jaxembed wrote a {KINDS.get(wrote, (wrote,))[0]} there)"
     files, dirs = _walk(out)
     files.pop(MANIFEST, None)
     added = sorted(set(files) - set(listed)) + sorted(set(dirs) - folders)
@@ -163,17 +174,18 @@ def replace_refusal(path: str | os.PathLike) -> str | None:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, **info: Any) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike, kind: str = "model", **info: Any) -> Iterator[Path]:
     """Yield an empty temporary folder beside ``path``; on success its ``MANIFEST`` is written (``info``: extra
     fields) and it replaces ``path`` (an older folder there is moved aside first and then removed); on an error it
     is removed and ``path`` is left as it was.
 
     Only what ``replace_refusal`` allows is replaced (nothing, an empty folder, an unchanged earlier folder of
-    ``atomic_dir``); anything else is a UserError, before the work and again right before the swap."""
+    ``atomic_dir``); anything else is a UserError, before the work and again right before the swap. ``kind``: what
+    the folder holds (``KINDS``)."""
     out = Path(path)
 
     def check():
-        why = replace_refusal(out)
+        why = replace_refusal(out, kind)
         if why is not None:
             raise UserError(f"{out}: {why}; it is not replaced and left as it is (fix: a new or empty output "
                             "folder, or move those files elsewhere first)")
@@ -184,7 +196,7 @@ def atomic_dir(path: str | os.PathLike, **info: Any) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        write_manifest(tmp, **info)
+        write_manifest(tmp, kind=kind, **info)
         check()
         old = None
         if out.exists():

@@ -8,16 +8,19 @@ in a single process.
   that an error on process 0 will never reach.
 - ``all_agree(name, fn)``: every process runs ``fn``; each waits for all outcomes; if any failed, all fail with
   the first error (so an error on one host never leaves the others waiting).
-- ``broadcast(name, value)``: process 0's string, on every process; ``barrier(name)``: all wait for all.
+- ``broadcast(name, value)``: process 0's string, on every process; ``barrier(name)``: all wait for all;
+  ``gather(name, value)``: every process's string, on every process.
+- ``join()``: a command that works without devices (``data prepare``) joins the pod its environment describes.
 - ``single_host_only(command)``: a command that runs on one host refuses a pod in one line.
 Names must be the same on every process and called in the same order (a counter per name makes each use
-unique). The wait is ``JAXEMBED_SYNC_TIMEOUT_S`` seconds at most (default 7200: process 0 may be preparing a large
-dataset store). How a file is written whole: jaxembed.atomic_files.
+unique). The wait is ``JAXEMBED_SYNC_TIMEOUT_S`` seconds at most (default 7200: a process may be preparing a large
+dataset of the store). How a file is written whole: jaxembed.atomic_files.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any, Callable
 
@@ -52,6 +55,8 @@ def is_main() -> bool:
 
 
 def _client():
+    if "jax" not in sys.modules:  # JAX never imported: no coordinator (and no import of JAX just to ask)
+        return None
     try:
         from jax._src import distributed
     except ImportError:  # pragma: no cover
@@ -83,13 +88,19 @@ def _get(client, key: str, what: str) -> str:
                         "(fix: check the log of that process; JAXEMBED_SYNC_TIMEOUT_S sets the wait)") from None
 
 
+def error_text(e: BaseException) -> str:
+    """How the other processes are told of an error: a UserError's line, else the exception's type and message
+    (a bug or an I/O error) on one line."""
+    if isinstance(e, UserError):
+        return str(e)
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:500]}"
+
+
 def _outcome(fn: Callable[[], Any]) -> tuple[Any, str, BaseException | None]:
     try:
         return fn(), "ok", None
-    except UserError as e:
-        return None, _ERR + str(e), e
-    except Exception as e:  # a bug or an I/O error: the others get its one-line description
-        return None, _ERR + f"{type(e).__name__}: {' '.join(str(e).split())[:500]}", e
+    except Exception as e:
+        return None, _ERR + error_text(e), e
 
 
 def main_first(name: str, fn: Callable[[], Any]) -> Any:
@@ -141,6 +152,35 @@ def broadcast(name: str, value: str | None = None) -> str:
         client.key_value_set(key, value)
         return value
     return _get(client, key, f"process 0 ({name})")
+
+
+def gather(name: str, value: str) -> list[str]:
+    """Every process's ``value``, in process order, on every process (each waits for all)."""
+    client = _client()
+    if client is None or process_count() == 1:
+        return [value]
+    key = _key(name)
+    me = process_index()
+    client.key_value_set(f"{key}/{me}", value)
+    return [value if i == me else _get(client, f"{key}/{i}", f"process {i} ({name})") for i in range(process_count())]
+
+
+#: the variables by which ``jaxembed.parallel.cluster_plan`` tells a process of a multi-host run; none set: one
+#: process, decided without importing JAX
+_CLUSTER_VARS = ("JAXEMBED_DISTRIBUTED", "JAXEMBED_COORDINATOR", "JAXEMBED_NUM_PROCESSES", "JAXEMBED_PROCESS_ID",
+                 "SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES", "MEGASCALE_COORDINATOR_ADDRESS",
+                 "OMPI_COMM_WORLD_SIZE")
+
+
+def join() -> None:
+    """Join the multi-host run this process's environment describes (``jaxembed.parallel.initialize``), for a
+    command that shares work among the processes of a pod without using their devices (``data prepare``). Without
+    any of the cluster variables: nothing (JAX is not imported)."""
+    if not any(os.environ.get(k) for k in _CLUSTER_VARS):
+        return
+    from jaxembed import parallel
+
+    parallel.initialize()
 
 
 def barrier(name: str) -> None:

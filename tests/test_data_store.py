@@ -134,6 +134,42 @@ def test_replace_and_refuse_out_dirs(tmp_path):
     assert (other / "notes.txt").read_text() == "mine"
 
 
+def test_prepare_replaces_only_its_own_unchanged_store(tmp_path, capsys):
+    """The export's replace rule (jaxembed_export.json lists what was written): a file the user added to a store,
+    or a store file changed since, is refused in one line naming it, before any work, and nothing is deleted; a
+    model folder is not taken for a store, nor a store for an export folder."""
+    from jaxembed import atomic_files
+
+    t = _write(tmp_path / "t.jsonl", TRIPLETS)
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(CONFIG_PY.format(path=str(t)))
+    store = tmp_path / "s"
+    argv = ["data", "prepare", "--config", str(cfg), "--out", str(store), "-q"]
+    assert _cli(argv) == 0 and _cli(argv) == 0  # an unchanged store of its own is replaced
+    (store / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert _cli(argv) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith(f"error: --out {store}: holds files jaxembed did not write "
+                                               "(notes.txt); a store replaces only a store"), out
+    assert "(fix: choose a new or empty folder, or move those files elsewhere first)" in out[0]
+    assert (store / "notes.txt").read_text() == "mine" and Store.open(store).size("tri") == 7
+    (store / "notes.txt").unlink()
+    with open(store / "report.txt", "a") as f:
+        f.write("my note\n")
+    with pytest.raises(UserError, match=r"holds files changed since jaxembed wrote them \(report.txt\)"):
+        write_store(_config(tmp_path), store)
+    assert (store / "report.txt").read_text().endswith("my note\n")
+    with atomic_files.atomic_dir(tmp_path / "model") as d:  # an export's folder
+        (d / "config.json").write_text("{}")
+    with pytest.raises(UserError, match=r"exists and is not a dataset store \(jaxembed wrote a model folder"):
+        write_store(_config(tmp_path), tmp_path / "model")
+    (store / "report.txt").write_text((store / "report.txt").read_text()[:-len("my note\n")])
+    assert atomic_files.replace_refusal(store, "store") is None
+    assert atomic_files.replace_refusal(store) == ("exists and is not a model folder (jaxembed wrote a dataset "
+                                                   "store there)")
+
+
 def test_empty_dataset_is_an_error(tmp_path):
     cfg = _config(tmp_path)
     cfg.datasets[1].score_threshold = 9.0

@@ -8,9 +8,10 @@ the work is ``jaxembed.data.validate``, ``jaxembed.config.load_data_config`` and
   record, prints every problem (one per line: ``file:line: field 'x': what (fix: how)``) and a summary per file.
   Exit status 0 when every record is valid, 1 when some are not, 2 for a usage error (missing file, bad option).
 - ``data prepare --config PATH[:VARIANT] --out DIR [--on-error stop|skip]``: writes the dataset store
-  (``jaxembed.data.store.write_store``). ``--config`` is a Python file whose ``get_config()`` (or
-  ``get_config(VARIANT)``) returns a ConfigDict with a ``data`` field (or a data config itself), or ``shared``: every
-  file of the shared training data (``jaxembed.data.shared_train.shared_train_config``).
+  (``jaxembed.data.store.write_store``; started on every process of a pod, they share the datasets:
+  ``jaxembed.data.store_pod``). ``--config`` is a Python file whose ``get_config()`` (or ``get_config(VARIANT)``)
+  returns a ConfigDict with a ``data`` field (or a data config itself), or ``shared``: every file of the shared
+  training data (``jaxembed.data.shared_train.shared_train_config``).
 - ``data clustering --input FILE --out FILE [--instruction TEXT] [--num-negatives K]``: clustering triplets from a
   classification file (``jaxembed.data.clustering``).
 """
@@ -103,17 +104,19 @@ def cmd_validate(args) -> int:
 def cmd_prepare(args) -> int:
     from jaxembed.config import load_data_config
     from jaxembed.data.config import validate_data_config
-    from jaxembed.data.store import write_store
 
+    from jaxembed import pod
     from jaxembed.data.store import check_out_dir
+    from jaxembed.data.store_pod import prepare
 
     t0 = time.time()
+    pod.join()  # started on every process of a pod: they share the datasets (jaxembed.data.store_pod)
     check_out_dir(args.out)  # before any work
     cfg, where = load_data_config(args.config)
     if args.on_error:
         cfg.on_error = args.on_error
     validate_data_config(cfg, where=where)
-    report = write_store(cfg, args.out, where=where, progress=False if args.quiet else None)
+    report = prepare(cfg, args.out, where=where, progress=False if args.quiet else None)
     if not args.quiet:
         print(report.summary())
     print(f"wrote {args.out}: {len(report.datasets)} datasets, {report.written} examples of {report.read} records "

@@ -17,7 +17,10 @@ with the report of what was written; the record formats, the on_error policy and
 
 The store is written to a temporary folder beside ``out_dir`` (``.{name}.tmp-{host}-{pid}-{random}``) and renamed
 into place, so a crash never leaves a folder that opens as a store; the folders that killed writers of this host
-left behind are removed when the next store is written (``jaxembed.data.leftovers``). Writing streams: records go to
+left behind are removed when the next store is written (``jaxembed.data.leftovers``). It replaces only a store
+jaxembed wrote, unchanged since: the export's rule (``jaxembed.atomic_files.atomic_dir``; ``jaxembed_export.json``
+lists every file written), so a file a user added to the folder, or changed, is never deleted. On a pod, the
+processes share the datasets: ``jaxembed.data.store_pod``. Writing streams: records go to
 the ArrayRecord file as they are read; what is kept per record is a 4-byte label index, hashes (~40 bytes for the
 duplicate-id check, 8 for identical examples) and the ArrayRecord writer's index (~5 bytes); skipped records beyond
 the first thousand wait in a spool file until the report is written. No record, id or text is kept
@@ -27,16 +30,15 @@ the normalised Example ``{"id", "query", "pos", "neg", "label"?}`` of record i.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
-import os
-import shutil
 import sys
 import threading
 from array import array
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from jaxembed import atomic_files
 from jaxembed.data import config as dc
@@ -219,16 +221,19 @@ def _float(v):
 
 def check_out_dir(out) -> Path:
     """The store folder ``out`` can be written (see ``jaxembed.outputs.check_output``) and is new, empty or a store
-    (which is replaced); else a UserError naming it and the fix."""
+    that jaxembed wrote, unchanged since (which is replaced: the export's rule, ``atomic_files.replace_refusal``);
+    else a UserError naming it, the files that are not the store's, and the fix."""
     from jaxembed.outputs import check_output
 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file (fix: give a folder for the store)")
     check_output(out, "folder", "--out")
-    if out.exists() and any(out.iterdir()) and not (out / "manifest.json").exists():
-        raise UserError(f"--out {out}: the folder exists and is not a dataset store (fix: choose a new or empty "
-                        "folder; an existing store is replaced)")
+    why = atomic_files.replace_refusal(out, "store")
+    if why is not None:
+        raise UserError(f"--out {out}: {why}; a store replaces only a store jaxembed prepared there, unchanged since, "
+                        "so nothing there is touched (fix: choose a new or empty folder, or move those files "
+                        "elsewhere first)")
     return out
 
 
@@ -361,61 +366,72 @@ def write_store(data_config, out_dir, where: str = "data", progress: bool | None
     record, naming file, line, field and fix); nothing is written then. ``where``: how errors name the data config
     (e.g. ``configs/x.py: data``). ``progress``: a progress bar per dataset (None: when stderr is a terminal).
 
+    One process; on a pod, ``jaxembed.data.store_pod.prepare`` shares the datasets among the processes.
+
     Memory is bounded whatever the size of the data (see the module docstring)."""
     out = check_out_dir(out_dir)  # before any work
     dc.validate_data_config(data_config, where=where)
-    on_error = data_config.get("on_error", "stop")
-    report = PrepareReport(out_dir=str(out), on_error=on_error)
     out.parent.mkdir(parents=True, exist_ok=True)
-    leftovers.remove_dead(out)  # the temporary folders of killed writers of this host
-    tmp = atomic_files.unique_tmp(out)
-    tmp.mkdir()
-    lock = leftovers.hold(tmp)  # held while writing: a live writer's folder is never taken for a leftover
-    try:
-        infos, entries = [], []
-        for i, ds in enumerate(data_config["datasets"]):
-            tally = Tally(ds["name"], keep_ids=False, memory_limit=SKIPPED_IN_MEMORY, spool_dir=str(tmp))
-            report.datasets.append(tally)
-            dinfo, entry, notes = _write_dataset(ds, tmp, on_error, tally, f"{where}.datasets[{i}]", progress)
-            infos.append(dinfo)
-            entries.append(dict(dinfo.to_dict(), **entry))
-            if notes:
-                report.notes[ds["name"]] = notes
-        # task types taken from the records (BGE 'type') must agree within a task too
-        dc.check_task_types([(f"{where}.datasets[{i}]", d.name, d.task, d.task_type) for i, d in enumerate(infos)])
-        report.write(tmp)
-        from jaxembed import __version__
-
-        manifest = {"format": STORE_FORMAT, "version": STORE_VERSION, "jaxembed_version": __version__,
-                    "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "on_error": on_error, "sampling": data_config.get("sampling", "size"),
-                    "sampling_temperature": data_config.get("sampling_temperature", 1.0),
-                    "seed": data_config.get("seed", 0), "datasets": entries,
-                    "config": dc.to_plain(data_config)}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=1), encoding="utf-8")
-        _swap_into_place(tmp, out)
-    except BaseException:
-        for t in report.datasets:
-            t.close()  # the spool files (anonymous) are gone with their handles
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        leftovers.release(lock)
-    report.out_dir = str(out)
+    report = PrepareReport(out_dir=str(out), on_error=data_config.get("on_error", "stop"))
+    with store_folder(out) as tmp:
+        done = []
+        try:
+            for i, ds in enumerate(data_config["datasets"]):
+                done.append(write_one(ds, i, tmp, report.on_error, where, progress))
+            finish(tmp, data_config, report, done, where)
+        except BaseException:
+            for t, *_ in done:
+                t.close()  # the spool files (anonymous) are gone with their handles
+            raise
     return report
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    old = None
-    if out.exists():
-        if any(out.iterdir()):
-            old = atomic_files.unique_tmp(out, ".old")
-            os.rename(out, old)
-        else:
-            out.rmdir()
-    os.rename(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+@contextlib.contextmanager
+def store_folder(out: Path) -> Iterator[Path]:
+    """The temporary folder a store is written in (``atomic_files.atomic_dir``: renamed into place on success,
+    replacing only a store jaxembed wrote, unchanged since; removed on an error), locked while written
+    (``leftovers.hold``); the folders killed writers of this host left are removed first."""
+    with atomic_files.atomic_dir(out, kind="store") as tmp:
+        lock = leftovers.hold(tmp)  # held while writing: a live writer's folder is never taken for a leftover
+        try:
+            leftovers.remove_dead(out)
+            yield tmp
+        finally:
+            leftovers.release(lock)
+
+
+def write_one(ds, i: int, tmp: Path, on_error: str, where: str, progress: bool | None
+              ) -> tuple[Tally, DatasetInfo, dict, list[str]]:
+    """Write dataset ``i`` of the config into ``tmp``: (its Tally, DatasetInfo, manifest entry, notes)."""
+    tally = Tally(ds["name"], keep_ids=False, memory_limit=SKIPPED_IN_MEMORY, spool_dir=str(tmp))
+    try:
+        dinfo, entry, notes = _write_dataset(ds, tmp, on_error, tally, f"{where}.datasets[{i}]", progress)
+    except BaseException:
+        tally.close()
+        raise
+    return tally, dinfo, dict(dinfo.to_dict(), **entry), notes
+
+
+def finish(tmp: Path, data_config, report: PrepareReport, done: list, where: str) -> None:
+    """Check the datasets together, then write the report and ``manifest.json`` (last) into ``tmp``. ``done``:
+    ``write_one``'s results, in the config's order."""
+    infos = [d[1] for d in done]
+    # task types taken from the records (BGE 'type') must agree within a task too
+    dc.check_task_types([(f"{where}.datasets[{i}]", d.name, d.task, d.task_type) for i, d in enumerate(infos)])
+    for tally, _, _, notes in done:
+        report.datasets.append(tally)
+        if notes:
+            report.notes[tally.name] = notes
+    report.write(tmp)
+    from jaxembed import __version__
+
+    manifest = {"format": STORE_FORMAT, "version": STORE_VERSION, "jaxembed_version": __version__,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "on_error": report.on_error, "sampling": data_config.get("sampling", "size"),
+                "sampling_temperature": data_config.get("sampling_temperature", 1.0),
+                "seed": data_config.get("seed", 0), "datasets": [d[2] for d in done],
+                "config": dc.to_plain(data_config)}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=1), encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------------------------ reading

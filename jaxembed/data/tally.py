@@ -63,6 +63,9 @@ class Tally:
         key = _reason_key(s)
         self._reasons[key] += 1
         self._reasons_by[(s.invalid, key)] += 1
+        self._keep(s)
+
+    def _keep(self, s: Skip) -> None:
         if self.memory_limit is None or len(self._mem) < self.memory_limit:
             self._mem.append(s)
             return
@@ -167,6 +170,27 @@ class Tally:
 
     def to_dict(self) -> dict:
         return dict(self.summary_dict(), skipped=[s.to_dict() for s in self.iter_skipped()])
+
+    def state(self) -> dict:
+        """The counts (``summary_dict``, with the reasons split by kind) without the skipped records: what
+        ``restored`` needs to rebuild this Tally in another process (the processes of a pod that prepare a store)."""
+        return dict(self.summary_dict(), reasons_by=[[inv, k, n] for (inv, k), n in self._reasons_by.items()])
+
+    @classmethod
+    def restored(cls, state: dict, skipped: Iterable[Skip] = (), **kw: Any) -> "Tally":
+        """The Tally whose ``state()`` is ``state``, holding the skipped records ``skipped`` (kept as they come, not
+        counted again; ``kw``: ``memory_limit``, ``spool_dir``). Its counts, reasons and identical examples read
+        as the original's."""
+        t = cls(state["name"], read=state["read"], written=state["written"], invalid=state["invalid"],
+                filtered=state["filtered"], keep_ids=False, **kw)
+        t._reasons = Counter(state["reasons"])
+        t._reasons_by = Counter({(bool(inv), k): n for inv, k, n in state["reasons_by"]})
+        pairs = [tuple(p) for p in state["identical_examples"]]
+        t._found = (0, state["identical"], tuple((2 * j, 2 * j + 1) for j in range(len(pairs))))
+        t._resolved = {k: name for j, pair in enumerate(pairs) for k, name in zip((2 * j, 2 * j + 1), pair)}
+        for s in skipped:
+            t._keep(s)
+        return t
 
 
 def apply_policy(items: Iterable[Item], on_error: str, tally: Tally) -> Iterator[Example]:

@@ -101,26 +101,29 @@ def _same_config_as_main(config, main_config: str) -> None:
 
 
 def prepare_store(config, workdir: Path):
-    """The dataset store: ``data.store``, or ``<workdir>/store`` written once by process 0 (write_store writes a
-    temporary folder and renames it into place); the other processes open it when it is complete."""
-    from jaxembed.data.store import Store, write_store
+    """The dataset store: ``data.store``, or ``<workdir>/store``, written once: process 0 decides whether it is
+    needed; then every process of a pod writes its share of the datasets (``write_store``: one temporary folder,
+    renamed into place by process 0, ``jaxembed.data.store_pod``); all open it when it is complete."""
+    from jaxembed.data.store import Store
+    from jaxembed.data.store_pod import prepare
 
     if config.data.store:
         return Store.open(config.data.store)
     store_dir = workdir / "store"
 
-    def write():
-        if (store_dir / "manifest.json").exists() and (
-                (workdir / "config.json").exists() or _store_config(store_dir) == _plain(cfglib.data_section(config))):
-            return  # the run's own store (its config was checked), or one a refused start left for this data config
+    def needed() -> bool:
+        # not: the run's own store (its config was checked), or one a refused start left for this data config
+        return not ((store_dir / "manifest.json").exists() and (
+            (workdir / "config.json").exists() or _store_config(store_dir) == _plain(cfglib.data_section(config))))
+
+    need = pod.main_first("store", needed)  # process 0 reads the folder; its error stops every process
+    if pod.broadcast("store-needed", "yes" if need else "no") == "yes":
         say(f"data: preparing the dataset store in {store_dir} ({count(len(config.data.datasets), 'dataset')}: "
             "every record is read and checked once)")
         with atomic_files.writing("preparing the dataset store", store_dir,
-                              fix="run the same command again (the store is prepared from the start)"):
-            report = write_store(cfglib.data_section(config), store_dir)
+                                  fix="run the same command again (the store is prepared from the start)"):
+            report = prepare(cfglib.data_section(config), store_dir)
         log.info("prepared the dataset store: %s", report.summary() if hasattr(report, "summary") else report)
-
-    pod.main_first("store", write)
     return Store.open(store_dir)
 
 
