@@ -21,8 +21,9 @@ import ml_collections as mc
 from ml_collections import config_dict
 
 from jaxembed.choices import ATTENTION_KERNELS, POOLING_MODES, TRAIN_DTYPES
-from jaxembed.config_io import (apply_overrides, load_config_file, override_error,  # noqa: F401 (re-exported)
-                                to_json, to_plain, write_resolved)
+from jaxembed import config_io
+from jaxembed.config_io import (apply_overrides, override_error, to_json, to_plain,  # noqa: F401 (re-exported)
+                                write_resolved)
 from jaxembed.data.config import CONTRASTIVE_LOSSES, LOSSES, SCORED_LOSSES  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError
 
@@ -424,21 +425,35 @@ def _check_store_task_types(store: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------- run directory
-# (config files, overrides and config.json: jaxembed.config_io, re-exported above)
+# (config files and overrides: jaxembed.config_io, re-exported above; a run's config.json as a config: below)
 
 
-def from_json(text: str) -> mc.ConfigDict:
-    """Rebuild a run config from the config.json of a run directory (defaults for any key it lacks)."""
+def load_config_file(spec: str, also: str = "") -> mc.ConfigDict:
+    """The run config ``--config SPEC`` names: a Python config file or a recipe (``config_io.load_config_file``),
+    or a run's ``config.json``, read as data (nothing in it runs; a key this version lacks is refused by name)."""
+    path = config_io.json_config_path(spec, also)
+    if path is None:
+        return config_io.load_config_file(spec, also)
+    return from_json(json.dumps(config_io.read_json_config(path)), where=str(path))
+
+
+def from_json(text: str, where: str = "") -> mc.ConfigDict:
+    """Rebuild a run config from the config.json of a run directory (defaults for any key it lacks). ``where``
+    (the file, for ``--config FILE.json``): a key of a section this version does not have is a UserError naming
+    it; without it (a run made by another version) such a key is passed over. Top-level keys beyond the
+    sections (a recipe's own, e.g. ``curriculum_dir``) are kept."""
     from jaxembed.data.config import dataset_config
 
     d = json.loads(text)
     c = default_config()
+    unknown: list[str] = []
     datasets = d.get("data", {}).pop("datasets", [])
 
     def merge(node: mc.ConfigDict, values: dict, prefix: str):
         for k, v in values.items():
             if k not in node:
-                continue  # a key this version does not have (a run made by another version)
+                unknown.append(prefix + k)  # a key this version does not have (a run made by another version)
+                continue
             if isinstance(node[k], mc.ConfigDict) and isinstance(v, dict):
                 merge(node[k], v, f"{prefix}{k}.")
             elif isinstance(node[k], mc.ConfigDict):
@@ -451,9 +466,20 @@ def from_json(text: str) -> mc.ConfigDict:
 
     routing = d.get("model", {}).get("mote", {}).pop("routing", None)
     merge(c, d, "")
+    extra = [k for k in unknown if "." not in k]
+    with c.unlocked():
+        for k in extra:  # a recipe's own top-level key
+            c[k] = mc.ConfigDict(d[k]) if isinstance(d[k], dict) else d[k]
+    unknown = [k for k in unknown if "." in k]
+    if where and unknown:
+        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}: this version of jaxembed has no such key "
+                        "(fix: remove them from the file, or run the jaxembed version that wrote it)")
     if routing is not None:  # a table: its keys are the run's own, not a fixed set
         c.model.mote.routing = mc.ConfigDict({k: tuple(v) for k, v in routing.items()})
-    c.data.datasets = [dataset_config(**x) for x in datasets]
+    try:
+        c.data.datasets = [dataset_config(**x) for x in datasets]
+    except UserError as e:
+        raise (UserError(f"{where}: data.datasets: {e}") if where else e) from None
     return c
 
 

@@ -1,17 +1,21 @@
 """Run config files and what is written of them: ``load_config_file`` (``PATH[:VARIANT]`` or
 ``RECIPE[:VARIANT]`` -> its ``get_config(VARIANT)``), the recipes that ship with jaxembed (``recipe_names``,
 ``recipe_spec``, ``recipe_list``), ``apply_overrides`` (``--config.a.b=VALUE``), one-line errors for ml-collections'
-type errors (``override_error``), and the resolved config of a run directory (``to_json``, ``write_resolved``). The
-defaults and the checks are ``jaxembed.config``, which re-exports these names.
+type errors (``override_error``), the resolved config of a run directory (``to_json``, ``to_text``,
+``write_resolved``), a run's ``config.json`` named by ``--config`` (``json_config_path``, ``read_json_config``: read as
+data, never run; ``jaxembed.config.load_config_file`` builds the config from it), and the comparison of a resumed
+run's config with its own (``config_differences``, ``changed_config_message``, ``extends_steps``). The defaults and
+the checks are ``jaxembed.config``, which re-exports these names.
 
 The one loader of config files (``jaxembed train``, ``data prepare``, ``plan build``, ``score``, ``sweep``,
 ``pretrain``): ``PATH[:VARIANT]`` is ml_collections' convention. The path is the whole text when such a file exists
 (a ':' in a folder name, a Windows drive), else the longest part before a ':' that is a file (``x.py:a:b`` passes
-``'a:b'``, as ml_collections does). A path that is no file but a bare name (no folder, no suffix: ``demo``,
+``'a:b'``, as ml_collections does). Only ``.py`` files run: any other file (a data file, a ``.json``) is one line,
+never executed. A path that is no ``.py`` file but a bare name (no folder, no suffix: ``demo``,
 ``kalm:tiny,lora``) names a recipe: ``NAME.py`` of ``jaxembed.paths.recipes_dir()`` (``configs/`` of the
-repository, ``jaxembed/recipes/`` of an installed package), so recipes load from any folder. A file wins: ``demo``
-is ``./demo`` when that file exists (write ``./demo`` or ``demo.py`` for files, bare names for recipes); an unknown
-name is an error listing the recipes. ``get_config(VARIANT)``; without a variant (or an empty one, ``x.py:``)
+repository, ``jaxembed/recipes/`` of an installed package), so recipes load from any folder (a file ``./demo``,
+which cannot run, does not hide the recipe; write ``demo.py`` for a file); an unknown name is an error listing the
+recipes. ``get_config(VARIANT)``; without a variant (or an empty one, ``x.py:``)
 ``get_config()`` when it can be called so (its own default applies), else ``get_config(None)``. Every call runs the
 file again (no cache: callers change the ConfigDict they get). The file runs as a module named
 ``jaxembed_config_<stem>_<hash of its path>``, registered in ``sys.modules`` (dataclasses and pickle look classes up
@@ -128,9 +132,10 @@ def resolve_config_path(spec: str, also: str = "") -> tuple[Path, str | None, st
     UserError listing the recipes; any other path comes back as it is (the caller reports it missing)."""
     path, variant = split_config_spec(spec)
     p = Path(path)
-    if p.is_file() or not _RECIPE_NAME.match(path):
+    python_file = p.is_file() and p.suffix == ".py"
+    if python_file or not _RECIPE_NAME.match(path) or (p.is_file() and path not in recipe_names()):
         return p, variant, None
-    if path in recipe_names():
+    if path in recipe_names():  # a recipe's name wins over a file of that name that is no .py file (never run)
         return paths.recipes_dir() / f"{path}.py", variant, path
     if not p.is_dir():
         raise UserError(_unknown_recipe(spec, path, also=also))
@@ -153,14 +158,58 @@ def _missing(spec: str, p: Path, variant: str | None, also: str) -> UserError:
     return UserError(f"--config {spec}: {what} (fix: {fix}{also})")
 
 
+def _not_python(spec: str, p: Path, also: str) -> str:
+    """The error for a ``--config`` file that is no ``.py`` file: only Python files run as config files."""
+    what = "a JSON file (read as data only where a run config is taken)" if p.suffix.lower() == ".json" else (
+        f"not a Python file ({p.suffix or 'no suffix'})")
+    return (f"--config {spec}: {p} is {what}; a config file is Python and runs as code, so only .py files run "
+            "(fix: give a .py file with get_config(), a recipe by name (e.g. demo:tiny), or to resume a run from "
+            f"its own config: jaxembed train --config WORKDIR/config.json --workdir WORKDIR{also})")
+
+
+def json_config_path(spec: str, also: str = "") -> Path | None:
+    """The JSON run config ``--config SPEC`` names (a run's ``config.json``, read as data: nothing in it runs), or
+    None when SPEC names a Python config file or a recipe."""
+    p, variant, recipe = resolve_config_path(spec, also)
+    if recipe is not None or p.suffix.lower() != ".json" or not p.is_file():
+        return None
+    if variant is not None:
+        raise UserError(f"--config {spec}: a JSON run config takes no variant (fix: --config {p}, with "
+                        "--config.KEY=VALUE overrides)")
+    return p
+
+
+#: the sections every run's config.json holds
+RUN_SECTIONS = ("model", "data", "plan", "loss", "optim", "train")
+
+
+def read_json_config(p: Path) -> dict:
+    """The object of a run's ``config.json`` (``--config WORKDIR/config.json``), checked to be a run config."""
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{p}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno}) (fix: give the config.json a "
+                        "run wrote, or a Python config file (.py))") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--config {p}: cannot read it ({type(e).__name__}: {e})") from None
+    missing = [k for k in RUN_SECTIONS if not isinstance(d, dict) or not isinstance(d.get(k), dict)]
+    if missing:
+        raise UserError(f"--config {p}: not a run config: a JSON config is the config.json of a run directory, with "
+                        f"the sections {', '.join(RUN_SECTIONS)} (missing: {', '.join(missing)}) (fix: give that "
+                        "config.json, or a Python config file (.py) with get_config(), or a recipe by name)")
+    return d
+
+
 def _load_module(spec: str, also: str = ""):
     """(module, path, variant, recipe name or None): ``load_config_module``, and whether a recipe was named."""
     p, variant, recipe = resolve_config_path(spec, also)
     if not p.is_file():
         raise _missing(spec, p, variant, also)
+    if p.suffix != ".py":  # a data file, a run's config.json: never run as code
+        raise UserError(_not_python(spec, p, also))
     digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:8]
     name = "jaxembed_config_" + re.sub(r"\W", "_", p.stem) + "_" + digest
-    loader = importlib.machinery.SourceFileLoader(name, str(p))  # any file name, as ml_collections loads it
+    loader = importlib.machinery.SourceFileLoader(name, str(p))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
     sys.modules[name] = module  # while it runs too: @dataclass looks its module up there
     try:
@@ -319,10 +368,76 @@ def to_json(c: mc.ConfigDict) -> str:
     return json.dumps(to_plain(c), indent=2, sort_keys=True, default=str)
 
 
+def to_text(c: mc.ConfigDict) -> str:
+    """The config as plain ``key: value`` lines, one per value (``optim.lr: 2e-05``, ``data.datasets[0].name:
+    "stsb"``; values in JSON, so the file is also plain YAML): what config.txt holds."""
+    flat = _flat(to_plain(c), "")
+    head = ("# the run's resolved config, one value a line (config.json holds the same as JSON); a key is what "
+            "--config.KEY=VALUE overrides\n")
+    return head + "".join(f"{k}: {json.dumps(v, default=str)}\n" for k, v in sorted(flat.items()))
+
+
 def write_resolved(c: mc.ConfigDict, workdir: str | os.PathLike) -> None:
-    """config.json (machine-readable) and config.txt (ml-collections' readable form) in the run directory."""
+    """config.json (machine-readable) and config.txt (``to_text``: one ``key: value`` line per value) in the run
+    directory."""
     from jaxembed import atomic_files
 
     wd = Path(workdir)
     atomic_files.write_text(wd / "config.json", to_json(c) + "\n")  # atomic: a reader never sees half a file
-    atomic_files.write_text(wd / "config.txt", str(c))
+    atomic_files.write_text(wd / "config.txt", to_text(c))
+
+
+def _flat(x: Any, prefix: str) -> dict[str, Any]:
+    """A plain config as {dotted key: value}; a list of dicts (data.datasets) item by item (``datasets[0].name``)."""
+    if isinstance(x, dict) and x:
+        out: dict[str, Any] = {}
+        for k, v in x.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(x, list) and x and all(isinstance(v, dict) for v in x):
+        out = {}
+        for i, v in enumerate(x):
+            out.update(_flat(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: x}
+
+
+_ABSENT = object()
+
+
+def config_differences(old: dict, new: dict, keys: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) of every value under ``keys`` (sections like 'optim', or single keys
+    like 'train.seed') that differs between two plain configs (``to_plain``); an absent value is ``_ABSENT``."""
+    def pick(d: dict, key: str) -> Any:
+        for part in key.split("."):
+            d = d.get(part, _ABSENT) if isinstance(d, dict) else _ABSENT
+        return d
+
+    out = []
+    for key in keys:
+        a, b = _flat(pick(old, key), key), _flat(pick(new, key), key)
+        out += [(k, a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in sorted(set(a) | set(b))
+                if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
+    return out
+
+
+def _shown(v: Any, width: int = 60) -> str:
+    text = "(absent)" if v is _ABSENT else json.dumps(v, default=str)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def changed_config_message(workdir: str | os.PathLike, diffs: list[tuple[str, Any, Any]], shown: int = 8) -> str:
+    """The one-line refusal of a resume with another config: each differing key with the run's value and this
+    command's, and the commands that work (a new run directory; the run's own config.json, read as data)."""
+    items = [f"{k} {_shown(a)} -> {_shown(b)}" for k, a, b in diffs[:shown]]
+    more = f"; and {len(diffs) - shown} more" if len(diffs) > shown else ""
+    wd = Path(workdir)
+    return (f"{wd} holds a run with another config: {'; '.join(items)}{more} (the run's value -> this command's). "
+            "Resuming needs the same config; only plan.steps may grow, to train a run on (fix: use a new --workdir, "
+            f"or resume the run as it was: jaxembed train --config {wd / 'config.json'} --workdir {wd})")
+
+
+def extends_steps(diffs: list[tuple[str, Any, Any]]) -> bool:
+    """Whether the differences are plan.steps alone, grown: a run trained on to more steps (docs/training.md)."""
+    return len(diffs) == 1 and diffs[0][0] == "plan.steps" and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in diffs[0][1:]) and diffs[0][2] > diffs[0][1]

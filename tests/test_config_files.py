@@ -57,7 +57,6 @@ def files(tmp_path, monkeypatch):
     ("base.py", "base"),           # no variant: get_config() with its own default
     ("required.py", None),         # get_config(arg) with no default: get_config(None)
     ("noarg.py", "none"),          # ml_collections' def get_config():
-    ("v.cfg:x", "x"),              # any file name, as ml_collections loads it
     ("dc.py", "1"),                # a @dataclass in the file: it runs as a module in sys.modules
 ])
 def test_spec_rules(files, spec, arg):
@@ -84,6 +83,10 @@ def test_spec_rules(files, spec, arg):
                  "ConfigDict)"),
     ("none.py", "--config none.py: get_config() returned None (fix: end get_config with 'return config')"),
     ("syntax.py", "syntax.py:4: not valid Python"),  # an error in the file: PATH:LINE, as an editor reads it
+    # only .py files run: any other file name is one line, never executed
+    ("v.cfg:x", "--config v.cfg:x: v.cfg is not a Python file (.cfg); a config file is Python and runs as code, so "
+                "only .py files run (fix: give a .py file with get_config(), a recipe by name (e.g. demo:tiny), or to "
+                "resume a run from its own config: jaxembed train --config WORKDIR/config.json --workdir WORKDIR"),
 ])
 def test_errors_are_one_line_naming_the_file_and_the_fix(files, spec, message):
     """The same message from ``jaxembed train`` and ``jaxembed data prepare`` (which also takes 'shared')."""
@@ -155,8 +158,11 @@ def test_recipes_by_name_from_any_folder(files, capsys):
     assert len(cfglib.load_data_config("demo:tiny")[0].datasets) == 4                 # jaxembed data prepare
     (files / "kalm").mkdir()                       # a folder of a recipe's name: still the recipe
     assert cfglib.load_config_file("kalm:tiny").stage1_dir == "runs/kalm_tiny/stage1"
-    (files / "demo").write_text(HEAD + "def get_config(arg=None):\n" + RETURNS_ARG)  # a file wins
-    assert cfglib.load_config_file("demo:tiny").arg == "'tiny'"
+    # a file of a recipe's name that is no .py file never runs, and does not hide the recipe; demo.py is a file
+    (files / "demo").write_text("raise SystemExit('ran')\n")
+    assert len(cfglib.load_config_file("demo:tiny").data.datasets) == 4
+    (files / "demo.py").write_text(HEAD + "def get_config(arg=None):\n" + RETURNS_ARG)
+    assert cfglib.load_config_file("demo.py:tiny").arg == "'tiny'"
     # a sweep runs, and a SLURM job reads, the recipe by name; a file by its absolute path
     assert main(["sweep", "--config", "peg:tiny", "--root", "r", "--mode", "slurm", "--dry-run", "--no-hyper",
                  "--sweep", "optim.lr=1e-3,2e-3"]) == 0
@@ -214,3 +220,83 @@ def test_an_installed_package_ships_and_finds_the_recipes(tmp_path, shared_data,
                       "outside its repository (fix: export JAXEMBED_DATA=DIR, the folder that holds train/, dev/ and "
                       "eval/ -- the repository's ../shared/data)"], p.stderr
     assert "-m jaxembed.cli train --config kalm:tiny --workdir r/semi_homogeneous_proportion=0.5 " in p.stdout
+
+
+# ---------------------------------------------------------------------- data files, a run's config.json as a config
+
+RAN = "open('ran.txt', 'w').write('the file ran')\n"
+
+
+@pytest.mark.parametrize("name,message", [
+    ("data.jsonl", "data.jsonl is not a Python file (.jsonl); a config file is Python and runs as code"),
+    ("data.json", "not a run config: a JSON config is the config.json of a run directory, with the sections model, "
+                  "data, plan, loss, optim, train (missing: model, data, plan, loss, optim, train)"),
+    ("notes", "notes is not a Python file (no suffix)"),
+])
+def test_a_data_file_given_as_config_is_never_run(files, capsys, name, message):
+    """`jaxembed train --config data.jsonl`: one line, and nothing in the file runs (it used to run as Python, then
+    end in 'defines no get_config()')."""
+    from jaxembed.cli import main
+
+    body = '{"query": "q", "pos": ["p"]}\n' + RAN  # JSON Lines, then code the old loader ran
+    (files / name).write_text('[{"query": "q", "pos": ["p"]}]\n' if name.endswith(".json") else body)
+    assert main(["train", "--config", name, "--workdir", "w"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --config {name}: ") and message in err and "\n" not in err, err
+    assert not (files / "ran.txt").exists() and not (files / "w").exists()
+
+
+def _run_config_json(folder: Path) -> Path:
+    """A run's config.json, as jaxembed train writes it (write_resolved)."""
+    from jaxembed.data.config import dataset_config
+
+    c = cfglib.default_config()
+    c.model.name = "some/model"
+    c.data.datasets = [dataset_config(name="a", path="a.jsonl", task_type="retrieval", temperature=0.02)]
+    c.plan.steps = 7
+    with c.unlocked():
+        c.curriculum_dir = "runs/x/curriculum"  # a recipe's own top-level key
+    folder.mkdir(exist_ok=True)
+    cfglib.write_resolved(c, folder)
+    return folder / "config.json"
+
+
+def test_a_runs_config_json_is_a_config_read_as_data(files):
+    """``--config WORKDIR/config.json`` (the documented way to resume a run as it was) is read as JSON, never run
+    (it used to run as Python: NameError 'null'); the config it gives writes the same config.json again, and a key
+    this version lacks, a variant, broken JSON are one line each."""
+    path = _run_config_json(files / "run")
+    c = cfglib.load_config_file(str(path))
+    assert cfglib.to_json(c) + "\n" == path.read_text()
+    assert c.plan.steps == 7 and c.data.datasets[0].temperature == 0.02 and c.curriculum_dir == "runs/x/curriculum"
+    assert cfglib.apply_overrides(c, ["plan.steps=9"]).plan.steps == 9
+    assert cfglib.load_data_config(str(path))[0].datasets[0].name == "a"  # data prepare takes it too
+    text = path.read_text()
+    cases = {
+        "run/config.json:tiny": "--config run/config.json:tiny: a JSON run config takes no variant (fix: --config "
+                                "run/config.json, with --config.KEY=VALUE overrides)",
+        "unknown.json": "unknown.json: unknown key(s) optim.lrr: this version of jaxembed has no such key (fix: "
+                        "remove them from the file",
+        "broken.json": "broken.json:2: not valid JSON (",
+        "ds.json": "ds.json: data.datasets: dataset_config: unknown key(s) tempreature",
+    }
+    (files / "unknown.json").write_text(text.replace('"optim": {', '"optim": {"lrr": 1, ', 1))
+    (files / "broken.json").write_text('{"model":\n')
+    (files / "ds.json").write_text(text.replace('"temperature": 0.02', '"tempreature": 0.02', 1))
+    for spec, message in cases.items():
+        with pytest.raises(UserError) as e:
+            cfglib.load_config_file(spec)
+        assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+    assert not (files / "ran.txt").exists()
+
+
+def test_config_txt_is_plain_key_value_lines(files):
+    """config.txt: one ``key: value`` line per value (it was ml_collections' YAML with !!python/object tags)."""
+    import yaml
+
+    _run_config_json(files / "run")
+    text = (files / "run" / "config.txt").read_text()
+    lines = text.splitlines()
+    assert "!!python" not in text and all(": " in x and not x.startswith(" ") for x in lines[1:]), text[:500]
+    assert "optim.lr: 2e-05" in lines and 'data.datasets[0].name: "a"' in lines and "plan.steps: 7" in lines
+    assert yaml.safe_load(text)["data.datasets[0].temperature"] == 0.02  # plain YAML too
