@@ -295,6 +295,9 @@ def validate(c: mc.ConfigDict) -> None:
 
     check_dataset_losses(c)  # each dataset's loss: its data (scores, teacher scores) and the run's settings
     _positive(c, "loss.temperature")
+    from jaxembed.config_scale import check_logit_scales  # after _check_loss_settings: loss.scored_scale > 0
+
+    check_logit_scales(c)
     _positive(c, "loss.block_q", integer=True)
     _positive(c, "loss.block_c", integer=True)
     if not _number(c.loss.peg_alpha) or not 0 <= c.loss.peg_alpha <= 1:

@@ -319,7 +319,32 @@ def _parse_value(text: str, old: Any) -> Any:
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
-        return text
+        pass
+    if isinstance(old, float):
+        try:
+            return float(text)  # nan, inf: numbers, which the config's checks then judge
+        except ValueError:
+            pass
+    return text
+
+
+_TYPE_WORDS = {bool: ("True or False", "True"), int: ("an integer", "100"), float: ("a number", "0.5"),
+               str: ("a string", "text"), tuple: ("a tuple", "\"('a', 'b')\""), list: ("a list", "\"['a']\"")}
+
+
+def _wrong_type(key: str, text: str, value: Any, cur: mc.ConfigDict, last: str) -> str:
+    """The one-line error of an override whose value is not of the key's type: the key, its type, an example."""
+    try:
+        kind = cur.get_type(last)
+    except (KeyError, AttributeError, TypeError):
+        kind = type(cur[last])
+    words, example = _TYPE_WORDS.get(kind, (f"a {getattr(kind, '__name__', kind)}", None))
+    old = cur[last]
+    if old and kind in (int, float, bool):  # the current value, unless it is 0 (often 'off', a poor example)
+        example = repr(old)
+    fix = f"e.g. --config.{key}={example}" if example else f"a value of type {getattr(kind, '__name__', kind)}"
+    return (f"--config.{key}={text}: config.{key} is {words}, and {text!r} (read as {type(value).__name__}) is not "
+            f"(fix: {fix})")
 
 
 def apply_overrides(c: mc.ConfigDict, overrides: list[str]) -> mc.ConfigDict:
@@ -350,7 +375,9 @@ def apply_overrides(c: mc.ConfigDict, overrides: list[str]) -> mc.ConfigDict:
             if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             cur[last] = value
-        except (TypeError, ValueError) as e:
+        except TypeError:
+            raise UserError(_wrong_type(key, text, value, cur, last)) from None
+        except ValueError as e:
             raise UserError(f"--config.{key}={text}: {e}") from None
     return c
 
