@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any, Callable, Hashable
 
 from tqdm.auto import tqdm
 
@@ -45,6 +46,18 @@ def _cut_torn_line(path: Path) -> int:
         return 0
 
 
+def _block_until_ready(x):
+    import jax
+
+    return jax.block_until_ready(x)
+
+
+def batch_shapes(batch: dict, *extra) -> tuple:
+    """What decides a train step's compiled program: its batch's array names, shapes and dtypes (and ``extra``, e.g.
+    MoTE's one-task path). A step whose key was not seen before compiles."""
+    return tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(batch.items()) if hasattr(v, "shape")) + extra
+
+
 def _duration(s: float) -> str:
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -53,7 +66,10 @@ def _duration(s: float) -> str:
 class Monitor:
     """Writes ``metrics.jsonl`` and TensorBoard events under ``workdir``; prints a line per log step and keeps a
     progress bar with ETA (to stderr, only on a terminal unless ``progress=True``). Without the bar (a log file, a
-    batch job), a plain progress line with the ETA is printed every ``PLAIN_EVERY_S`` seconds instead."""
+    batch job), a plain progress line with the ETA is printed every ``PLAIN_EVERY_S`` seconds instead, timed on
+    completed steps: dispatch is asynchronous, so the line waits on the last step's result before reading the
+    clock, and the steps that compile a new shape (``before_step``) are waited for on their own and left out of
+    the rate. clock / sync: the time and the wait on a step's result (tests pass fakes)."""
 
     PLAIN_EVERY_S = 60.0
 
@@ -61,7 +77,8 @@ class Monitor:
                    "tokens_per_s", "step_time_s", "mfu", "device_memory_peak_gib", "skipped")
 
     def __init__(self, workdir: str | Path, total_steps: int, start_step: int = 0, *, tensorboard: bool = True,
-                 progress: bool | None = None, is_main: bool = True, wandb=None, run_config: dict | None = None):
+                 progress: bool | None = None, is_main: bool = True, wandb=None, run_config: dict | None = None,
+                 clock: Callable[[], float] | None = None, sync: Callable[[Any], Any] | None = None):
         self.is_main = is_main
         self.workdir = Path(workdir)
         self.torn = _cut_torn_line(self.workdir / "metrics.jsonl") if is_main else 0
@@ -90,15 +107,23 @@ class Monitor:
                          disable=not (show and is_main))
         self._plain = is_main and not (show and is_main)
         self.total, self.step = total_steps, start_step
-        self.t0 = time.time()
-        self._first: tuple[float, int] | None = None  # (time, step) after the first step: the ETA leaves compiling out
+        self._clock = clock or time.time
+        self._sync = sync or _block_until_ready
+        self.t0 = self._clock()
         self._last_plain = self.t0
+        # the rate of completed steps: time and steps between two waits on a step's result, without the steps that
+        # compiled a new shape (each one waited for on its own: the interval before it is closed first)
+        self._shapes: set = set()
+        self._compiling = False
+        self._mark: tuple[float, int] | None = None  # (time, step) of the last wait, None before the first
+        self._timed = [0.0, 0]  # seconds, steps
+        self._all = [0.0, 0]  # the same with the steps that compiled
 
     def log(self, step: int, metrics: dict, prefix: str = "train") -> None:
         if not self.is_main:
             return
         clean = {k: (float(v) if not isinstance(v, (str, int)) else v) for k, v in metrics.items()}
-        record = {"step": int(step), "split": prefix, "time": round(time.time() - self.t0, 3), **clean}
+        record = {"step": int(step), "split": prefix, "time": round(self._clock() - self.t0, 3), **clean}
         try:
             self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
             self._jsonl.flush()
@@ -119,27 +144,65 @@ class Monitor:
         tqdm.write(f"[{prefix} step {step}] {line}")
         self._bar.set_postfix({k: f"{clean[k]:.4g}" for k in ("loss", "accuracy") if k in clean}, refresh=False)
 
-    def advance(self, n: int = 1) -> None:
+    def before_step(self, shapes: Hashable, previous: Any = None) -> bool:
+        """Called before a step is dispatched, with what decides its compiled program (``batch_shapes``) and the
+        previous step's result. -> True when the shapes are new: the step compiles. Then (for the plain progress
+        line) the steps before it are waited for and timed, so that the compiling step is left out of the rate."""
+        new = shapes not in self._shapes
+        self._shapes.add(shapes)
+        self._compiling = new
+        if new and self._plain:
+            self._wait(previous, timed=True)
+        return new
+
+    def advance(self, n: int = 1, result: Any = None) -> None:
+        """``n`` steps were dispatched, the last one returning ``result`` (its metrics: waited for when a progress
+        line is written, and after a step that compiled, so that the rate counts completed steps)."""
         self._bar.update(n)
         self.step += n
-        now = time.time()
-        if self._first is None:
-            self._first = (now, self.step)
+        if not self._plain:
             return
-        if self._plain and (now - self._last_plain >= self.PLAIN_EVERY_S or self.step == self.total):
-            self._last_plain = now
-            tqdm.write(self.progress_line(now))
+        # a compiling step is waited for on its own and left out of the rate; so is the first step when the caller
+        # does not say which steps compile (no before_step)
+        timed = not self._compiling and self._mark is not None
+        self._compiling = False
+        now = self._clock() if timed else self._wait(result, timed=False)
+        if now - self._last_plain >= self.PLAIN_EVERY_S or self.step == self.total:
+            self._last_plain = self._wait(result, timed=True) if timed else now
+            tqdm.write(self.progress_line(self._last_plain))
+
+    def _wait(self, result: Any, timed: bool) -> float:
+        """Wait for ``result`` (every step dispatched so far is then complete) and count the time and steps since
+        the last wait: into the rate when ``timed``. -> the time after the wait."""
+        self._sync(result)
+        now = self._clock()
+        if self._mark is not None and self.step > self._mark[1]:
+            dt, k = now - self._mark[0], self.step - self._mark[1]
+            for acc in (self._timed, self._all) if timed else (self._all,):
+                acc[0] += dt
+                acc[1] += k
+        self._mark = (now, self.step)
+        return now
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        """The mean time of a completed step that compiled nothing (None before one was timed)."""
+        return self._timed[0] / self._timed[1] if self._timed[1] else None
 
     def progress_line(self, now: float | None = None) -> str:
-        """``train: step 40/200 (20 %), 1.23 s/step, elapsed 0m52s, ETA 3m17s``: the rate since the first step of
-        this invocation (its compilation left out)."""
-        now = time.time() if now is None else now
+        """``train: step 40/200 (20 %), 1.23 s/step, elapsed 0m52s, ETA 3m17s``: the rate of the completed steps of
+        this invocation that compiled no new shape (``before_step``), the ETA that rate times the steps left. Before
+        such a step the line says so (a rate of compiling steps would put the ETA far off); at the last step, the
+        rate is of every completed step."""
+        now = self._clock() if now is None else now
         line = f"train: step {self.step}/{self.total} ({100 * self.step / max(self.total, 1):.0f} %)"
-        if self._first is not None and self.step > self._first[1]:
-            rate = (now - self._first[0]) / (self.step - self._first[1])
-            line += (f", {rate:.3g} s/step, elapsed {_duration(now - self.t0)}, "
-                     f"ETA {_duration(rate * (self.total - self.step))}")
-        return line
+        rate = self.seconds_per_step
+        if rate is None and self.step >= self.total and self._all[1]:
+            rate = self._all[0] / self._all[1]
+        if rate is None:
+            return line + f", elapsed {_duration(now - self.t0)}, ETA not known yet (each step so far compiled)"
+        return line + (f", {rate:.3g} s/step, elapsed {_duration(now - self.t0)}, "
+                       f"ETA {_duration(rate * (self.total - self.step))}")
 
     def message(self, text: str) -> None:
         if self.is_main:
