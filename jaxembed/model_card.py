@@ -27,7 +27,7 @@ from pathlib import Path
 
 from jaxembed.base_model import base_license_of, base_model_of, hub_id, hub_license, jaxembed_base, license_of
 from jaxembed.losses import table as loss_table
-from jaxembed.run_facts import eval_at, eval_rows, final_eval
+from jaxembed.run_facts import eval_at, eval_rows, final_eval, skipped_note
 
 def front_matter(*, name: str, base_model: str | None = None, datasets: list[str] | None = None,
                  tags: list[str] | None = None, results: list[dict] | None = None, license: str | None = None) -> str:
@@ -269,6 +269,9 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
              "", f"License: `{base_license}`, the base model's (its README.md)." if base_license else
              "License: not known (the base model's README.md names none); add `license:` to the front matter before "
              "publishing.", ""]
+    note = skipped_note(int(summary.get("skipped") or 0), int(summary.get("step") or step or 0))
+    if note:
+        lines += [f"**Warning:** {note[0].upper()}{note[1:]}.", ""]
     lines += ["## Usage", ""] + usage(loads, prompts=prompts, mote_spec=spec if mote_full else None,
                                       adapter_base=(adapter_base or base or "BASE") if kind == "adapter" else None)
     if lora_export == "both" and kind != "adapter":

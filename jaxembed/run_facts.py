@@ -106,6 +106,36 @@ def eval_records(workdir: Path) -> list[dict]:
     return out
 
 
+def skipped_note(skipped: int, steps: int) -> str:
+    """The sentence the end of a run, its summary.json (``warnings``) and its model card say when updates were
+    skipped (a non-finite loss or gradient: jaxembed.train.step's guard); '' when none was."""
+    if not skipped:
+        return ""
+    took = "none: the parameters are the starting model's" if skipped >= steps else f"{steps - skipped}"
+    return (f"{skipped} of {steps} training updates were skipped (a non-finite loss or gradient), so the model took "
+            f"{took} (metrics.jsonl: 'skipped' at each logged step; fix: lower optim.lr or raise loss.temperature, "
+            "use model.dtype=float32, or check the data of the steps that skipped)")
+
+
+def export_line(out_dir: str | os.PathLike, step: int, workdir: str | os.PathLike, metric: str = "") -> str:
+    """The end-of-run line: the step the export holds and its dev score (``metric``, else each task's main
+    score), beside the starting model's when it was evaluated (step 0, ``eval.before``)."""
+    line = f"export: step {step} in {out_dir}"
+    records = eval_records(Path(workdir))
+    if not records:
+        return line
+    at, start = eval_at(Path(workdir), step), eval_at(Path(workdir), 0) if step else None
+    if at is None:
+        return line + " (that step has no dev evaluation)"
+    keys = [metric] if metric in at["metrics"] else sorted(k for k in at["metrics"] if k.endswith("/main_score"))
+    shown = []
+    for k in keys:
+        before = (start or {}).get("metrics", {}).get(k)
+        shown.append(f"{k} {at['metrics'][k]:.4g}" + (f" (before training {before:.4g})" if before is not None
+                                                          else ""))
+    return line + (f"; dev {', '.join(shown)}" if shown else "")
+
+
 def summary_facts(workdir: str | os.PathLike, t_begin: float) -> dict:
     """What summary.json records for the card, at the end of ``jaxembed train`` (process 0):
 

@@ -18,6 +18,7 @@ from jaxembed.errors import UserError
 from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.train.export import export_params, host_params
 from jaxembed.train.metrics import best_step, dev_scores, host_metrics, step_flops
+from jaxembed.run_facts import export_line, skipped_note
 from jaxembed.train.monitor import Monitor
 from jaxembed.train.run import Run, export_dir, params_at, setup
 from jaxembed.train.state import init_state, pow2_lengths, step_table
@@ -205,6 +206,10 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
             best = best_step(scores, c.eval.best_mode)
             summary = {"status": status, "step": int(jax.device_get(state["step"])),
                        "skipped": int(jax.device_get(state["skipped"])), "workdir": str(workdir), "best_step": best}
+            note = skipped_note(summary["skipped"], summary["step"])
+            if note:  # said at the end, in summary.json and in the export's model card
+                summary["warnings"] = [note]
+                monitor.message(f"warning: {note}")
             if scores:
                 summary["dev"] = _dev_summary(metric, scores, best)
                 worse = _worse_than_start(summary["dev"], c.eval.best_mode)
@@ -235,6 +240,7 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
                 try:
                     pod.main_first("export", write_export)
                     summary["export"] = str(out_dir)
+                    monitor.message(export_line(out_dir, at, workdir, metric))
                 except Interrupted as e:
                     summary["status"] = "preempted"
                     monitor.message(f"signal {e.signum} during the export: stopped, nothing half-written (the "

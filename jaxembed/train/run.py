@@ -59,21 +59,29 @@ class Run:
         return list(self.plan.task_names) if hasattr(self.plan, "task_names") else []
 
 
-def check_workdir(config, workdir: Path) -> None:
+def check_workdir(config, workdir: Path) -> bool:
+    """Refuse a resume with another config (naming each differing key); True when the config only grows
+    plan.steps (the run is trained on: its plan is built again for the new total)."""
+    from jaxembed import config_io
+
     prev = workdir / "config.json"
     if not prev.exists():
-        return
+        return False
     # the old config through today's defaults: a key added to jaxembed since that run takes its default, so adding a
     # config key does not make earlier runs unresumable
     old = json.loads(cfglib.to_json(cfglib.from_json(json.dumps(_read_config_json(prev)))))
     new = json.loads(cfglib.to_json(config))
-    keys = ("model", "data", "plan", "loss", "optim")
-    diffs = [k for k in keys if old.get(k) != new.get(k)]
-    diffs += [f"train.{k}" for k in ("seed", "gradcache_chunk", "dropout")
-              if old.get("train", {}).get(k) != new["train"].get(k)]
-    if diffs:
-        raise UserError(f"{workdir} holds a run with a different config ({', '.join(diffs)} differ). Resuming needs "
-                        "the same config (fix: use a new --workdir, or the run's own config.json)")
+    keys = ("model", "data", "plan", "loss", "optim", "train.seed", "train.gradcache_chunk", "train.dropout")
+    diffs = config_io.config_differences(old, new, keys)
+    if diffs and not config_io.extends_steps(diffs):
+        raise UserError(config_io.changed_config_message(workdir, diffs))
+    return bool(diffs)
+
+
+def _replan(workdir: Path) -> None:
+    """A run trained on to more steps: its saved plan (built for the old total) goes; prepare_plan saves the new."""
+    for name in ("plan.npz", "plan.json"):
+        (workdir / name).unlink(missing_ok=True)
 
 
 def _read_config_json(path: Path) -> dict:
@@ -230,7 +238,8 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None, read_onl
     say(describe_plan(plan, config, store))
 
     def write_config():
-        check_workdir(config, workdir)
+        if check_workdir(config, workdir):
+            _replan(workdir)
         with atomic_files.writing("writing the config", workdir / "config.json"):
             cfglib.write_resolved(config, workdir)
 
