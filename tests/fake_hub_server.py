@@ -290,3 +290,49 @@ class FakeHub:
             h.send_header("X-Error-Message", payload["error"])
         h.end_headers()
         h.wfile.write(data)
+
+
+class StalledServer:
+    """An endpoint that accepts every connection and never answers (a stuck proxy or firewall): a listening socket
+    on 127.0.0.1 (ephemeral port) whose connections are held open, unread, until ``stop()``. ``url`` is its base
+    URL; ``accepted`` counts the connections. Also a context manager."""
+
+    def __init__(self):
+        import socket
+
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self._sock.settimeout(0.05)
+        self._held: list = []
+        self._stop = threading.Event()
+        self.accepted = 0
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # the 0.05 s poll, or the socket closed by stop()
+                continue
+            self._held.append(conn)
+            self.accepted += 1
+
+    def start(self) -> str:
+        self._thread.start()
+        return self.url
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        for conn in self._held:
+            conn.close()
+        self._sock.close()
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
