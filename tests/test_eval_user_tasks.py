@@ -301,3 +301,62 @@ def test_eval_cli_no_packing_pads_and_scores_the_same(tmp_path, monkeypatch, sha
         assert seen and set(seen) == {not flag}, seen
         scores[bool(flag)] = json.loads(out.read_text())["STSBenchmark-dev"]["main_score"]
     assert scores[True] == pytest.approx(scores[False], abs=1e-4)
+
+
+def test_sentence_transformers_shaped_reranking_sets_are_read_as_training_reads_them(user_sets, tmp_path):
+    """A dev set in sentence-transformers' Parquet shape (anchor, positive, negative: one text each) is a reranking
+    set, with its columns named or mapped (a renamed pos / neg column may hold one text, as in training); each row is
+    the query with its one positive and its negatives, exactly as the list-shaped file of the same rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jaxembed.evaluate.tasks import load_task_data
+
+    rows = [r for r in _rows(user_sets / "rerank.jsonl") if r["pos"] and len(r["neg"]) >= 2][:30]
+    st = {"anchor": [r["question"] for r in rows], "positive": [r["pos"][0] for r in rows],
+          "negative_1": [r["neg"][0] for r in rows], "negative_2": [r["neg"][1] for r in rows]}
+    pq.write_table(pa.table(st), tmp_path / "st.parquet")
+    _write_jsonl(tmp_path / "lists.jsonl", [{"query": r["question"], "pos": r["pos"][:1], "neg": r["neg"][:2]}
+                                            for r in rows])
+    pq.write_table(pa.table({"q": st["anchor"], "p": st["positive"], "n": [r["neg"][:2] for r in rows]}),
+                   tmp_path / "renamed.parquet")
+    specs = {"lists": dict(name="lists", type="reranking", path=str(tmp_path / "lists.jsonl")),
+             "st": dict(name="st", type="reranking", path=str(tmp_path / "st.parquet")),
+             "renamed": dict(name="renamed", type="reranking", path=str(tmp_path / "renamed.parquet"),
+                             columns={"query": "q", "pos": "p", "neg": "n"})}
+    dev = validate_eval({"tasks": tuple(specs.values())})
+    data = {t.name: load_task_data(t) for t in dev.local}
+    for name in ("st", "renamed"):
+        assert vars(data[name]) == vars(data["lists"]), name
+    res = DevEvaluator(tuple(specs.values()))(WordsEncoder())
+    assert res["st"] == res["renamed"] == res["lists"] and 0 < res["st"]["main_score"] <= 100
+
+
+def test_a_bad_dev_row_stops_the_run_before_any_work(user_sets, shared_data, tmp_path, capsys):
+    """A bad row deep in a dev set is refused by the config check, in one line naming file, row and field, before
+    the store, the plan or any file of the run directory is written: the corrected config then starts afresh."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jaxembed.cli import main
+    from jaxembed.models.tiny import tiny_model_dir
+
+    rows = _rows(user_sets / "rerank.jsonl")[:40]
+    positives = [r["pos"][0] if r["pos"] else "an answer" for r in rows]
+    positives[30] = None  # row 31
+    pq.write_table(pa.table({"anchor": [r["question"] for r in rows], "positive": positives}),
+                   tmp_path / "dev.parquet")
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text("from jaxembed.config import default_config\nfrom jaxembed.data.config import dataset_config\n\n\n"
+                   "def get_config(arg=None):\n    c = default_config()\n"
+                   f"    c.model.name = {str(tiny_model_dir('bert', num_layers=1))!r}\n"
+                   f"    c.data.datasets = [dataset_config(name='w', path={str(shared_data / 'train/wikiqa.jsonl')!r},"
+                   " task_type='retrieval', num_negatives=1)]\n    c.plan.steps = 2\n    c.plan.global_batch_size = 4\n"
+                   f"    c.eval.tasks = (dict(name='st', type='reranking', path={str(tmp_path / 'dev.parquet')!r}),)\n"
+                   "    return c\n")
+    wd = tmp_path / "run"
+    assert main(["train", "--config", str(cfg), "--workdir", str(wd)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: config.eval.tasks: st: {tmp_path / 'dev.parquet'}:31: field 'positive': expected a "
+                   "string, got NoneType (fix: store a string in the field)"], err
+    assert not wd.exists()

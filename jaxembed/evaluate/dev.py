@@ -1,7 +1,8 @@
 """The trainer's dev evaluation: the entries of ``eval.tasks`` -- registered task names, a user's own sets
 (``jaxembed.evaluate.user_tasks``) and ``mteb:NAME`` MTEB tasks available offline -- checked before any work
-(``validate_eval``, from ``jaxembed.config.validate``), their data loaded once before the first training step
-(``DevEvaluator``), then scored at every evaluation: ``{"<entry name>": {"main_score": points, metric: points}}``.
+(``validate_eval``, from ``jaxembed.config.validate``: a user's own sets are read whole there), their data
+loaded once before the first training step (``DevEvaluator``), then scored at every evaluation:
+``{"<entry name>": {"main_score": points, metric: points}}``.
 
 The entry name prefixes the metrics that ``eval.best_metric`` names: a registered task's name, a user set's
 ``name``, or ``mteb:NAME`` as written (so an MTEB task never collides with a local one of the same name).
@@ -11,13 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from typing import Any
 
-from jaxembed.errors import UserError
+from jaxembed.errors import InputError, UserError
 from jaxembed.evaluate.tasks import TASKS, Task, get_task, load_task_data, task_names
 from jaxembed.evaluate.user_tasks import METRICS, is_spec, user_task
 
 MTEB_PREFIX = "mteb:"
+SEED = 42  # the seed of the dev sets' samples (eval.max_examples)
+
+#: the user sets read by the latest ``validate_eval`` (whole, every row checked): (task, its files' sizes and times,
+#: max_examples, seed) -> data; the trainer's DevEvaluator takes them from here instead of reading them again
+_READ: dict = {}
 
 
 @dataclasses.dataclass
@@ -134,7 +141,32 @@ def validate_eval(eval_cfg, where: str = "config.eval") -> DevTasks:
     best = eval_cfg.get("best_metric", "") if hasattr(eval_cfg, "get") else ""
     if dev.names:  # without dev tasks nothing is evaluated and best_metric is not used
         check_best_metric(best, dev, f"{where}.best_metric")
+    max_examples = (eval_cfg.get("max_examples", None) if hasattr(eval_cfg, "get") else None) or None
+    _READ.clear()
+    for t in dev.local:  # a user's set is read whole now: a bad row anywhere stops the run before any work
+        if t.user:
+            try:
+                _READ[_key(t, max_examples, SEED)] = load_task_data(t, max_examples=max_examples, seed=SEED)
+            except InputError as e:
+                raise UserError(f"{where}.tasks: {t.name}: {e}") from None
     return dev
+
+
+def _key(task: Task, max_examples: int | None, seed: int) -> tuple:
+    files = []
+    for f in task.files.values():
+        try:
+            st = os.stat(f)
+            files.append((f, st.st_size, st.st_mtime_ns))
+        except OSError:
+            files.append((f, None, None))
+    return task.name, tuple(files), max_examples, seed
+
+
+def _data(task: Task, max_examples: int | None, seed: int):
+    """A local task's data: as ``validate_eval`` read it (a user set, unchanged since), else read now."""
+    data = _READ.pop(_key(task, max_examples, seed), None) if task.user else None
+    return data if data is not None else load_task_data(task, max_examples=max_examples, seed=seed)
 
 
 class DevEvaluator:
@@ -146,11 +178,11 @@ class DevEvaluator:
     ``query_instruction`` / ``document_instruction`` are its prompts (mteb keys ``NAME`` / ``NAME-query`` /
     ``NAME-document``); other tasks use the model's own prompts."""
 
-    def __init__(self, tasks, *, max_examples: int | None = None, seed: int = 42, batch_size: int = 64,
+    def __init__(self, tasks, *, max_examples: int | None = None, seed: int = SEED, batch_size: int = 64,
                  where: str = "config.eval.tasks"):
         self.dev = parse_eval_tasks(tasks, where)
         self.seed, self.batch_size = seed, batch_size
-        self.data = {t.name: load_task_data(t, max_examples=max_examples, seed=seed) for t in self.dev.local}
+        self.data = {t.name: _data(t, max_examples, seed) for t in self.dev.local}
         self.prompts: dict[str, str] = {}
         for t in self.dev.local:
             if t.user:

@@ -276,6 +276,20 @@ def _field(path, line, obj, key, kind):
     return v
 
 
+def rerank_row(task: Task, path, line: int, obj: dict) -> tuple[str, list[str], list[str]]:
+    """(query, positives, negatives) of a reranking row, read as training reads it: our fields (``columns`` may
+    rename them; a renamed pos / neg column may hold one text), or a sentence-transformers row (anchor, positive,
+    negatives...: the text columns in order, an ``id`` column aside) when the file has no ``query`` field."""
+    if not task.columns and "query" not in obj and {"anchor", "positive"} <= set(obj):
+        keys = [k for k in obj if k != "id"]
+        return (_field(path, line, obj, keys[0], "str"), [_field(path, line, obj, keys[1], "str")],
+                [_field(path, line, obj, k, "str") for k in keys[2:]])
+    c = task.col
+    texts = lambda k: ([obj[c(k)]] if c(k) != k and isinstance(obj.get(c(k)), str)  # noqa: E731
+                       else _field(path, line, obj, c(k), "list"))
+    return _field(path, line, obj, c("query"), "str"), texts("pos"), texts("neg")
+
+
 def iter_rows(path, numeric: Sequence[str] = ()) -> Iterable[tuple[int, dict]]:
     """(line / row number, record) of a JSON Lines, Parquet or CSV / TSV file (by suffix); a bad row is an
     InputError naming it. ``numeric``: CSV columns read as numbers (scores, labels)."""
@@ -365,8 +379,7 @@ def load_task_data(task: str | Task, *, max_examples: int | None = None, seed: i
         p = task.path("test", data_dir)
         qs, cands, rels = [], [], []
         for i, obj in _rows(p):
-            q = _field(p, i, obj, c("query"), "str")
-            pos, neg = _field(p, i, obj, c("pos"), "list"), _field(p, i, obj, c("neg"), "list")
+            q, pos, neg = rerank_row(task, p, i, obj)
             qs.append(q)
             cands.append(list(pos) + list(neg))
             rels.append([1] * len(pos) + [0] * len(neg))

@@ -11,6 +11,7 @@ local evaluators (MTEB's protocols) as the registry's tasks.
         dict(name="my-cls", type="classification", path="dev/cls.jsonl", train="train/cls.jsonl"),  # text, label
         dict(name="my-clu", type="clustering", path="dev/clusters.jsonl"),  # text, label
         dict(name="my-rr", type="reranking", path="dev/rerank.jsonl"),       # query, pos [...], neg [...]
+        dict(name="my-st", type="reranking", path="dev/st.parquet"),  # anchor, positive, negative (one text each)
         "mteb:Banking77Classification",                                      # an MTEB task available offline
     )
 
@@ -21,10 +22,15 @@ fitted on), ``split`` (retrieval: which ``qrels/<split>.tsv``; default: the only
 the file's, e.g. ``{"score": "similarity"}``), ``query_instruction`` / ``document_instruction`` (prompt strings,
 used as they are), ``main_score`` (one of the type's metrics), ``score_range`` (STS: the gold scale, for mteb).
 
+Reranking rows are read as training reads them: a ``pos`` / ``neg`` column that ``columns`` renames may hold one
+text instead of a list, and a file without a ``query`` field may be a sentence-transformers one (anchor, positive,
+negatives...: the text columns in order).
+
 ``user_task(spec)`` checks everything that can be checked without reading the data (keys, type, files and folder
 layout, columns, the main score) and reads the first row of each file (its fields): a bad spec or file is a
 one-line UserError naming the key or the file, line and field, before any work starts. The whole files are read
-by ``load_task_data`` (the trainer does it once, before its first step).
+by ``load_task_data``: the trainer's config check (``jaxembed.evaluate.dev.validate_eval``) reads them before any
+work, so a bad row deep in a file is refused before the run directory is touched.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxembed.errors import InputError, UserError
-from jaxembed.evaluate.tasks import CLASSIFICATION_DEFAULTS, CLUSTERING_DEFAULTS, TASKS, Task, iter_rows
+from jaxembed.evaluate.tasks import CLASSIFICATION_DEFAULTS, CLUSTERING_DEFAULTS, TASKS, Task, iter_rows, rerank_row
 
 #: our task-type names (the data config's) -> MTEB's; MTEB's names are accepted as they are
 TYPE_NAMES = {"sts": "STS", "pair_classification": "PairClassification", "classification": "Classification",
@@ -207,6 +213,9 @@ def check_first_rows(task: Task) -> None:
         if first is None:
             raise InputError(path, None, "empty file: no rows", "check the file, or remove the task")
         line, obj = first
+        if role == "test" and task.type == "Reranking" and not task.columns and "query" not in obj:
+            rerank_row(task, path, line, obj)  # a sentence-transformers row (anchor, positive, negatives...)
+            continue
         for key in checks[role]:
             if key not in obj:
                 keys = ", ".join(sorted(obj)) or "none"
