@@ -370,7 +370,7 @@ def read_options(ds) -> ReadOptions:
                        label_descriptions=pairs_of(ld, "label_descriptions") if ld is not None else None,
                        use_type=ds.get("task_type") is None, use_prompt=ds.get("query_instruction") is None,
                        extra_fields=frozenset(ds.get("extra_fields") or ()), need_threshold=not scored,
-                       keep_scores=scored)
+                       keep_scores=scored, num_negatives=ds.get("num_negatives"))
 
 
 def read_dataset(ds, info: ReadInfo | None = None) -> Iterator[Item]:
@@ -380,6 +380,11 @@ def read_dataset(ds, info: ReadInfo | None = None) -> Iterator[Item]:
 
     opts = read_options(ds)
     fmt = ds.get("format", "auto")
+    for path in dataset_paths(ds):  # FlagEmbedding's mark, in a data folder's name, for no in-batch negatives
+        if "no_in_batch_neg" in str(path):
+            raise UserError(f"{path}: 'no_in_batch_neg' in the name turns off in-batch negatives in FlagEmbedding; "
+                            "jaxembed contrasts every query with all the candidates of its batch, so it would train "
+                            "this data otherwise (fix: rename the folder or file to train it with in-batch negatives)")
     if fmt == "hf":
         return read_hf(dataset_paths(ds)[0], opts, info, split=ds.get("split", "train"), subset=ds.get("subset"),
                        streaming=bool(ds.get("streaming")))

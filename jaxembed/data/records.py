@@ -189,6 +189,7 @@ class ReadOptions:
     extra_fields: frozenset = frozenset()
     need_threshold: bool = False  # scored pairs (also st score columns) without score_threshold are an error
     keep_scores: bool = False  # a scored-pair loss: every pair is kept, with its score (no threshold)
+    num_negatives: int | None = None  # the dataset's hard negatives per query (None: not training, e.g. validate)
 
 
 def _renamed(f: dict, key: str) -> bool:
@@ -244,6 +245,10 @@ def parse_triplet(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
           "pos": _check_text_list(_get(obj, f["pos"]), f["pos"], 1, one_text=_renamed(f, "pos")),
           "neg": _check_text_list(obj[f["neg"]], f["neg"], 0, one_text=_renamed(f, "neg")) if f["neg"] in obj
           else []}
+    if obj.get(f["type"]) == "only_1neg" and opts.num_negatives not in (None, 1):
+        raise _Config(f["type"], f"'only_1neg' (FlagEmbedding: the query is trained with one hard negative) but the "
+                                 f"dataset's num_negatives is {opts.num_negatives}",
+                      "set num_negatives=1 for this dataset, or remove the type field to use more negatives")
     if opts.use_type and f["type"] in obj:
         t = obj[f["type"]]
         if not isinstance(t, str) or t not in BGE_TYPES:
