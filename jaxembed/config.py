@@ -71,6 +71,7 @@ def default_config() -> mc.ConfigDict:
         target="",              # regex searched in the linear layers' paths; '' = attention q/k/v/o + feed-forward
         export="merged",        # 'merged' (W0 + scale A B) | 'adapter' (the PEFT folder alone, in adapter/) | 'both'
                                 # (the merged folder with adapter/ inside)
+        base_dtype="float32",   # the frozen base weights' storage; 'bfloat16' halves it (adapters stay float32)
     ))
     c.data = default_data_config()
     c.data.store = ""           # an existing store (jaxembed data prepare); '' = prepare into <workdir>/store

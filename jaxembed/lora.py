@@ -52,6 +52,8 @@ from jaxembed.models.layers import layer_dropout_key
 #: the variable type of the adapter weights: the trainable parameters of a LoRA run
 TRAINABLE = nnx.LoRAParam
 EXPORTS = ("merged", "adapter", "both")
+#: ``model.lora.base_dtype``: the storage dtype of the frozen base weights
+BASE_DTYPES = ("float32", "bfloat16")
 BASE_FILE = "lora_base.json"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -64,13 +66,15 @@ DEFAULT_TARGETS = {t: arch.lora_target for t, arch in models.ARCHITECTURES.items
 @dataclasses.dataclass(frozen=True)
 class LoRASpec:
     """``model.lora``: rank r, alpha (scale alpha / r), dropout on the adapter's input, target (regex; '' = the
-    architecture's default), export (merged / adapter / both)."""
+    architecture's default), export (merged / adapter / both), base_dtype (the frozen base weights' storage dtype:
+    float32 / bfloat16; the adapters stay in the model's parameter dtype)."""
 
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
     target: str = ""
     export: str = "merged"
+    base_dtype: str = "float32"
 
     @property
     def scale(self) -> float:
@@ -85,7 +89,8 @@ def spec_from_config(config) -> LoRASpec | None:
     c = config.model.get("lora") if "lora" in config.model else None
     if c is None or not c.enabled:
         return None
-    return LoRASpec(int(c.rank), float(c.alpha), float(c.dropout), str(c.target), str(c.export))
+    return LoRASpec(int(c.rank), float(c.alpha), float(c.dropout), str(c.target), str(c.export),
+                    str(c.get("base_dtype", "float32")))
 
 
 def validate_config(c, train_dropout: bool) -> None:
@@ -101,6 +106,8 @@ def validate_config(c, train_dropout: bool) -> None:
         raise bad("dropout", "a probability in [0, 1), e.g. 0.05")
     if c.export not in EXPORTS:
         raise bad("export", f"allowed: {', '.join(EXPORTS)}")
+    if c.get("base_dtype", "float32") not in BASE_DTYPES:
+        raise bad("base_dtype", f"allowed: {', '.join(BASE_DTYPES)} (the frozen base weights' storage dtype)")
     if not isinstance(c.target, str):
         raise bad("target", "a regular expression (string) searched in the linear layers' paths; '' = default")
     try:
@@ -223,7 +230,19 @@ def apply(model, spec: LoRASpec, seed: int = 0) -> list[str]:
             parent[path[-1]] = wrapped
         else:
             setattr(parent, path[-1], wrapped)
+    cast_base(model, spec.base_dtype)
     return picked
+
+
+def cast_base(model, dtype: str) -> None:
+    """Store the frozen base weights (every floating ``nnx.Param`` that is not an adapter) in ``dtype``, in place.
+    The adapters keep their dtype (float32 master weights, as their AdamW moments). bfloat16 halves the base's
+    memory, as a PEFT model loaded in bfloat16 does; every layer computes in its compute dtype (``model.dtype``),
+    so a float32 compute upcasts the rounded weights, and the trained adapters fit the rounded base."""
+    target = jnp.dtype(dtype)
+    frozen = nnx.state(model, nnx.All(nnx.Param, nnx.Not(TRAINABLE)))
+    cast = lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != target else x  # noqa
+    nnx.update(model, jax.tree.map(cast, frozen))
 
 
 def adapters(model) -> dict[str, LoRALinear]:
@@ -279,7 +298,7 @@ def base_fingerprint(model) -> str:
     for path, var in nnx.to_flat_state(base):
         a = np.ascontiguousarray(np.asarray(jax.device_get(var[...])))
         h.update(f"{_dotted(path)}|{a.dtype}|{a.shape}|".encode())
-        h.update(memoryview(a).cast("B"))
+        h.update(a.reshape(-1).view(np.uint8))  # the raw bytes (bfloat16 has no buffer-protocol format)
     return h.hexdigest()[:32]
 
 

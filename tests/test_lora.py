@@ -7,6 +7,8 @@ sentence-transformers in PyTorch, and in a real (tiny) training run.
 - A training run (packed batches, the default): the train state holds the adapters and their optimizer state only,
   the base weights stay bit for bit, the merged export is W0 + (alpha / r) A B, the trained adapter (B != 0) matches
   PEFT, a resumed run ends bit for bit where the straight one did, and a changed base folder stops the resume.
+- A bfloat16 base (model.lora.base_dtype): half the base's bytes, float32 adapters and moments, the losses of the
+  float32 base within 1 %, a float32 merged export of the rounded base + (alpha / r) A B.
 - MoTE + gradient cache: adapters per expert, only the routed experts' adapters and moments move; the cached step
   equals the plain one.
 - Config errors are one line, before any work (a target that matches nothing lists real paths).
@@ -157,6 +159,7 @@ def _base_config(model_dir, data: Path, **lora_kw):
     ("dropout", 1.0, r"config\.model\.lora\.dropout = 1\.0 is not valid: a probability in \[0, 1\)"),
     ("export", "peft", r"config\.model\.lora\.export = 'peft' is not valid: allowed: merged, adapter, both"),
     ("target", "q_proj(", r"config\.model\.lora\.target = 'q_proj\(' is not valid: a regular expression"),
+    ("base_dtype", "float16", r"config\.model\.lora\.base_dtype = 'float16' is not valid: allowed: float32, bfloat16"),
 ])
 def test_bad_lora_values_are_one_line_errors(key, value, match, shared_data):
     from jaxembed.models.tiny import tiny_model_dir
@@ -405,6 +408,84 @@ def test_lora_resume_is_bitwise_and_needs_the_same_base(lora_run, tmp_path):
         assert "\n" not in str(e.value)
     finally:
         weights.write_bytes(original)
+
+
+def test_a_bfloat16_base_halves_the_base_and_merges_in_float32():
+    """model.lora.base_dtype=bfloat16: the frozen base weights take half the bytes, the adapters stay float32; the
+    merged model is float32, its kernels the rounded base + (alpha / r) A B, and it computes what the adapted
+    model computes."""
+    from flax import nnx
+
+    from jaxembed import loading, lora
+    from jaxembed.models.tiny import tiny_model_dir
+
+    ids = np.arange(1, 17, dtype=np.int32).reshape(2, 8) + 100
+    sizes = {}
+    for dt in lora.BASE_DTYPES:
+        model = loading.load(tiny_model_dir("qwen2")).model
+        w0 = np.asarray(model.backbone.layers[0].attention.q_proj.kernel[...])
+        lora.apply(model, lora.LoRASpec(rank=4, alpha=8.0, base_dtype=dt))
+        _, adapters, base, _ = nnx.split(model, lora.TRAINABLE, nnx.Param, ...)
+        assert {x.dtype for x in jax.tree.leaves(adapters)} == {np.dtype("float32")}
+        assert {str(x.dtype) for x in jax.tree.leaves(base)} == {dt}
+        sizes[dt] = sum(x.nbytes for x in jax.tree.leaves(base))
+        for layer in lora.adapters(model).values():
+            layer.lora_b.value = 0.2 * jax.random.normal(jax.random.key(layer.uid), layer.lora_b.shape)
+        merged = lora.merged(model)
+        assert {x.dtype for x in jax.tree.leaves(nnx.state(merged, nnx.Param))} == {np.dtype("float32")}
+        q = lora.adapters(model)["backbone.layers.0.attention.q_proj"]
+        want = w0.astype(dt).astype(np.float32) + lora.delta(q)
+        np.testing.assert_array_equal(np.asarray(merged.backbone.layers[0].attention.q_proj.kernel[...]), want)
+    mask = np.ones_like(ids)  # the bfloat16 base's merged model computes what the adapted one does
+    np.testing.assert_allclose(np.asarray(merged(ids, mask)), np.asarray(model(ids, mask)), atol=1e-6)
+    assert sizes["bfloat16"] * 2 == sizes["float32"]
+
+
+def test_a_bfloat16_base_trains_like_the_float32_base_and_exports_float32(lora_run, tmp_path):
+    """The run of ``lora_run`` with model.lora.base_dtype=bfloat16: the step takes the base in bfloat16 (half the
+    bytes), the adapters and their moments stay float32, each step's loss is finite and within 1 % of the
+    float32-base run's, and the merged export is float32: the rounded base + (alpha / r) A B, which loads and
+    encodes as the trained model does."""
+    from safetensors.numpy import load_file
+
+    from jaxembed import loading
+    from jaxembed.encode import Encoder
+    from jaxembed.train import train
+
+    c, wd, base = lora_run
+    c2 = c.copy_and_resolve_references()
+    c2.model.lora.base_dtype = "bfloat16"
+    c2.model.lora.export = "merged"
+    c2.train.checkpoint_every = 0
+    wd2 = tmp_path / "bf16"
+    assert train(c2, wd2)["skipped"] == 0
+    losses = [[json.loads(x)["loss"] for x in (w / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+              for w in (wd, wd2)]
+    print(f"step losses, float32 base: {losses[0]}; bfloat16 base: {losses[1]}")
+    assert len(losses[1]) == STEPS and all(np.isfinite(losses[1]))
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-2)
+    state = _checkpoint(wd2, STEPS)
+    assert {v.dtype for v in _flat(state).values() if v.dtype.kind == "f"} == {np.dtype("float32")}
+
+    w0, w1 = load_file(str(base / "model.safetensors")), load_file(str(wd2 / "export" / "model.safetensors"))
+    assert w0.keys() == w1.keys() and {v.dtype for v in w1.values()} == {np.dtype("float32")}
+    rounded = lambda x: x.astype(jax.numpy.bfloat16).astype(np.float32)  # noqa: E731
+    words = "embeddings.word_embeddings.weight"
+    np.testing.assert_array_equal(w1[words], rounded(w0[words]))
+    p = _flat(state["params"])
+    key, prefix = "encoder.layer.0.attention.self.query.weight", "['backbone']['layers']['0']['attention']['query']"
+    delta = 2.0 * p[prefix + "['lora_a']"] @ p[prefix + "['lora_b']"]
+    np.testing.assert_allclose(w1[key], rounded(w0[key]) + delta.T, atol=1e-6)
+
+    trained = loading.load(base)  # the trained model in memory: the bf16 base and the run's adapters
+    from jaxembed import lora
+
+    lora.apply(trained.model, lora.spec_from_config(c2))
+    for path, layer in lora.adapters(trained.model).items():
+        at = "".join(f"['{x}']" for x in path.split("."))
+        layer.lora_a.value, layer.lora_b.value = p[at + "['lora_a']"], p[at + "['lora_b']"]
+    ours = Encoder.from_loaded(trained).encode(TEXTS)
+    np.testing.assert_allclose(Encoder.from_loaded(loading.load(wd2 / "export")).encode(TEXTS), ours, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------- MoTE, packing, gradient cache
