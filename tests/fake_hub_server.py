@@ -26,6 +26,9 @@ git-LFS path, which the hub still accepts.
 Every request but ``validate-yaml`` (answered without a token too) needs ``Authorization: Bearer <token>`` with the
 server's token (401 otherwise), and a token in ``read_only_tokens`` gets 403 on writes. ``repos[repo_id]`` =
 ``{"private", "branches": {name: {path: bytes}}}``; ``log`` lists ``(method, path)``.
+
+``StalledServer`` is an endpoint that never answers in full (silent, trickling, or never accepting), for the
+timeouts and deadlines of every network call (the hub's, the LLM client's).
 """
 
 from __future__ import annotations
@@ -293,22 +296,35 @@ class FakeHub:
 
 
 class StalledServer:
-    """An endpoint that accepts every connection and never answers (a stuck proxy or firewall): a listening socket
-    on 127.0.0.1 (ephemeral port) whose connections are held open, unread, until ``stop()``. ``url`` is its base
-    URL; ``accepted`` counts the connections. Also a context manager."""
+    """An endpoint that never answers in full (a stuck proxy or firewall), on 127.0.0.1 (ephemeral port); ``url`` is
+    its base URL, ``accepted`` counts the connections it took. ``mode``:
+    - ``silent``: accepts every connection and holds it open, unread, never answering;
+    - ``trickle``: answers ``200`` with a body of a million bytes, sent one space every 50 ms (never ends);
+    - ``no_accept``: never accepts: its listen queue is kept full, so a new connection is never established.
+    Held until ``stop()``; also a context manager."""
 
-    def __init__(self):
+    HEADERS = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+
+    def __init__(self, mode: str = "silent"):
         import socket
 
+        assert mode in ("silent", "trickle", "no_accept"), mode
+        self.mode = mode
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(64)
+        self._sock.listen(0 if mode == "no_accept" else 64)
         self._sock.settimeout(0.05)
         self._held: list = []
         self._stop = threading.Event()
         self.accepted = 0
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._thread = threading.Thread(target=self._accept, daemon=True)
+        port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self._threads = [threading.Thread(target=self._accept, daemon=True)] if mode != "no_accept" else []
+        for _ in range(4 if mode == "no_accept" else 0):  # fill the queue: later connections are never established
+            c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            c.setblocking(False)
+            c.connect_ex(("127.0.0.1", port))
+            self._held.append(c)
 
     def _accept(self) -> None:
         while not self._stop.is_set():
@@ -318,14 +334,29 @@ class StalledServer:
                 continue
             self._held.append(conn)
             self.accepted += 1
+            if self.mode == "trickle":
+                t = threading.Thread(target=self._trickle, args=(conn,), daemon=True)
+                self._threads.append(t)
+                t.start()
+
+    def _trickle(self, conn) -> None:
+        try:
+            conn.sendall(self.HEADERS)
+            while not self._stop.wait(0.05):
+                conn.sendall(b" ")
+        except OSError:  # the client gave up
+            pass
 
     def start(self) -> str:
-        self._thread.start()
+        for t in self._threads[:1]:
+            t.start()
         return self.url
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=2)
+        for t in list(self._threads):
+            if t.is_alive():
+                t.join(timeout=2)
         for conn in self._held:
             conn.close()
         self._sock.close()

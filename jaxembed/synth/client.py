@@ -1,6 +1,9 @@
 """A chat client for OpenAI-compatible endpoints (vLLM, TGI, hosted APIs), built for long, resumable jobs.
 
 - ``POST {base_url}/chat/completions`` with the standard library (``urllib``): no extra dependency.
+- Three limits on each request: the connection (TCP and TLS) within ``CONNECT_TIMEOUT_S`` (at most ``timeout_s``),
+  each read within ``timeout_s``, and the whole answer within ``timeout_s`` of sending (an endpoint that trickles
+  bytes is cut off there); past any of them the request is a timeout, retried as below.
 - The key comes from the environment variable ``api_key_env`` (default ``OPENAI_API_KEY``); no variable or an
   empty one sends no ``Authorization`` header (a local vLLM needs none).
 - Retries on 429, 408, 409, 5xx, timeouts, connection errors and unreadable responses: exponential backoff with
@@ -53,10 +56,13 @@ from tqdm.auto import tqdm
 
 from jaxembed.errors import UserError
 from jaxembed.synth.cache import ResponseCache, cache_key
+from jaxembed.synth.transport import build_opener, read_by
 
 log = logging.getLogger(__name__)
 
 RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)
+#: the longest wait for a connection to the endpoint (TCP and TLS), capped at the request's ``timeout_s``
+CONNECT_TIMEOUT_S = 10.0
 FATAL_STATUS = {401: "unauthorized: check the key in ${env}",
                 403: "forbidden: the key in ${env} has no access to this model",
                 404: "not found: check --base-url (it usually ends in /v1) and --model"}
@@ -93,7 +99,7 @@ class LLMConfig:
     model: str = ""
     api_key_env: str = "OPENAI_API_KEY"
     concurrency: int = 8             # requests in flight at once (threads)
-    timeout_s: float = 120.0         # per socket operation (connect, each read)
+    timeout_s: float = 120.0         # per request: each read, and the whole answer (connecting: CONNECT_TIMEOUT_S)
     max_retries: int = 6             # retries of one request on 429 / 5xx / timeout / connection errors
     backoff_s: float = 1.0           # first backoff; doubles per retry
     backoff_max_s: float = 60.0
@@ -233,6 +239,8 @@ class ChatClient:
         self._lock = threading.Lock()
         self._consecutive = 0
         self._abort: LLMFatalError | None = None
+        connect = min(CONNECT_TIMEOUT_S, cfg.timeout_s)
+        self._opener = build_opener(connect)
 
     # -- one call
     def params(self, **overrides) -> dict:
@@ -315,9 +323,13 @@ class ChatClient:
         Raises LLMFatalError for 401 / 403 / 404 and LLMRequestError for other non-retryable statuses."""
         req = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
         self.stats.add(requests=1)
+        late = "timeout", None, f"no answer within {self.cfg.timeout_s:g}s"
+        deadline = time.monotonic() + self.cfg.timeout_s
         try:
-            with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as r:
-                raw = r.read()
+            with self._opener.open(req, timeout=self.cfg.timeout_s) as r:
+                raw = read_by(r, deadline)
+            if raw is None:
+                return late
         except urllib.error.HTTPError as e:
             text = _error_text(e)
             if e.code in FATAL_STATUS:
@@ -332,10 +344,10 @@ class ChatClient:
             self.stats.add(failures=f"http {e.code}")
             raise LLMRequestError(f"http {e.code}", text[:200]) from None
         except TimeoutError:
-            return "timeout", None, f"no answer within {self.cfg.timeout_s:g}s"
+            return late
         except urllib.error.URLError as e:
             if isinstance(e.reason, TimeoutError):  # socket.timeout is TimeoutError
-                return "timeout", None, f"no answer within {self.cfg.timeout_s:g}s"
+                return late
             return "connection error", None, str(e.reason)[:200]
         except (ConnectionError, OSError) as e:  # reset / refused / broken pipe, http.client errors
             return "connection error", None, f"{type(e).__name__}: {e}"[:200]
