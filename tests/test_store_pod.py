@@ -36,8 +36,8 @@ def _data(folder, bad: bool = False):
     """Four datasets of unequal sizes: a bad JSON line in each of 'sts' and 'small' (on_error='skip': skipped and
     listed), identical examples, negatives fewer than asked, labels."""
     rows = {"big": [{"query": f"q{i}", "pos": [f"p{i}"], "neg": [f"n{i}"]} for i in range(300)],
-            "sts": [{"sentence1": f"a{i}", "sentence2": f"b{i}", "score": i % 6} for i in range(40)],
-            "cls": [{"text": f"t{i}", "label": ["x", "y", "z"][i % 3]} for i in range(30)],
+            "sts": [{"sentence1": f"a{i}", "sentence2": f"b{i}", "score": i % 6} for i in range(200)],
+            "cls": [{"text": f"t{i}", "label": ["x", "y", "z"][i % 3]} for i in range(200)],
             "small": [{"query": "same", "pos": ["p"], "neg": ["n"]}] * 3 + [{"query": "q", "pos": ["p"]}]}
     for name, recs in rows.items():
         lines = [json.dumps(r) for r in recs]
@@ -67,9 +67,14 @@ def _content(store):
 
 
 def test_pod_prepares_one_store_equal_to_one_process(tmp_path):
+    from jaxembed.data.store_pod import shares
+
     d = _data(tmp_path)
     cfg = _config(d, "skip")
-    write_store(load_data_config(str(cfg))[0], tmp_path / "one")
+    data_config = load_data_config(str(cfg))[0]
+    assert shares(data_config.datasets, 2) == [[0, 3], [1, 2]]  # by input bytes: big + small, sts + cls
+    rep = write_store(data_config, tmp_path / "one")
+    assert rep.invalid == 2 and rep.filtered > 0 and rep.tally("small").identical == 2 and rep.notes["small"]
     bad = _config(d, "stop")
     one_error = None
     try:
@@ -81,12 +86,16 @@ def test_pod_prepares_one_store_equal_to_one_process(tmp_path):
     procs = runs.start_pod(2, 1, ["data", "prepare", "--config", str(cfg), "--out", str(tmp_path / "pod"), "-q"],
                            tmp_path / "pod")
     outs = runs.wait_all(procs, timeout=300)
+    assert "process 0 of 2 prepares 2 of 4 datasets (big, small)" in outs[0], outs[0][-2000:]
+    assert "process 1 of 2 prepares 2 of 4 datasets (sts, cls)" in outs[1], outs[1][-2000:]
     for out in outs:
-        assert "wrote " + str(tmp_path / "pod") + ": 4 datasets, 346 examples of 376 records (2 invalid skipped, 28 left out by a rule)" in out, out[-2000:]
+        assert (f"wrote {tmp_path / 'pod'}: 4 datasets, {rep.written} examples of {rep.read} records "
+                f"({rep.invalid} invalid skipped, {rep.filtered} left out by a rule)") in out, out[-2000:]
     assert _content(tmp_path / "pod") == _content(tmp_path / "one")
     assert runs.leftovers(tmp_path) == []
 
-    # a bad record in 'sts' (process 1's) and in 'small' (process 0's): both stop with one process's line
+    # a bad record in 'sts' (dataset 1, process 1's) and in 'small' (dataset 3, process 0's): both processes stop
+    # with the line of 'sts', the one a single process prints
     procs = runs.start_pod(2, 1, ["data", "prepare", "--config", str(bad), "--out", str(tmp_path / "e2")],
                            tmp_path / "bad")
     outs = runs.wait_ended(procs, timeout=300)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 
 from jaxembed import pod
@@ -145,7 +146,11 @@ def _write_shared(data_config, out: Path, report: PrepareReport, where: str, pro
     with contextlib.ExitStack() as stack:
         tmp = pod.main_first("store-start", lambda: stack.enter_context(store_folder(out)))
         tmp = Path(pod.broadcast("store-folder", str(tmp) if me == 0 else None))
-        failed = _write_mine(data_config, shares(datasets, n)[me], tmp, report.on_error, where, progress)
+        mine = shares(datasets, n)[me]
+        names = ", ".join(datasets[i]["name"] for i in mine) or "none"
+        print(f"jaxembed: process {me} of {n} prepares {len(mine)} of {len(datasets)} datasets ({names})",
+              file=sys.stderr, flush=True)
+        failed = _write_mine(data_config, mine, tmp, report.on_error, where, progress)
         status = None if failed is None else {"dataset": failed[0], "error": pod.error_text(failed[1])}
         _raise_first(pod.gather("store-write", json.dumps(status)), failed)
         done = pod.all_agree("store-read", lambda: _read_parts(tmp, len(datasets), with_skipped=me == 0))

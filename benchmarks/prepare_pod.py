@@ -1,0 +1,227 @@
+"""`jaxembed data prepare` by 1 process against N processes of a pod on one machine (jaxembed.data.store_pod: the
+processes share the datasets of the config and write one store).
+
+Synthetic triplet records with text lengths like retrieval data (a query of 6-14 words, a positive and a negative
+of 30-90 words), split into --datasets JSON Lines files of equal size (the unit a pod shares is a dataset), are
+prepared into a store once per process count, each time by real `jaxembed data prepare` processes started at the
+same moment with the pod environment (JAXEMBED_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID, as tests/runs.py
+start_pod does). Per run: the wall time from the start to the last exit, and per process its CPU seconds and peak
+resident memory (os.wait4). The same process counts on 10 records a dataset give the fixed cost (starting
+Python, JAX and the coordinator). The stores of every run are checked equal in content (records per dataset, the
+manifest's counts). With --single, the same records as one dataset are prepared too: a dataset is not split, so N
+processes take as long as one there.
+
+On a machine with C cores, N processes cannot go faster than min(N, C) times one; each pod process also pays for
+starting JAX's coordinator (a fixed cost in seconds). The record states the cores and the load average.
+
+Writes benchmarks/results/prepare_pod_<date>_<time>.json and appends a line to benchmarks/README.md.
+
+    python benchmarks/prepare_pod.py [--records 400000] [--datasets 8] [--processes 1 4] [--single] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _record import record_line, save_result  # noqa: E402  (benchmarks/ is on sys.path)
+
+JAXEMBED = str(Path(sys.executable).parent / "jaxembed")
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
+         "romeo sierra tango uniform victor whiskey xray yankee zulu river stone cloud market garden window "
+         "engine paper light summer winter valley").split()
+
+CONFIG = '''
+from jaxembed.data import config as dc
+
+
+def get_config():
+    c = dc.default_data_config()
+    c.datasets = [dc.dataset_config(name=f"d{{i}}", path=p, format="triplets", task_type="retrieval",
+                                    num_negatives=1) for i, p in enumerate({paths!r})]
+    return c
+'''
+
+
+def _text(rng: random.Random, lo: int, hi: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+def write_data(folder: Path, records: int, datasets: int) -> list[Path]:
+    rng = random.Random(0)
+    per = records // datasets
+    paths = []
+    for d in range(datasets):
+        p = folder / f"part{d}.jsonl"
+        with open(p, "w", encoding="utf-8") as f:
+            for i in range(per):
+                f.write(json.dumps({"query": _text(rng, 6, 14), "pos": [_text(rng, 30, 90)],
+                                    "neg": [_text(rng, 30, 90)]}) + "\n")
+        paths.append(p)
+    return paths
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_prepare(config: Path, out: Path, n: int, log: Path) -> dict:
+    """``n`` `jaxembed data prepare` processes started together (a pod when n > 1): wall seconds, per-process CPU
+    seconds and peak RSS."""
+    coord = f"127.0.0.1:{_free_port()}"
+    base = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    for k in ("JAXEMBED_COORDINATOR", "JAXEMBED_NUM_PROCESSES", "JAXEMBED_PROCESS_ID"):
+        base.pop(k, None)
+    procs = []
+    t0 = time.time()
+    for i in range(n):
+        env = dict(base) if n == 1 else dict(base, JAXEMBED_COORDINATOR=coord, JAXEMBED_NUM_PROCESSES=str(n),
+                                             JAXEMBED_PROCESS_ID=str(i))
+        with open(f"{log}.p{i}.log", "w") as f:
+            procs.append(subprocess.Popen([JAXEMBED, "data", "prepare", "--config", str(config), "--out", str(out),
+                                           "-q"], env=env, stdout=f, stderr=subprocess.STDOUT))
+    per = {}
+    while len(per) < n:
+        pid, status, ru = os.wait4(-1, 0)
+        i = next(k for k, p in enumerate(procs) if p.pid == pid)
+        procs[i].returncode = os.waitstatus_to_exitcode(status)
+        per[i] = {"exit": procs[i].returncode, "cpu_s": round(ru.ru_utime + ru.ru_stime, 2),
+                  "maxrss_mib": round(ru.ru_maxrss / 1024, 1), "ended_s": round(time.time() - t0, 2)}
+    wall = time.time() - t0
+    if any(per[i]["exit"] != 0 for i in per):
+        raise SystemExit(f"a prepare failed: {per}; logs {log}.p*.log")
+    return {"processes": n, "wall_s": round(wall, 2), "per_process": [per[i] for i in range(n)]}
+
+
+def content(store: Path) -> dict:
+    m = json.loads((store / "manifest.json").read_text())
+    return {d["name"]: d["counts"] for d in m["datasets"]}
+
+
+def figures(r: dict) -> dict:
+    """Ratios of 1 process to the largest count: wall time (on this machine, as loaded as it was); the busiest
+    process's CPU seconds (what as many idle cores as processes would give); the same without the pod's fixed start
+    (the busiest process of the 10-records run: importing JAX, joining the coordinator), the bound for inputs large
+    enough to amortise it."""
+    lo, hi = r["processes"][0], r["processes"][-1]
+    fixed = max(p["cpu_s"] for p in r["fixed_cost_runs"][str(hi)]["per_process"])
+    out = {"fixed_cpu_s": fixed, "speedup_wall": {}, "speedup_busiest_cpu": {}, "speedup_busiest_work": {}}
+    for layout in sorted({k.split("/")[0] for k in r["runs"]}):
+        one, many = r["runs"][f"{layout}/{lo}"], r["runs"][f"{layout}/{hi}"]
+        cpu1 = max(p["cpu_s"] for p in one["per_process"])
+        busiest = max(p["cpu_s"] for p in many["per_process"])
+        out["speedup_wall"][layout] = round(one["wall_s"] / many["wall_s"], 2)
+        out["speedup_busiest_cpu"][layout] = round(cpu1 / busiest, 2)
+        out["speedup_busiest_work"][layout] = round(cpu1 / max(busiest - fixed, 1e-9), 2)
+    return out
+
+
+def readme_line(r: dict) -> str:
+    lo, hi = r["processes"][0], r["processes"][-1]
+    load = r["environment"]["at_save"]["load_average"][0] if "environment" in r else os.getloadavg()[0]
+    parts = []
+    for layout in sorted({k.split("/")[0] for k in r["runs"]}, key=lambda x: x != "split"):
+        one, many = r["runs"][f"{layout}/{lo}"], r["runs"][f"{layout}/{hi}"]
+        cpus = [p["cpu_s"] for p in many["per_process"]]
+        n = r["datasets"] if layout == "split" else 1
+        parts.append(f"{n} dataset{'s' if n > 1 else ''}: wall {one['wall_s']} s -> {many['wall_s']} s "
+                     f"(**{r['speedup_wall'][layout]}x** here), CPU {one['per_process'][0]['cpu_s']} s -> busiest "
+                     f"process {max(cpus)} s ({sum(cpus):.2f} s in all): **{r['speedup_busiest_cpu'][layout]}x** by "
+                     f"the busiest process's CPU (the bound with {hi} idle cores, not measured), "
+                     f"{r['speedup_busiest_work'][layout]}x without the fixed start")
+    fixed = r["fixed_cost_runs"][str(hi)]
+    parts.append(f"fixed start of a pod process (10 records a dataset): {r['fixed_cpu_s']} CPU-s, "
+                 f"{max(p['maxrss_mib'] for p in fixed['per_process'])} MiB (importing JAX, joining the coordinator), "
+                 f"{fixed['wall_s']} s wall for {hi} at once here")
+    line = (f"| {r['run'][:10]} | prepare_pod | cpu ({r['cores']} cores, shared: load average {load:.1f}) | "
+            f"`data prepare`, {r['records']:,} synthetic triplets ({r['input_mib']:.0f} MiB JSONL), {lo} vs {hi} pod "
+            f"processes on one machine, stores equal in content | {'; '.join(parts)} | `{r['command'].strip()}` |")
+    return line
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=400_000)
+    ap.add_argument("--datasets", type=int, default=8)
+    ap.add_argument("--processes", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--single", action="store_true", help="also prepare the records as one dataset")
+    ap.add_argument("--keep", default=None, help="work folder to keep (default: a temporary one, removed)")
+    ap.add_argument("--no-readme", action="store_true")
+    ap.add_argument("--line-from", default=None, metavar="RESULT",
+                    help="print (and append) the README line of a saved result instead of running")
+    args = ap.parse_args()
+    if args.line_from:
+        r = json.loads(Path(args.line_from).read_text())
+        r.setdefault("processes", [int(k.split("/")[1]) for k in r["runs"] if k.startswith("split/")])
+        r.setdefault("command", "python benchmarks/prepare_pod.py --records 400000 --datasets 8 --processes 1 4 "
+                                "--single")
+        r.update(figures(r))
+        line = readme_line(r) + f" `results/{Path(args.line_from).name}` |"
+        print(line)
+        if not args.no_readme:
+            with open(Path(__file__).parent / "README.md", "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        return
+    work = Path(args.keep or tempfile.mkdtemp(prefix="prepare_pod_"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        t0 = time.time()
+        paths = write_data(work, args.records, args.datasets)
+        mib = sum(p.stat().st_size for p in paths) / 2**20
+        print(f"data: {args.records} records in {args.datasets} files, {mib:.0f} MiB ({time.time() - t0:.0f}s)")
+        layouts = {"split": paths}
+        if args.single:
+            one = work / "all.jsonl"
+            with open(one, "wb") as f:
+                for p in paths:
+                    f.write(p.read_bytes())
+            layouts["single"] = [one]
+        runs, stores = {}, {}
+        for layout, ps in layouts.items():
+            cfg = work / f"{layout}.py"
+            cfg.write_text(CONFIG.format(paths=[str(p) for p in ps]))
+            for n in args.processes:
+                out = work / f"store_{layout}_{n}"
+                shutil.rmtree(out, ignore_errors=True)
+                r = run_prepare(cfg, out, n, work / f"{layout}_{n}")
+                runs[f"{layout}/{n}"] = r
+                stores[f"{layout}/{n}"] = content(out)
+                print(f"{layout}, {n} process(es): {r['wall_s']} s; " +
+                      ", ".join(f"p{i} {p['cpu_s']} cpu-s {p['maxrss_mib']} MiB" for i, p in enumerate(r["per_process"])))
+            first = stores[f"{layout}/{args.processes[0]}"]
+            assert all(stores[f"{layout}/{n}"] == first for n in args.processes), "stores differ in content"
+        # the fixed cost of a pod: the same process counts on 10 records per dataset
+        tiny = work / "tiny"
+        tiny.mkdir(exist_ok=True)
+        cfg = work / "tiny.py"
+        cfg.write_text(CONFIG.format(paths=[str(p) for p in write_data(tiny, 10 * args.datasets, args.datasets)]))
+        fixed = {}
+        for n in args.processes:
+            fixed[n] = run_prepare(cfg, work / f"store_tiny_{n}", n, work / f"tiny_{n}")
+            print(f"fixed cost, {n} process(es): {fixed[n]['wall_s']} s")
+        result = {"benchmark": "prepare_pod", "records": args.records, "datasets": args.datasets,
+                  "processes": args.processes, "input_mib": round(mib, 1), "cores": os.cpu_count(), "runs": runs,
+                  "fixed_cost_runs": {str(n): r for n, r in fixed.items()}, "stores_equal_in_content": True,
+                  "command": "python benchmarks/prepare_pod.py " + " ".join(sys.argv[1:])}
+        result.update(figures(result))
+        save_result("prepare_pod", result)
+        print(json.dumps({k: result[k] for k in ("speedup_wall", "speedup_busiest_cpu", "speedup_busiest_work")}))
+        record_line(readme_line(result), append=not args.no_readme)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
