@@ -30,7 +30,6 @@ the normalised Example ``{"id", "query", "pos", "neg", "label"?}`` of record i.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import sys
@@ -38,7 +37,7 @@ import threading
 from array import array
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from jaxembed import atomic_files
 from jaxembed.data import config as dc
@@ -386,18 +385,11 @@ def write_store(data_config, out_dir, where: str = "data", progress: bool | None
     return report
 
 
-@contextlib.contextmanager
-def store_folder(out: Path) -> Iterator[Path]:
-    """The temporary folder a store is written in (``atomic_files.atomic_dir``: renamed into place on success,
-    replacing only a store jaxembed wrote, unchanged since; removed on an error), locked while written
-    (``leftovers.hold``); the folders killed writers of this host left are removed first."""
-    with atomic_files.atomic_dir(out, kind="store") as tmp:
-        lock = leftovers.hold(tmp)  # held while writing: a live writer's folder is never taken for a leftover
-        try:
-            leftovers.remove_dead(out)
-            yield tmp
-        finally:
-            leftovers.release(lock)
+def store_folder(out: Path):
+    """The temporary folder a store is written in, as a context manager (``leftovers.atomic_dir``, the export's:
+    renamed into place on success, replacing only a store jaxembed wrote, unchanged since; removed on an error;
+    locked while written; the folders killed writers of this host left are removed first)."""
+    return leftovers.atomic_dir(out, who="data prepare", kind="store")
 
 
 def write_one(ds, i: int, tmp: Path, on_error: str, where: str, progress: bool | None
