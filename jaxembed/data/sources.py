@@ -269,7 +269,10 @@ def load_hf(source, split: str = "train", subset: str | None = None, streaming: 
                 if streaming and isinstance(ds, datasets.Dataset):
                     ds = ds.to_iterable_dataset()
             else:
-                ds = datasets.load_dataset(str(source), subset, split=split, streaming=streaming)
+                from jaxembed import hub  # the hub's timeouts and overall deadline (jaxembed.hub) for the dataset too
+
+                ds = hub.call(f"{source}: loading the Hugging Face dataset", datasets.load_dataset, str(source),
+                              subset, split=split, streaming=streaming)
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001 -- any loading failure is the user's path / name / network
