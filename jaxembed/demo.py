@@ -33,6 +33,7 @@ def run_demo(workdir, *, tiny: bool = False, overrides: Sequence[str] = (), task
     from jaxembed import evaluate as evallib
     from jaxembed import loading
     from jaxembed.encode import Encoder
+    from jaxembed.evaluate.runner import format_comparison
     from jaxembed.train import train
 
     spec = "demo" + (":tiny" if tiny else "")  # the recipe, found from any folder (jaxembed.config_io)
@@ -74,14 +75,7 @@ def run_demo(workdir, *, tiny: bool = False, overrides: Sequence[str] = (), task
         print(f"  sentence-transformers loads the export: max |difference| to jaxembed's embeddings {diff:.1e}")
     except ImportError:
         print("  (sentence-transformers is not installed: pip install -e '.[eval]' to check the export with it)")
-    print(f"\n{'task':<16}{'metric':<22}{'before':>8}{'after':>8}{'change':>9}")
-    for t in tasks:
-        b_, a_ = before[t]["main_score"], after[t]["main_score"]
-        metric = evallib.get_task(t).main_score
-        print(f"{t:<16}{metric:<22}{b_:8.2f}{a_:8.2f}{a_ - b_:+9.2f}")
-    mb = float(np.mean([before[t]["main_score"] for t in tasks]))
-    ma = float(np.mean([after[t]["main_score"] for t in tasks]))
-    print(f"{'average':<38}{mb:8.2f}{ma:8.2f}{ma - mb:+9.2f}")
+    print("\n" + format_comparison(before, after))
     (workdir / "demo_results.json").write_text(json.dumps({"before": before, "after": after}, indent=2))
     print(f"\nresults: {workdir / 'demo_results.json'}")
     return 0

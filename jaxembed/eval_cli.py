@@ -11,6 +11,9 @@ on one line by the main CLI, exit status 2).
   folder), given with ``--task name=...,type=...,path=...`` (or a JSON object) or in a ``.json`` file of
   ``--tasks`` holding a list like ``eval.tasks``. Every entry is checked (names, keys, files, first rows, MTEB
   names and data) before the model loads.
+- ``jaxembed eval --model PATH --compare BASE ...``: BASE scored on the same tasks as well, then both side by
+  side (the demo's before / after table: each main score and the change); results are named after the model (a
+  hub id, or an export's base model and run: ``jaxembed.evaluate.prompts.model_label``).
 - ``jaxembed eval --model PATH --mteb TASKS [--out DIR]``: runs ``mteb.evaluate``; local task names run offline
   as mteb custom tasks, other names (or ``mteb:NAME``) are MTEB tasks (their data from the hub or the local Hugging
   Face cache). Writes mteb's result files under DIR (default ``mteb_results``).
@@ -72,6 +75,9 @@ def add_parsers(subparsers) -> None:
                    help="attention kernel (model.attention; default auto: the platform's fused kernel where it fits)")
     p.add_argument("--no-packing", action="store_true", help="pad one text per row instead of packing several "
                    "texts per row (the same embeddings, slower; for comparison)")
+    p.add_argument("--compare", default=None, metavar="BASE",
+                   help="also score BASE (a model folder, training workdir or hub id, e.g. the model a run started "
+                        "from) on the same tasks, then print both side by side with the change")
     p.add_argument("--list", action="store_true", help="list the registered tasks and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_eval)
@@ -104,5 +110,5 @@ def cmd_eval(args) -> int:
                         dims=args.dims, out=args.out, batch_size=args.batch_size, max_examples=args.max_examples,
                         seed=args.seed, instructions=args.instructions, instruction_template=template,
                         prompts_file=args.prompts, name=args.name, load_kwargs=load_kwargs,
-                        packing=not args.no_packing, quiet=args.quiet)
+                        packing=not args.no_packing, quiet=args.quiet, compare=args.compare)
     return 0

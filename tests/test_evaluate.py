@@ -438,3 +438,55 @@ def test_cli_eval_local_and_mteb(minilm_dir, shared_data, tmp_path, capsys):
 
     assert main(["eval", "--model", str(minilm_dir), "--tasks", "STSBenchmrk"]) == 2
     assert "did you mean STSBenchmark" in capsys.readouterr().err
+
+
+def test_model_label_names_a_model_by_its_hub_id_or_its_base_and_run(tmp_path, minilm_dir):
+    """Results are named after the model, not the folder that holds it: the bundled MiniLM by its hub id, a
+    jaxembed export by its base model fine-tuned by its run (mteb's result folder: jaxembed/<base>-<run>)."""
+    from jaxembed.evaluate.mteb_adapter import _model_name
+    from jaxembed.evaluate.prompts import model_label
+
+    assert model_label(minilm_dir) == _model_name(minilm_dir, None) == "sentence-transformers/all-MiniLM-L6-v2"
+    export = tmp_path / "my-run" / "export"
+    export.mkdir(parents=True)
+    (export / "model.safetensors").write_bytes(b"")
+    (export / "README.md").write_text("---\nbase_model: sentence-transformers/all-MiniLM-L6-v2\ntags:\n- jaxembed\n"
+                                      "---\n\n# card\n")
+    for given in (export.parent, export):  # the run directory or its export/
+        assert model_label(given) == "all-MiniLM-L6-v2 fine-tuned (my-run)"
+        assert _model_name(given, None) == "jaxembed/all-MiniLM-L6-v2-my-run"
+    assert model_label("BAAI/bge-small-en-v1.5") == "BAAI/bge-small-en-v1.5"
+    assert _model_name(export, "mine") == "jaxembed/mine"  # --name wins
+
+
+def test_format_comparison_is_the_demos_before_after_table():
+    from jaxembed.evaluate.runner import format_comparison
+
+    before = {"STSBenchmark": {"main_score": 82.031}, "MRPC": {"main_score": 83.69}}
+    after = {"STSBenchmark": {"main_score": 82.534}, "MRPC": {"main_score": 85.33}}
+    assert format_comparison(before, after).splitlines() == [
+        "task            metric                  before   after   change",
+        "STSBenchmark    cosine_spearman          82.03   82.53    +0.50",
+        "MRPC            cosine_ap                83.69   85.33    +1.64",
+        "average                                  82.86   83.93    +1.07"]
+
+
+def test_cli_eval_compare_prints_base_and_model_side_by_side(tmp_path, capsys):
+    """`jaxembed eval --model M --compare BASE`: both scored on the same tasks, one table with each main score and
+    the change, named after the models; --out holds both, with their names and folders."""
+    from jaxembed.models.tiny import tiny_model_dir
+
+    base, model = tiny_model_dir("bert", num_layers=1, seed=0), tiny_model_dir("bert", num_layers=1, seed=1)
+    out = tmp_path / "cmp.json"
+    assert _cli(["eval", "--model", str(model), "--compare", str(base), "--tasks", "MRPC-dev",
+                 "--max-examples", "8", "--out", str(out), "-q"]) == 0
+    printed = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert set(res) == {"base", "model"} and res["base"]["source"] == str(base)
+    assert res["model"]["name"] == model.name and res["base"]["name"] == base.name
+    lines = printed.splitlines()
+    table = lines[lines.index("task            metric                    base   model   change"):]
+    b, m = res["base"]["results"]["MRPC-dev"]["main_score"], res["model"]["results"]["MRPC-dev"]["main_score"]
+    assert table[1].split() == ["MRPC-dev", "cosine_ap", f"{b:.2f}", f"{m:.2f}", f"{m - b:+.2f}"]
+    assert table[2].split() == ["average", f"{b:.2f}", f"{m:.2f}", f"{m - b:+.2f}"]
+    assert f"base:  {base.name} ({base})" in printed and f"model: {model.name} ({model})" in printed

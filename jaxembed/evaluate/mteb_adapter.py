@@ -27,18 +27,18 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from jaxembed.errors import UserError
 from jaxembed.evaluate import scoring
-from jaxembed.evaluate.prompts import DEFAULT_INSTRUCTION_TEMPLATE, EvalEncoder, Router, as_encoder
+from jaxembed.evaluate.prompts import DEFAULT_INSTRUCTION_TEMPLATE, EvalEncoder, Router, as_encoder, model_label
 from jaxembed.evaluate.tasks import (TASKS, ClassificationData, ClusteringData, PairData, RerankingData,
                                      RetrievalData, Task, get_task, load_task_data)
 
 
 def _model_name(source, name: str | None) -> str:
+    """mteb's model name (its result folder): ``name``, else the model's (``prompts.model_label``: a hub id, or
+    ``jaxembed/<base>-<run>`` for an export)."""
     if name:
         return name if "/" in name else f"jaxembed/{name}"
     if source is not None:
-        src = Path(source)
-        folder = src.parent.name if src.name in ("model", "export") else src.name
-        return f"jaxembed/{folder}"
+        return model_label(source, slug=True)
     return "jaxembed/model"
 
 

@@ -166,6 +166,28 @@ def resolve_model_path(path: str | os.PathLike) -> str:
                     "workdir (no export/)")
 
 
+def model_label(source, slug: bool = False) -> str:
+    """The name results give a model (``--model`` as given): a hub id as it is; a folder of the Hugging Face cache
+    or the bundled all-MiniLM-L6-v2 its hub id; a jaxembed export its base model, fine-tuned by its run (the folder
+    that holds ``export/``); another folder its name. ``slug``: as one ``org/name`` token (mteb's result folders:
+    ``jaxembed/<base>-<run>``)."""
+    from jaxembed import base_model
+
+    p = Path(os.path.expanduser(str(source)))
+    if not p.is_dir():
+        return str(source) if "/" in str(source) or not slug else f"jaxembed/{source}"
+    p = Path(resolve_model_path(p))
+    hub = base_model.hub_id(p)
+    if hub:
+        return hub
+    folder = p.parent.name if p.name in ("model", "export") else p.name
+    base = base_model.jaxembed_base(p)
+    if base:
+        base = base.rsplit("/", 1)[-1]
+        return f"jaxembed/{base}-{folder}" if slug else f"{base} fine-tuned ({folder})"
+    return f"jaxembed/{folder}" if slug else folder
+
+
 def as_encoder(model_or_encoder, **load_kwargs):
     """An encoder from: a jaxembed Encoder (or any object with ``encode(texts, prompt=..., batch_size=...)``),
     a ``jaxembed.loading.Loaded``, or a model folder / workdir / hub id (loaded with ``jaxembed.loading.load``)."""

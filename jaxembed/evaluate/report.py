@@ -140,12 +140,15 @@ def write_results(results: Mapping, out: Path) -> None:
 
 def report_local(model: str, *, tasks: str | None = None, task_specs: Sequence[str] = (), split: str | None = None,
                  out: str | None = None, load_kwargs: Mapping[str, Any] | None = None, packing: bool = True,
-                 quiet: bool = False, **common) -> dict[str, dict]:
+                 quiet: bool = False, compare: str | None = None, **common) -> dict[str, dict]:
     """The local evaluators (and ``mteb:NAME`` entries, through the trainer's DevEvaluator): prints a table and a
     summary line on stdout, one line per task on stderr (unless ``quiet``), writes ``out`` (JSON) when given.
     ``common``: dims, batch_size, max_examples, seed, prompts, task_instructions, instruction_template (see
-    ``jaxembed.evaluate.evaluate``). -> {"Task": {"main_score": points, ...}}."""
-    from jaxembed.evaluate.runner import format_table
+    ``jaxembed.evaluate.evaluate``). ``compare``: a base model scored on the same tasks, then both side by side
+    (``out``: ``{"base": ..., "model": ...}``, each with its name, folder and results). -> {"Task": {"main_score":
+    points, ...}} of ``model``."""
+    from jaxembed.evaluate.prompts import model_label
+    from jaxembed.evaluate.runner import format_comparison, format_table
 
     selected, mteb_names, user_prompts = select_tasks(tasks, task_specs, split)  # all checked before the model
     out_path = Path(out) if out else None
@@ -162,32 +165,48 @@ def report_local(model: str, *, tasks: str | None = None, task_specs: Sequence[s
     from jaxembed.encode import Encoder
     from jaxembed.evaluate.runner import evaluate
 
-    loaded = load_model(model, **(load_kwargs or {}))
-    encoder = Encoder.from_loaded(loaded)
-    encoder.packing = packing
-    times: dict[str, float] = {}
+    def score(name: str):
+        """-> (the loaded model, its results): the table on stdout, a line per task on stderr."""
+        loaded = load_model(name, **(load_kwargs or {}))
+        encoder = Encoder.from_loaded(loaded)
+        encoder.packing = packing
+        times: dict[str, float] = {}
 
-    def on_result(task, res, seconds):
-        times[task.name] = seconds
-        if not quiet:
-            print(f"{task.name:<18} {task.main_score:<16} {res['main_score']:7.2f}  ({seconds:.1f}s)",
-                  file=sys.stderr, flush=True)
+        def on_result(task, res, seconds):
+            times[task.name] = seconds
+            if not quiet:
+                print(f"{task.name:<18} {task.main_score:<16} {res['main_score']:7.2f}  ({seconds:.1f}s)",
+                      file=sys.stderr, flush=True)
+
+        results: dict[str, dict] = {}
+        if selected:
+            results = evaluate(encoder, selected, progress=not quiet and sys.stderr.isatty(), on_result=on_result,
+                               **common)
+            print(format_table(results, selected, times))
+        if mteb_eval is not None:
+            t1 = time.time()
+            scores = mteb_eval(encoder)
+            for entry, res in scores.items():
+                print(f"{entry}  {res['main_score']:.2f}  (mteb.evaluate, {time.time() - t1:.1f}s)")
+            results.update(scores)
+        return loaded, results
 
     t0 = time.time()
-    results: dict[str, dict] = {}
-    if selected:
-        results = evaluate(encoder, selected, progress=not quiet and sys.stderr.isatty(), on_result=on_result,
-                           **common)
-        print(format_table(results, selected, times))
-    if mteb_eval is not None:
-        t1 = time.time()
-        scores = mteb_eval(encoder)
-        for name, res in scores.items():
-            print(f"{name}  {res['main_score']:.2f}  (mteb.evaluate, {time.time() - t1:.1f}s)")
-        results.update(scores)
-    print(f"\n{loaded.source}: {len(results)} tasks in {time.time() - t0:.1f}s")
+    base = None
+    if compare is not None:
+        print(f"base: {model_label(compare)}")
+        base = score(compare)
+        print(f"\nmodel: {model_label(model)}")
+    loaded, results = score(model)
+    label = model_label(model)
+    print(f"\n{label} ({loaded.source}): {len(results)} tasks in {time.time() - t0:.1f}s")
+    if base is not None:
+        print(f"\nbase:  {model_label(compare)} ({base[0].source})\nmodel: {label} ({loaded.source})\n")
+        print(format_comparison(base[1], results, selected, labels=("base", "model")))
     if out_path is not None:
-        write_results(results, out_path)
+        write_results(results if base is None else {
+            "base": {"name": model_label(compare), "source": str(base[0].source), "results": base[1]},
+            "model": {"name": label, "source": str(loaded.source), "results": results}}, out_path)
     return results
 
 
@@ -232,7 +251,7 @@ def evaluate_and_report(model: str, *, tasks: str | None = None, task_specs: Seq
                         instructions: bool = False, instruction_template: str = DEFAULT_INSTRUCTION_TEMPLATE,
                         prompts_file: str | None = None, name: str | None = None,
                         load_kwargs: Mapping[str, Any] | None = None, packing: bool = True,
-                        quiet: bool = False) -> dict[str, dict]:
+                        quiet: bool = False, compare: str | None = None) -> dict[str, dict]:
     """``jaxembed eval``: the local evaluators (``report_local``), or ``mteb.evaluate`` when ``mteb`` names tasks
     (``report_mteb``; ``task_specs`` are local only). Arguments as the command's flags (``prompts_file``:
     ``--prompts``; ``load_kwargs``: ``jaxembed.loading.load``'s dtype / max_length / pooling / attention / causal)."""
@@ -240,10 +259,13 @@ def evaluate_and_report(model: str, *, tasks: str | None = None, task_specs: Seq
                   prompts=read_prompts(prompts_file), task_instructions=instructions,
                   instruction_template=instruction_template)
     if mteb is not None:
+        if compare is not None:
+            raise UserError("--compare: runs with the local evaluators, not with --mteb (fix: drop --mteb, or run "
+                            "--mteb once per model: each has its own result folder)")
         if task_specs:
             raise UserError("--task: your own sets run with the local evaluators, not with --mteb (fix: drop --mteb; "
                             "mteb:NAME entries can go in --tasks)")
         return report_mteb(model, mteb, out=out, split=split, name=name, load_kwargs=load_kwargs, packing=packing,
                            quiet=quiet, **common)
     return report_local(model, tasks=tasks, task_specs=task_specs, split=split, out=out, load_kwargs=load_kwargs,
-                        packing=packing, quiet=quiet, **common)
+                        packing=packing, quiet=quiet, compare=compare, **common)

@@ -295,3 +295,26 @@ def format_table(results: Mapping[str, Mapping], tasks: Sequence[Task] | None = 
     line = lambda cells: "  ".join(str(c).ljust(w) if i < 4 else str(c).rjust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths)))
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def format_comparison(before: Mapping[str, Mapping], after: Mapping[str, Mapping], tasks: Sequence = (),
+                      labels: tuple[str, str] = ("before", "after")) -> str:
+    """Two models' scores side by side (the demo's before / after table, ``jaxembed eval --compare``): task, main
+    metric, each model's main score, the change; then the averages. ``tasks``: Task objects of names outside the
+    registry (a user's sets); an entry of neither (``mteb:NAME``) shows ``main_score``."""
+    from jaxembed.evaluate.tasks import TASKS
+
+    known = {**TASKS, **{t.name: t for t in tasks}}
+    names = [n for n in after if n in before]
+    w = max([16] + [len(n) + 2 for n in names])
+    a, b = (max(8, len(x) + 1) for x in labels)
+    lines = [f"{'task':<{w}}{'metric':<22}{labels[0]:>{a}}{labels[1]:>{b}}{'change':>9}"]
+    for n in names:
+        x, y = before[n]["main_score"], after[n]["main_score"]
+        metric = known[n].main_score if n in known else "main_score"
+        lines.append(f"{n:<{w}}{metric:<22}{x:{a}.2f}{y:{b}.2f}{y - x:+9.2f}")
+    if names:
+        mx = float(np.mean([before[n]["main_score"] for n in names]))
+        my = float(np.mean([after[n]["main_score"] for n in names]))
+        lines.append(f"{'average':<{w + 22}}{mx:{a}.2f}{my:{b}.2f}{my - mx:+9.2f}")
+    return "\n".join(lines)
