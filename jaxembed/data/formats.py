@@ -42,6 +42,7 @@ re-exports their names (``from jaxembed.data.formats import Skip, Tally, ...``).
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -60,6 +61,8 @@ from jaxembed.data.records import (BGE_IGNORED, BGE_TYPES, DEFAULT_FIELDS,  # no
 from jaxembed.data.tally import Tally, apply_policy  # noqa: F401 (re-exported)
 from jaxembed.errors import InputError, UserError
 from jaxembed.losses.table import titles
+
+log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------------------------ line reading
 
@@ -370,7 +373,7 @@ def read_options(ds) -> ReadOptions:
                        label_descriptions=pairs_of(ld, "label_descriptions") if ld is not None else None,
                        use_type=ds.get("task_type") is None, use_prompt=ds.get("query_instruction") is None,
                        extra_fields=frozenset(ds.get("extra_fields") or ()), need_threshold=not scored,
-                       keep_scores=scored, num_negatives=ds.get("num_negatives"))
+                       keep_scores=scored)
 
 
 def read_dataset(ds, info: ReadInfo | None = None) -> Iterator[Item]:
@@ -380,11 +383,11 @@ def read_dataset(ds, info: ReadInfo | None = None) -> Iterator[Item]:
 
     opts = read_options(ds)
     fmt = ds.get("format", "auto")
-    for path in dataset_paths(ds):  # FlagEmbedding's mark, in a data folder's name, for no in-batch negatives
-        if "no_in_batch_neg" in str(path):
-            raise UserError(f"{path}: 'no_in_batch_neg' in the name turns off in-batch negatives in FlagEmbedding; "
-                            "jaxembed contrasts every query with all the candidates of its batch, so it would train "
-                            "this data otherwise (fix: rename the folder or file to train it with in-batch negatives)")
+    marked = [p for p in dataset_paths(ds) if "no_in_batch_neg" in str(p)]
+    if marked:  # FlagEmbedding's mark, in a data folder's name, for no in-batch negatives: said, not ignored
+        log.warning("%s: 'no_in_batch_neg' in the path turns off in-batch negatives in FlagEmbedding; jaxembed keeps "
+                    "them (every query is contrasted with all the candidates of its batch), so dataset '%s' trains "
+                    "with them", marked[0], ds["name"])
     if fmt == "hf":
         return read_hf(dataset_paths(ds)[0], opts, info, split=ds.get("split", "train"), subset=ds.get("subset"),
                        streaming=bool(ds.get("streaming")))

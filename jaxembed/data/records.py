@@ -189,7 +189,6 @@ class ReadOptions:
     extra_fields: frozenset = frozenset()
     need_threshold: bool = False  # scored pairs (also st score columns) without score_threshold are an error
     keep_scores: bool = False  # a scored-pair loss: every pair is kept, with its score (no threshold)
-    num_negatives: int | None = None  # the dataset's hard negatives per query (None: not training, e.g. validate)
 
 
 def _renamed(f: dict, key: str) -> bool:
@@ -245,10 +244,6 @@ def parse_triplet(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
           "pos": _check_text_list(_get(obj, f["pos"]), f["pos"], 1, one_text=_renamed(f, "pos")),
           "neg": _check_text_list(obj[f["neg"]], f["neg"], 0, one_text=_renamed(f, "neg")) if f["neg"] in obj
           else []}
-    if obj.get(f["type"]) == "only_1neg" and opts.num_negatives not in (None, 1):
-        raise _Config(f["type"], f"'only_1neg' (FlagEmbedding: the query is trained with one hard negative) but the "
-                                 f"dataset's num_negatives is {opts.num_negatives}",
-                      "set num_negatives=1 for this dataset, or remove the type field to use more negatives")
     if opts.use_type and f["type"] in obj:
         t = obj[f["type"]]
         if not isinstance(t, str) or t not in BGE_TYPES:
@@ -278,6 +273,10 @@ def parse_triplet(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     for key, texts in (("pos_scores", "pos"), ("neg_scores", "neg")):
         if key in obj and obj[key] is not None:
             ex[key] = _teacher_scores(obj[key], key, len(ex[texts]), texts)
+    if obj.get(f["type"]) == "only_1neg":  # FlagEmbedding trains such a query with one hard negative: its first
+        ex["neg"] = ex["neg"][:1]
+        if "neg_scores" in ex:
+            ex["neg_scores"] = ex["neg_scores"][:1]
     return ex
 
 
