@@ -46,8 +46,10 @@ def test_folder_without_tokenizer_files_is_refused_in_one_line(bert_dir, tmp_pat
 
 
 def test_tokenizer_that_does_not_read_back_the_probe_is_refused(bert_dir, tmp_path):
-    folder = _copy_without(bert_dir, tmp_path / "short-vocab", TOKENIZER_FILES)
-    (folder / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n", encoding="utf-8")
+    folder = _copy_without(bert_dir, tmp_path / "short-vocab", ("vocab.txt",))
+    doc = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    doc["model"]["vocab"] = {t: i for t, i in doc["model"]["vocab"].items() if i < 999}  # specials, [unused*]
+    (folder / "tokenizer.json").write_text(json.dumps(doc), encoding="utf-8")
     with pytest.raises(UserError, match="does not read back the probe sentence") as e:
         loading.load(folder)
     assert "[UNK]" in str(e.value) and "fix:" in str(e.value) and "\n" not in str(e.value)
