@@ -111,10 +111,12 @@ def skipped_note(skipped: int, steps: int) -> str:
     skipped (a non-finite loss or gradient: jaxembed.train.step's guard); '' when none was."""
     if not skipped:
         return ""
-    took = "none: the parameters are the starting model's" if skipped >= steps else f"{steps - skipped}"
-    return (f"{skipped} of {steps} training updates were skipped (a non-finite loss or gradient), so the model took "
-            f"{took} (metrics.jsonl: 'skipped' at each logged step; fix: lower optim.lr or raise loss.temperature, "
-            "use model.dtype=float32, or check the data of the steps that skipped)")
+    left = steps - skipped
+    applied = ("none was applied: the parameters are the starting model's" if left <= 0 else
+               f"only {left} {'was' if left == 1 else 'were'} applied")
+    return (f"{skipped} of {steps} training updates were skipped (a non-finite loss or gradient), so {applied} "
+            "(metrics.jsonl: 'skipped' at each logged step; fix: lower optim.lr or raise loss.temperature, use "
+            "model.dtype=float32, or check the data of the steps that skipped)")
 
 
 def export_line(out_dir: str | os.PathLike, step: int, workdir: str | os.PathLike, metric: str = "") -> str:

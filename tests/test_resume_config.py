@@ -133,8 +133,8 @@ def test_the_end_of_a_run_names_the_exported_step_its_dev_score_and_the_skipped_
     wd, (rc, out), summary, card, _ = trained_on
     assert rc == 0, out
     assert summary["status"] == "completed" and summary["step"] == 2 and summary["skipped"] == 1
-    note = ("1 of 2 training updates were skipped (a non-finite loss or gradient), so the model took 1 (metrics.jsonl: "
-            "'skipped' at each logged step; fix: lower optim.lr or raise loss.temperature")
+    note = ("1 of 2 training updates were skipped (a non-finite loss or gradient), so only 1 was applied "
+            "(metrics.jsonl: 'skipped' at each logged step; fix: lower optim.lr or raise loss.temperature")
     assert summary["warnings"][0].startswith(note)
     lines = out.splitlines()
     assert any(x.startswith("warning: " + note) for x in lines), out
