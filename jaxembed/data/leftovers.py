@@ -1,7 +1,7 @@
 """The temporary folders a killed ``jaxembed data prepare`` or ``jaxembed export`` leaves beside its output, and
 their removal.
 
-``write_store`` builds a store, and ``atomic_dir`` here an export, in ``.{name}.tmp-{host}-{pid}-{random}`` beside
+``atomic_dir`` here builds a store (``write_store``) or an export in ``.{name}.tmp-{host}-{pid}-{random}`` beside
 the output folder (``jaxembed.atomic_files.unique_tmp``) and renames it into place; an older folder is first moved
 to such a name ending in ``.old``, then removed. A writer killed before it is done (kill -9, out of memory, a lost
 machine) leaves its folder behind. ``remove_dead(out)``, called when a store or an export is written, removes the
