@@ -132,7 +132,7 @@ def packing_for(store, plan: Plan, tokenizer: Tokenizer, *, shards: int, combine
     sub-batches of as many token slots as that many padded queries (chunk / shards x the longest query length) and
     their candidates (x K x the longest document length) take per shard: the padded sub-batch's memory bound, spent
     on real tokens."""
-    t = _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
+    t = _Tables(store.datasets, tokenizer, plan.used_dataset_ids(), num_candidates)
     per_shard = -(-int(gradcache_chunk) // int(shards)) if gradcache_chunk else 0
     q, d = per_shard * t.Lq_max, per_shard * t.K * t.Ld_max
     cost = 0.0
@@ -190,26 +190,31 @@ def choose_rows(table: dict[str, np.ndarray], packing: Packing, compile_steps: i
 
 
 def step_pack_table(store, plan: Plan, tokenizer: Tokenizer, packing: Packing, *, seed: int | None = None,
-                    negatives: str | None = None, chunk_steps: int = 256,
-                    tables: _Tables | None = None) -> dict[str, np.ndarray]:
-    """The packed shapes of every step of the plan over the whole global batch (module docstring), int32 [S]
-    each: row_length (L, one for the run: of the candidates ``Packing.row_lengths`` that hold the longest text,
+                    negatives: str | None = None, chunk_steps: int = 256, tables: _Tables | None = None,
+                    start_step: int = 0, end_step: int | None = None) -> dict[str, np.ndarray]:
+    """The packed shapes of every step of the plan, or of steps [start_step, end_step), over the whole global
+    batch (module docstring), int32 [steps] each: row_length (L, one for the steps: of the candidates
+    ``Packing.row_lengths`` that hold the longest text,
     the one with the least total cost, rows x L x ``Packing.slot_cost``), ``{pack}_rows`` for each of
     ``packing.packs`` (rows best-fit decreasing needs at L on the fullest shard, before ``choose_rows``),
     query_len / doc_len (the longest texts, as ``step_lengths``)."""
     seed = plan.seed if seed is None else seed
     negatives = negatives or plan.config.get("negatives", "first")
-    tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist())
+    tables = tables or _Tables(store.datasets, tokenizer, plan.used_dataset_ids())
     G, S = plan.global_batch_size, packing.shards
+    end_step = plan.steps if end_step is None else int(end_step)
+    n = end_step - start_step
     if G % S:
         raise UserError(f"global_batch_size {G} is not divisible by the {S} devices of the batch axes (fix: a "
                         f"global batch size that is a multiple of {S})")
     n_empty = len(tokenizer.tokenize([""], max_length=tables.Ld_max)[0])
     cands = packing.row_lengths(max(tables.Lq_max, tables.Ld_max))
     names = packing.packs
-    rows = np.full((len(cands), len(names), plan.steps), -1, np.int64)  # -1: L is below the step's longest text
-    out = {k: np.zeros(plan.steps, np.int32) for k in ("row_length", "query_len", "doc_len")}
-    for s, q, d in _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, 0, plan.steps, chunk_steps):
+    rows = np.full((len(cands), len(names), n), -1, np.int64)  # -1: L is below the step's longest text
+    out = {k: np.zeros(n, np.int32) for k in ("row_length", "query_len", "doc_len")}
+    for s, q, d in _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, start_step, end_step,
+                                      chunk_steps):
+        s -= start_step
         d = np.where(d < 0, n_empty, d)
         out["query_len"][s], out["doc_len"][s] = max(int(q.max()), 1), max(int(d.max()), 1)
         longest = max(int(q.max()), int(d.max()))

@@ -23,10 +23,11 @@ Host h holds rows [h*b, (h+1)*b) of the global batch; the candidates of query r 
 positive first. The positive is drawn from ``pos`` and (with ``negatives='sample'``) the negatives from ``neg`` by
 a key derived from (seed, step, global row), so every host and every worker count agree.
 
-Length buckets: Lq / Ld must be equal on all hosts. At loader setup the loader computes, once, the longest
-tokenized query and document of every step over the *whole* global batch (each distinct text tokenized once,
-in chunks of steps, optionally cached in a file) and maps them to ``length_buckets(max length)``. Every host computes
-the same table from the same plan, so no host ever waits for another and no step tokenizes the global batch.
+Length buckets: Lq / Ld must be equal on all hosts. The loader takes the longest tokenized query and document of
+each step over the *whole* global batch (each distinct text tokenized once) and maps them to
+``length_buckets(max length)``: a table computed one window of steps at a time as the loader reaches it
+(``jaxembed.data.step_table``; optionally cached in a file), so the first step waits for one window, not for the
+whole plan. Every host computes the same table from the same plan, so no host ever waits for another.
 Empty negative slots hold the tokenizer's encoding of the empty text (special tokens only, attention mask 1) so
 that the model sees a well-formed sequence; ``doc_valid`` marks them for the loss.
 
@@ -51,14 +52,15 @@ the embeddings come back in the plan's order (query i of shard j = global row j*
 and [B*K, D] it sees unpacked. Empty candidate slots are packed as the encoding of the empty text (as above), so
 every text slot is real and the number of texts per shard is fixed (b/s and b*K/s).
 
-Shapes. Like the padded lengths, a step's shapes are equal on every shard and host and fixed before training:
-the length table computes, once, for every step over the *whole* global batch, the longest text and the rows that
-best-fit decreasing needs on the fullest shard (``step_pack_table``; cached like the lengths). The row length L is
-the bucket of max(longest query or candidate, ``min_row_length``) (one L for both packs: 'pow2' 64, 128, ...;
-'fine' ``length_buckets``). The row counts (Rq, Rd) come from a few shapes chosen for the whole plan
-(``choose_rows``: greedily, a shape is added while it saves more token slots than a compilation costs,
-``Packing.compile_slots`` from ``compile_cost_slots``, at most ``MAX_SHAPES``; the demo mix at B=64 with MiniLM on a
-CPU: 12 shapes over a 1000-step plan, 1.9 % of the rows empty). With the gradient cache
+Shapes. Like the padded lengths, a step's shapes are equal on every shard and host, from the step's window of the
+table: for every step over the *whole* global batch, the longest text and the rows that best-fit decreasing needs
+on the fullest shard (``step_pack_table`` over the window's steps; cached like the lengths). The row length L is
+one of ``Packing.row_lengths`` that holds the window's longest text (one L for both packs). The row counts
+(Rq, Rd) come from a few shapes chosen for the window (``choose_rows``: greedily, a shape is added while it saves
+more token slots than a compilation costs, ``Packing.compile_slots`` from ``compile_cost_slots``, at most
+``MAX_SHAPES``; the demo mix at B=64 with MiniLM on a CPU: 12 shapes over a 1000-step plan as one window, 1.9 %
+of the rows empty); over several windows the counts are on a fixed menu (``step_table.ladder_rows``), so the run's
+shapes stay a bounded set. With the gradient cache
 (``Packing.sub_tokens``), a pack's rows are split into sub-batches of about that many token slots per shard
 (``sub_rows``, ``sub_batches``), and a row count above one sub-batch is a multiple of the sub-batch's rows. A text
 never spans two rows, so it is never cut (L >= the longest text); the loader checks that the table still fits (a
@@ -95,22 +97,13 @@ from jaxembed.data.step_rows import (_M64, _SEED_SALT, _fetch, _row_items, _spli
                                      _step_text_lengths, _Tables, _tokenize_unique, choose_docs, choose_indices,
                                      row_key, row_scores, step_lengths, text_hash)
 from jaxembed.data.plan import Plan
+from jaxembed.data.step_table import StepTable, _tokenizer_id  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError
-from jaxembed.tokenizer import Tokenizer, bucket_for
+from jaxembed.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 _MIN_SHM_BYTES = 16 << 20  # arrays below this go from the workers by copy, larger ones through shared memory
-
-
-def _tokenizer_id(tokenizer: Tokenizer) -> str:
-    h = hashlib.sha256()
-    try:
-        h.update(tokenizer.hf.backend_tokenizer.to_str().encode())
-    except Exception:  # slow tokenizers: fall back on the vocabulary
-        h.update(json.dumps(sorted(tokenizer.hf.get_vocab().items())).encode())
-    h.update(f"{tokenizer.max_length}|{tokenizer.lowercase}|{tokenizer.padding_side}".encode())
-    return h.hexdigest()[:16]
 
 
 class StepBatcher:
@@ -118,38 +111,32 @@ class StepBatcher:
     must be picklable; ``jaxembed.data.store.Store`` re-opens its files there)."""
 
     def __init__(self, store, plan: Plan, tokenizer: Tokenizer, *, process_index: int, process_count: int,
-                 seed: int, negatives: str, tables: _Tables, qlen: np.ndarray, dlen: np.ndarray,
-                 first_step: int, end_step: int, packing: Packing | None = None,
-                 pack_table: dict[str, np.ndarray] | None = None, table_file: str | os.PathLike | None = None):
+                 seed: int, negatives: str, tables: _Tables, table: StepTable, first_step: int, end_step: int,
+                 packing: Packing | None = None, table_file: str | os.PathLike | None = None):
         G = plan.global_batch_size
         b = G // process_count
-        self.store, self.tokenizer, self.tables = store, tokenizer, tables
+        self.store, self.tokenizer, self.tables, self.plan, self.table = store, tokenizer, tables, plan, table
         self.seed, self.negatives, self.b, self.K = int(seed), negatives, b, tables.K
         self.row0 = process_index * b
         self.first_step, self.end_step = first_step, end_step
-        sl = slice(first_step, end_step)
-        cols = slice(self.row0, self.row0 + b)
-        self.ds = np.ascontiguousarray(plan.dataset_ids[sl, cols])
-        self.ex = np.ascontiguousarray(plan.example_ids[sl, cols])
-        self.w = np.ascontiguousarray(plan.weights[sl, cols])
-        self.temps = plan.temperatures[sl].copy()
         self.dataset_tasks = plan.dataset_tasks.copy()
-        self.Lq = np.array([bucket_for(max(int(x), 1), tables.q_buckets) for x in qlen[sl]], np.int32)
-        self.Ld = np.array([bucket_for(max(int(x), 1), tables.d_buckets) for x in dlen[sl]], np.int32)
         self.empty_doc = tokenizer.tokenize([""], max_length=tables.Ld_max)[0]
         self.packing, self.table_file = packing, table_file
         if packing is not None:
             self.shards = packing.shards // process_count  # this host's row shards (its devices)
-            self.R = choose_rows(pack_table, packing)[sl]  # over the whole plan: the same shapes after a restart
-            self.L = pack_table["row_length"][sl].astype(np.int32)
 
     def shape(self, step: int) -> tuple[int, ...]:
         """The step's static shapes: packed (the rows per shard of each of ``packing.packs``, then the row length
-        L); padded (query length, document length)."""
-        i = int(step) - self.first_step
-        if self.packing is not None:
-            return (*(int(x) for x in self.R[i]), int(self.L[i]))
-        return int(self.Lq[i]), int(self.Ld[i])
+        L); padded (query length, document length). From the step's window of the table (``StepTable``)."""
+        return self.table.shape(step)
+
+    def rows_of(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This host's (dataset ids, example ids, weights) of the step: its columns of the plan's row, read from the
+        plan (memory-mapped when loaded from its file) rather than copied at set-up."""
+        cols = slice(self.row0, self.row0 + self.b)
+        p = self.plan
+        return (np.asarray(p.dataset_ids[step, cols]), np.asarray(p.example_ids[step, cols]),
+                np.asarray(p.weights[step, cols]))
 
     def _pack(self, step: int, name: str, parts: list[tuple[list, np.ndarray]], rows: int, L: int) -> dict:
         """Each of this host's shards' texts (the shard's share of every (token ids, prompt lengths) part, one part
@@ -180,13 +167,11 @@ class StepBatcher:
         step = int(step)
         if not self.first_step <= step < self.end_step:
             raise UserError(f"step {step} is outside the loader's range [{self.first_step}, {self.end_step})")
-        i = step - self.first_step
         b, K, tok, t = self.b, self.K, self.tokenizer, self.tables
-        ds, ex = self.ds[i], self.ex[i]
+        ds, ex, weight = self.rows_of(step)
         examples = _fetch(self.store, ds, ex)
         rows = self.row0 + np.arange(b)
         q_items, d_items, q_raw, d_raw = _row_items(t, examples, ds, rows, step, self.seed, self.negatives)
-        Lq, Ld = int(self.Lq[i]), int(self.Ld[i])
         q_ids = _tokenize_unique(tok, q_items)
         valid = np.array([x is not None for x in d_items], bool)
         d_tok = _tokenize_unique(tok, [x for x in d_items if x is not None])
@@ -205,6 +190,7 @@ class StepBatcher:
                 texts = {**self._pack(step, "query_pack", parts[:1], R[0], L),
                          **self._pack(step, "doc_pack", parts[1:], R[1], L)}
         else:
+            Lq, Ld = self.shape(step)
             longest_q, longest_d = max(len(x) for x in q_ids), max(len(x) for x in d_ids)
             if longest_q > Lq or longest_d > Ld:
                 raise UserError(f"step {step}: a text is longer than the step's length bucket ({longest_q} > {Lq} "
@@ -221,9 +207,9 @@ class StepBatcher:
             **texts, "query_prompt_length": q_pl, "doc_prompt_length": d_pl,
             "doc_valid": valid, "doc_hash": d_hash, "query_hash": q_hash,
             "task_id": self.dataset_tasks[ds].astype(np.int32), "dataset_id": ds.astype(np.int32),
-            "weight": self.w[i].astype(np.float32), "example_index": ex.astype(np.int64),
+            "weight": weight.astype(np.float32), "example_index": ex.astype(np.int64),
             "teacher_score": teacher, "pair_score": pair,
-            "temperature": np.array(self.temps[i], np.float32), "step": np.array(step, np.int64),
+            "temperature": np.array(self.plan.temperatures[step], np.float32), "step": np.array(step, np.int64),
         }
 
 
@@ -272,8 +258,7 @@ class Loader:
         out = {"rows": b, "candidates": K, "query_buckets": self.batcher.tables.q_buckets,
                "doc_buckets": self.batcher.tables.d_buckets}
         if self.batcher.packing is not None:  # the (query rows, candidate rows, row length) per shard of the steps
-            bt = self.batcher
-            out["packed_shapes"] = sorted({(*(int(x) for x in r), int(L)) for r, L in zip(bt.R, bt.L)})
+            out["packed_shapes"] = sorted(self.batcher.table.shapes_seen)  # of the windows this process computed
         return out
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
@@ -310,7 +295,7 @@ def make_loader(store, plan: Plan, tokenizer: Tokenizer, *, process_index: int =
                 buffer: int = 4, seed: int | None = None, lengths: tuple[np.ndarray, np.ndarray] | None = None,
                 lengths_cache: str | os.PathLike | None = None, worker_tokenizer_parallelism: bool = False,
                 num_candidates: int | None = None, packing: Packing | None = None,
-                pack_table: dict[str, np.ndarray] | None = None) -> Loader:
+                pack_table: dict[str, np.ndarray] | None = None, step_table: StepTable | None = None) -> Loader:
     """An iterator over host-local batches of steps [start_step, end_step) (end: the plan's last step).
 
     store: the dataset store the plan was built on (checked by name and size); tokenizer: a jaxembed Tokenizer;
@@ -323,7 +308,9 @@ def make_loader(store, plan: Plan, tokenizer: Tokenizer, *, process_index: int =
     num_candidates: K, the candidate rows per query (default 1 + the largest num_negatives of the plan's datasets;
     set it to keep K fixed across plans / stages of one run);
     packing: packed batches (module docstring; None = padded); pack_table: its precomputed ``step_pack_table``
-    (else computed, or read from / written to lengths_cache)."""
+    (else read from / written to lengths_cache);
+    step_table: a ``StepTable`` (the trainer's, with its cache file); without it, lengths, pack_table or
+    lengths_cache, the table is computed in windows of steps as the loader reaches them (``StepTable``)."""
     plan.check_datasets(store)
     G = plan.global_batch_size
     if process_count < 1 or not 0 <= process_index < process_count:
@@ -340,38 +327,48 @@ def make_loader(store, plan: Plan, tokenizer: Tokenizer, *, process_index: int =
         raise UserError(f"workers must be >= 0, got {workers}")
     seed = plan.seed if seed is None else int(seed)
     negatives = plan.config.get("negatives", "first")
-    tables = _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
     if packing is not None:
         S = packing.shards
         if S % process_count or G % S:
             raise UserError(f"packing over {S} devices: the global batch size {G} and the {process_count} hosts "
                             f"must divide evenly (fix: a global batch size that is a multiple of {S}, and the same "
                             "number of devices on every host)")
-        if pack_table is None:  # of the whole plan: the shapes of a step depend on every step (choose_rows)
-            if lengths_cache is None:
-                pack_table = step_pack_table(store, plan, tokenizer, packing, seed=seed, negatives=negatives,
-                                             tables=tables)
-            else:
-                pack_table = cached_step_table(store, plan, tokenizer, lengths_cache, packing=packing, seed=seed,
-                                               tables=tables)
+    if step_table is not None:
+        table, tables = step_table, step_table.tables
+        if step_table.plan.steps != plan.steps or (step_table.packing is None) != (packing is None):
+            raise UserError("step_table was made for another plan or packing (fix: make it with this loader's plan "
+                            "and packing)")
+    else:
+        tables = _Tables(store.datasets, tokenizer, plan.used_dataset_ids(), num_candidates)
+        table = _given_table(store, plan, tokenizer, tables, packing, seed, lengths, lengths_cache, pack_table)
+    batcher = StepBatcher(store, plan, tokenizer, process_index=process_index, process_count=process_count,
+                          seed=seed, negatives=negatives, tables=tables, table=table, first_step=start_step,
+                          end_step=end_step, packing=packing, table_file=lengths_cache or table.cache)
+    return Loader(batcher, start_step, end_step, workers, threads, buffer, worker_tokenizer_parallelism)
+
+
+def _given_table(store, plan: Plan, tokenizer: Tokenizer, tables: _Tables, packing: Packing | None, seed: int,
+                 lengths, lengths_cache, pack_table) -> StepTable:
+    """make_loader's table: the whole plan's when given (pack_table / lengths) or cached (lengths_cache, computed
+    there once for the whole plan); otherwise computed in windows as the loader goes (``StepTable``)."""
+    if packing is not None:
+        if pack_table is None and lengths_cache is not None:
+            pack_table = cached_step_table(store, plan, tokenizer, lengths_cache, packing=packing, seed=seed,
+                                           tables=tables)
+        if pack_table is None:
+            return StepTable(store, plan, tokenizer, packing=packing, tables=tables, seed=seed)
         if any(np.asarray(pack_table.get(k, ())).shape != (plan.steps,)
                for k in ("row_length", *(f"{n}_rows" for n in packing.packs))):
             raise UserError(f"pack_table must hold arrays of shape [{plan.steps}] (one entry per plan step)")
-        lengths = (pack_table["query_len"], pack_table["doc_len"])
+        return StepTable.of_arrays(plan, pack_table, tables, packing, source=lengths_cache)
+    if lengths is None and lengths_cache is not None:
+        lengths = cached_step_lengths(store, plan, tokenizer, lengths_cache, seed=seed, tables=tables)
     if lengths is None:
-        if lengths_cache is None:
-            lengths = step_lengths(store, plan, tokenizer, seed=seed, negatives=negatives, start_step=start_step,
-                                   end_step=end_step, tables=tables)
-        else:
-            lengths = cached_step_lengths(store, plan, tokenizer, lengths_cache, seed=seed, tables=tables)
+        return StepTable(store, plan, tokenizer, tables=tables, seed=seed)
     qlen, dlen = (np.asarray(x) for x in lengths)
     if qlen.shape != (plan.steps,) or dlen.shape != (plan.steps,):
         raise UserError(f"lengths must be two arrays of shape [{plan.steps}] (one entry per plan step)")
-    batcher = StepBatcher(store, plan, tokenizer, process_index=process_index, process_count=process_count,
-                          seed=seed, negatives=negatives, tables=tables, qlen=qlen, dlen=dlen,
-                          first_step=start_step, end_step=end_step, packing=packing, pack_table=pack_table,
-                          table_file=lengths_cache)
-    return Loader(batcher, start_step, end_step, workers, threads, buffer, worker_tokenizer_parallelism)
+    return StepTable.of_arrays(plan, {"query_len": qlen, "doc_len": dlen}, tables, source=lengths_cache)
 
 
 def cached_step_lengths(store, plan: Plan, tokenizer: Tokenizer, cache: str | os.PathLike, *,
@@ -391,7 +388,7 @@ def cached_step_table(store, plan: Plan, tokenizer: Tokenizer, cache: str | os.P
     ``make_loader``; packing counts the empty candidate slots)."""
     seed = plan.seed if seed is None else int(seed)
     negatives = plan.config.get("negatives", "first")
-    tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist(), num_candidates)
+    tables = tables or _Tables(store.datasets, tokenizer, plan.used_dataset_ids(), num_candidates)
     key = hashlib.sha256(json.dumps([plan.fingerprint(), _tokenizer_id(tokenizer), seed, negatives, tables.K,
                                      tables.max_q, tables.max_d, tables.q_instr, tables.d_instr]
                                     + ([] if packing is None else [packing.key()])).encode()
@@ -455,6 +452,7 @@ def batch_stats(batch: dict, shards: int = 1) -> dict:
     return {"examples": b, "tokens": int(ql.sum() + dl[batch["doc_valid"]].sum()), "padded_tokens": slots}
 
 
-__all__ = ["make_loader", "to_global", "step_lengths", "cached_step_lengths", "cached_step_table", "step_pack_table",
-           "Packing", "packing_for", "choose_rows", "compile_cost_slots", "sub_batches", "sub_rows", "choose_docs",
-           "choose_indices", "row_scores", "row_key", "text_hash", "Loader", "StepBatcher", "batch_stats", "split_combined"]
+__all__ = ["make_loader", "StepTable", "to_global", "step_lengths", "cached_step_lengths", "cached_step_table",
+           "step_pack_table", "Packing", "packing_for", "choose_rows", "compile_cost_slots", "sub_batches", "sub_rows",
+           "choose_docs", "choose_indices", "row_scores", "row_key", "text_hash", "Loader", "StepBatcher",
+           "batch_stats", "split_combined"]

@@ -207,7 +207,7 @@ def step_lengths(store, plan: Plan, tokenizer: Tokenizer, *, seed: int | None = 
     -> (query_len int32 [S], doc_len int32 [S]) (0 outside [start_step, end_step))."""
     seed = plan.seed if seed is None else seed
     negatives = negatives or plan.config.get("negatives", "first")
-    tables = tables or _Tables(store.datasets, tokenizer, np.unique(plan.dataset_ids).tolist())
+    tables = tables or _Tables(store.datasets, tokenizer, plan.used_dataset_ids())
     end_step = plan.steps if end_step is None else end_step
     qlen = np.zeros(plan.steps, np.int32)
     dlen = np.zeros(plan.steps, np.int32)

@@ -21,7 +21,7 @@ from jaxembed.train.metrics import best_step, dev_scores, host_metrics, step_flo
 from jaxembed.run_facts import export_line, skipped_note
 from jaxembed.train.monitor import Monitor
 from jaxembed.train.run import Run, export_dir, params_at, setup
-from jaxembed.train.state import init_state, pow2_lengths, step_table
+from jaxembed.train.state import init_state, step_table
 from jaxembed.train.signals import Interrupted, StopSignals
 from jaxembed.train.step import make_train_step
 from jaxembed.workdir_lock import WorkdirLock
@@ -87,16 +87,23 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
         step_fn = make_train_step(run)
         from jaxembed.data.pipeline import batch_stats, make_loader, to_global
 
-        if not (workdir / "plan_lengths.npz").exists():
-            monitor.message("plan: tokenising the plan's texts for the length table (once per run)")
-        table = step_table(run, workdir / "plan_lengths.npz")
-        lengths = table["query_len"], table["doc_len"]
-        if c.train.length_buckets == "pow2":  # fewer shapes, fewer compilations, a little more padding
-            lengths = tuple(pow2_lengths(x) for x in lengths)
+        # pow2: fewer padded shapes, fewer compilations, a little more padding
+        table = step_table(run, workdir / "plan_lengths.npz", c.train.length_buckets)
+        if start < total:  # the first window of the table: process 0 computes (or reads) it, the others read it
+            w = start // table.window_steps
+            if not table.cached(w):
+                a, b = table.steps_of(w)
+                monitor.message(f"plan: tokenising the texts of steps {a}-{b - 1} for the length table (the loader "
+                                f"does each later window of {table.window_steps} steps as it reaches it)")
+
+            def first_window():
+                with atomic_files.writing("writing the length table", table.cache):
+                    table.window(w)
+
+            pod.main_first("lengths", first_window)
         loader = make_loader(run.store, run.plan, run.loaded.tokenizer, process_index=jax.process_index(),
                              process_count=jax.process_count(), start_step=start, workers=c.train.loader_workers,
-                             lengths=lengths, num_candidates=run.K, packing=run.packing,
-                             pack_table=table if run.packing is not None else None)
+                             num_candidates=run.K, packing=run.packing, step_table=table)
         rows_sharding = parallel.batch_sharding(run.mesh)
         evaluator = make_evaluator(run)
     except BaseException:  # set-up failed: close what was opened (Orbax's threads, the metrics file)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxembed import atomic_files, lora, parallel, pod
+from jaxembed import lora, parallel, pod
 from jaxembed.train import optim
 
 if TYPE_CHECKING:
@@ -54,19 +54,14 @@ def init_state(run: Run) -> dict:
                         else jax.device_put(x, rep), state)
 
 
-def step_table(run: Run, cache: Path) -> dict[str, np.ndarray]:
-    """The plan's per-step text lengths (and packed rows, ``data.packing``): process 0 computes them (tokenizing
-    the plan) and writes the cache; the others read it when it is complete."""
-    from jaxembed.data.pipeline import cached_step_table
+def step_table(run: Run, cache: Path, round_lengths: str | None = None):
+    """The loader's table of step shapes (``jaxembed.data.step_table.StepTable``): computed in windows of steps
+    as the loader reaches them; process 0 writes the windows it computes to ``cache``, the others read them there.
+    round_lengths: 'pow2' (padded batches: lengths rounded up to powers of two)."""
+    from jaxembed.data.pipeline import StepTable
 
-    def compute():
-        with atomic_files.writing("writing the length table", cache):
-            return cached_step_table(run.store, run.plan, run.loaded.tokenizer, cache, packing=run.packing,
-                                     num_candidates=run.K)
-
-    out = pod.main_first("lengths", compute)
-    return out if out is not None else cached_step_table(run.store, run.plan, run.loaded.tokenizer, cache,
-                                                         packing=run.packing, num_candidates=run.K)
+    return StepTable(run.store, run.plan, run.loaded.tokenizer, packing=run.packing, num_candidates=run.K,
+                     cache=cache, write=pod.is_main(), round_lengths=round_lengths)
 
 
 def pow2_lengths(lengths: np.ndarray, smallest: int = 16) -> np.ndarray:

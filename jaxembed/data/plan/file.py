@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,14 @@ class Plan:
     def __len__(self) -> int:
         return self.steps
 
+    def used_dataset_ids(self) -> list[int]:
+        """The dataset ids the plan's rows use, ascending (counted over blocks of steps: no copy of the plan)."""
+        D = len(self.dataset_names)
+        seen = np.zeros(D, bool)
+        for s0 in range(0, self.steps, _BLOCK_STEPS):
+            seen |= np.bincount(np.asarray(self.dataset_ids[s0:s0 + _BLOCK_STEPS]).reshape(-1), minlength=D) > 0
+        return np.flatnonzero(seen).tolist()
+
     def row_task_ids(self) -> np.ndarray:
         """int32 [S, G]: the task of every row."""
         return self.dataset_tasks[self.dataset_ids]
@@ -69,12 +78,14 @@ class Plan:
 
     def fingerprint(self) -> str:
         """sha256 (hex, 16 chars) of the arrays and the name tables: equal plans have equal fingerprints."""
+        if getattr(self, "_fingerprint", None) and isinstance(self.dataset_ids, np.memmap):
+            return self._fingerprint  # read-only arrays of a loaded plan, checked when loaded
         h = hashlib.sha256()
         for a in (self.dataset_ids, self.example_ids, self.task_ids, self.weights, self.temperatures,
                   self.dataset_tasks, self.dataset_sizes, self.unit_ids):
-            a = np.ascontiguousarray(a)
             h.update(str((a.dtype.str, a.shape)).encode())
-            h.update(a.tobytes())
+            for s0 in range(0, max(len(a), 1), _BLOCK_STEPS):  # blocks of steps: a memory-mapped plan stays so
+                h.update(np.ascontiguousarray(a[s0:s0 + _BLOCK_STEPS]).tobytes())
         h.update(json.dumps([list(self.task_names), list(self.dataset_names)]).encode())
         return h.hexdigest()[:16]
 
@@ -133,9 +144,8 @@ class Plan:
             raise UserError(f"{side_path}: plan format version {side.get('version')} is not supported (this "
                             f"jaxembed reads version {VERSION}; fix: rebuild the plan)")
         try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        except (ValueError, OSError) as e:
+            arrays = _mapped_npz(path)
+        except (ValueError, OSError, zipfile.BadZipFile) as e:
             raise UserError(f"{path}: unreadable plan arrays ({e}) (fix: rebuild the plan)") from None
         need = {"dataset_ids": (np.int32, 2), "example_ids": (np.int64, 2), "task_ids": (np.int32, 1),
                 "weights": (np.float32, 2), "temperatures": (np.float32, 1), "dataset_tasks": (np.int32, 1),
@@ -150,12 +160,62 @@ class Plan:
                    arrays["temperatures"], tuple(side["task_names"]), tuple(side["dataset_names"]),
                    arrays["dataset_tasks"], arrays["dataset_sizes"], side.get("config", {}), int(side["seed"]),
                    side.get("meta", {}), arrays["dropped"], arrays["unit_ids"])
+        plan.source = path
         _validate_plan(plan, str(path))
-        if side.get("fingerprint") != plan.fingerprint():
+        fingerprint = plan.fingerprint()
+        if side.get("fingerprint") != fingerprint:
             raise UserError(f"{path}: the arrays do not match {side_path.name} (fingerprint "
-                            f"{plan.fingerprint()} vs {side.get('fingerprint')}); the two files come from "
+                            f"{fingerprint} vs {side.get('fingerprint')}); the two files come from "
                             "different builds (fix: rebuild the plan)")
+        plan._fingerprint = fingerprint
         return plan
+
+
+    def __getstate__(self):
+        """A plan read from its file travels (to a loader's worker processes) as the file's name: each process
+        maps the file again instead of receiving a copy of its arrays."""
+        state = dict(self.__dict__)
+        if getattr(self, "source", None) is not None and isinstance(self.dataset_ids, np.memmap):
+            for k in _MAPPED:
+                state[k] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if state.get("dataset_ids") is None:
+            arrays = _mapped_npz(state["source"])
+            for k in _MAPPED:
+                setattr(self, k, arrays[k])
+
+
+#: the per-example arrays that a plan read from its file keeps memory-mapped
+_MAPPED = ("dataset_ids", "example_ids", "weights")
+#: steps per block when a whole plan is read (fingerprint, checks): bounded memory for any plan size
+_BLOCK_STEPS = 1024
+
+
+def _mapped_npz(path) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file; the per-example ones (``_MAPPED``) memory-mapped where stored uncompressed (as
+    ``Plan.save`` writes them, ``np.savez``), so a host pages in only the steps and rows it reads."""
+    out = {}
+    with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
+        for info in zf.infolist():
+            name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            if name in _MAPPED and info.compress_type == zipfile.ZIP_STORED:
+                f.seek(info.header_offset)
+                head = f.read(30)  # the local file header: name and extra field lengths at bytes 26..29
+                n_name, n_extra = int.from_bytes(head[26:28], "little"), int.from_bytes(head[28:30], "little")
+                f.seek(info.header_offset + 30 + n_name + n_extra)
+                version = np.lib.format.read_magic(f)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read_header(f)
+                if not fortran and not dtype.hasobject:
+                    out[name] = np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape)
+                    continue
+            with zf.open(info) as m:
+                out[name] = np.lib.format.read_array(m, allow_pickle=False)
+    return out
 
 
 def _json_default(o):
@@ -177,10 +237,13 @@ def _validate_plan(plan: Plan, where: str) -> None:
         raise UserError(f"{where}: task_ids / temperatures / unit_ids must have shape [{S}]")
     if plan.dataset_tasks.shape != (D,) or plan.dataset_sizes.shape != (D,):
         raise UserError(f"{where}: the dataset tables must have {D} entries")
-    if S and (plan.dataset_ids.min() < 0 or plan.dataset_ids.max() >= D):
-        raise UserError(f"{where}: dataset id out of range [0, {D})")
-    if S and (plan.example_ids.min() < 0 or np.any(plan.example_ids >= plan.dataset_sizes[plan.dataset_ids])):
-        raise UserError(f"{where}: an example id is out of range of its dataset's size")
+    for s0 in range(0, S, _BLOCK_STEPS):  # in blocks of steps: bounded memory for any plan size
+        ds = np.asarray(plan.dataset_ids[s0:s0 + _BLOCK_STEPS])
+        ex = np.asarray(plan.example_ids[s0:s0 + _BLOCK_STEPS])
+        if ds.min() < 0 or ds.max() >= D:
+            raise UserError(f"{where}: dataset id out of range [0, {D})")
+        if ex.min() < 0 or np.any(ex >= plan.dataset_sizes[ds]):
+            raise UserError(f"{where}: an example id is out of range of its dataset's size")
     if S and (plan.task_ids.min() < -1 or plan.task_ids.max() >= T):
         raise UserError(f"{where}: task id out of range [-1, {T})")
     if D and (plan.dataset_tasks.min() < 0 or plan.dataset_tasks.max() >= T):
