@@ -223,6 +223,50 @@ def test_ivf_index_is_exact_with_every_list_and_a_lower_bound_otherwise():
         mining.IVFIndex(D, 0)
 
 
+def _clustered(n=480, q=20, dim=16, seed=3):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(8, dim))
+    D = mining.normalize(np.repeat(centers, n // 8, 0) + 0.3 * rng.normal(size=(n, dim)))
+    Q = mining.normalize(centers[rng.integers(0, 8, q)] + 0.3 * rng.normal(size=(q, dim)))
+    thr = (np.sum(Q * D[:q], 1)[:, None] + 1e-4).astype(np.float32)  # as mining does: score + tol
+    return Q, D, thr
+
+
+def test_faiss_ivf_with_every_list_is_exact_and_hnsw_finds_the_exact_top_k():
+    """Where FAISS is installed, --approx ivf / hnsw run FAISS's IndexIVFFlat / IndexHNSWFlat: IVF with every list
+    probed gives the exact search's top-k (ids, scores, ties by lower id) and counts of the rows above each positive
+    among those found; HNSW finds the exact top-k here; the report names the engine."""
+    faiss = pytest.importorskip("faiss")
+    from jaxembed.mining.search import approximate_search
+
+    Q, D, thr = _clustered()
+    ex = mining.blocked_search(Q, D, 30, thresholds=thr)
+    for kind in ("ivf", "hnsw"):
+        res, info = approximate_search(Q, D, 30, kind, nlist=8, nprobe=8, thresholds=thr)
+        assert info["search"] == kind and info["engine"].startswith(f"faiss {faiss.__version__} Index")
+        np.testing.assert_array_equal(res.ids, ex.ids)
+        np.testing.assert_allclose(res.scores, ex.scores, atol=1e-5)
+        np.testing.assert_array_equal(res.above, np.minimum(ex.above, 30))  # counted among the 30 found
+    few, info = approximate_search(Q, D, 30, "ivf", nlist=8, nprobe=1, thresholds=thr)
+    assert info["nprobe"] == 1 and (few.above <= ex.above).all()
+    assert np.mean([len(set(a) & set(b)) / 30 for a, b in zip(few.ids, ex.ids)]) > 0.5
+
+
+def test_without_faiss_ivf_is_jaxembeds_own_and_hnsw_is_refused_before_work(monkeypatch):
+    from jaxembed.mining.search import approximate_search
+
+    monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss -> ImportError, as where it is not installed
+    Q, D, thr = _clustered()
+    res, info = approximate_search(Q, D, 30, "ivf", nlist=8, nprobe=8, thresholds=thr)
+    assert info["engine"] == "jaxembed (faiss not installed)" and info["nlist"] == 8
+    np.testing.assert_array_equal(res.above, mining.blocked_search(Q, D, 30, thresholds=thr).above)
+    with pytest.raises(UserError, match=r"^--approx hnsw needs FAISS, which is not installed \(fix: pip install "
+                                        r"'jaxembed\[faiss\]'"):
+        mining.MineConfig(approx="hnsw").check()
+    with pytest.raises(UserError, match=r"--approx 'annoy': one of ivf, hnsw or none"):
+        mining.MineConfig(approx="annoy").check()
+
+
 def test_mine_with_an_encoder_dedups_corpus_and_queries_and_checks_config():
     examples, Q, docs = _synthetic()
     table = dict(docs, **{"q1": Q[1], "q2": Q[2]})

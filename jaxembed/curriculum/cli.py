@@ -164,8 +164,9 @@ def add_parsers(subparsers) -> None:
     m.add_argument("--margin", type=float, default=None,
                    help="drop a candidate scoring above MARGIN x the score of the query's weakest kept positive (a likely "
                         "false negative; e.g. 0.95; default off)")
-    m.add_argument("--approx", default="none", choices=["none", "ivf"],
-                   help="approximate search for very large corpora: an IVF index (k-means lists)")
+    m.add_argument("--approx", default="none", choices=["none", "ivf", "hnsw"],
+                   help="approximate search for very large corpora: an IVF index (k-means lists; FAISS's where "
+                        "faiss is installed, pip install 'jaxembed[faiss]'), or an HNSW graph (needs FAISS)")
     m.add_argument("--nlist", type=int, default=None, help="IVF lists (default sqrt(corpus size))")
     m.add_argument("--nprobe", type=int, default=8, help="IVF lists searched per query (default 8)")
     m.add_argument("--block-q", type=int, default=256, help="queries per search block (default 256)")

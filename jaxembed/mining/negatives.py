@@ -31,7 +31,7 @@ import numpy as np
 
 from jaxembed.errors import UserError
 from jaxembed.mining.encoding import encode_texts, normalize, progress_bar
-from jaxembed.mining.search import IVFIndex, blocked_search
+from jaxembed.mining.search import approximate_search, blocked_search, check_approx
 
 RANK_BINS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
@@ -40,7 +40,8 @@ RANK_BINS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 class MineConfig:
     """top_k: ranking-consistency threshold (KaLM: 50); window: (start, end) ranks to sample from (50, 100);
     num_negatives: m (7); margin: drop candidates above margin x the weakest kept positive's score (None: off);
-    approx: None (exact) or 'ivf' (+ nlist, nprobe); tol: score tolerance of the rank comparisons."""
+    approx: None (exact), 'ivf' (+ nlist, nprobe) or 'hnsw' (``jaxembed.mining.search.approximate_search``); tol:
+    score tolerance of the rank comparisons."""
 
     top_k: int = 50
     window: tuple[int, int] = (50, 100)
@@ -64,8 +65,7 @@ class MineConfig:
             raise UserError(f"--num-negatives must be >= 0, got {self.num_negatives}")
         if self.margin is not None and not (0 < self.margin and math.isfinite(self.margin)):
             raise UserError(f"--margin must be a positive fraction (e.g. 0.95), got {self.margin}")
-        if self.approx not in (None, "ivf"):
-            raise UserError(f"--approx {self.approx!r}: 'ivf' or none")
+        check_approx(self.approx)
         if self.nprobe < 1:
             raise UserError(f"--nprobe must be >= 1, got {self.nprobe}")
 
@@ -169,12 +169,9 @@ def mine_with_embeddings(examples: Sequence[dict], query_emb: np.ndarray, corpus
     thr = np.where(np.isfinite(pos_scores), pos_scores + config.tol, np.inf).astype(np.float32)
     a, b = config.window
     T = max(b, 1)
-    if config.approx == "ivf":
-        nlist = config.nlist or max(1, int(round(math.sqrt(len(corpus)))))
-        index_ivf = IVFIndex(D, nlist, seed=config.seed)
-        res = index_ivf.search(Q, T, nprobe=config.nprobe, thresholds=thr, progress=progress)
-        search_info = {"search": "ivf", "nlist": nlist, "nprobe": min(config.nprobe, nlist),
-                       "largest_list": index_ivf.list_size}
+    if config.approx is not None:  # FAISS where installed (IVF / HNSW), else jaxembed's IVF index
+        res, search_info = approximate_search(Q, D, T, config.approx, nlist=config.nlist, nprobe=config.nprobe,
+                                              seed=config.seed, thresholds=thr, progress=progress)
     else:
         res = blocked_search(Q, D, T, thresholds=thr, block_q=config.block_q, block_c=config.block_c,
                              progress=progress)

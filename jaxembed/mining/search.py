@@ -4,8 +4,10 @@
 (``jax.shard_map``); each device scans its shard in blocks of ``block_c`` texts for a block of ``block_q`` queries,
 keeping a running top-T and the number of texts scoring above each positive; the per-device candidates are
 gathered and merged. Memory per device is O(block_q x block_c), never the [Q, D] score matrix. For very large
-corpora an approximate IVF index (spherical k-means lists, ``nprobe`` lists searched per query) can replace it;
-its ranks then count only the searched lists (a lower bound of the exact rank).
+corpora an approximate search can replace it (``approximate_search``, ``--approx``): where FAISS is installed (the
+extra ``jaxembed[faiss]``), FAISS's IVF (IndexIVFFlat) or HNSW (IndexHNSWFlat) index on the host's CPU cores
+(``FaissIndex``); without it, jaxembed's own IVF index (``IVFIndex``: spherical k-means lists, ``nprobe`` lists
+searched per query, on the devices). Approximate ranks count only the rows found (a lower bound of the exact rank).
 """
 
 from __future__ import annotations
@@ -251,3 +253,113 @@ class IVFIndex:
                 bar.update(m)
         return SearchResult(ids, scores, above)
 
+
+
+#: the approximate searches of ``--approx``: an IVF index (FAISS's IndexIVFFlat where faiss is installed, else
+#: ``IVFIndex``) and an HNSW graph (FAISS's IndexHNSWFlat; needs faiss)
+APPROX_KINDS = ("ivf", "hnsw")
+FAISS_EXTRA = "pip install 'jaxembed[faiss]'"
+#: HNSW: links per node, and candidates kept while building the graph
+HNSW_M, HNSW_EF_CONSTRUCTION = 32, 80
+
+
+def faiss_module():
+    """The faiss module, or None where it is not installed (the optional extra ``jaxembed[faiss]``)."""
+    try:
+        import faiss
+    except ImportError:
+        return None
+    return faiss
+
+
+def check_approx(kind: str | None) -> None:
+    """A UserError for an ``--approx`` that is not one of ``APPROX_KINDS`` (None: the exact search), or that needs
+    FAISS where it is not installed: checked before any text is encoded."""
+    if kind is None:
+        return
+    if kind not in APPROX_KINDS:
+        raise UserError(f"--approx {kind!r}: one of {', '.join(APPROX_KINDS)} or none")
+    if kind == "hnsw" and faiss_module() is None:
+        raise UserError(f"--approx hnsw needs FAISS, which is not installed (fix: {FAISS_EXTRA}; or --approx ivf, "
+                        "jaxembed's own IVF index without FAISS)")
+
+
+class FaissIndex:
+    """FAISS's approximate search by inner product (pass normalised rows for cosine), as FlagEmbedding and most
+    mining tools use on CPU hosts. kind 'ivf': IndexIVFFlat, k-means on a sample of ``sample_per_list`` x nlist rows,
+    ``nprobe`` lists searched per query (nprobe = nlist is exact); 'hnsw': IndexHNSWFlat (``HNSW_M`` links per node),
+    ``ef_search`` candidates kept per query (default max(2 k, 64))."""
+
+    def __init__(self, docs: np.ndarray, kind: str, *, nlist: int | None = None, seed: int = 0,
+                 sample_per_list: int = 64):
+        check_approx(kind)
+        faiss = faiss_module()
+        if faiss is None:
+            raise UserError(f"--approx {kind} needs FAISS, which is not installed (fix: {FAISS_EXTRA})")
+        docs = np.ascontiguousarray(docs, np.float32)
+        n, dim = docs.shape
+        self.kind, self.n = kind, n
+        if kind == "ivf":
+            if not nlist or not 1 <= nlist <= n:
+                raise UserError(f"--nlist must be between 1 and the corpus size {n}, got {nlist}")
+            self.nlist = int(nlist)
+            self._quantizer = faiss.IndexFlatIP(dim)  # kept: the IVF index refers to it
+            index = faiss.IndexIVFFlat(self._quantizer, dim, self.nlist, faiss.METRIC_INNER_PRODUCT)
+            index.cp.seed = int(seed)
+            rng = np.random.default_rng(seed)
+            m = min(n, sample_per_list * self.nlist)
+            index.train(docs if m == n else docs[np.sort(rng.choice(n, m, replace=False))])
+        elif kind == "hnsw":
+            index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
+            index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        index.add(docs)
+        self.index = index
+
+    def search(self, queries: np.ndarray, k: int, *, nprobe: int = 8, ef_search: int | None = None,
+               thresholds: np.ndarray | None = None, block_q: int = 4096, progress: bool | None = False
+               ) -> SearchResult:
+        """Approximate top-k of every query (fewer than k found: id -1, score -inf), best first, ties by lower id;
+        ``above`` counts the rows above each threshold among those found (a lower bound of the exact count)."""
+        queries = np.ascontiguousarray(queries, np.float32)
+        nq = queries.shape[0]
+        k = int(min(k, self.n))
+        if self.kind == "ivf":
+            self.index.nprobe = int(min(max(1, nprobe), self.nlist))
+        else:
+            self.index.hnsw.efSearch = int(ef_search or max(2 * k, 64))
+        thr = np.full((nq, 1), np.inf, np.float32) if thresholds is None else np.asarray(thresholds, np.float32)
+        ids = np.zeros((nq, k), np.int64)
+        scores = np.zeros((nq, k), np.float32)
+        with progress_bar(nq, f"search ({self.kind}, faiss)", progress) as bar:
+            for s in range(0, nq, block_q):
+                v, i = self.index.search(queries[s:s + block_q], k)
+                v = np.where(i >= 0, v, -np.inf).astype(np.float32)
+                order = np.lexsort((np.where(i >= 0, i, np.iinfo(np.int64).max), -v), axis=1)  # score, then id
+                ids[s:s + len(i)] = np.take_along_axis(i, order, 1)
+                scores[s:s + len(i)] = np.take_along_axis(v, order, 1)
+                bar.update(len(i))
+        above = (scores[:, :, None] > thr[:, None, :]).sum(1).astype(np.int64)
+        return SearchResult(ids, scores, above)
+
+
+def approximate_search(queries: np.ndarray, docs: np.ndarray, k: int, kind: str, *, nlist: int | None = None,
+                       nprobe: int = 8, seed: int = 0, thresholds: np.ndarray | None = None,
+                       progress: bool | None = False) -> tuple[SearchResult, dict]:
+    """``--approx KIND``: FAISS where it is installed (IVF or HNSW), else jaxembed's ``IVFIndex`` for 'ivf' (HNSW
+    needs faiss). nlist: IVF lists (default sqrt(corpus size)). -> (the result, what ran, for the report)."""
+    check_approx(kind)
+    n = len(docs)
+    nlist = nlist or max(1, int(round(np.sqrt(n))))
+    if kind == "ivf" and faiss_module() is None:
+        index = IVFIndex(docs, nlist, seed=seed)
+        res = index.search(queries, k, nprobe=nprobe, thresholds=thresholds, progress=progress)
+        return res, {"search": "ivf", "engine": "jaxembed (faiss not installed)", "nlist": nlist,
+                     "nprobe": min(nprobe, nlist), "largest_list": index.list_size}
+    index = FaissIndex(docs, kind, nlist=nlist if kind == "ivf" else None, seed=seed)
+    res = index.search(queries, k, nprobe=nprobe, thresholds=thresholds, progress=progress)
+    info = {"search": kind, "engine": f"faiss {faiss_module().__version__} {type(index.index).__name__}"}
+    if kind == "ivf":
+        info.update(nlist=nlist, nprobe=min(nprobe, nlist))
+    else:
+        info.update(hnsw_m=HNSW_M, ef_construction=HNSW_EF_CONSTRUCTION, ef_search=index.index.hnsw.efSearch)
+    return res, info
