@@ -19,7 +19,7 @@ from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.train.export import export_params, host_params
 from jaxembed.train.metrics import best_step, dev_scores, host_metrics, step_flops
 from jaxembed.run_facts import export_line, skipped_note
-from jaxembed.train.monitor import Monitor
+from jaxembed.train.monitor import Monitor, batch_shapes
 from jaxembed.train.run import Run, export_dir, params_at, setup
 from jaxembed.train.state import init_state, step_table
 from jaxembed.train.signals import Interrupted, StopSignals
@@ -158,6 +158,9 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
                 for step in range(start, total if status == "completed" else start):
                     host_batch = next(loader)
                     batch = to_global(host_batch, rows_sharding)
+                    # a step of a new shape compiles: the progress line times it apart (waiting on the step before)
+                    one_task = run.routes is not None and bool(run.plan.task_ids[step] >= 0)  # MoTE's other path
+                    monitor.before_step(batch_shapes(host_batch, one_task), None if step == start else m)
                     if step == start:  # this call compiles the step (its dispatch returns at once)
                         t_call, hits0 = time.time(), compile_cache.hits()
                     if run.routes is not None:  # MoTE: a one-task batch takes the one-expert-per-call path
@@ -171,7 +174,7 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
                     hs["task"] = int(run.plan.task_ids[step]) if hasattr(run.plan, "task_ids") else -1
                     pending.append((step, m, hs))
                     flops_per_step.append(step_flops(run, host_batch))
-                    monitor.advance()
+                    monitor.advance(result=m)
                     done = step + 1
                     last = done == total
                     if done % c.train.log_every == 0 or last or sig.received is not None:
