@@ -19,8 +19,8 @@ from jaxembed.errors import UserError
 
 log = logging.getLogger(__name__)
 
-#: The sentence every tokenizer is checked on when it is loaded: it must come back from ``decode(encode(.))``
-#: with the same letters and digits (case aside). A folder without its tokenizer files gets from transformers an
+#: The sentence every tokenizer is checked on when it is loaded: ``decode(encode(.))`` must give back its letters
+#: and digits (case aside; ``check_round_trip``). A folder without its tokenizer files gets from transformers an
 #: empty tokenizer that turns every word into [UNK], and a model fed that gives wrong embeddings without an error.
 PROBE = "The quick brown fox jumps over the lazy dog, 42 times."
 #: What counts as a tokenizer's files: one of these sets must be in the folder.
@@ -70,13 +70,25 @@ def _letters(text: str) -> str:
     return re.sub(r"[^0-9a-z]", "", text.lower())
 
 
+def reads_back(hf, text: str) -> float:
+    """The share of ``text``'s letters and digits (case aside) that ``hf`` gives back, in order, from its tokens
+    (special tokens such as [UNK] dropped): 1.0 for a tokenizer that round-trips the text, 0.0 for one that makes
+    only [UNK]."""
+    import difflib
+
+    ids = hf(text, add_special_tokens=False)["input_ids"]
+    want, got = _letters(text), _letters(hf.decode(ids, skip_special_tokens=True) if ids else "")
+    matcher = difflib.SequenceMatcher(None, want, got, autojunk=False)
+    return sum(b.size for b in matcher.get_matching_blocks()) / max(len(want), 1)
+
+
 def check_round_trip(hf, folder: str | os.PathLike) -> None:
-    """UserError unless ``hf`` reads ``PROBE`` back: its tokens, decoded, give the probe's letters and digits
-    (no [UNK]-only encoding, no empty one)."""
-    ids = hf(PROBE, add_special_tokens=False)["input_ids"]
-    back = hf.decode(ids, skip_special_tokens=True) if ids else ""
-    if _letters(back) == _letters(PROBE):
+    """UserError unless ``hf`` reads ``PROBE`` back: at least half of its letters and digits (``reads_back``).
+    The bar is half, not all: a tokenizer rebuilt around another algorithm (``load_hf_tokenizer``) may lose a
+    letter and is still one of the model's; one without the words loses them all."""
+    if reads_back(hf, PROBE) >= 0.5:
         return
+    ids = hf(PROBE, add_special_tokens=False)["input_ids"]
     shown = " ".join(hf.convert_ids_to_tokens(ids[:12])) + (" ..." if len(ids) > 12 else "") if ids else "no tokens"
     raise UserError(f"{folder}: the tokenizer does not read back the probe sentence {PROBE!r}: it makes {shown} "
                     f"(its files are incomplete or belong to another model; fix: {_HOW_TO_FIX})")

@@ -68,9 +68,9 @@ def test_every_missing_part_is_named_at_once(bert_dir, tmp_path):
 
 
 def test_a_complete_folder_reads_the_probe_back(bert_dir):
-    from jaxembed.tokenizer import PROBE
+    from jaxembed.tokenizer import PROBE, reads_back
 
     tok = Tokenizer.from_folder(bert_dir)
     ids = tok.hf(PROBE, add_special_tokens=False)["input_ids"]
-    assert tok.hf.unk_token_id not in ids
+    assert tok.hf.unk_token_id not in ids and reads_back(tok.hf, PROBE) == 1.0
     assert json.loads((bert_dir / "config.json").read_text())["model_type"] == "bert"
