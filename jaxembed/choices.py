@@ -14,4 +14,4 @@ DTYPES = ("float32", "bfloat16", "float16")
 TRAIN_DTYPES = tuple(d for d in DTYPES if d != "float16")
 
 #: attention kernels (``jaxembed.models.attention``; ``--attention``, ``model.attention``)
-ATTENTION_KERNELS = ("auto", "xla", "cudnn", "te", "pallas", "splash")
+ATTENTION_KERNELS = ("auto", "xla", "cudnn", "te", "pallas", "pallas_flash", "splash")

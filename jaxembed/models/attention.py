@@ -20,6 +20,9 @@ Implementations (``model.attention``; ``IMPLEMENTATIONS``):
   bias gradient is computed. Padding at the end (or start) of a row is a segment of its own.
 - ``pallas``: the Pallas/Triton flash attention of ``jax.experimental.pallas.ops.gpu.attention.mha`` with
   segment ids (GPU; any float dtype). The row is padded to a multiple of the kernel's block.
+- ``pallas_flash``: jaxembed's own Pallas flash attention (``jaxembed.models.flash_dropout``; GPU) with attention
+  dropout inside the kernel, its mask drawn from the einsum path's hash (bit-identical); segment ids, causal,
+  grouped-query heads. Never timed on a device, so ``auto`` does not choose it.
 - ``splash``: TPU splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``) with ``SegmentIds``
   and a full or causal mask; rows padded to a multiple of 128.
 - ``te``: Transformer Engine's JAX fused attention (``transformer_engine.jax.attention.fused_attn``) with a
@@ -58,7 +61,8 @@ from jaxembed.choices import ATTENTION_KERNELS as IMPLEMENTATIONS
 from jaxembed.errors import UserError
 from jaxembed.models import dropout as _dropout
 
-_PLATFORM = {"cudnn": "gpu", "te": "gpu", "pallas": "gpu", "splash": "tpu"}
+_PLATFORM = {"cudnn": "gpu", "te": "gpu", "pallas": "gpu", "pallas_flash": "gpu", "splash": "tpu"}
+_DROPOUT = ("xla", "pallas_flash")  # the implementations that apply attention dropout
 # Kernels that apply a sliding window / attention logit soft-capping themselves (besides xla).
 _WINDOW = _SOFTCAP = ("splash",)
 
@@ -178,9 +182,9 @@ def resolve(name: str, *, dtype, head_dim: int, bias: bool, dropout: bool, windo
         if bias or dropout:
             return "xla"
         return "splash" if _platform() == "tpu" else "xla"  # GPU: xla (module docstring)
-    if name != "xla" and dropout:
+    if name not in _DROPOUT and dropout:
         raise UserError(f"model.attention={name!r} has no attention dropout, which this training step uses (fix: "
-                        "model.attention='auto' (xla while dropout is on) or train.dropout=False)")
+                        "model.attention='auto' (xla while dropout is on), 'pallas_flash' or train.dropout=False)")
     if name != "xla" and window and name not in _WINDOW:
         raise UserError(f"model.attention={name!r} has no sliding-window attention, which this model needs for rows "
                         "longer than its window (fix: model.attention='auto' or 'xla', or rows no longer than the "
@@ -416,6 +420,12 @@ def attention(q, k, v, segments, *, causal: bool = False, bias=None, scale: floa
                              deterministic=deterministic, rngs=rngs, window=window, softcap=softcap)
     if bias is not None:
         raise UserError(f"model.attention={impl!r} has no additive position bias (T5) {_fix(impl)}")
+    if impl == "pallas_flash":
+        from jaxembed.models import flash_dropout
+        return flash_dropout.flash_attention(q, k, v, seg, causal=causal, scale=scale,
+                                             dropout_rate=dropout_rate if use_dropout else 0.0,
+                                             key=rngs.dropout() if use_dropout else None,
+                                             tokens=_dropout.current_tokens(), interpret=_platform() != "gpu")
     if impl == "splash":
         return splash_attention(q, k, v, seg, causal=causal, scale=scale, window=window, softcap=softcap)
     fn = {"cudnn": cudnn_attention, "pallas": pallas_attention, "te": te_attention}[impl]
