@@ -151,10 +151,14 @@ def test_packed_step_equals_padded(small_data, tmp_path, case):
     the gradient cache (rows in sub-batches of 16 token slots: several per pack) and MoTE experts mixed within
     the packs (per-token routing) in the mote cases; with dropout on (the default) in the dropout cases: each
     text's masks follow its id and positions, not its row, sub-batch or pack (jaxembed.models.dropout)."""
+    from jaxembed.models.tiny import tiny_model_dir
     from jaxembed.train import setup
 
     mote_ = case.startswith("mote")
     c = small_config(small_data, gradcache_chunk=2 if "gradcache" in case else 0, dropout="dropout" in case)
+    # one layer: what packing changes (rows, attention within a text, pooling, MoTE routing per token, dropout
+    # masks per text) happens in every layer alike; the steps compile in about half the time
+    c.model.name = str(tiny_model_dir("bert", num_layers=1))
     c.model.mote.enabled = mote_
     run = setup(c, tmp_path / "run")
     assert run.packing is not None and cfglib.packing_enabled(c)  # the default
