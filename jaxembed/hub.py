@@ -206,8 +206,8 @@ def download_failure(name: str, e: BaseException) -> str:
 
     offline = constants.HF_HUB_OFFLINE or any(isinstance(x, OfflineModeIsEnabled) for x in _chain(e))
     if offline:
-        return (f"{name}: no such local folder, and not in the Hugging Face cache; HF_HUB_OFFLINE is set, so it is "
-                f"not downloaded (fix: {local_folder_fix(name)}; or unset HF_HUB_OFFLINE to download it)")
+        return (f"{name}: not a local folder, and not in the Hugging Face cache; HF_HUB_OFFLINE is set, so nothing "
+                f"is downloaded from the hub (fix: {local_folder_fix(name)}; or unset HF_HUB_OFFLINE to download it)")
     detail = network_detail(e)
     if detail:
         return download_unreachable(name, detail)

@@ -188,3 +188,10 @@ def sentences_file(tmp_path, texts):
     p = tmp_path / "texts.jsonl"
     p.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     return p
+
+
+def test_the_real_tokenizer_reads_the_probe_back(minilm):
+    """The folder check's probe (jaxembed.tokenizer.check_round_trip) on the real tokenizer: every letter back."""
+    from jaxembed.tokenizer import PROBE, reads_back
+
+    assert reads_back(minilm.tokenizer.hf, PROBE) == 1.0
