@@ -1,7 +1,8 @@
-"""docs/data.md's commands run as written: every ```bash block, in a scratch folder laid out like the repository
-(``configs/`` and ``../shared/data`` beside it), with jaxembed and python from this environment. The block that
-trains is run up to `jaxembed train`, whose config is then validated instead (the training itself is what
-tests/test_train_st.py covers)."""
+"""docs/data.md's commands run as written: every ```bash block, in a scratch folder that is not the repository
+(no ``configs/``: the recipes are found by name, the shared data by ``jaxembed.paths.shared_data_dir()``; the
+commands that name ``../shared/data`` find it beside the folder), with jaxembed and python from this environment.
+The block that trains is run up to `jaxembed train`, whose config is then validated instead (the training itself
+is what tests/test_train_st.py covers)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ def test_data_md_commands_run_as_written(shared_data, tmp_path):
     assert len(blocks) >= 4
     work = tmp_path / "repo"
     work.mkdir()
-    (work / "configs").symlink_to(ROOT / "configs")
     (tmp_path / "shared").symlink_to(shared_data.parent)
     script = []
     for b in blocks:
