@@ -90,8 +90,8 @@ class HubDeadline(UserError):
         super().__init__(f"{what}: {unreachable_text(detail, hint)}")
 
 
-_installed = threading.Lock()
-_INSTALLED: list = []
+_INSTALL_LOCK = threading.Lock()
+_INSTALLED: list = []  # the factory, once installed
 
 
 def install_timeouts() -> None:
@@ -100,7 +100,7 @@ def install_timeouts() -> None:
     import huggingface_hub
     from huggingface_hub.utils import _http
 
-    with _installed:
+    with _INSTALL_LOCK:
         if _INSTALLED:
             return
         inner = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None) or _http.default_client_factory
