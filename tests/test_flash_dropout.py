@@ -124,6 +124,40 @@ def test_model_attention_pallas_flash_is_allowed_with_dropout_and_routes_to_the_
     assert calls[1]["dropout_rate"] == 0.0 and calls[1]["key"] is None
 
 
+def test_a_decoder_trains_alike_with_pallas_flash_and_the_einsum_path(monkeypatch):
+    """A one-layer Qwen2 (causal, 4 query heads on 2 key/value heads) with attention dropout on packed rows, in a
+    dropout.tokens block as the train step runs it: the interpreted kernel gives xla's outputs and parameter
+    gradients (the same dropout keys are drawn in the same order)."""
+    import dataclasses
+
+    from flax import nnx
+
+    from jaxembed import models
+
+    cfg = models.config_from_hf(dict(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
+                                     num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                     attention_dropout=0.25))
+    ref = models.init_model(dataclasses.replace(cfg, attention="xla"), seed=0)
+    monkeypatch.setattr(attn, "_platform", lambda: "gpu")  # the kernel is built for a GPU ...
+    flash = models.model_from_params(dataclasses.replace(cfg, attention="pallas_flash"), models.flat_params(ref))
+    monkeypatch.undo()  # ... and runs here interpreted
+    ids = jnp.asarray(np.random.default_rng(0).integers(3, 64, SEGMENTS.shape), jnp.int32)
+    tok = _tokens(SEGMENTS)
+    w = jnp.asarray(SEGMENTS > 0, jnp.float32)[..., None]
+
+    def loss(model):
+        with dr.tokens(tok.text, tok.position):
+            out = model(ids, segment_ids=jnp.asarray(SEGMENTS), positions=tok.position, deterministic=False,
+                        rngs=nnx.Rngs(dropout=5))
+        return jnp.sum(jnp.sin(out) * w), out
+
+    (_, a), ga = nnx.value_and_grad(loss, has_aux=True)(ref)
+    (_, b), gb = nnx.value_and_grad(loss, has_aux=True)(flash)
+    np.testing.assert_allclose(np.asarray(b)[SEGMENTS > 0], np.asarray(a)[SEGMENTS > 0], atol=1e-5)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=2e-5, atol=1e-5)  # float32 rounding
+
+
 def test_a_dropout_key_of_another_prng_is_a_one_line_error():
     q, k, v = _qkv(2, 2, 8)
     with pytest.raises(UserError, match="threefry2x32.*fix:") as e:
