@@ -46,6 +46,7 @@ def default_config() -> mc.ConfigDict:
         dtype="float32",        # computation dtype; 'bfloat16' = mixed precision (params stay param_dtype)
         param_dtype="float32",  # master parameters
         remat=False,            # rematerialise every layer in the backward pass
+        remat_policy="nothing",  # what a rematerialised layer keeps: nothing | dots | dots_no_batch (models/layers.py)
         attention="auto",       # auto | xla | cudnn | te | pallas | splash (jaxembed/models/attention.py)
         pooling="",             # '' keeps the folder's pooling
         causal=config_dict.placeholder(bool),  # decoder backbones: False = bidirectional attention
@@ -256,6 +257,10 @@ def validate(c: mc.ConfigDict) -> None:
     _choice(c, "model.param_dtype", DTYPES)
     if "attention" in c.model:
         _choice(c, "model.attention", ATTENTION_KERNELS)
+    if "remat_policy" in c.model:
+        from jaxembed.models.layers import REMAT_POLICIES
+
+        _choice(c, "model.remat_policy", tuple(REMAT_POLICIES))
     if c.model.param_dtype == "bfloat16":  # every recipe trains with AdamW (optim.py)
         raise UserError("config.model.param_dtype = 'bfloat16' is refused: AdamW updates smaller than about 1/512 "
                         "to 1/256 of a weight round away in bfloat16 master weights (at lr 2e-5 most weights would "

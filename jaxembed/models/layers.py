@@ -24,6 +24,22 @@ from jaxembed.models.attention import Segments
 
 DTYPES = {name: getattr(jnp, name) for name in choices.DTYPES}
 
+#: ``model.remat_policy``: what a rematerialised layer (``model.remat``) keeps for its backward pass
+REMAT_POLICIES = {
+    "nothing": None,  # the layer's input only: the backward pass recomputes the whole layer (the least memory)
+    "dots": jax.checkpoint_policies.dots_saveable,  # every matmul's output too: no matmul is recomputed
+    # the projections' outputs (matmuls without batch dimensions) too; attention's batched matmuls are recomputed
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def remat_option(remat: bool, policy: str = "nothing") -> bool | str:
+    """A model config's ``remat`` from ``model.remat`` and ``model.remat_policy``: False (off), True (the policy
+    'nothing') or the name of another policy of ``REMAT_POLICIES``."""
+    if not remat:
+        return False
+    return True if policy == "nothing" else policy
+
 
 def to_dtype(name: str):
     """Map a dtype name from a config (``float32``, ``bfloat16``, ``float16``) to a jnp dtype."""
@@ -38,7 +54,8 @@ class RuntimeOptions:
     """Options every architecture config carries on top of its Hugging Face fields.
 
     dtype: computation dtype; param_dtype: storage dtype of the parameters; remat: rematerialise each layer in
-    the backward pass (activation memory of one layer at a time); mote: a ``jaxembed.mote.MoTESpec`` (MoTE task
+    the backward pass (activation memory of one layer at a time): True, or a policy name of ``REMAT_POLICIES``
+    (what the layer keeps besides its input; True = 'nothing'); mote: a ``jaxembed.mote.MoTESpec`` (MoTE task
     experts in the feed-forward blocks of ``mote.layers``) or None (dense); attention: the attention kernel
     (``model.attention``: auto / xla / cudnn / te / pallas / splash, see ``jaxembed.models.attention``).
 
@@ -49,7 +66,7 @@ class RuntimeOptions:
 
     dtype: str = "float32"
     param_dtype: str = "float32"
-    remat: bool = False
+    remat: bool | str = False
     mote: Any = None  # jaxembed.mote.MoTESpec: these layers' feed-forward blocks are task experts; None = dense
     attention: str = "auto"
 
@@ -350,13 +367,17 @@ def check_attention(c: "RuntimeOptions", *, head_dim: int, bias: bool = False, s
     _attn.check(c.attention, dtype=to_dtype(c.dtype), head_dim=head_dim, bias=bias, softcap=softcap)
 
 
-def run_layers(layers, x: jax.Array, remat: bool, *args, rngs: nnx.Rngs | None = None, **kwargs) -> jax.Array:
+def run_layers(layers, x: jax.Array, remat: bool | str, *args, rngs: nnx.Rngs | None = None,
+               **kwargs) -> jax.Array:
     """Apply ``layers`` in order: x = layer(x, *args, rngs=rngs, **kwargs); with remat each layer is
-    rematerialised (``nnx.remat``) so only its inputs are kept for the backward pass. ``rngs`` goes through the
-    transform as an argument (a closure over it would mutate RNG state across trace levels)."""
+    rematerialised (``nnx.remat``) so only its inputs (and what the policy ``remat`` names keeps, see
+    ``REMAT_POLICIES``) are kept for the backward pass. ``rngs`` goes through the transform as an argument (a
+    closure over it would mutate RNG state across trace levels)."""
+    policy = REMAT_POLICIES[remat] if isinstance(remat, str) else None
     for layer in layers:
         if remat:
-            x = nnx.remat(lambda m, h, r, *a: _call_layer(m, h, *a, rngs=r, **kwargs))(layer, x, rngs, *args)
+            x = nnx.remat(lambda m, h, r, *a: _call_layer(m, h, *a, rngs=r, **kwargs), policy=policy)(
+                layer, x, rngs, *args)
         else:
             x = _call_layer(layer, x, *args, rngs=rngs, **kwargs)
     return x

@@ -314,7 +314,10 @@ def init_source(config, workdir: str | Path) -> str:
 
 def model_kwargs(config) -> dict:
     """The run config's ``model.*`` settings that shape the loaded model (``loading.load``'s keyword arguments)."""
-    kw = dict(dtype=config.model.dtype, param_dtype=config.model.param_dtype, remat=config.model.remat)
+    from jaxembed.models.layers import remat_option
+
+    kw = dict(dtype=config.model.dtype, param_dtype=config.model.param_dtype,
+              remat=remat_option(config.model.remat, config.model.get("remat_policy", "nothing")))
     if config.model.max_length:
         kw["max_length"] = config.model.max_length
     if config.model.pooling:
