@@ -105,3 +105,15 @@ def test_a_hub_dataset_on_a_stalled_hub_ends_at_the_deadline(stalled, monkeypatc
                                         "hub at .*: not done within the overall deadline of 1.5 s") as e:
         sources.load_hf("some-org/some-dataset")
     assert time.monotonic() - start < 10 and "HF_HUB_OFFLINE=1" in str(e.value)
+
+
+def test_a_push_to_a_stalled_hub_ends_in_one_line(stalled, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    start = time.monotonic()
+    with pytest.raises(UserError) as e:
+        hub.check_access("my-org/my-model")
+    msg = str(e.value)
+    assert time.monotonic() - start < 10
+    assert msg.startswith(f"--push-to-hub my-org/my-model ({stalled.url}): checking the token failed: the Hugging "
+                          f"Face hub at {stalled.url}: no answer within the timeouts")
+    assert "HF_HUB_OFFLINE=1" not in msg  # a push needs the hub
