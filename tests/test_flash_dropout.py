@@ -187,7 +187,8 @@ def test_compiled_kernel_on_the_gpu_equals_the_einsum_path(dtype, causal):
         return fd.flash_attention(q, k, v, seg, causal=causal, dropout_rate=0.1, key=jax.random.key(KEY),
                                   tokens=tok)
 
-    tol = 3e-2 if dtype == jnp.bfloat16 else 1e-4
+    # float32: Triton's dots take TensorFloat-32 inputs (relative error ~5e-4), XLA's reference full float32
+    tol = 3e-2 if dtype == jnp.bfloat16 else 2e-3
     ref_out, ref_grads = _loss_and_grads(ref, q, k, v, segments)
     out, grads = _loss_and_grads(flash, q, k, v, segments)
     real = segments > 0
