@@ -165,7 +165,7 @@ class Encoder:
         at a time, so memory does not grow with the input; the chunks are read from ``chunks`` one by one, as they
         are encoded. Takes ``encode``'s keyword arguments; each chunk is packed on its own, so the embeddings
         equal ``encode``'s of all texts at once (to float rounding, <= 1e-5)."""
-        how = self._settings(**kw)
+        how = dict(self._settings(**kw), sticky={})
         with self._bar(total, progress) as bar:
             for texts in chunks:
                 if isinstance(texts, str):
@@ -199,7 +199,8 @@ class Encoder:
         out = np.zeros((n, how["out_dim"]), np.float32)
         ex, dim, bs, ml = how["ex"], how["dim"], how["batch_size"], how["max_length"]
         if how["packing"]:
-            self._encode_packed(ids, lengths, how["plen"], ex, dim, bs, ml, how["row_length"], out, bar)
+            self._encode_packed(ids, lengths, how["plen"], ex, dim, bs, ml, how["row_length"], out, bar,
+                                how.get("sticky"))
         else:
             self._encode_padded(ids, lengths, how["plen"], ex, dim, bs, ml, out, bar)
         return out
@@ -227,12 +228,17 @@ class Encoder:
         self.last_stats = dict(packing=False, texts=n, real_tokens=int(lengths.sum()), slots=slots,
                                real_fraction=int(lengths.sum()) / max(slots, 1), shapes=sorted(shapes))
 
-    def _encode_packed(self, ids, lengths, plen, ex, dim, batch_size, max_length, row_length, out, bar) -> None:
-        """Pack all texts best-fit-decreasing into rows of L, then run them R rows at a time (module docstring)."""
+    def _encode_packed(self, ids, lengths, plen, ex, dim, batch_size, max_length, row_length, out, bar,
+                       sticky: dict | None = None) -> None:
+        """Pack all texts best-fit-decreasing into rows of L, then run them R rows at a time (module docstring).
+        sticky (streaming): L, R and the text slots of the chunks before, which a chunk raises but never lowers, so
+        that the chunks of a stream reuse a few compiled shapes instead of compiling their own."""
+        sticky = {} if sticky is None else sticky
         n = len(ids)
         if row_length is None:
             target = max(int(lengths.max()), int(np.ceil(ROW_TEXTS * lengths.mean())), 16)
             row_length = bucket_for(target, length_buckets(max(max_length, _pow2(target))))
+            row_length = sticky["L"] = max(row_length, sticky.get("L", 0))
         L = int(row_length)
         if L < int(lengths.max()):
             raise UserError(f"row_length={L} is shorter than the longest text ({int(lengths.max())} tokens) (fix: "
@@ -242,7 +248,7 @@ class Encoder:
         ndev = 1 if self._mesh is None else self._mesh.size
         per_dev = lambda r: _pow2(-(-r // ndev))  # rows per device for r rows
         want = max(1, -(-batch_size * int(max(lengths.mean(), 1)) // L))  # rows for ~batch_size texts
-        R = ndev * per_dev(min(want, nrows))
+        R = sticky["R"] = max(ndev * per_dev(min(want, nrows)), sticky.get("R", 0))
         # texts by row; the text slots of a device's pack: a power of two over the busiest device of any pass
         by_row = np.argsort(text_row, kind="stable")
         row_first = np.searchsorted(text_row[by_row], np.arange(nrows + 1))
@@ -251,7 +257,8 @@ class Encoder:
             rl = per_dev(min(R, nrows - g0))
             devs = [(g0 + d * rl, min(g0 + (d + 1) * rl, nrows)) for d in range(ndev)]
             groups.append((rl, [by_row[row_first[min(a, nrows)]:row_first[min(b, nrows)]] for a, b in devs], devs))
-        cap = max(8, _pow2(max(len(t) for _, texts, _ in groups for t in texts)))
+        busiest = max(len(t) for _, texts, _ in groups for t in texts)
+        cap = sticky["cap"] = max(8, _pow2(busiest), sticky.get("cap", 0))
         fn = self._packed_fn(dim)
         slots, shapes, pending = 0, set(), None
 
