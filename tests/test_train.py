@@ -143,54 +143,67 @@ def _start(config_file, wd, *extra, pause=None, own_cache=False):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_saves_then_resume_is_bitwise_identical(straight_run, config_file, tmp_path, sig):
-    """SIGTERM (preemption) and SIGINT (Ctrl-C) from outside, mid-run: the trainer pauses after logging step 4
-    (tests/signal_pause.py) until the signal has arrived, so the run can never finish first.
-
-    While it is paused, a second `jaxembed train` on the same workdir (no pod) is refused at once naming the first,
-    which goes on alone (its metrics only). The runs' output: a visible start, one line per stage, and (no
-    terminal: no progress bar) a plain progress line with the ETA. SIGTERM's runs use their own compilation cache
-    (WORKDIR/jax_cache, the default outside the suite): the resumed run loads its train step from it."""
-    wd_straight, _ = straight_run
-    wd = tmp_path / "term"
-    marker = tmp_path / "at_step"
-    own = sig == signal.SIGTERM
-    proc = _start(config_file, wd, pause=(4, marker), own_cache=own)
+def _wait_paused(proc, marker, step):
     t0 = time.time()
     while not marker.exists():
-        assert proc.poll() is None, "the run ended before step 4:\n" + proc.stdout.read()[-3000:]
-        assert time.time() - t0 < 300, "step 4 was never logged"
+        assert proc.poll() is None, f"the run ended before step {step}:\n" + proc.stdout.read()[-3000:]
+        assert time.time() - t0 < 300, f"step {step} was never logged"
         time.sleep(0.02)
-    if sig == signal.SIGTERM:
-        second = _start(config_file, wd)
-        out = second.communicate(timeout=300)[0]
-        assert second.returncode == 2, out[-3000:]
-        last = out.strip().splitlines()[-1]
-        assert last.startswith(f"error: {wd}: another run is writing this run directory (pid {proc.pid} on ") and \
-            "fix: wait for it to end or stop it, or use another --workdir" in last, out[-3000:]
-        assert "Traceback" not in out and (wd / "run.lock").exists()
+
+
+def _stopped_by(proc, sig, wd, step, logged) -> str:
+    """Send ``sig`` to the paused run: it saves step ``step`` and exits 143, its metrics are the ``logged`` steps."""
     proc.send_signal(sig)
     out = proc.communicate(timeout=300)[0]
     assert proc.returncode == 143, out[-3000:]
-    assert f"signal {int(sig)}: checkpoint saved at step 4" in out
+    assert f"signal {int(sig)}: checkpoint saved at step {step}" in out, out[-3000:]
     assert json.loads((wd / "summary.json").read_text())["status"] == "preempted"
-    assert [json.loads(x)["step"] for x in (wd / "metrics.jsonl").read_text().splitlines()] == [2, 4]
+    assert [json.loads(x)["step"] for x in (wd / "metrics.jsonl").read_text().splitlines()] == logged
+    assert not (wd / "run.lock").exists()
+    return out
+
+
+def test_signal_saves_then_resume_is_bitwise_identical(straight_run, config_file, tmp_path):
+    """SIGTERM (preemption), then SIGINT (Ctrl-C), from outside, mid-run, on one run directory: the trainer pauses
+    after logging step 2, then (resumed) step 4 (tests/signal_pause.py) until the signal has arrived, so the run can
+    never finish first; neither is a checkpoint step (every 3), so each checkpoint is the signal's. The third start
+    ends the run, bitwise equal to the uninterrupted one.
+
+    While the first is paused, a second `jaxembed train` on the same workdir (no pod) is refused at once naming it,
+    and it goes on alone (its metrics only). The runs' output: a visible start, one line per stage, and (no
+    terminal: no progress bar) a plain progress line with the ETA. The runs use their own compilation cache
+    (WORKDIR/jax_cache, the default outside the suite): the resumed runs load their train step from it."""
+    wd_straight, _ = straight_run
+    wd = tmp_path / "run"
+    proc = _start(config_file, wd, pause=(2, tmp_path / "at_step_2"), own_cache=True)
+    _wait_paused(proc, tmp_path / "at_step_2", 2)
+    second = _start(config_file, wd)
+    out = second.communicate(timeout=300)[0]
+    assert second.returncode == 2, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"error: {wd}: another run is writing this run directory (pid {proc.pid} on ") and \
+        "fix: wait for it to end or stop it, or use another --workdir" in last, out[-3000:]
+    assert "Traceback" not in out and (wd / "run.lock").exists()
+    out = _stopped_by(proc, signal.SIGTERM, wd, 2, [2])
     lines = out.splitlines()
     for start in ("model: ", "data: 2 datasets, ", "plan: 8 steps x 8 queries (positive + 1 hard negative per query",
                   f"run directory: {wd} (a new run", "training: steps 1-8; compiling the train step first"):
         assert any(x.startswith(start) for x in lines), (start, out[-3000:])
     assert "(bert, 2 layers, hidden 32, " in out and "stsb " in out and "wikiqa " in out
-    if own:
-        assert any(x.startswith("train step: compiled in ") and x.endswith(f"(kept in {wd / 'jax_cache'})")
-                   for x in lines), out[-3000:]
-    assert not (wd / "run.lock").exists()
-    proc = _start(config_file, wd, own_cache=own)
+    assert any(x.startswith("train step: compiled in ") and x.endswith(f"(kept in {wd / 'jax_cache'})")
+               for x in lines), out[-3000:]
+
+    proc = _start(config_file, wd, pause=(4, tmp_path / "at_step_4"), own_cache=True)
+    _wait_paused(proc, tmp_path / "at_step_4", 4)
+    out = _stopped_by(proc, signal.SIGINT, wd, 4, [2, 4])
+    assert "resuming at step 2 of 8" in out and "training: steps 3-8" in out, out[-3000:]
+    assert f"train step: loaded from the compilation cache {wd / 'jax_cache'} in " in out, out[-3000:]
+
+    proc = _start(config_file, wd, own_cache=True)
     out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, out[-3000:]
     assert "resuming at step 4 of 8" in out and "training: steps 5-8" in out
-    if own:
-        assert f"train step: loaded from the compilation cache {wd / 'jax_cache'} in " in out, out[-3000:]
+    assert f"train step: loaded from the compilation cache {wd / 'jax_cache'} in " in out, out[-3000:]
     assert any(x.startswith("train: step 8/8 (100 %), ") and ", ETA 0m00s" in x for x in out.splitlines()), out[-3000:]
     a, _ = _params_at(wd, 8)
     b, _ = _params_at(wd_straight, 8)
