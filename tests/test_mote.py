@@ -375,11 +375,12 @@ def test_config_variants_and_ta_cl():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, minilm_dir, shared_data):
-    """configs/mote.py:tiny (the real shared data, TA-CL) on a tiny random BERT with MiniLM's tokenizer."""
+    """configs/mote.py:tiny (the real shared data, TA-CL) on a tiny random BERT with MiniLM's tokenizer (one
+    layer: routing and the routed optimizer treat every MoTE layer alike)."""
     from jaxembed.tokenizer import Tokenizer
     from jaxembed.train import train
 
-    cfg = models.config_from_hf(dict(model_type="bert", vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+    cfg = models.config_from_hf(dict(model_type="bert", vocab_size=30522, hidden_size=32, num_hidden_layers=1,
                                      num_attention_heads=4, intermediate_size=64, max_position_embeddings=128))
     folder = tmp_path_factory.mktemp("tiny_bert")
     export.export(_random_model(cfg), Tokenizer.from_folder(minilm_dir, 64), folder)
@@ -413,7 +414,7 @@ def test_train_step_updates_only_routed_experts(tiny_run):
     wd, summary = tiny_run
     assert summary["status"] == "completed" and summary["step"] == 4 and summary["skipped"] == 0
     plan, store = Plan.load(wd / "plan.npz"), Store.open(wd / "store")
-    spec = mote.MoTESpec.build(2)
+    spec = mote.MoTESpec.build(1)
     types_ = {d.task: d.task_type for d in store.datasets}
     q, d = mote.routing_tables(spec, list(plan.task_names), types_)
     a, b = _ckpt(wd, 2), _ckpt(wd, 4)
