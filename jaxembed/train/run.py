@@ -158,7 +158,7 @@ def _store_config(store_dir: Path) -> Any:
 def prepare_plan(config, store, workdir: Path, plan=None):
     """The batch plan: every process builds it (a pure function of data, config and seed; ``plan``: built
     already); process 0 saves plan.npz (or checks a saved one); the others then check that process 0 built the
-    same plan."""
+    same plan. Returns the saved plan, memory-mapped (``Plan.load``)."""
     from jaxembed.data.plan import Plan
 
     plan = plan if plan is not None else _build_plan(config, store)
@@ -187,7 +187,8 @@ def prepare_plan(config, store, workdir: Path, plan=None):
 
     pod.main_first("plan", save_or_check)
     pod.all_agree("plan-check", same_as_main)
-    return plan
+    # training reads the saved file, memory-mapped: a host keeps only the pages of the steps and rows it reads
+    return Plan.load(path)
 
 
 def setup(config, workdir: str | Path, lock: WorkdirLock | None = None, read_only: bool = False) -> Run:
