@@ -163,8 +163,9 @@ class Encoder:
         """Streaming ``encode``: one [n_i, D] array per chunk of texts, in order, with one progress bar over all of
         them (``total``: the number of texts, when known). Only one chunk's texts, tokens and embeddings are held
         at a time, so memory does not grow with the input; the chunks are read from ``chunks`` one by one, as they
-        are encoded. Takes ``encode``'s keyword arguments; each chunk is packed on its own, so the embeddings
-        equal ``encode``'s of all texts at once (to float rounding, <= 1e-5)."""
+        are encoded. Takes ``encode``'s keyword arguments; each chunk is packed on its own (in rows no shorter, and
+        passes no smaller, than the chunks before: they reuse compiled shapes), so the embeddings equal ``encode``'s
+        of all texts at once (to float rounding, <= 1e-5); ``last_stats`` is the last chunk's."""
         how = dict(self._settings(**kw), sticky={})
         with self._bar(total, progress) as bar:
             for texts in chunks:
