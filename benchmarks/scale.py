@@ -4,6 +4,9 @@ For each size (records), a synthetic triplet file with realistic text lengths is
 words, a positive and a negative of ~70 words each: MS MARCO-like; ~90 MiniLM tokens a document), then, each in
 a fresh Python process that reports its wall time and peak resident set size (getrusage ru_maxrss):
 
+A size N is a store of N records and a one-epoch plan; NxE is the same store and a plan of E epochs (N * E plan
+rows: the plan and its tables grow, the store does not; where writing and preparing larger files takes too long).
+
 1. prepare: ``write_store`` of the file (one process);
 2. plan: ``build_plan`` (epoch mode, one epoch, global batch --batch) and ``Plan.save``;
 3. first step: what ``jaxembed train`` does before its first step on the data side: open the store, load the
@@ -60,8 +63,8 @@ import json, resource, sys, time
 t0 = time.time()
 from jaxembed.data.store import Store
 from jaxembed.data.plan import build_plan
-store, out, batch = Store.open(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-plan = build_plan(store, {"global_batch_size": batch, "epochs": 1.0, "seed": 0})
+store, out, batch, epochs = Store.open(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+plan = build_plan(store, {"global_batch_size": batch, "epochs": epochs, "seed": 0})
 plan.save(out)
 print(json.dumps({"seconds": time.time() - t0, "steps": plan.steps,
                   "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
@@ -101,7 +104,8 @@ else:  # the whole plan's table before the first step (process 0 writes it, the 
 t_table = time.time() - t0
 b = loader.batch(0)
 t_first = time.time() - t0
-rss_first = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ru = resource.getrusage(resource.RUSAGE_SELF)
+rss_first, cpu_first = ru.ru_maxrss, ru.ru_utime + ru.ru_stime
 n = min(more, plan.steps - 1)
 t1 = time.time()
 texts = 0
@@ -111,7 +115,7 @@ for s in range(1, 1 + n):
 dt = time.time() - t1
 shapes = loader.shapes.get("packed_shapes", [])
 print(json.dumps({"import_s": t_import, "open_s": t_open, "table_s": t_table, "first_batch_s": t_first,
-                  "maxrss_kib_first": rss_first, "steps": plan.steps, "table_steps_before_first": first_window,
+                  "cpu_s_first": cpu_first, "maxrss_kib_first": rss_first, "steps": plan.steps, "table_steps_before_first": first_window,
                   "later_batches": n, "later_s": dt, "texts_per_s": texts / dt if dt > 0 else None,
                   "packed_shapes_seen": len(shapes),
                   "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
@@ -199,8 +203,14 @@ def extrapolate(xs: list[int], figures: dict[str, list[float]], records: float) 
     share): an upper bound where the figure does not grow."""
     out = {}
     for k, ys in figures.items():
-        f = fit(xs, ys)
-        out[k] = {"fit": f, "at": records, "value": f["a"] + f["b"] * records}
+        xs_k = [x for x, y in zip(xs, ys) if y is not None]
+        ys = [y for y in ys if y is not None]
+        if not ys:
+            continue
+        f = fit(xs_k, ys)
+        # a slope below zero is noise (a figure that cannot shrink with more data): the mean stands for it
+        value = f["a"] + f["b"] * records if f["b"] >= 0 else sum(ys) / len(ys)
+        out[k] = {"fit": f, "at": records, "value": value}
     return out
 
 
@@ -230,7 +240,8 @@ def main():
     ap.add_argument("--no-readme", action="store_true")
     args = ap.parse_args()
 
-    sizes = [int(x) for x in args.sizes.split(",")]
+    # N: a store of N records, a one-epoch plan; NxE: the same store, a plan of E epochs (N * E plan rows)
+    sizes = [tuple(int(float(v)) for v in (x.split("x") + ["1"])[:2]) for x in args.sizes.split(",")]
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="scale_"))
     work.mkdir(parents=True, exist_ok=True)
     code_dir, sha = checkout(args.rev) if args.rev else (None, subprocess.run(
@@ -238,7 +249,7 @@ def main():
     tok = str(tokenizer_dir())
     results = []
     try:
-        for n in sizes:
+        for n, epochs in sizes:
             data = work / f"triplets_{n}.jsonl"
             if not data.exists():
                 t0 = time.time()
@@ -246,20 +257,20 @@ def main():
                 print(f"{n:,} records: data written in {time.time() - t0:.0f} s", flush=True)
             else:
                 meta = {"records": n, "bytes": data.stat().st_size}
-            store, plan_file = work / f"store_{n}", work / f"plan_{n}_{args.batch}_{sha}.npz"
+            store, plan_file = work / f"store_{n}", work / f"plan_{n}x{epochs}_{args.batch}_{sha}.npz"
             prep = run(PREPARE, code_dir, work, str(data), str(store)) if not (store / "manifest.json").exists() \
                 else json.loads((work / f"prepare_{n}.json").read_text())
             (work / f"prepare_{n}.json").write_text(json.dumps(prep))
-            plan = run(PLAN, code_dir, work, str(store), str(plan_file), str(args.batch))
-            cache = work / f"table_{n}_{sha}_{args.hosts}.npz"
+            plan = run(PLAN, code_dir, work, str(store), str(plan_file), str(args.batch), str(epochs))
+            cache = work / f"table_{n}x{epochs}_{sha}_{args.hosts}.npz"
             cache.unlink(missing_ok=True)
             first = run_hosts(FIRST_STEP, code_dir, work, args.hosts, str(store), str(plan_file), tok, str(cache),
                               str(args.batches))
-            row = {"records": n, "data_bytes": meta["bytes"], "prepare": prep, "plan": plan, "first_step": first,
+            row = {"records": n * epochs, "store_records": n, "epochs": epochs, "data_bytes": meta["bytes"], "prepare": prep, "plan": plan, "first_step": first,
                    "load_average": os.getloadavg()[0]}
             results.append(row)
             f0 = max(first, key=lambda x: x["first_batch_s"])
-            print(f"{n:,} records: prepare {prep['seconds']:.0f} s, plan {plan['seconds']:.1f} s "
+            print(f"{n * epochs:,} records ({n:,} x {epochs} epochs): prepare {prep['seconds']:.0f} s, plan {plan['seconds']:.1f} s "
                   f"({plan['steps']} steps), first batch {f0['first_batch_s']:.1f} s (table "
                   f"{f0['table_s']:.1f} s), peak RSS {max(x['maxrss_kib'] for x in first) / 2**20:.2f} GiB, "
                   f"{f0['texts_per_s'] or 0:.0f} texts/s, load {row['load_average']:.1f}", flush=True)
@@ -271,13 +282,16 @@ def main():
     xs = [r["records"] for r in results]
     figures = {
         "first_step_s": [max(x["first_batch_s"] for x in r["first_step"]) for r in results],
+        "first_step_cpu_s": [max(x.get("cpu_s_first", float("nan")) for x in r["first_step"]) for r in results],
         "first_step_peak_rss_gib": [max(x["maxrss_kib"] for x in r["first_step"]) / 2**20 for r in results],
         "plan_s": [r["plan"]["seconds"] for r in results],
-        "prepare_s": [r["prepare"]["seconds"] for r in results],
+        # a plan of several epochs reuses its store: preparing is timed on one-epoch sizes only
+        "prepare_s": [r["prepare"]["seconds"] if r["epochs"] == 1 else None for r in results],
     }
     per_host = args.extrapolate / args.pod
     extrap = extrapolate(xs, figures, args.extrapolate)
-    growth = {k: (ys[-1] / ys[0] - 1.0) if len(ys) > 1 and ys[0] else None for k, ys in figures.items()}
+    growth = {k: (ys[-1] / ys[0] - 1.0) if len(ys) > 1 and ys[0] and ys[-1] is not None else None
+              for k, ys in figures.items()}
     cmd = "python benchmarks/scale.py " + " ".join(sys.argv[1:])
     result = {"benchmark": "scale", "label": args.label, "code": sha, "device": f"cpu ({os.cpu_count()} cores)",
               "platform": platform.platform(), "batch": args.batch, "hosts": args.hosts,
@@ -292,21 +306,27 @@ def main():
                             "figures": prev["figures"], "command": prev.get("command"),
                             "extrapolated": extrapolate(bx, prev["figures"], args.extrapolate)}
     save_result(args.name, result)
-    fs = figures["first_step_s"]
+    fs, cpu = figures["first_step_s"], figures["first_step_cpu_s"]
     rss = figures["first_step_peak_rss_gib"]
     line = (f"| {time.strftime('%Y-%m-%d')} | scale | cpu ({os.cpu_count()} cores) | {args.label or sha}: code "
-            f"{sha}, synthetic triplets {', '.join(f'{x:,}' for x in xs)} records, global batch {args.batch}, "
+            f"{sha}, synthetic triplets, plans of " + ", ".join(
+                f"{r['records']:,}" + (f" ({r['store_records']:,} x {r['epochs']} epochs)" if r["epochs"] != 1 else "")
+                for r in results) + f" records, global batch {args.batch}, "
             f"{args.hosts} host process(es), MiniLM tokenizer, model step skipped, load average "
             f"{results[-1]['load_average']:.1f} | first batch " + " / ".join(f"{x:.1f}" for x in fs) +
-            " s, peak RSS " + " / ".join(f"{x:.2f}" for x in rss) + " GiB; extrapolated to "
+            " s (CPU " + " / ".join(f"{x:.1f}" for x in cpu) + " s), peak RSS " +
+            " / ".join(f"{x:.2f}" for x in rss) + " GiB; extrapolated to "
             f"{args.extrapolate / 1e6:.0f}M records on {args.pod} hosts: first batch "
-            f"{extrap['first_step_s']['value']:.0f} s, {extrap['first_step_peak_rss_gib']['value']:.2f} GiB")
+            f"{extrap['first_step_s']['value']:.0f} s (CPU {extrap['first_step_cpu_s']['value']:.0f} s), "
+            f"{extrap['first_step_peak_rss_gib']['value']:.2f} GiB")
     if args.before:
         b = result["before"]
         line += (f"; before (code {b['code']}, " + ", ".join(f"{x:,}" for x in b["records"]) + " records): first "
-                 "batch " + " / ".join(f"{x:.1f}" for x in b["figures"]["first_step_s"]) + " s, peak RSS " +
+                 "batch " + " / ".join(f"{x:.1f}" for x in b["figures"]["first_step_s"]) + " s (CPU " +
+                 " / ".join(f"{x:.1f}" for x in b["figures"].get("first_step_cpu_s", [])) + " s), peak RSS " +
                  " / ".join(f"{x:.2f}" for x in b["figures"]["first_step_peak_rss_gib"]) + " GiB, extrapolated "
-                 f"{b['extrapolated']['first_step_s']['value']:.0f} s, "
+                 f"{b['extrapolated']['first_step_s']['value']:.0f} s (CPU "
+                 f"{b['extrapolated'].get('first_step_cpu_s', {}).get('value', float('nan')):.0f} s), "
                  f"{b['extrapolated']['first_step_peak_rss_gib']['value']:.0f} GiB")
     line += f" | `{cmd.strip()}` |"
     record_line(line, append=not args.no_readme)

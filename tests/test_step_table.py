@@ -12,6 +12,7 @@ from data_fakes import make_store
 from jaxembed.data import pipeline as P
 from jaxembed.data import step_table as T
 from jaxembed.data.plan import Plan, build_plan
+from jaxembed.data.plan.file import read_steps
 from jaxembed.tokenizer import Tokenizer
 
 
@@ -107,6 +108,8 @@ def test_a_saved_plan_is_memory_mapped_and_travels_by_name(tmp_path):
     assert got.fingerprint() == plan.fingerprint() and got.used_dataset_ids() == [0, 1]
     blob = pickle.dumps(got)
     assert len(blob) < plan.example_ids.nbytes // 4  # the file's name, not the per-example arrays
+    for a, b in ((got.example_ids, plan.example_ids), (got.weights, plan.weights), (got.task_ids, plan.task_ids)):
+        np.testing.assert_array_equal(read_steps(a, 5, 9), b[5:9])  # positioned reads of the file's steps
     back = pickle.loads(blob)
     np.testing.assert_array_equal(back.example_ids, plan.example_ids)
     np.testing.assert_array_equal(back.weights, plan.weights)

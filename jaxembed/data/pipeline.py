@@ -97,6 +97,7 @@ from jaxembed.data.step_rows import (_M64, _SEED_SALT, _fetch, _row_items, _spli
                                      _step_text_lengths, _Tables, _tokenize_unique, choose_docs, choose_indices,
                                      row_key, row_scores, step_lengths, text_hash)
 from jaxembed.data.plan import Plan
+from jaxembed.data.plan.file import read_steps
 from jaxembed.data.step_table import StepTable, _tokenizer_id  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError
 from jaxembed.tokenizer import Tokenizer
@@ -135,8 +136,7 @@ class StepBatcher:
         plan (memory-mapped when loaded from its file) rather than copied at set-up."""
         cols = slice(self.row0, self.row0 + self.b)
         p = self.plan
-        return (np.asarray(p.dataset_ids[step, cols]), np.asarray(p.example_ids[step, cols]),
-                np.asarray(p.weights[step, cols]))
+        return tuple(read_steps(a, step, step + 1)[0, cols] for a in (p.dataset_ids, p.example_ids, p.weights))
 
     def _pack(self, step: int, name: str, parts: list[tuple[list, np.ndarray]], rows: int, L: int) -> dict:
         """Each of this host's shards' texts (the shard's share of every (token ids, prompt lengths) part, one part

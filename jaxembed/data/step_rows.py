@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxembed.data.plan import Plan
+from jaxembed.data.plan.file import read_steps
 from jaxembed.errors import UserError
 from jaxembed.tokenizer import Tokenizer, length_buckets
 
@@ -174,8 +175,8 @@ def _step_text_lengths(store, plan: Plan, tokenizer: Tokenizer, tables: _Tables,
     G = plan.global_batch_size
     for s0 in range(start_step, end_step, chunk_steps):
         s1 = min(end_step, s0 + chunk_steps)
-        ds = plan.dataset_ids[s0:s1].reshape(-1)
-        ex = plan.example_ids[s0:s1].reshape(-1)
+        ds = read_steps(plan.dataset_ids, s0, s1).reshape(-1)
+        ex = read_steps(plan.example_ids, s0, s1).reshape(-1)
         key = ds.astype(np.int64) * (1 << 40) + ex
         _, first, inv = np.unique(key, return_index=True, return_inverse=True)
         uniq_ex = _fetch(store, ds[first], ex[first])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import mmap
 import os
 import zipfile
 from pathlib import Path
@@ -62,7 +63,7 @@ class Plan:
         D = len(self.dataset_names)
         seen = np.zeros(D, bool)
         for s0 in range(0, self.steps, _BLOCK_STEPS):
-            seen |= np.bincount(np.asarray(self.dataset_ids[s0:s0 + _BLOCK_STEPS]).reshape(-1), minlength=D) > 0
+            seen |= np.bincount(read_steps(self.dataset_ids, s0, s0 + _BLOCK_STEPS).reshape(-1), minlength=D) > 0
         return np.flatnonzero(seen).tolist()
 
     def row_task_ids(self) -> np.ndarray:
@@ -85,7 +86,7 @@ class Plan:
                   self.dataset_tasks, self.dataset_sizes, self.unit_ids):
             h.update(str((a.dtype.str, a.shape)).encode())
             for s0 in range(0, max(len(a), 1), _BLOCK_STEPS):  # blocks of steps: a memory-mapped plan stays so
-                h.update(np.ascontiguousarray(a[s0:s0 + _BLOCK_STEPS]).tobytes())
+                h.update(read_steps(a, s0, s0 + _BLOCK_STEPS).tobytes())
         h.update(json.dumps([list(self.task_names), list(self.dataset_names)]).encode())
         return h.hexdigest()[:16]
 
@@ -188,6 +189,18 @@ class Plan:
                 setattr(self, k, arrays[k])
 
 
+def read_steps(a: np.ndarray, s0: int, s1: int) -> np.ndarray:
+    """Steps [s0, s1) of a plan array, as a new array. A memory-mapped one is read from its file (a positioned
+    read, not through the mapping), so reading every step of a plan leaves no pages of it in the process's
+    resident memory."""
+    s0, s1 = max(int(s0), 0), min(int(s1), len(a))
+    if not isinstance(a, np.memmap) or not isinstance(a.base, mmap.mmap) or a.filename is None or s1 <= s0:
+        return np.array(a[s0:s1])
+    row = int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim > 1 else 1
+    out = np.fromfile(a.filename, dtype=a.dtype, count=(s1 - s0) * row, offset=a.offset + s0 * row * a.itemsize)
+    return out.reshape((s1 - s0, *a.shape[1:]))
+
+
 #: the per-example arrays that a plan read from its file keeps memory-mapped
 _MAPPED = ("dataset_ids", "example_ids", "weights")
 #: steps per block when a whole plan is read (fingerprint, checks): bounded memory for any plan size
@@ -238,8 +251,8 @@ def _validate_plan(plan: Plan, where: str) -> None:
     if plan.dataset_tasks.shape != (D,) or plan.dataset_sizes.shape != (D,):
         raise UserError(f"{where}: the dataset tables must have {D} entries")
     for s0 in range(0, S, _BLOCK_STEPS):  # in blocks of steps: bounded memory for any plan size
-        ds = np.asarray(plan.dataset_ids[s0:s0 + _BLOCK_STEPS])
-        ex = np.asarray(plan.example_ids[s0:s0 + _BLOCK_STEPS])
+        ds = read_steps(plan.dataset_ids, s0, s0 + _BLOCK_STEPS)
+        ex = read_steps(plan.example_ids, s0, s0 + _BLOCK_STEPS)
         if ds.min() < 0 or ds.max() >= D:
             raise UserError(f"{where}: dataset id out of range [0, {D})")
         if ex.min() < 0 or np.any(ex >= plan.dataset_sizes[ds]):
