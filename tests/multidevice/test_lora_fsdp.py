@@ -35,7 +35,10 @@ def test_lora_on_an_fsdp_mesh(tmp_path, shared_data):
     from jaxembed.train import init_state, make_train_step, setup
 
     assert jax.device_count() == 8
+    from jaxembed.models.tiny import tiny_model_dir
+
     c = small_config(slice_data(shared_data, tmp_path))
+    c.model.name = str(tiny_model_dir("bert", num_layers=1))  # every layer's adapters are sharded alike
     c.plan.global_batch_size = 16
     c.model.dtype = "bfloat16"
     c.model.remat = True

@@ -136,7 +136,8 @@ def test_gist_distill_and_scored_losses_sharded_equal_single_device():
 
 
 def _tiny_bert():
-    cfg = models.config_from_hf(dict(model_type="bert", vocab_size=64, hidden_size=32, num_hidden_layers=2,
+    """One layer: sharding acts on each layer's weights alike, the gradient cache on whole sub-batches."""
+    cfg = models.config_from_hf(dict(model_type="bert", vocab_size=64, hidden_size=32, num_hidden_layers=1,
                                      num_attention_heads=4, intermediate_size=64, max_position_embeddings=32,
                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
     return models.init_model(cfg, seed=0)
@@ -147,7 +148,7 @@ def test_fsdp_param_sharding_and_forward():
     model = _tiny_bert()
     ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, size=(8, 10)), jnp.int32)
     mask = jnp.ones_like(ids)
-    ref = model(ids, mask)
+    ref = jax.jit(lambda m, i, a: m(i, a))(model, ids, mask)  # on one device
     sharded = parallel.shard_model(model, mesh, "fsdp")
     k = sharded.layers[0].ffn.intermediate.kernel[...]
     assert k.sharding.spec == jax.sharding.PartitionSpec("fsdp", None)  # [embed, mlp]: embed over fsdp
@@ -170,7 +171,7 @@ def test_gradient_cache_data_parallel_equals_single_device():
         e = gradcache.encode_chunked(encode, st, {"ids": ids, "mask": mask}, chunk)
         return contrastive_loss(e[:16], e[16:], jnp.arange(16), temperature=0.1)[0]
 
-    g_ref = jax.grad(loss)(state, None)
+    g_ref = jax.jit(jax.grad(loss), static_argnums=1)(state, None)  # one program, not each operation eagerly
     mesh = parallel.make_mesh()
     rep = jax.device_put(state, parallel.replicated(mesh))
     g = jax.jit(jax.grad(loss), static_argnums=1)(rep, 4)
