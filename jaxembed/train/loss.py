@@ -43,7 +43,7 @@ def make_loss_setup(run) -> LossSetup:
     c = run.config
     check_dataset_losses(c, store_dir=run.store.path)  # the prepared store: its pair / teacher score counts
     kinds = dataset_kinds(run.store, c.loss.type)
-    used = sorted({int(d) for d in np.unique(np.asarray(run.plan.dataset_ids))}) or list(range(len(kinds)))
+    used = run.plan.used_dataset_ids() or list(range(len(kinds)))  # counted in blocks: no copy of the plan
     present = tuple(k for k in KINDS if k in {kinds[d] for d in used})
     objective = Objective(kinds=present, distill=c.loss.distill, distill_weight=float(c.loss.distill_weight),
                           distill_temperature=float(c.loss.distill_temperature), scale=float(c.loss.scored_scale),
