@@ -15,17 +15,19 @@ from jaxembed.models.embedding import EmbeddingModel, HeadConfig
 
 TOL = 1e-5
 V = 128
+# One layer, except T5: what packing changes (positions, the attention mask per text, pooling per text) acts in
+# every layer alike; T5 keeps two, since its later layers reuse the relative-position bias the first one computes.
 CONFIGS = {
-    "bert": dict(model_type="bert", vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    "bert": dict(model_type="bert", vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                  intermediate_size=64, max_position_embeddings=64, type_vocab_size=2),
-    "roberta": dict(model_type="roberta", vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    "roberta": dict(model_type="roberta", vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                     intermediate_size=64, max_position_embeddings=64, type_vocab_size=1, pad_token_id=1),
-    "qwen2": dict(model_type="qwen2", vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    "qwen2": dict(model_type="qwen2", vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=2, rope_theta=1000.0),
     "qwen2-bidirectional": dict(model_type="qwen2", vocab_size=V, hidden_size=32, intermediate_size=64,
-                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rope_theta=1000.0,
+                                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, rope_theta=1000.0,
                                 is_causal=False),
-    "qwen3": dict(model_type="qwen3", vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    "qwen3": dict(model_type="qwen3", vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=1000.0),
     "t5": dict(model_type="t5", vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                feed_forward_proj="gated-gelu", relative_attention_num_buckets=8, relative_attention_max_distance=12),
@@ -204,7 +206,8 @@ def test_packed_equals_padded_with_dropout(arch):
 
 def _mote_model(arch):
     """A MoTE model with three experts that really differ (each expert's weights perturbed apart)."""
-    spec = mote.MoTESpec.build(2, experts=("a", "b", "c"), routing={"x": ("a", "b")}, default="a")
+    spec = mote.MoTESpec.build(_model(arch).config.num_layers, experts=("a", "b", "c"), routing={"x": ("a", "b")},
+                                default="a")
     m = mote.upcycle(_model(arch), spec)
     rng = np.random.default_rng(7)
     graphdef, state = nnx.split(m)
