@@ -11,7 +11,7 @@ part on a few cores); its recall is against the exact search of that sub-corpus.
 Writes benchmarks/results/faiss_mining_cpu_<date>_<time>.json and appends a line to benchmarks/README.md.
 
     python benchmarks/faiss_mining.py [--corpus 1000000] [--dim 384] [--queries 1000] [--k 100]
-                                      [--nprobe 8 32] [--hnsw-corpus 200000] [--skip-own-ivf]
+                                      [--nprobe 8 32] [--own-nprobe 8] [--hnsw-corpus 200000]
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def main():
     ap.add_argument("--noise", type=float, default=0.05)
     ap.add_argument("--nprobe", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--hnsw-corpus", type=int, default=200_000, help="vectors HNSW's graph is built on (0: skip)")
-    ap.add_argument("--skip-own-ivf", action="store_true", help="leave out jaxembed's own IVF index")
+    ap.add_argument("--own-nprobe", type=int, nargs="*", default=None,
+                    help="nprobe values for jaxembed's own IVF index (default: --nprobe; none: leave it out)")
     ap.add_argument("--name", default="faiss_mining_cpu")
     ap.add_argument("--no-readme", action="store_true")
     args = ap.parse_args()
@@ -89,9 +90,10 @@ def main():
         print(f"faiss ivf nprobe {p}: build {t_build:.1f} s, search {t:.2f} s, recall@{k} "
               f"{rows[f'faiss_ivf_nprobe{p}']['recall']:.4f}", flush=True)
     del index
-    if not args.skip_own_ivf:
+    own_nprobe = args.nprobe if args.own_nprobe is None else args.own_nprobe
+    if own_nprobe:
         own, t_build = timed(lambda: IVFIndex(D, nlist))
-        for p in args.nprobe:
+        for p in own_nprobe:
             res, t = timed(lambda: own.search(Q, k, nprobe=p))
             rows[f"jaxembed_ivf_nprobe{p}"] = {"build_s": t_build, "search_s": t, "recall": recall(res.ids, exact.ids)}
             print(f"jaxembed ivf nprobe {p}: build {t_build:.1f} s, search {t:.2f} s, recall@{k} "
