@@ -115,10 +115,37 @@ for s in range(1, 1 + n):
 dt = time.time() - t1
 shapes = loader.shapes.get("packed_shapes", [])
 print(json.dumps({"import_s": t_import, "open_s": t_open, "table_s": t_table, "first_batch_s": t_first,
-                  "cpu_s_first": cpu_first, "maxrss_kib_first": rss_first, "steps": plan.steps, "table_steps_before_first": first_window,
+                  "cpu_s_first": cpu_first, "maxrss_kib_first": rss_first, "steps": plan.steps,
+                  "table_steps_before_first": first_window,
                   "later_batches": n, "later_s": dt, "texts_per_s": texts / dt if dt > 0 else None,
                   "packed_shapes_seen": len(shapes),
                   "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+# every window's shapes of a plan against the whole plan's choice (the compilations a run makes)
+SHAPES = r"""
+import json, sys, time
+import numpy as np
+from jaxembed.data.store import Store
+from jaxembed.data.plan import Plan
+from jaxembed.data import pipeline as P
+from jaxembed.tokenizer import Tokenizer
+store, plan, tok = Store.open(sys.argv[1]), Plan.load(sys.argv[2]), Tokenizer.from_folder(sys.argv[3])
+packing = P.packing_for(store, plan, tok, shards=int(sys.argv[4]))
+t0 = time.time()
+table = P.StepTable(store, plan, tok, packing=packing)
+windowed = [table.shape(s) for s in range(plan.steps)]
+keys = ("row_length", *(f"{n}_rows" for n in packing.packs), "query_len", "doc_len")
+whole_table = {k: np.concatenate([table.window(w)[k] for w in range(table.windows)]) for k in keys}
+whole = P.StepTable.of_arrays(plan, whole_table, table.tables, packing)
+once = [whole.shape(s) for s in range(plan.steps)]
+slots = lambda shapes: sum(sum(x[:-1]) * x[-1] for x in shapes)
+print(json.dumps({"steps": plan.steps, "windows": table.windows, "window_steps": table.window_steps,
+                  "shards": packing.shards, "shapes_windowed": sorted(set(windowed)),
+                  "shapes_whole_plan": sorted(set(once)),
+                  "slots_windowed_over_whole_plan": slots(windowed) / slots(once),
+                  "seconds": time.time() - t0}))
 """
 
 
@@ -236,6 +263,9 @@ def main():
     ap.add_argument("--pod", type=int, default=64)
     ap.add_argument("--before", default=None, help="a record of this benchmark (e.g. on an earlier revision) "
                     "whose figures and extrapolation this record repeats under 'before'")
+    ap.add_argument("--shapes", default=None, metavar="N,SHARDS",
+                    help="only count the packed shapes of every window of the N-record plan on SHARDS devices, "
+                    "against one choice over the whole plan (the run's compilations)")
     ap.add_argument("--name", default="scale")
     ap.add_argument("--no-readme", action="store_true")
     args = ap.parse_args()
@@ -247,6 +277,8 @@ def main():
     code_dir, sha = checkout(args.rev) if args.rev else (None, subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() + "+tree")
     tok = str(tokenizer_dir())
+    if args.shapes:
+        return count_shapes(args, work, code_dir, sha, tok)
     results = []
     try:
         for n, epochs in sizes:
@@ -266,11 +298,13 @@ def main():
             cache.unlink(missing_ok=True)
             first = run_hosts(FIRST_STEP, code_dir, work, args.hosts, str(store), str(plan_file), tok, str(cache),
                               str(args.batches))
-            row = {"records": n * epochs, "store_records": n, "epochs": epochs, "data_bytes": meta["bytes"], "prepare": prep, "plan": plan, "first_step": first,
+            row = {"records": n * epochs, "store_records": n, "epochs": epochs, "data_bytes": meta["bytes"],
+                   "prepare": prep, "plan": plan, "first_step": first,
                    "load_average": os.getloadavg()[0]}
             results.append(row)
             f0 = max(first, key=lambda x: x["first_batch_s"])
-            print(f"{n * epochs:,} records ({n:,} x {epochs} epochs): prepare {prep['seconds']:.0f} s, plan {plan['seconds']:.1f} s "
+            print(f"{n * epochs:,} records ({n:,} x {epochs} epochs): prepare {prep['seconds']:.0f} s, "
+                  f"plan {plan['seconds']:.1f} s "
                   f"({plan['steps']} steps), first batch {f0['first_batch_s']:.1f} s (table "
                   f"{f0['table_s']:.1f} s), peak RSS {max(x['maxrss_kib'] for x in first) / 2**20:.2f} GiB, "
                   f"{f0['texts_per_s'] or 0:.0f} texts/s, load {row['load_average']:.1f}", flush=True)
@@ -329,6 +363,31 @@ def main():
                  f"{b['extrapolated'].get('first_step_cpu_s', {}).get('value', float('nan')):.0f} s), "
                  f"{b['extrapolated']['first_step_peak_rss_gib']['value']:.0f} GiB")
     line += f" | `{cmd.strip()}` |"
+    record_line(line, append=not args.no_readme)
+
+
+def count_shapes(args, work: Path, code_dir: str | None, sha: str, tok: str) -> None:
+    n, shards = (int(x) for x in args.shapes.split(","))
+    store, plan_file = work / f"store_{n}", work / f"plan_{n}x1_{args.batch}_{sha}.npz"
+    data = work / f"triplets_{n}.jsonl"
+    try:
+        if not data.exists():
+            write_data(data, n)
+        if not (store / "manifest.json").exists():
+            run(PREPARE, code_dir, work, str(data), str(store))
+        run(PLAN, code_dir, work, str(store), str(plan_file), str(args.batch), "1")
+        res = run(SHAPES, code_dir, work, str(store), str(plan_file), tok, str(shards))
+    finally:
+        if code_dir:
+            shutil.rmtree(code_dir, ignore_errors=True)
+    cmd = "python benchmarks/scale.py " + " ".join(sys.argv[1:])
+    save_result(args.name + "_shapes", {"benchmark": "scale_shapes", "code": sha, "records": n, "batch": args.batch,
+                                        **res, "load_average": os.getloadavg()[0], "command": cmd.strip()})
+    line = (f"| {time.strftime('%Y-%m-%d')} | scale shapes | cpu ({os.cpu_count()} cores) | code {sha}: the packed "
+            f"shapes of every step of a {n:,}-record plan, global batch {args.batch}, {shards} devices, MiniLM "
+            f"tokenizer | {len(res['shapes_windowed'])} shape(s) over {res['windows']} windows of "
+            f"{res['window_steps']} steps, {len(res['shapes_whole_plan'])} chosen over the whole plan at once; "
+            f"token slots x{res['slots_windowed_over_whole_plan']:.3f} | `{cmd.strip()}` |")
     record_line(line, append=not args.no_readme)
 
 
