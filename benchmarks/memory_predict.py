@@ -53,7 +53,7 @@ PRESETS = {
 
 #: the committed record: (model, LoRA rank) x document length x (plain | remat + a gradient cache of `chunk`
 #: queries per sub-batch); `start`: the first batch probed (near the answer: fewer compilations)
-MATRIX = [dict(model=m, rank=r, seq=s, remat=v, chunk=c if v else 0, start=(b if not v else 4 * c))
+MATRIX = [dict(model=m, rank=r, seq=s, remat=v, chunk=c if v else 0, start=(b if not v else 64 * c))
           for m, r, c, starts in (("qwen2-1.5b", 0, 4, (6, 3)), ("qwen2-7b", 16, 2, (2, 1)))
           for s, b in zip((512, 1024), starts) for v in (False, True)]
 

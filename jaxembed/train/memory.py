@@ -134,7 +134,7 @@ def abstract_run(hf_config: dict, settings: MemorySettings):
     tx, sched = optim.make_optimizer(nnx.to_pure_dict(params), lr=c.optim.lr, total_steps=1000, warmup_steps=100,
                                      weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip)
     store = types.SimpleNamespace(path="", datasets=[types.SimpleNamespace(loss="", name="docs")])
-    plan = types.SimpleNamespace(dataset_ids=np.zeros(1, np.int32))
+    plan = types.SimpleNamespace(dataset_ids=np.zeros(1, np.int32), used_dataset_ids=lambda: [0])
     loaded = types.SimpleNamespace(model=model)
     mesh = parallel.make_mesh(1, 1)
     return Run(c, None, mesh, loaded, store, plan, graphdef, rest, tx, sched, 1 + int(settings.negatives), None, None,
@@ -191,9 +191,9 @@ def _affine(a: Probe, b: Probe, budget: int) -> float | None:
 
 def next_batch(fits: list[Probe], overs: list[Probe], budget: int, step: int, bisect: bool = False) -> int:
     """The next batch to probe, a multiple of ``step``: halve while nothing fits; double after one fitting
-    probe; then the affine extrapolation through the two largest fitting probes, or the interpolation between
-    the largest fitting and the smallest failing one, kept strictly between them (``bisect``: the middle, when
-    interpolation keeps landing on one side of a curved memory line)."""
+    probe; then the affine extrapolation through the two largest fitting probes (at most 8 times the larger), or
+    the interpolation between the largest fitting and the smallest failing one, kept strictly between them
+    (``bisect``: the middle, when interpolation keeps landing on one side of a curved memory line)."""
     if not fits:
         return max(step, min(p.batch for p in overs) // 2 // step * step)
     fit = max(fits, key=lambda p: p.batch)
@@ -207,7 +207,8 @@ def next_batch(fits: list[Probe], overs: list[Probe], budget: int, step: int, bi
         return 2 * fit.batch
     second = sorted(fits, key=lambda p: p.batch)[-2]
     x = _affine(second, fit, budget)
-    return max(fit.batch + step, int(x) // step * step if x is not None else 2 * fit.batch)
+    # memory flat in the batch (the gradient cache: one sub-batch's activations) says little: jump by 8
+    return max(fit.batch + step, min(int(x), 8 * fit.batch) // step * step if x is not None else 8 * fit.batch)
 
 
 def depth_key(hf_config: dict) -> str:
