@@ -9,9 +9,9 @@ window's shapes depend only on that window's steps (its row length: the cheapest
 without talking to each other, and the work before the first step is one window whatever the plan's size.
 
 W = ``WINDOW_EXAMPLES`` // global batch size steps (at least 1): 1,024 steps at a global batch of 16, 256 at 64,
-4 at 4,096, 1 at 16,384 and above. A plan of at most W steps is one window: its table is the whole plan's, as it always was. Over
-several windows the row counts a window may choose are rounded up to a fixed menu (``ladder_rows``: every count
-up to ``LADDER``, then 16 per doubling, <= 6.25 % more rows), and its row length is one of
+4 at 4,096, 1 at 16,384 and above. A plan of at most W steps is one window: its table is the whole plan's, as it
+always was. Over several windows the row counts a window may choose are rounded up to a fixed menu (``ladder_rows``:
+every count up to ``LADDER``, then 16 per doubling, <= 6.25 % more rows), and its row length is one of
 ``Packing.row_lengths``, so the shapes of the whole run, hence its compilations, stay a bounded set however many
 windows it has.
 
