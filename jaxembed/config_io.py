@@ -453,13 +453,19 @@ def _shown(v: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+def describe_differences(diffs: list[tuple[str, Any, Any]], shown: int = 8) -> str:
+    """``config_differences`` as one line: 'key old -> new; ...' (at most ``shown`` keys, then how many more)."""
+    items = [f"{k} {_shown(a)} -> {_shown(b)}" for k, a, b in diffs[:shown]]
+    more = f"; and {len(diffs) - shown} more" if len(diffs) > shown else ""
+    return "; ".join(items) + more
+
+
 def changed_config_message(workdir: str | os.PathLike, diffs: list[tuple[str, Any, Any]], shown: int = 8) -> str:
     """The one-line refusal of a resume with another config: each differing key with the run's value and this
     command's, and the commands that work (a new run directory; the run's own config.json, read as data)."""
-    items = [f"{k} {_shown(a)} -> {_shown(b)}" for k, a, b in diffs[:shown]]
-    more = f"; and {len(diffs) - shown} more" if len(diffs) > shown else ""
     wd = Path(workdir)
-    return (f"{wd} holds a run with another config: {'; '.join(items)}{more} (the run's value -> this command's). "
+    return (f"{wd} holds a run with another config: {describe_differences(diffs, shown)} (the run's value -> this "
+            "command's). "
             "Resuming needs the same config; only plan.steps may grow, to train a run on (fix: use a new --workdir, "
             f"or resume the run as it was: jaxembed train --config {wd / 'config.json'} --workdir {wd})")
 

@@ -135,7 +135,9 @@ def test_an_error_on_one_process_stops_every_process(pod, tmp_path):
     assert [p.returncode for p in procs] == [2, 2], runs.describe(procs)
     for out in outs:
         last = out.strip().splitlines()[-1]
-        assert last.startswith("error: process 1 has another config than process 0 (optim differ)"), last
+        # each differing key with both values: process 0's learning rate, then process 1's
+        assert last.startswith("error: process 1 has another config than process 0: optim.lr "), last
+        assert " -> 0.5 (process 0's value -> this process's)" in last, last
     assert not (tmp_path / "w" / "store").exists()
 
 

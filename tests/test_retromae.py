@@ -277,7 +277,7 @@ def test_job_run_directory_and_resume(job):
     pa, pb = _params(a, 4), _params(root / "b", 4)
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))   # == an uninterrupted run, bit for bit
-    with pytest.raises(UserError, match="different config"):
+    with pytest.raises(UserError, match="different config: train.steps 4 -> 6 "):  # the key, with both values
         rm.pretrain(_tiny(**{"train.steps": 6}), root / "b")
 
 

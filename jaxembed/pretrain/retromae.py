@@ -38,7 +38,7 @@ import optax
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import compile_cache, loading, models, parallel
+from jaxembed import compile_cache, config_io, loading, models, parallel
 from jaxembed.train import optim
 from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.errors import UserError
@@ -86,12 +86,12 @@ def _check_workdir(config, workdir: Path) -> None:
         return
     old, new = json.loads(prev.read_text()), json.loads(cfglib.to_json(config))
     old.setdefault("data", {}).setdefault("packing", True)  # a run config without data.packing: the default
-    diffs = [k for k in _RESUME_KEYS if old.get(k) != new.get(k)]
-    diffs += [f"train.{k}" for k in ("seed", "batch_size", "steps", "dropout")
-              if old.get("train", {}).get(k) != new["train"].get(k)]
+    keys = _RESUME_KEYS + tuple(f"train.{k}" for k in ("seed", "batch_size", "steps", "dropout"))
+    diffs = config_io.config_differences(old, new, keys)
     if diffs:
-        raise UserError(f"{workdir} holds a run with a different config ({', '.join(diffs)} differ). Resuming needs "
-                        "the same config (fix: use a new --workdir, or the run's own settings)")
+        raise UserError(f"{workdir} holds a run with a different config: {config_io.describe_differences(diffs)} "
+                        "(the run's value -> this command's). Resuming needs the same config (fix: use a new "
+                        f"--workdir, or the run's own settings, in {prev})")
 
 
 def _encoder(c, notes: list) -> tuple[Any, Tokenizer, dict, dict | None]:

@@ -100,12 +100,15 @@ def _same_config_as_main(config, main_config: str) -> None:
     the same --config and overrides)."""
     if pod.is_main():
         return
+    from jaxembed import config_io
+
     written = json.loads(main_config)
     mine = json.loads(cfglib.to_json(config))
-    diffs = sorted(k for k in set(written) | set(mine) if written.get(k) != mine.get(k))
+    diffs = config_io.config_differences(written, mine, tuple(sorted(set(written) | set(mine))))
     if diffs:
-        raise UserError(f"process {pod.process_index()} has another config than process 0 ({', '.join(diffs)} "
-                        "differ) (fix: start every process with the same --config and --config.KEY=VALUE overrides)")
+        raise UserError(f"process {pod.process_index()} has another config than process 0: "
+                        f"{config_io.describe_differences(diffs)} (process 0's value -> this process's) (fix: start "
+                        "every process with the same --config and --config.KEY=VALUE overrides)")
 
 
 def prepare_store(config, workdir: Path):
