@@ -252,6 +252,19 @@ def test_faiss_ivf_with_every_list_is_exact_and_hnsw_finds_the_exact_top_k():
     assert np.mean([len(set(a) & set(b)) / 30 for a, b in zip(few.ids, ex.ids)]) > 0.5
 
 
+def test_an_approximate_search_ranks_positives_up_to_top_k_beyond_the_window():
+    """top_k above the window's end: FAISS returns at least top_k rows, so x1's positive (rank 10 >= top_k 8) is
+    dropped as the exact search drops it, not counted at the window's end (rank 5) and kept."""
+    pytest.importorskip("faiss")
+    examples, Q, docs = _synthetic()
+    texts, D = _corpus(examples, docs)
+    for approx in (None, "ivf", "hnsw"):
+        cfg = mining.MineConfig(top_k=8, window=(0, 5), num_negatives=2, seed=0, approx=approx, nlist=1, nprobe=1)
+        res = mining.mine_with_embeddings(examples, Q, texts, D, cfg)
+        assert [r["id"] for r in res.records] == ["x0", "x2"], approx
+        assert res.report["filtered"] == {"no positive within top-k": 1}, approx
+
+
 def test_without_faiss_ivf_is_jaxembeds_own_and_hnsw_is_refused_before_work(monkeypatch):
     from jaxembed.mining.search import approximate_search
 

@@ -170,8 +170,11 @@ def mine_with_embeddings(examples: Sequence[dict], query_emb: np.ndarray, corpus
     a, b = config.window
     T = max(b, 1)
     if config.approx is not None:  # FAISS where installed (IVF / HNSW), else jaxembed's IVF index
-        res, search_info = approximate_search(Q, D, T, config.approx, nlist=config.nlist, nprobe=config.nprobe,
-                                              seed=config.seed, thresholds=thr, progress=progress)
+        # FAISS counts the rows above a positive among those it returns: at least top_k of them, so that a
+        # positive ranked top_k or lower is never taken for one ranked higher
+        res, search_info = approximate_search(Q, D, max(T, config.top_k), config.approx, nlist=config.nlist,
+                                              nprobe=config.nprobe, seed=config.seed, thresholds=thr,
+                                              progress=progress)
     else:
         res = blocked_search(Q, D, T, thresholds=thr, block_q=config.block_q, block_c=config.block_c,
                              progress=progress)
