@@ -253,7 +253,7 @@ def test_faiss_ivf_with_every_list_is_exact_and_hnsw_finds_the_exact_top_k():
 
 
 def test_an_approximate_search_ranks_positives_up_to_top_k_beyond_the_window():
-    """top_k above the window's end: FAISS returns at least top_k rows, so x1's positive (rank 10 >= top_k 8) is
+    """top_k above the window's end: FAISS returns top_k rows and more, so x1's positive (rank 10 >= top_k 8) is
     dropped as the exact search drops it, not counted at the window's end (rank 5) and kept."""
     pytest.importorskip("faiss")
     examples, Q, docs = _synthetic()
@@ -263,6 +263,11 @@ def test_an_approximate_search_ranks_positives_up_to_top_k_beyond_the_window():
         res = mining.mine_with_embeddings(examples, Q, texts, D, cfg)
         assert [r["id"] for r in res.records] == ["x0", "x2"], approx
         assert res.report["filtered"] == {"no positive within top-k": 1}, approx
+        # x2's B2 ranks 2 (C2, C2b above it; A2, the other positive, does not count): dropped at top_k 2, although
+        # the window ends at 1 (the search returns top_k plus the positives of a query)
+        res = mining.mine_with_embeddings(examples[2:], Q[2:], *_corpus(examples[2:], docs), mining.MineConfig(
+            top_k=2, window=(0, 1), num_negatives=1, seed=0, approx=approx, nlist=1, nprobe=1))
+        assert res.report["positives"] == {"total": 2, "kept": 1, "dropped (rank >= top_k)": 1}, approx
 
 
 def test_without_faiss_ivf_is_jaxembeds_own_and_hnsw_is_refused_before_work(monkeypatch):

@@ -170,9 +170,10 @@ def mine_with_embeddings(examples: Sequence[dict], query_emb: np.ndarray, corpus
     a, b = config.window
     T = max(b, 1)
     if config.approx is not None:  # FAISS where installed (IVF / HNSW), else jaxembed's IVF index
-        # FAISS counts the rows above a positive among those it returns: at least top_k of them, so that a
-        # positive ranked top_k or lower is never taken for one ranked higher
-        res, search_info = approximate_search(Q, D, max(T, config.top_k), config.approx, nlist=config.nlist,
+        # FAISS counts the rows above a positive among those it returns: top_k plus the most positives of a query
+        # (a rank leaves the other positives out), so that a positive ranked top_k or lower is never taken for one
+        # ranked higher
+        res, search_info = approximate_search(Q, D, max(T, config.top_k + P_), config.approx, nlist=config.nlist,
                                               nprobe=config.nprobe, seed=config.seed, thresholds=thr,
                                               progress=progress)
     else:
