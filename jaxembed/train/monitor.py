@@ -66,12 +66,16 @@ def _duration(s: float) -> str:
 class Monitor:
     """Writes ``metrics.jsonl`` and TensorBoard events under ``workdir``; prints a line per log step and keeps a
     progress bar with ETA (to stderr, only on a terminal unless ``progress=True``). Without the bar (a log file, a
-    batch job), a plain progress line with the ETA is printed every ``PLAIN_EVERY_S`` seconds instead, timed on
-    completed steps: dispatch is asynchronous, so the line waits on the last step's result before reading the
-    clock, and the steps that compile a new shape (``before_step``) are waited for on their own and left out of
-    the rate. clock / sync: the time and the wait on a step's result (tests pass fakes)."""
+    batch job), a plain progress line with the ETA is printed every ``PLAIN_EVERY_S`` seconds instead. Both are
+    timed on completed steps: dispatch is asynchronous, so the rate waits on the last step's result before reading
+    the clock (the bar every ``BAR_EVERY_S``, its rate and ETA in place of tqdm's rate of dispatches), and the steps
+    that compile a new shape (``before_step``) are waited for on their own and left out of the rate.
+    clock / sync: the time and the wait on a step's result (tests pass fakes)."""
 
     PLAIN_EVERY_S = 60.0
+    BAR_EVERY_S = 10.0
+    # tqdm's own rate and remaining time count dispatches: the bar shows the rate of completed steps instead
+    BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 
     STDOUT_KEYS = ("loss", "accuracy", "pos_sim", "hardest_neg_sim", "lr", "grad_norm", "examples_per_s",
                    "tokens_per_s", "step_time_s", "mfu", "device_memory_peak_gib", "skipped")
@@ -104,7 +108,8 @@ class Monitor:
                 raise
         show = sys.stderr.isatty() if progress is None else progress
         self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
-                         disable=not (show and is_main))
+                         disable=not (show and is_main), bar_format=self.BAR_FORMAT)
+        self._postfix: dict[str, str] = {}
         self._plain = is_main and not (show and is_main)
         self.total, self.step = total_steps, start_step
         self._clock = clock or time.time
@@ -142,7 +147,8 @@ class Monitor:
         keys = self.STDOUT_KEYS if prefix == "train" else sorted(clean)
         line = " ".join(_fmt(k, clean[k]) for k in keys if k in clean)
         tqdm.write(f"[{prefix} step {step}] {line}")
-        self._bar.set_postfix({k: f"{clean[k]:.4g}" for k in ("loss", "accuracy") if k in clean}, refresh=False)
+        self._postfix.update({k: f"{clean[k]:.4g}" for k in ("loss", "accuracy") if k in clean})
+        self._bar.set_postfix(self._postfix, refresh=False)
 
     def before_step(self, shapes: Hashable, previous: Any = None) -> bool:
         """Called before a step is dispatched, with what decides its compiled program (``batch_shapes``) and the
@@ -151,7 +157,7 @@ class Monitor:
         new = shapes not in self._shapes
         self._shapes.add(shapes)
         self._compiling = new
-        if new and self._plain:
+        if new and self.is_main:
             self._wait(previous, timed=True)
         return new
 
@@ -160,16 +166,21 @@ class Monitor:
         line is written, and after a step that compiled, so that the rate counts completed steps)."""
         self._bar.update(n)
         self.step += n
-        if not self._plain:
+        if not self.is_main:
             return
         # a compiling step is waited for on its own and left out of the rate; so is the first step when the caller
         # does not say which steps compile (no before_step)
         timed = not self._compiling and self._mark is not None
         self._compiling = False
         now = self._clock() if timed else self._wait(result, timed=False)
-        if now - self._last_plain >= self.PLAIN_EVERY_S or self.step == self.total:
+        if now - self._last_plain >= (self.PLAIN_EVERY_S if self._plain else self.BAR_EVERY_S) \
+                or self.step == self.total:
             self._last_plain = self._wait(result, timed=True) if timed else now
-            tqdm.write(self.progress_line(self._last_plain))
+            if self._plain:
+                tqdm.write(self.progress_line(self._last_plain))
+            else:
+                self._postfix.update(self.rate_and_eta())
+                self._bar.set_postfix(self._postfix)
 
     def _wait(self, result: Any, timed: bool) -> float:
         """Wait for ``result`` (every step dispatched so far is then complete) and count the time and steps since
@@ -203,6 +214,14 @@ class Monitor:
             return line + f", elapsed {_duration(now - self.t0)}, ETA not known yet (each step so far compiled)"
         return line + (f", {rate:.3g} s/step, elapsed {_duration(now - self.t0)}, "
                        f"ETA {_duration(rate * (self.total - self.step))}")
+
+    def rate_and_eta(self) -> dict[str, str]:
+        """The bar's share of ``progress_line``: {'s/step': ..., 'ETA': ...} of the completed steps that compiled
+        nothing ({'ETA': 'not known yet'} before one was timed)."""
+        rate = self.seconds_per_step
+        if rate is None:
+            return {"ETA": "not known yet"}
+        return {"s/step": f"{rate:.3g}", "ETA": _duration(rate * (self.total - self.step))}
 
     def message(self, text: str) -> None:
         if self.is_main:
