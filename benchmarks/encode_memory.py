@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from _record import record_line, save_result  # noqa: E402  (benchmarks/ is on sys.path)
+from _harness.proc import source_at  # noqa: E402  (benchmarks/ is on sys.path)
+from _record import record_line, save_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OLD_REV = "50b20d2^"  # the commit before "encode streams: ..."
@@ -125,13 +126,8 @@ def main():
     revisions = {"new": None}
     old_dir = None
     if args.old_rev:
-        old_dir = Path(tempfile.mkdtemp(prefix="jaxembed_old_"))
-        arch = subprocess.run(["git", "archive", args.old_rev, "jaxembed"], cwd=ROOT, capture_output=True,
-                              check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old_dir)], input=arch, check=True)
-        sha = subprocess.run(["git", "rev-parse", "--short", args.old_rev], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        revisions = {f"old ({sha})": str(old_dir), "new": None}
+        label, old_dir = source_at(args.old_rev, ROOT)
+        revisions = {label: str(old_dir), "new": None}
     results: dict = {}
     try:
         for n, (data, _) in files.items():

@@ -28,7 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _record import record_line, save_result  # noqa: E402  (benchmarks/ is on sys.path)
+from _harness.proc import source_at  # noqa: E402  (benchmarks/ is on sys.path)
+from _record import record_line, save_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OLD_REV = "6a38b76^"  # the commit before "data: ... the store writer streams in bounded memory"
@@ -124,13 +125,8 @@ def main():
     revisions = {"new": None}
     old_dir = None
     if args.old_rev:
-        old_dir = Path(tempfile.mkdtemp(prefix="jaxembed_old_"))
-        arch = subprocess.run(["git", "archive", args.old_rev, "jaxembed"], cwd=ROOT, capture_output=True,
-                              check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old_dir)], input=arch, check=True)
-        sha = subprocess.run(["git", "rev-parse", "--short", args.old_rev], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        revisions = {f"old ({sha})": str(old_dir), "new": None}
+        label, old_dir = source_at(args.old_rev, ROOT)
+        revisions = {label: str(old_dir), "new": None}
     results = {}
     try:
         for variant, (data, meta) in files.items():

@@ -76,6 +76,17 @@ def make_store(spec) -> FakeStore:
     return FakeStore([FakeInfo(name=n, task=t, size=s, **kw) for n, t, s, kw in spec])
 
 
+def mixed_store() -> FakeStore:
+    """Three datasets of three task types and batchings, with instructions, negatives and a short max length: the
+    loader's and the packer's mixed case."""
+    return make_store([
+        ("ra", "ret", 64, dict(batching="homogeneous", num_negatives=3,
+                               query_instruction="Instruct: find the passage \n Query: ", doc_instruction="passage: ")),
+        ("ca", "cls", 48, dict(batching="heterogeneous", num_negatives=1, max_query_length=20)),
+        ("sa", "sts", 56, dict(batching="random", num_negatives=0)),
+    ])
+
+
 _REAL: dict = {}
 
 

@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from data_fakes import make_store
+from data_fakes import mixed_store
 from jaxembed import config as cfglib
 from packed_reference import (assert_same_loss_and_grads, packed_and_padded, side_texts, slice_data, small_config,
                               step_grads)
@@ -27,21 +27,12 @@ def tok(minilm_dir):
     return Tokenizer.from_folder(minilm_dir)
 
 
-def _store():
-    return make_store([
-        ("ra", "ret", 64, dict(batching="homogeneous", num_negatives=3,
-                               query_instruction="Instruct: find the passage \n Query: ", doc_instruction="passage: ")),
-        ("ca", "cls", 48, dict(batching="heterogeneous", num_negatives=1, max_query_length=20)),
-        ("sa", "sts", 56, dict(batching="random", num_negatives=0)),
-    ])
-
-
 @pytest.mark.parametrize("combined", [True, False], ids=["one_pack", "two_packs"])
 def test_packs_hold_the_padded_texts_per_shard(tok, combined):
     """2 hosts x 2 shards each: every query and candidate (empty slots too) is its padded row's tokens, in row
     order, in its own shard's rows (local indices); the prompt lengths are the padded ones; shapes agree across
     hosts and with a loader that starts at a later step (the shapes are the whole plan's)."""
-    store = _store()
+    store = mixed_store()
     plan = build_plan(store, {"global_batch_size": 8, "seed": 1})
     packing = P.Packing(shards=4, combined=combined, min_row_length=16, sub_tokens=(0,) * (1 if combined else 2))
     table = P.step_pack_table(store, plan, tok, packing)

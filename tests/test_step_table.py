@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from data_fakes import make_store
+from data_fakes import mixed_store
 from jaxembed.data import pipeline as P
 from jaxembed.data import step_table as T
 from jaxembed.data.plan import Plan, build_plan
@@ -21,15 +21,6 @@ def tok(minilm_dir):
     return Tokenizer.from_folder(minilm_dir)
 
 
-def _store():
-    return make_store([
-        ("ra", "ret", 64, dict(batching="homogeneous", num_negatives=3,
-                               query_instruction="Instruct: find the passage \n Query: ", doc_instruction="passage: ")),
-        ("ca", "cls", 48, dict(batching="heterogeneous", num_negatives=1, max_query_length=20)),
-        ("sa", "sts", 56, dict(batching="random", num_negatives=0)),
-    ])
-
-
 def _assert_same(a, b):
     assert a.keys() == b.keys()
     for k in a:
@@ -37,7 +28,7 @@ def _assert_same(a, b):
 
 
 def test_first_batch_tokenises_one_window_and_a_late_start_agrees(tok, monkeypatch):
-    store = _store()
+    store = mixed_store()
     plan = build_plan(store, {"global_batch_size": 8, "seed": 1})
     packing = P.Packing(shards=2, min_row_length=16)
     calls = []
@@ -81,7 +72,7 @@ def test_ladder_rows_is_a_bounded_menu():
 
 
 def test_windows_are_cached_for_a_restart(tok, tmp_path, monkeypatch):
-    store = _store()
+    store = mixed_store()
     plan = build_plan(store, {"global_batch_size": 8, "seed": 1})
     cache = tmp_path / "plan_lengths.npz"
     first = T.StepTable(store, plan, tok, window=4, cache=cache, round_lengths="pow2")

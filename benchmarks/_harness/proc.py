@@ -173,3 +173,17 @@ def device_info() -> dict:
     except (OSError, subprocess.TimeoutExpired):
         pass
     return info
+
+
+def source_at(rev: str, root: Path) -> tuple[str, Path]:
+    """jaxembed's package as of git revision ``rev`` of the checkout at ``root``, unpacked into a new temporary
+    folder (put it first on PYTHONPATH to run that revision). -> (a label 'old (SHORT_SHA)', the folder)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="jaxembed_old_"))
+    arch = subprocess.run(["git", "archive", rev, "jaxembed"], cwd=root, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=arch, check=True)
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=root, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    return f"old ({sha})", folder
+
