@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxembed import models
+from jaxembed import choices, models
 from jaxembed.errors import UserError
 from jaxembed.models import dropout
 from jaxembed.models.layers import layer_dropout_key
@@ -53,7 +53,7 @@ from jaxembed.models.layers import layer_dropout_key
 TRAINABLE = nnx.LoRAParam
 EXPORTS = ("merged", "adapter", "both")
 #: ``model.lora.base_dtype``: the storage dtype of the frozen base weights
-BASE_DTYPES = ("float32", "bfloat16")
+BASE_DTYPES = choices.TRAIN_DTYPES
 BASE_FILE = "lora_base.json"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

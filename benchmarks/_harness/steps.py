@@ -186,17 +186,16 @@ class NaturalJaxembed:
 
         from jaxembed import parallel
         from jaxembed.data.pipeline import batch_stats, make_loader, to_global
-        from jaxembed.train import init_state, make_train_step, pow2_lengths, setup, step_table
+        from jaxembed.train import init_state, make_train_step, setup, step_table
 
         c = natural_config(data, folder, B, max_len, plan_steps, packing, store)
         run = setup(c, tempfile.mkdtemp(prefix="bench_natural_"))
         # the plan's length table, kept beside the store (keyed by plan, tokenizer and packing: a stale file is
         # recomputed), so that a restarted worker (--natural-resident 1) does not tokenize the plan again
         name = f"lengths_{Path(folder).name}_{B}_{plan_steps}_{'packed' if packing else 'padded'}.npz"
-        table = step_table(run, Path(store).parent / name)
-        lengths = tuple(pow2_lengths(x) for x in (table["query_len"], table["doc_len"]))  # length_buckets="pow2"
-        loader = make_loader(run.store, run.plan, run.loaded.tokenizer, lengths=lengths, num_candidates=run.K,
-                             packing=run.packing, pack_table=table if run.packing is not None else None)
+        table = step_table(run, Path(store).parent / name, "pow2")  # as length_buckets="pow2"
+        loader = make_loader(run.store, run.plan, run.loaded.tokenizer, num_candidates=run.K, packing=run.packing,
+                             step_table=table)
         ids = natural_steps(plan_steps, steps, pick)
         host = [loader.batch(s) for s in ids]
         self.stats = [batch_stats(b, loader.batcher.shards if run.packing is not None else 1) for b in host]

@@ -172,12 +172,11 @@ def make_runs(c, workdir: Path):
 def loader_of(run, name: str):
     """The trainer's loader over the run's plan (power-of-two length buckets, as train.length_buckets='pow2')."""
     from jaxembed.data.pipeline import make_loader
-    from jaxembed.train import pow2_lengths, step_table
+    from jaxembed.train import step_table
 
-    table = step_table(run, run.workdir / f"plan_lengths_{name}.npz")
-    lengths = tuple(pow2_lengths(x) for x in (table["query_len"], table["doc_len"]))
-    return make_loader(run.store, run.plan, run.loaded.tokenizer, lengths=lengths, num_candidates=run.K,
-                       packing=run.packing, pack_table=table if run.packing is not None else None)
+    table = step_table(run, run.workdir / f"plan_lengths_{name}.npz", "pow2")
+    return make_loader(run.store, run.plan, run.loaded.tokenizer, num_candidates=run.K, packing=run.packing,
+                       step_table=table)
 
 
 def choose_steps(padded_loader, look: int, take: int) -> tuple[list[int], dict]:
@@ -398,12 +397,14 @@ def config_folder(name: str, root: Path) -> Path:
 class random_weights:
     """Within it, jaxembed.loading.load builds the model from its config with random weights (HF-style normal(0.02),
     seed 0) on the default device instead of reading the folder's weights, and LoRA's base fingerprint (a hash of
-    every base weight: minutes for 7B) is a constant: for ``config_folder`` folders (part 6)."""
+    every base weight: minutes for 7B) is a constant: for ``config_folder`` folders (part 6). Such a folder has no
+    weights file, so the folder check before loading is off (its tokenizer is still checked on a probe sentence)."""
 
     def __enter__(self):
         from jaxembed import loading, lora, models
 
-        self._saved = (loading.read_weights, models.load_weights, lora.base_fingerprint)
+        self._saved = (loading.read_weights, models.load_weights, lora.base_fingerprint, loading.check_complete)
+        loading.check_complete = lambda tdir: None
         loading.read_weights = lambda folder: ({}, f"{folder} (random weights: benchmarks/gpu)")
         models.load_weights = lambda config, tensors, source="": (models.init_model(config, seed=0), config)
         lora.base_fingerprint = lambda model: "random-weights"
@@ -412,7 +413,7 @@ class random_weights:
     def __exit__(self, *exc):
         from jaxembed import loading, lora, models
 
-        loading.read_weights, models.load_weights, lora.base_fingerprint = self._saved
+        loading.read_weights, models.load_weights, lora.base_fingerprint, loading.check_complete = self._saved
         return False
 
 
