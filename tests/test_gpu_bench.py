@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,10 @@ def test_gpu_benchmark_dry_run_end_to_end(shared_data, tmp_path):
     assert s["dry_run"] and s["todo"] == {} and s["next_command"] is None, (s["todo"], p.stdout[-3000:])
     assert [x for x in s["smoke"][0]["results"] if x["kind"] == "step"][0]["ok"]
     assert s["device"]["jax"]["platform"] == "cpu" and "jax" in s["versions"]
+    # the software each tool ran on; CUDA / cuDNN as JAX and torch report them: none on the CPU
+    assert {"jax", "jaxlib", "torch", "transformers", "sentence-transformers"} <= set(s["versions"])
+    assert all(s["versions"][k] is None for k in ("jax_cuda_runtime", "jax_cudnn", "jax_cuda_driver", "torch_cuda",
+                                                  "torch_cudnn"))
     assert s["workers"]["shared_process"] and s["parts"] == ["train", "long", "llm", "batch", "encode", "pytest"]
 
     t1 = load("part1_pytest.json")
@@ -126,8 +131,23 @@ def test_gpu_benchmark_dry_run_end_to_end(shared_data, tmp_path):
         for k in settings:
             r = e[tool][k]
             assert r["finite"] and r["step_s"] > 0 and r["examples_per_s"] > 0, (tool, k, r)
-            assert r["mfu"] == pytest.approx(r["flops_per_round"] / r["round_times_s"][0] / 1e12)
+            assert len(r["round_times_s"]) == 2  # the dry run's rounds: the median of two
+            assert r["mfu"] == pytest.approx(r["flops_per_round"] / statistics.median(r["round_times_s"]) / 1e12)
     j, st = e["jaxembed"], e["st"]
+    # the fixed arms time 4 back-to-back steps a round (one device sync a round), as the natural arms time theirs
+    assert j["fixed"]["steps_per_round"] == st["fixed"]["steps_per_round"] == 4
+    assert j["fixed"]["examples_per_round"] == st["fixed"]["examples_per_round"] == 4 * 8
+    # each arm names its optimizer; ST's its attention (the CPU has no fused AdamW kernel here: foreach)
+    assert all(st[k]["optimizer"] == "torch.optim.AdamW(foreach=True)" for k in st if "step_s" in st[k])
+    assert all("optax" in j[k]["optimizer"] for k in j if "step_s" in j[k])
+    assert st["fixed"]["attention_implementation"] == st["natural"]["attention_implementation"] == "sdpa"
+    assert st["flat"]["attention_implementation"] == "sdpa" and "dense" in st["flat"]["kernel_ran"]["kernel"]
+    # every timed arm's round-to-round spread in the summary, those above 5 % flagged
+    sp = s["round_spread"]
+    assert {f"train/models/tiny-bert/{t}/{k}" for t, arms in (("jaxembed", j), ("st", st)) for k in arms
+            if "step_s" in arms[k]} <= set(sp["arms"])
+    assert sp["limit"] == 0.05 and sp["flagged"] == {k: v for k, v in sp["arms"].items() if v > 0.05}
+    assert (("SPREAD " in p.stdout) == bool(sp["flagged"])), p.stdout[-2000:]
     # the same steps' texts for every natural arm: the same real tokens; packing computes fewer slots than padding,
     # padding-free none but the real ones
     assert j["packed"]["real_tokens_per_round"] == j["padded"]["real_tokens_per_round"] == \
@@ -142,6 +162,8 @@ def test_gpu_benchmark_dry_run_end_to_end(shared_data, tmp_path):
     # the device's path (transformers' AttentionInterface + a varlen kernel fed cu_seq_lens), with the kernel's CPU
     # stand-in: BERT here, Qwen2 in part 6
     assert st["flat"]["varlen_wiring"]["min_cosine"] > 0.9999
+    ran = st["flat"]["varlen_wiring"]["kernel_ran"]  # the registered varlen function computed the layers
+    assert ran["kernel"].endswith("_varlen_reference") and ran["calls"] >= 1 and ran["cast"] == {}
     assert {"ratio_packed_over_st", "ratio_packed_over_padded", "ratio_fixed_over_st"} <= set(e)
     for key in ("fixed_vs_st_fixed", "packed_vs_st_natural", "padded_vs_st_natural", "packed_vs_st_flat"):
         c = e["compare"][key]
@@ -164,6 +186,7 @@ def test_gpu_benchmark_dry_run_end_to_end(shared_data, tmp_path):
     assert llm["setup"]["jaxembed"]["trainable_params"] == llm["setup"]["st"]["trainable_params"]  # the same adapters
     assert [b for b, r in llm["st"].items() if "step_s" in r] == ["4", "8"] and llm["st_largest_batch"] == 8
     assert llm["tokens_ratio"] > 0 and llm["varlen_wiring"]["min_cosine"] > 0.9999
+    assert llm["varlen_wiring"]["kernel_ran"]["calls"] >= 1  # Qwen2's layers called the registered varlen function
 
     b = load("part3_batch.json")
     assert [t["global_batch"] for t in b["trials"] if "step_s" in t] == [16]
@@ -478,3 +501,59 @@ def test_pytest_part_keeps_the_outcomes_of_a_run_stopped_at_its_cap():
     # the second H200 call: pytest's header ("N deselected") is parsed as counts; the per-test lines still count
     r["counts"] = {"deselected": 33}
     assert record.line_pytest(r).startswith("1 passed, 1 failed, 0 skipped")
+
+
+def test_varlen_attention_casts_q_k_v_to_the_compute_dtype_and_records_the_kernel():
+    """ST's padding-free arm: under bf16 autocast RoPE leaves q / k in float32 while v is bfloat16; torch's varlen
+    kernel takes half precision only, so the registered attention casts all three to autocast's dtype before the
+    call, and the record names the kernel, its calls and the casts."""
+    import torch
+
+    sys.path.insert(0, str(GPU_BENCH))
+    import workers
+
+    seen = []
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return workers._varlen_reference(q.float(), k.float(), v.float(), cu_q, cu_k, max_q, max_k, scale=scale,
+                                         window_size=window_size).to(q.dtype)
+
+    from transformers import AttentionInterface
+
+    name = workers._register_torch_varlen(kernel, "test_cast_varlen")
+    fn = AttentionInterface._global_mapping[name]
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 5, 4, generator=g) for _ in range(2))  # [batch 1, heads, T, D], float32
+    v = torch.randn(1, 2, 5, 4, generator=g).bfloat16()
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    module = SimpleNamespace(is_causal=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = fn(module, q, k, v, None, cu_seq_lens_q=cu, max_length_q=3)
+    assert seen == [(torch.bfloat16,) * 3] and out.dtype == torch.bfloat16 and out.shape == (1, 5, 2, 4)
+    ran = workers.VARLEN_RAN[name]
+    assert ran == {"kernel": f"{__name__}.kernel", "calls": 1,
+                   "cast": {"q": "float32 -> bfloat16", "k": "float32 -> bfloat16"}}
+    want = workers._varlen_reference(*(t[0].transpose(0, 1).bfloat16().float() for t in (q, k, v)), cu, cu, 3, 3,
+                                     window_size=(-1, 0))
+    assert torch.allclose(out[0].float(), want, atol=2e-2)
+    # no autocast: the tensors' own dtype, nothing cast
+    seen.clear()
+    fn(module, q, k, v.float(), None, cu_seq_lens_q=cu, max_length_q=3)
+    assert seen == [(torch.float32,) * 3] and workers.VARLEN_RAN[name]["calls"] == 2
+
+
+def test_round_spread_flags_the_unsteady_arms():
+    """The summary's round_spread: max / min - 1 of every arm's timed rounds, those above 5 % flagged; an arm of
+    one round has no spread."""
+    sys.path.insert(0, str(GPU_BENCH))
+    import bench
+
+    res = {"train": {"models": {"m": {"st": {"natural": {"round_times_s": [0.93, 1.0, 1.11]},
+                                             "fixed": {"round_times_s": [1.0, 1.04, 1.02]}},
+                                      "jaxembed": {"fixed": {"round_times_s": [1.0]}}}}},
+           "llm": {"models": {"q": {"st": {"8": {"round_times_s": [2.0, 2.2]}}}}}}
+    sp = bench.round_spreads(res)
+    assert sp["arms"] == pytest.approx({"train/models/m/st/natural": 1.11 / 0.93 - 1,
+                                        "train/models/m/st/fixed": 0.04, "llm/models/q/st/8": 0.1})
+    assert set(sp["flagged"]) == {"train/models/m/st/natural", "llm/models/q/st/8"} and sp["limit"] == 0.05

@@ -62,7 +62,7 @@ FULL = dict(models="minilm:512,bert-base:256,bert-large:128,qwen2-0.5b:64", look
             llm="qwen2-1.5b:full:128:32,qwen2-7b:lora:64:16:remat", llm_sizes=[8, 16, 32, 64, 128], llm_take=1,
             llm_rounds=2, llm_plan_steps=2, llm_cap=512, lora_rank=16, capacity_gib=None, prepare_processes=4,
             check_varlen_wiring=False, budget=530.0, cap_scale=1, jax_min_s=110)
-DRY = dict(models="tiny-bert:8", look=6, take=2, plan_steps=8, rounds=1, q_len="auto", d_len="auto",
+DRY = dict(models="tiny-bert:8", look=6, take=2, plan_steps=8, rounds=2, q_len="auto", d_len="auto",
            jax_settings=["fixed", "packed", "padded"], st_settings=["fixed", "natural", "flat"],
            waves=[["fixed", "packed"], ["padded"]], compile_threads=2, profile=["packed"], st_share=0.3,
            batch_model="tiny-bert", sizes=[16], chunk=8, batch_q_len=8, batch_d_len=16, batch_rounds=1,
@@ -762,7 +762,7 @@ def main(argv=None) -> int:
                                   "qwen2-1.5b:full:128:32,qwen2-7b:lora:64:16:remat)")
     ap.add_argument("--llm-sizes", help="part 6: sentence-transformers' global batches, tried in order until one "
                                         "does not fit (default 8,16,32,64,128)")
-    ap.add_argument("--rounds", type=int, help="timed rounds per setting (default 3; the dry run 1)")
+    ap.add_argument("--rounds", type=int, help="timed rounds per setting (default 3; the dry run 2)")
     ap.add_argument("--compile-threads", type=int, help="programs of one worker compiled side by side (default 3)")
     ap.add_argument("--flat-attention", help="part 2's ST padding-free arm: the attentions to try, comma-separated "
                                              "(default: workers.FLAT_ORDER, the first that runs)")
@@ -889,10 +889,12 @@ def main(argv=None) -> int:
         results[part] = r
         summary.setdefault("part_seconds", {})[part] = time.time() - t0
         summary["targets"] = targets(results)
+        summary["round_spread"] = round_spreads(results)
         write_json(spath, summary)
     summary["todo"] = {k: v for k, v in todo.items() if v}
     summary["next_command"] = next_command(summary["todo"])
     summary["targets"] = targets(results)
+    summary["round_spread"] = round_spreads(results)
     summary["wall_s"] = time.time() - t_start
     summary["load_average_at_end"] = list(os.getloadavg())
     summary["workers"] = {"count": w.n, "shared_process": w.shared}
@@ -900,6 +902,31 @@ def main(argv=None) -> int:
     write_json(spath, summary)
     print_table(summary, results)
     return 0
+
+
+#: an arm whose timed rounds differ by more than this (max / min - 1) is flagged in the summary: its median is
+#: not a steady figure (clocks, a neighbour, allocator growth) and wants more rounds or a rerun
+SPREAD_LIMIT = 0.05
+
+
+def round_spreads(results: dict, limit: float = SPREAD_LIMIT) -> dict:
+    """Every measured arm's round-to-round spread (max / min - 1 of its round_times_s; arms with two or more
+    rounds), keyed by its path in the results ("train/bert-base/st/fixed"), and those above ``limit``."""
+    arms = {}
+
+    def walk(x, path):
+        if isinstance(x, dict):
+            t = x.get("round_times_s")
+            if isinstance(t, list) and len(t) >= 2 and min(t) > 0:
+                arms["/".join(path)] = max(t) / min(t) - 1
+            for k, v in x.items():
+                walk(v, path + [str(k)])
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                walk(v, path + [str(i)])
+
+    walk(results, [])
+    return {"limit": limit, "arms": arms, "flagged": {k: v for k, v in arms.items() if v > limit}}
 
 
 def prepare_models(cfg: dict, parts: list[str]) -> list[str]:
@@ -1018,6 +1045,9 @@ def print_table(summary: dict, results: dict) -> None:
         print(f"pytest -m gpu: {p.get('counts')}")
     for k, t in summary.get("targets", {}).items():
         print(f"target {k}: met={t['met']} {t.get('values', t.get('value'))}")
+    sp = summary.get("round_spread") or {}
+    for k, v in sp.get("flagged", {}).items():
+        print(f"SPREAD {k}: rounds differ by {v:.1%} (> {sp['limit']:.0%}): not a steady figure")
     print(f"todo: {summary.get('todo')}\nnext: {summary.get('next_command')}", flush=True)
 
 

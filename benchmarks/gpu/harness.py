@@ -337,6 +337,33 @@ def versions() -> dict:
     import flax
 
     out["flax_file"] = str(Path(flax.__file__).parent)
+    out.update(cuda_versions())
+    return out
+
+
+def cuda_versions() -> dict:
+    """CUDA and cuDNN as each framework reports them at run time (None where it has none: the CPU): JAX's CUDA
+    plugin (jax._src.lib.cuda_versions: runtime, cuDNN, driver) and torch (torch.version.cuda, the build's;
+    torch.backends.cudnn.version(), the loaded library's)."""
+    out = {"jax_cuda_runtime": None, "jax_cudnn": None, "jax_cuda_driver": None, "torch_cuda": None,
+           "torch_cudnn": None}
+    try:
+        from jax._src.lib import cuda_versions as cv
+    except ImportError:
+        cv = None
+    if cv is not None:
+        for key, fn in (("jax_cuda_runtime", "cuda_runtime_get_version"), ("jax_cudnn", "cudnn_get_version"),
+                        ("jax_cuda_driver", "cuda_driver_get_version")):
+            try:
+                out[key] = getattr(cv, fn)()
+            except Exception:  # noqa: BLE001 -- a plugin without that query (or no device): not reported
+                pass
+    try:
+        import torch
+    except ImportError:
+        return out
+    if torch.cuda.is_available():
+        out.update(torch_cuda=torch.version.cuda, torch_cudnn=torch.backends.cudnn.version())
     return out
 
 

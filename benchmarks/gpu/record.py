@@ -268,7 +268,8 @@ def _record(summary: dict, parts: dict, results_dir, readme) -> list[str]:
     lines = []
     for part, r in parts.items():
         r = dict(r, device=name, summary={k: summary.get(k) for k in ("date", "device", "versions", "targets",
-                                                                       "todo", "next_command", "dry_run", "calls")})
+                                                                       "round_spread", "todo", "next_command",
+                                                                       "dry_run", "calls")})
         save_result(f"gpu_{part}_{slug}", r, Path(results_dir) if results_dir else None)
         setting = SETTINGS[part].format(model=r.get("model"), q_len=r.get("q_len"), d_len=r.get("d_len"))
         result = LINES[part](r)

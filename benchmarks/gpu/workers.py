@@ -126,6 +126,13 @@ def _compile(jobs: dict, threads: int = 1) -> tuple[dict, float]:
     return out, wall
 
 
+#: steps timed back to back in each round of the fixed-length arms (one device sync per round, as the trainer
+#: dispatches steps without waiting): a round of one step would count the device's idle time between dispatches
+FIXED_STEPS = 4
+#: jaxembed's optimizer as the record names it (jaxembed.train.optim: optax's AdamW, compiled into the step)
+JAX_OPTIMIZER = "optax.adamw (jaxembed.train.optim, inside the compiled train step)"
+
+
 def _time(progs: list, dev: list, state, rounds: int, dl: H.Deadline, sync_each: bool = False):
     """Run the compiled programs once (warm-up), then ``rounds`` timed rounds over all of them (one device sync
     per round: the loop's dispatch overlaps as in the trainer) -> (state, figures)."""
@@ -304,10 +311,11 @@ def train_jax(a: dict) -> None:
         work, lowered = {}, {}
         for setting in wave:
             try:
-                if setting == "fixed":
+                if setting == "fixed":  # FIXED_STEPS back-to-back steps a round (distinct ids, one program)
                     run = padded
-                    hosts = [H.fixed_batch(pad_loader.batch(steps[0]), B, run.K, lq, ld,
-                                           int(run.loaded.hf_config["vocab_size"]))]
+                    tmpl, vocab = pad_loader.batch(steps[0]), int(run.loaded.hf_config["vocab_size"])
+                    hosts = [H.fixed_batch(tmpl, B, run.K, lq, ld, vocab, seed=2 * i)
+                             for i in range(int(a.get("fixed_steps", FIXED_STEPS)))]
                 else:
                     run, loader = (packed, pack_loader) if setting == "packed" else (padded, pad_loader)
                     hosts = [loader.batch(s) for s in steps]
@@ -335,6 +343,7 @@ def train_jax(a: dict) -> None:
                 res.update(compile_s=c_["compile_s"], programs=len(c_["compiled"]), **c_["memory"])
                 out = _train_figures(res, run, hosts, B, peak)
                 out["device_peak_gib_so_far"] = H.jax_device_peak_gib()
+                out["optimizer"] = JAX_OPTIMIZER
                 if setting == "fixed":
                     out.update(q_len=lq, d_len=ld)
                 else:
@@ -390,6 +399,19 @@ def train_st(a: dict) -> None:
 
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+
+
+def st_adamw(model, gpu: bool):
+    """The HF Trainer's AdamW (its weight-decay groups) as its default optim runs it: fused on CUDA
+    (``adamw_torch_fused``), foreach where the fused kernel is not supported (the CPU) -> (optimizer, the
+    implementation's name for the record)."""
+    impl = "fused" if gpu else "foreach"
+    try:
+        opt = trainer_adamw(model, lr=2e-5, weight_decay=0.01, **{impl: True})
+    except (RuntimeError, ValueError):  # a device without the fused kernel: the multi-tensor one
+        impl = "foreach"
+        opt = trainer_adamw(model, lr=2e-5, weight_decay=0.01, foreach=True)
+    return opt, f"torch.optim.AdamW({impl}=True)"
 
 
 def _st_loss(loss_fn, cols):
@@ -470,11 +492,38 @@ def _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, sc
     return out
 
 
+#: what each registered varlen attention ran: {name: {"kernel": the function, "calls": n, "cast": {"q": "float32
+#: -> bfloat16", ...}}}: the padding-free arm's record of the kernel that computed it
+VARLEN_RAN: dict = {}
+
+
+def _compute_dtype(value):
+    """The dtype the attention computes in: autocast's on the tensor's device while autocast is on, else
+    ``value``'s (the projections' output dtype)."""
+    import torch
+
+    dev = value.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return value.dtype
+
+
+def _flex_compiled() -> bool:
+    """Whether transformers' flex attention ran compiled (its WrappedFlexAttention holds a torch.compile'd
+    flex_attention): uncompiled, flex materialises every score block and is no fair arm."""
+    try:
+        from transformers.integrations.flex_attention import WrappedFlexAttention
+    except ImportError:
+        return False
+    return bool(getattr(WrappedFlexAttention, "_is_flex_compiled", False))
+
+
 def _register_torch_varlen(kernel=None, name: str = "jaxembed_torch_varlen") -> str:
     """transformers' AttentionInterface entry ``name``: torch.nn.attention.varlen.varlen_attn (or ``kernel``, the
     same function) on the flattened row (batch 1) with the cu_seq_lens_q / max_length_q the forward call passes
     down, causal for decoders, grouped-query heads expanded where the kernel has no enable_gqa. No attention
-    dropout (the kernel has none)."""
+    dropout (the kernel has none). q / k / v are cast to the compute dtype first (autocast's): the kernel takes
+    float16 / bfloat16 only, and RoPE under autocast returns float32 q / k. VARLEN_RAN[name] counts the calls."""
     import inspect
 
     import torch
@@ -485,8 +534,15 @@ def _register_torch_varlen(kernel=None, name: str = "jaxembed_torch_varlen") -> 
     varlen_attn = kernel
     params = inspect.signature(varlen_attn).parameters
 
+    ran = VARLEN_RAN[name] = {"kernel": f"{kernel.__module__}.{kernel.__name__}", "calls": 0, "cast": {}}
+
     def fn(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kw):
-        q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # [T, heads, D]
+        dtype = _compute_dtype(value)
+        for role, t in (("q", query), ("k", key), ("v", value)):
+            if t.dtype != dtype:  # RoPE under autocast leaves q / k in float32, which the kernel refuses
+                ran["cast"][role] = f"{t.dtype} -> {dtype}".replace("torch.", "")
+        q, k, v = (t[0].transpose(0, 1).to(dtype).contiguous() for t in (query, key, value))  # [T, heads, D]
+        ran["calls"] += 1
         if k.shape[1] != q.shape[1] and "enable_gqa" not in params:
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -613,7 +669,7 @@ def _st_one(a: dict, name: str, B: int, dl: H.Deadline) -> None:
     model = _st_model(folder, device)
     model.train()
     loss_fn = _st_loss_cls()(model, scale=1.0 / H.TEMPERATURE)
-    opt = trainer_adamw(model, lr=2e-5, weight_decay=0.01)  # the HF Trainer's AdamW groups
+    opt, opt_impl = st_adamw(model, gpu)
     kind = torch.cuda.get_device_name() if gpu else "cpu"
     peak = H.peak_flops(kind, a.get("peak_flops"))
     flat_impls, tried = _flat_attention(gpu, a.get("flat_attention"))
@@ -678,14 +734,13 @@ def _st_one(a: dict, name: str, B: int, dl: H.Deadline) -> None:
                          "torch's varlen kernel" if flat_impl == "torch_varlen" else "as the model's config"}
                 extra["agreement"] = agreement
                 if a.get("check_varlen_wiring"):  # the device's varlen path, with the kernel's CPU stand-in
-                    extra["varlen_wiring"] = _flat_agreement(_Flat(
-                        model[0].auto_model, model.tokenizer, model.max_seq_length, "torch_varlen", device,
-                        varlen_kernel=_varlen_reference), list(cols[0].values()))
+                    ref = _Flat(model[0].auto_model, model.tokenizer, model.max_seq_length, "torch_varlen", device,
+                                varlen_kernel=_varlen_reference)
+                    extra["varlen_wiring"] = dict(_flat_agreement(ref, list(cols[0].values())),
+                                                  kernel_ran=_kernel_ran(ref))
             else:
                 vocab = int(model[0].auto_model.config.vocab_size)
                 K = len(cols[0]) - 1 if cols else 2  # the candidate columns
-                q = H.synthetic_ids(B, lq, vocab, 1)
-                d = H.synthetic_ids(B * K, ld, vocab, 2)
 
                 def f_of(ids):
                     t = torch.as_tensor(ids, dtype=torch.long)
@@ -694,14 +749,19 @@ def _st_one(a: dict, name: str, B: int, dl: H.Deadline) -> None:
                         f["token_type_ids"] = torch.zeros_like(t)
                     return to_dev(f)
 
-                feats.append([f_of(q)] + [f_of(d[j::K]) for j in range(K)])
-                lengths.append(np.array([lq] * B + [ld] * (B * K)))
-                padded.append([(B, lq)] + [(B, ld)] * K)
+                for i in range(int(a.get("fixed_steps", FIXED_STEPS))):  # as jaxembed's: back-to-back steps
+                    q = H.synthetic_ids(B, lq, vocab, 1 + 2 * i)
+                    d = H.synthetic_ids(B * K, ld, vocab, 2 + 2 * i)
+                    feats.append([f_of(q)] + [f_of(d[j::K]) for j in range(K)])
+                    lengths.append(np.array([lq] * B + [ld] * (B * K)))
+                    padded.append([(B, lq)] + [(B, ld)] * K)
             n_cand = B * (len(cols[0]) - 1 if setting != "fixed" else len(feats[0]) - 1)
             if gpu:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
             cm = flat if setting == "flat" else _null()
+            attn_impl = flat.hf_impl if setting == "flat" else \
+                getattr(model[0].auto_model.config, "_attn_implementation", None)
             with cm:
                 loss, warm_s, times = _torch_time(lambda: [step_fn(f) for f in feats][-1], a["rounds"], dl, gpu)
             real = int(sum(x.sum() for x in lengths))
@@ -715,7 +775,8 @@ def _st_one(a: dict, name: str, B: int, dl: H.Deadline) -> None:
                    "finite": bool(torch.isfinite(loss.detach()).item()), "steps_per_round": len(feats),
                    "examples_per_round": B * len(feats), "real_tokens_per_round": real,
                    "token_slots_per_round": slots, "real_fraction": real / max(slots, 1), "flops_per_round": fl_comp,
-                   "real_flops_per_round": fl_real, "shapes": [str(ps) for ps in padded[:4]], **extra}
+                   "real_flops_per_round": fl_real, "shapes": [str(ps) for ps in padded[:4]],
+                   "optimizer": opt_impl, "attention_implementation": attn_impl, **extra}
             if gpu:
                 out["device_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
             if times:
@@ -726,6 +787,8 @@ def _st_one(a: dict, name: str, B: int, dl: H.Deadline) -> None:
                     out.update(mfu=fl_comp / t / peak, mfu_real_tokens=fl_real / t / peak)
             if setting == "fixed":
                 out.update(q_len=lq, d_len=ld)
+            if setting == "flat":
+                out["kernel_ran"] = _kernel_ran(flat)
             emit(kind="train", tool="st", setting=setting, model=name, **out)
         except Exception as e:  # noqa: BLE001
             emit(kind="train", tool="st", setting=setting, model=name, error=_error(e))
@@ -747,11 +810,25 @@ def _flat_probe(model, impls: list, tried: dict, cols: list, device: str, amp, l
                 loss = _st_loss(loss_fn, flat.embed(flat.features(list(cols[0].values()))))
             loss.backward()
             model.zero_grad(set_to_none=True)
+            if impl == "flex_attention" and not _flex_compiled():
+                raise RuntimeError("flex_attention ran without torch.compile (every score block materialised)")
             return flat, agreement
         except Exception as e:  # noqa: BLE001 -- the next one, and the record says why
             tried[impl] = "failed here: " + _error(e).strip().splitlines()[-1][:300]
             model.zero_grad(set_to_none=True)
     return None, None
+
+
+def _kernel_ran(flat: _Flat) -> dict:
+    """The attention kernel that computed the padding-free arm: the varlen function and its calls (with the
+    casts to the compute dtype), flex attention and whether it ran compiled, or the model's own attention."""
+    if flat.impl == "torch_varlen":
+        return dict(VARLEN_RAN.get(flat.hf_impl, {}), cast=dict(VARLEN_RAN.get(flat.hf_impl, {}).get("cast", {})))
+    if flat.impl == "flex_attention":
+        return {"kernel": "torch.nn.attention.flex_attention", "compiled": _flex_compiled()}
+    if flat.impl == "sdpa_block_mask":
+        return {"kernel": "torch.nn.functional.scaled_dot_product_attention (dense block-diagonal mask)"}
+    return {"kernel": flat.impl}
 
 
 class _null:
@@ -1155,8 +1232,8 @@ def llm_st(a: dict) -> None:
             model = AutoModel.from_config(cfg, attn_implementation="sdpa", torch_dtype=dtype)
     if a.get("check_varlen_wiring"):  # part 2's padding-free path on this architecture, the kernel's CPU stand-in
         fl = _Flat(model, tok, cap, "torch_varlen", device, varlen_kernel=_varlen_reference)
-        emit(kind="wiring", tool="st", model=name, **_flat_agreement(fl, [[r["query"] for r in rows[:4]],
-                                                                          [r["pos"][0] for r in rows[:4]]]))
+        agree = _flat_agreement(fl, [[r["query"] for r in rows[:4]], [r["pos"][0] for r in rows[:4]]])
+        emit(kind="wiring", tool="st", model=name, kernel_ran=_kernel_ran(fl), **agree)
     peft_version = None
     if lora:
         import peft
@@ -1168,7 +1245,7 @@ def llm_st(a: dict) -> None:
                                                            target_modules=targets))
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    opt = trainer_adamw(model, lr=2e-5, weight_decay=0.01)
+    opt, opt_impl = st_adamw(model, gpu)
     loss_fn = None
     try:
         loss_fn = _st_loss_cls()(model, scale=1.0 / H.TEMPERATURE)
@@ -1215,7 +1292,8 @@ def llm_st(a: dict) -> None:
             loss, warm, times = _torch_time(lambda: step(feats), a["rounds"], dl, gpu)
             out = {"warmup_s": warm, "round_times_s": times, "loss": float(loss.detach()),
                    "finite": bool(torch.isfinite(loss.detach()).item()), "real_tokens_per_round": real,
-                   "token_slots_per_round": slots, "real_fraction": real / max(slots, 1)}
+                   "token_slots_per_round": slots, "real_fraction": real / max(slots, 1), "optimizer": opt_impl,
+                   "attention_implementation": getattr(model.config, "_attn_implementation", None)}
             if times:
                 tm = statistics.median(times)
                 out.update(step_s=tm, examples_per_s=B / tm, real_tokens_per_s=real / tm)
