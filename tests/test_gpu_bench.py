@@ -557,3 +557,16 @@ def test_round_spread_flags_the_unsteady_arms():
     assert sp["arms"] == pytest.approx({"train/models/m/st/natural": 1.11 / 0.93 - 1,
                                         "train/models/m/st/fixed": 0.04, "llm/models/q/st/8": 0.1})
     assert set(sp["flagged"]) == {"train/models/m/st/natural", "llm/models/q/st/8"} and sp["limit"] == 0.05
+
+
+def test_flex_attention_counts_only_when_transformers_compiled_it(monkeypatch):
+    """ST's padding-free arm takes flex attention only compiled: transformers' WrappedFlexAttention singleton,
+    made by the first call, says whether it holds a torch.compile'd flex_attention."""
+    sys.path.insert(0, str(GPU_BENCH))
+    import workers
+    from transformers.integrations.flex_attention import WrappedFlexAttention
+
+    monkeypatch.setattr(WrappedFlexAttention, "_instance", None)
+    assert not workers._flex_compiled()  # never called: nothing compiled
+    monkeypatch.setattr(WrappedFlexAttention, "_instance", SimpleNamespace(_is_flex_compiled=True))
+    assert workers._flex_compiled()

@@ -156,8 +156,9 @@ def line_llm(r: dict) -> str:
 SETTINGS = {
     "pytest": "`pytest -m gpu` (attention kernels vs XLA, MFU / memory in the metrics, bf16 vs fp32, 80k candidates)",
     "train": "train step, bf16 compute / fp32 master weights, shared snli + wikiqa natural lengths (the plan's "
-             "steps of its most common padded shape) and a fixed-length batch, 1 pos + 1 hard neg, AdamW; random "
-             "weights of real configs; ST: MultipleNegativesRankingLoss, bf16 autocast",
+             "steps of its most common padded shape) and 4 fixed-length batches, back to back, one device sync a "
+             "round, 1 pos + 1 hard neg, AdamW; random weights of real configs; ST: MultipleNegativesRankingLoss, "
+             "bf16 autocast, the HF trainer's fused AdamW",
     "batch": "{model}, 1 pos + 5 hard negs, gradient cache + tiled loss, q {q_len} / d {d_len} tokens",
     "encode": "encode, bf16, snli + wikiqa texts, random weights of real configs",
     "long": "long documents (lengths of the shared 20 Newsgroups sample, cut at 512 / 1,024), packed rows of "

@@ -5,10 +5,10 @@ is measured, one ``RESULT {json}`` line each, so a worker stopped at its deadlin
 
   smoke       versions, devices and one bf16 train step of a tiny BERT (is jaxembed usable here?)
   prepare     the model folders and the natural data, built on the CPU beside the smoke step
-  train_jax   jaxembed's train step on a fixed-length batch and natural-length batches (packed, padded), with a
+  train_jax   jaxembed's train step on fixed-length batches and natural-length batches (packed, padded), with a
               profile of where the step goes
   train_st    sentence-transformers (MultipleNegativesRankingLoss, bf16 autocast) on the same batches: its own
-              padding, the fixed batch, and padding-free (flattened rows, varlen attention)
+              padding, the fixed batches, and padding-free (flattened rows, varlen attention)
   batch       the largest global batch (1 positive + 5 hard negatives, gradient cache + tiled loss)
   encode      jaxembed's encode vs sentence-transformers' on the natural texts
   long        long documents in packed rows of 512-2,048 slots, each attention kernel in the full train step
@@ -274,11 +274,12 @@ def smoke(a: dict) -> None:
 
 
 def train_jax(a: dict) -> None:
-    """jaxembed on one model: the fixed-length batch (the control: every token real, the same work as ST's fixed
-    arm), then the plan's natural batches packed and padded, in a.waves (lists of settings; default: a.settings
-    at once): a wave's programs compiled side by side (a.compile_threads at a time), then each timed (warm-up +
-    a.rounds rounds), and the settings of a.profile get a profiler trace of one step (the kernels' time by kind:
-    where the step goes); a later wave only when its compilation fits before the deadline."""
+    """jaxembed on one model: the fixed-length batches (the control: every token real, the same work as ST's fixed arm;
+    FIXED_STEPS of them back to back a round), then the plan's natural batches packed and padded, in a.waves (lists
+    of settings; default: a.settings at once): a wave's programs compiled side by side (a.compile_threads at a
+    time), then each timed (warm-up + a.rounds rounds), and the settings of a.profile get a profiler trace of one
+    step (the kernels' time by kind: where the step goes); a later wave only when its compilation fits before the
+    deadline."""
     import jax
 
     from jaxembed.train import init_state
@@ -381,12 +382,13 @@ def _st_loss_cls():
 
 def train_st(a: dict) -> None:
     """sentence-transformers on every model of a.models ([name, global batch, deadline], one process: torch's
-    start once), in a.settings' order: the fixed-length batch (the control), the same steps' texts as jaxembed's
-    natural batches with ST's collator (each column padded to its longest text), and padding-free (``flat``: the
-    same texts flattened into one row with per-text positions and the best varlen attention transformers reaches
-    here, ``_flat_attention``); bf16 autocast around forward and backward (the HF Trainer's bf16=True), float32
-    master weights, AdamW, grad-norm clipping 1.0. Each model's deadline: the time left until a.until split by the
-    weights of the models still to run, read as it starts (one that ends early leaves its time to the rest)."""
+    start once), in a.settings' order: the fixed-length batches (the control, back to back), the same steps' texts
+    as jaxembed's natural batches with ST's collator (each column padded to its longest text), and padding-free
+    (``flat``: the same texts flattened into one row with per-text positions and the best varlen attention
+    transformers reaches here, ``_flat_attention``); bf16 autocast around forward and backward (the HF Trainer's
+    bf16=True), float32 master weights, AdamW (``st_adamw``: fused on CUDA), grad-norm clipping 1.0. Each model's
+    deadline: the time left until a.until split by the weights of the models still to run, read as it starts (one
+    that ends early leaves its time to the rest)."""
     weights = [float(m[2]) for m in a["models"]]
     for i, (name, B, _) in enumerate(a["models"]):
         left = a["until"] - time.time()
@@ -509,13 +511,14 @@ def _compute_dtype(value):
 
 
 def _flex_compiled() -> bool:
-    """Whether transformers' flex attention ran compiled (its WrappedFlexAttention holds a torch.compile'd
-    flex_attention): uncompiled, flex materialises every score block and is no fair arm."""
+    """Whether transformers' flex attention ran compiled (its singleton WrappedFlexAttention, made on the first
+    call, holds a torch.compile'd flex_attention): uncompiled, flex materialises every score block and is no fair
+    arm. False where this transformers has no such wrapper."""
     try:
         from transformers.integrations.flex_attention import WrappedFlexAttention
     except ImportError:
         return False
-    return bool(getattr(WrappedFlexAttention, "_is_flex_compiled", False))
+    return bool(getattr(getattr(WrappedFlexAttention, "_instance", None), "_is_flex_compiled", False))
 
 
 def _register_torch_varlen(kernel=None, name: str = "jaxembed_torch_varlen") -> str:
