@@ -57,7 +57,7 @@ class RuntimeOptions:
     the backward pass (activation memory of one layer at a time): True, or a policy name of ``REMAT_POLICIES``
     (what the layer keeps besides its input; True = 'nothing'); mote: a ``jaxembed.mote.MoTESpec`` (MoTE task
     experts in the feed-forward blocks of ``mote.layers``) or None (dense); attention: the attention kernel
-    (``model.attention``: auto / xla / cudnn / te / pallas / splash, see ``jaxembed.models.attention``).
+    (``model.attention``: ``jaxembed.choices.ATTENTION_KERNELS``, see ``jaxembed.models.attention``).
 
     ``mote`` plugs into the feed-forward interface below (``feed_forward``, ``mote_route``, ``call_ffn``) through
     ``layers``, ``feed_forward(build, rngs)`` and ``route(experts, batch)``; this module never imports
@@ -338,7 +338,7 @@ def attention(q, k, v, segments, *, causal: bool = False, bias=None, scale: floa
     segments: ``Segments`` (segment ids [B, T], 0 = padding, 1.. = the text of each token within its row) or an
     attention mask [B, T] (1 = real token, 0 = padding); causal: only keys at or before the query, within its
     text; bias: additive [1 or B, N, T, T] (T5 position bias); scale defaults to 1/sqrt(D) (T5 uses 1.0);
-    implementation: ``model.attention`` (auto / xla / cudnn / te / pallas / splash); window: sliding window within
+    implementation: ``model.attention`` (one of ``jaxembed.choices.ATTENTION_KERNELS``); window: sliding window within
     a text (Mistral, Gemma); softcap: attention logit soft-capping (Gemma 2). Returns [B, T, N, D].
     """
     return _attn.attention(q, k, v, segments, causal=causal, bias=bias, scale=scale, dropout_rate=dropout_rate,
