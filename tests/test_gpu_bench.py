@@ -402,7 +402,7 @@ def test_step_with_80k_candidates_equals_the_plain_step_on_the_accelerator(share
 
 def test_diag_kernel_summary_sums_device_kernels_by_name(tmp_path):
     """benchmarks/gpu/diag.py's trace summary: device-stream events summed per kernel, host events left out, the
-    trace copied flat beside the profile folder (the device call returns no deeply nested folder)."""
+    trace copied flat beside the profile folder (a flat output folder copies back whole from a remote machine)."""
     import gzip
     import importlib.util
 

@@ -745,7 +745,7 @@ def next_command(todo: dict) -> str | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", help="folder for the JSON files (the device call's $OUT)")
+    ap.add_argument("--out", help="folder for the JSON files (on the GPU machine: the run's output folder)")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes (the CPU test): the same code paths")
     ap.add_argument("--parts", default="2,5,6,3,4,1", help="the parts, in the order to run them (README: the two "
                                                               "calls of a session)")
@@ -1012,7 +1012,7 @@ def smoke(w: Workers, cfg: dict, summary: dict, spath: Path, timeout: float) -> 
 
 
 def print_table(summary: dict, results: dict) -> None:
-    """The short table the device call's reply ends with."""
+    """The short table a run prints last."""
     print("\n==== gpu benchmark:", summary["device"], flush=True)
     for m, e in results.get("train", {}).get("models", {}).items():
         for tool in ("jaxembed", "st"):

@@ -394,7 +394,7 @@ def plan_view(c, workdir: Path):
 
 def config_folder(name: str, root: Path) -> Path:
     """A sentence-transformers folder of ``name``'s real config WITHOUT weights (part 6: a 7B folder could not be
-    written and read back within a device call): config.json, the tokenizer (jaxembed.models.tiny's byte-level BPE
+    written and read back quickly on the GPU machine): config.json, the tokenizer (jaxembed.models.tiny's byte-level BPE
     in Qwen2's layout, or all-MiniLM-L6-v2's WordPiece for BERTs), mean pooling. Load it inside
     ``random_weights()``."""
     out = Path(root) / f"{name}_config_only"

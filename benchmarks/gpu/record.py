@@ -1,4 +1,4 @@
-"""Record a GPU benchmark run (the files a device call brought back) in benchmarks/results/ and
+"""Record a GPU benchmark run (the files of its output folder) in benchmarks/results/ and
 benchmarks/README.md: one result file per part, named by part and device (``gpu_<part>_<device>_<date>_<time>.json``,
 benchmarks/_record.py), and one README line per part.
 
