@@ -81,11 +81,12 @@ def final_eval(workdir: Path, summary: dict | None) -> dict | None:
 def eval_at(workdir: Path, step: int) -> dict | None:
     """The dev evaluation of ``step`` in metrics.jsonl ({"step", "metrics"}; the one written last), or None. Step 0
     is the model the run started from, evaluated before training (``eval.before``)."""
-    found = None
-    for r in eval_records(workdir):
-        if r["step"] == step:
-            found = r
-    return found
+    return _record_at(eval_records(workdir), step)
+
+
+def _record_at(records: list[dict], step: int) -> dict | None:
+    """The last of ``records`` (``eval_records``) at ``step``, or None."""
+    return next((r for r in reversed(records) if r["step"] == step), None)
 
 
 def eval_records(workdir: Path) -> list[dict]:
@@ -126,7 +127,7 @@ def export_line(out_dir: str | os.PathLike, step: int, workdir: str | os.PathLik
     records = eval_records(Path(workdir))
     if not records:
         return line
-    at, start = eval_at(Path(workdir), step), eval_at(Path(workdir), 0) if step else None
+    at, start = _record_at(records, step), _record_at(records, 0) if step else None
     if at is None:
         return line + " (that step has no dev evaluation)"
     keys = [metric] if metric in at["metrics"] else sorted(k for k in at["metrics"] if k.endswith("/main_score"))
