@@ -47,7 +47,7 @@ def default_config() -> mc.ConfigDict:
         param_dtype="float32",  # master parameters
         remat=False,            # rematerialise every layer in the backward pass
         remat_policy="nothing",  # what a rematerialised layer keeps: nothing | dots | dots_no_batch (models/layers.py)
-        attention="auto",       # auto | xla | cudnn | te | pallas | splash (jaxembed/models/attention.py)
+        attention="auto",       # choices.ATTENTION_KERNELS: auto picks per platform (jaxembed/models/attention.py)
         pooling="",             # '' keeps the folder's pooling
         causal=config_dict.placeholder(bool),  # decoder backbones: False = bidirectional attention
         max_length=0,           # tokens: 0 keeps the model's max_seq_length, else 2 .. the position table; caps
