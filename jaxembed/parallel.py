@@ -20,12 +20,12 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxembed.errors import UserError
-from jaxembed.losses.core import CandidateInfo, QueryInfo
-from jaxembed.losses.infonce import contrastive_loss, query_terms
+
+# flax and the losses are imported where they are used: a command that only joins a pod (``jaxembed data
+# prepare``, through ``initialize``) never pays for them (~0.5 CPU-s and ~20 MiB per process)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,8 @@ def param_specs(state: Any, mesh: Mesh, strategy: str = "replicate") -> Any:
     An axis is only sharded when its size divides evenly over the mesh axis; otherwise it stays replicated."""
     if strategy not in RULES:
         raise UserError(f"param sharding {strategy!r} is not one of {', '.join(RULES)}")
+    from flax import nnx
+
     rules = RULES[strategy]
 
     def spec(var):
@@ -97,6 +99,8 @@ def param_specs(state: Any, mesh: Mesh, strategy: str = "replicate") -> Any:
 
 def shard_model(model: nnx.Module, mesh: Mesh, strategy: str = "replicate") -> nnx.Module:
     """Place a model's parameters on ``mesh`` (replicated, or FSDP-sharded by their logical axes)."""
+    from flax import nnx
+
     graphdef, state = nnx.split(model)
     specs = param_specs(state, mesh, strategy)
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
@@ -322,6 +326,7 @@ def host_local_to_global(batch: Any, sharding: Mesh | NamedSharding) -> Any:
 
 def jit_loss(mesh: Mesh, **loss_kwargs) -> Callable:
     """The global loss under jit with named shardings: f(q, c, pos_index, weights, qi, ci, peg_t_prev)."""
+    from jaxembed.losses.infonce import contrastive_loss
 
     def f(q, c, pos_index, weights, qi, ci, peg_t_prev, temperature=None):
         kw = dict(loss_kwargs)
@@ -332,12 +337,17 @@ def jit_loss(mesh: Mesh, **loss_kwargs) -> Callable:
     return jax.jit(f)
 
 
-def shard_map_loss(mesh: Mesh, terms_fn: Callable = query_terms, **loss_kwargs) -> Callable:
+def shard_map_loss(mesh: Mesh, terms_fn: Callable | None = None, **loss_kwargs) -> Callable:
     """The global loss with explicit collectives: f(q, c, pos_index, weights, qi, ci, peg_t_prev) -> (loss, metrics).
 
     Inputs are global arrays sharded over the batch axes (pos_index holds *global* candidate columns, as
     ``layout_pos_index`` on the global batch gives). Each device gathers all candidates and their attributes.
-    ``temperature`` (a scalar, e.g. the batch's task temperature) overrides the one in ``loss_kwargs``."""
+    ``temperature`` (a scalar, e.g. the batch's task temperature) overrides the one in ``loss_kwargs``;
+    ``terms_fn``: each device's query terms (default ``jaxembed.losses.infonce.query_terms``)."""
+    from jaxembed.losses.core import CandidateInfo, QueryInfo
+    from jaxembed.losses.infonce import contrastive_loss, query_terms
+
+    terms_fn = query_terms if terms_fn is None else terms_fn
     axis = BATCH_AXES
     kwargs = dict(loss_kwargs)
     default_temperature = kwargs.pop("temperature", None)
