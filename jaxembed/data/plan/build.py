@@ -5,17 +5,19 @@ sets every batch's task and temperature; a pure function of its inputs."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from jaxembed.data.plan import blocks
 from jaxembed.data.plan.config import (
     SAMPLING, _bad, _config_dict, _merged_config, validate_data_defaults, validate_plan_config,
 )
 from jaxembed.data.plan.curriculum import _build_curriculum
 from jaxembed.data.plan.file import Plan, _validate_plan
 from jaxembed.data.plan.inputs import _infos, instance_mask, load_scores
-from jaxembed.data.plan.sampling import _build_sampled, _sampled_epochs
+from jaxembed.data.plan.sampling import _build_sampled, _dedupe_batches, _sampled_epochs
 from jaxembed.errors import UserError
 
 
@@ -56,11 +58,35 @@ def _batch_meta(ds: np.ndarray, dataset_tasks: np.ndarray, temps: np.ndarray, ta
 
 def build_plan(datasets, config=None, *, scores=None, task_order=None, instance_orders=None,
                data_config=None) -> Plan:
-    """Build a plan. datasets: a Store or a list of DatasetInfo (name, task, size, batching, epochs, weight,
-    temperature, ...). config: a plan config (ConfigDict or dict; missing fields take the defaults).
+    """Build a plan in memory. datasets: a Store or a list of DatasetInfo (name, task, size, batching, epochs,
+    weight, temperature, ...). config: a plan config (ConfigDict or dict; missing fields take the defaults).
     scores / task_order / instance_orders override the files named in the config (arrays or mappings, see
     ``load_scores`` etc.). data_config: the data config, for the defaults of sampling, sampling_temperature and
     seed. Pure: the same inputs give the same plan."""
+    plan = _build(datasets, config, scores, task_order, instance_orders, data_config, None)
+    _validate_plan(plan, "built plan")
+    return plan
+
+
+def build_plan_file(path, datasets, config=None, *, scores=None, task_order=None, instance_orders=None,
+                    data_config=None, sidecar: dict | None = None) -> Plan:
+    """``build_plan``, written to ``path`` (``plan.npz`` + ``plan.json``, as ``Plan.save``) in blocks of steps:
+    the units' batches and the plan's rows go through a scratch folder beside ``path``, so the process holds one
+    unit's batches and one block of steps at a time, never the whole plan. The file equals
+    ``build_plan(...).save(path)``. ``sidecar``: extra fields for plan.json. Returns the saved plan, mapped."""
+    path = Path(path)
+    folder = blocks.scratch_folder(path)
+    try:
+        plan = _build(datasets, config, scores, task_order, instance_orders, data_config, folder)
+        plan.save(path, sidecar=sidecar)  # checked on the way (``_validate_plan``) by Plan.load below
+        del plan
+    finally:
+        blocks.remove_scratch(folder)
+    return Plan.load(path)
+
+
+def _inputs(datasets, config, scores, task_order, instance_orders, data_config) -> dict:
+    """The checked config and the tables the builders read (everything but the batches)."""
     cfg = _merged_config(config)
     # inputs given as arguments stand in for the config's file names (recorded as such in plan.config)
     if scores is not None:
@@ -123,32 +149,71 @@ def build_plan(datasets, config=None, *, scores=None, task_order=None, instance_
                                           "batching": getattr(i, "batching", None)}
                                          for i, s, e, c, w, t in zip(infos, sizes, epochs, configured, dweights,
                                                                      temps)]}
+    return dict(cfg=cfg, infos=infos, names=names, task_names=task_names, dataset_tasks=dataset_tasks, sizes=sizes,
+                epochs=epochs, dweights=dweights, temps=temps, score_map=score_map, meta=meta, sampling=sampling,
+                temp=temp, seed=seed, G=G)
+
+
+def _build(datasets, config, scores, task_order, instance_orders, data_config, folder) -> Plan:
+    """The plan, its rows in memory (``folder`` None) or in raw files of ``folder`` (``blocks.Rows``)."""
+    x = _inputs(datasets, config, scores, task_order, instance_orders, data_config)
+    cfg, infos, G, seed, meta = x["cfg"], x["infos"], x["G"], x["seed"], x["meta"]
+    parts = blocks.Parts(G, folder)
     if cfg["curriculum"]["enabled"]:
-        ds, ex, info = _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, score_map,
-                                         task_order, instance_orders, seed, G)
+        owner, idx, info = _build_curriculum(cfg, infos, x["task_names"], x["dataset_tasks"], x["sizes"],
+                                             x["epochs"], x["score_map"], task_order, instance_orders, seed, G, parts)
     else:
-        ds, ex, info = _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweights, sampling,
-                                      temp, seed, G)
+        owner, idx, info = _build_sampled(cfg, infos, x["task_names"], x["dataset_tasks"], x["sizes"], x["epochs"],
+                                          x["dweights"], x["sampling"], x["temp"], seed, G, parts)
     dropped = info.pop("_dropped")
     unit_ids = info.pop("_unit_ids")
+    semi = info.pop("_semi", None)
+    S = int(owner.size)
+    block = blocks.block_steps(G) if folder is not None else max(S, 1)
+    rows = blocks.Rows(S, G, folder)
+    for s0 in range(0, S, block):
+        ds, ex = blocks.assemble(parts, owner, idx, s0, s0 + block)
+        rows.write("dataset_ids", s0, ds)
+        rows.write("example_ids", s0, ex)
+    del parts
+    if semi is not None:
+        info["unresolved_in_batch_repeats"] += blocks.semi_swap(rows, owner, semi[0], semi[1], seed, block,
+                                                                _dedupe_batches)
     meta.update(info)
+    task_ids, temperatures, masked = _weights_and_meta(rows, x, block)
+    if cfg["mask"]["delta"] is not None:
+        meta["masked_rows"] = masked
+    return Plan(rows.array("dataset_ids"), rows.array("example_ids"), task_ids, rows.array("weights"), temperatures,
+                tuple(x["task_names"]), tuple(x["names"]), x["dataset_tasks"], x["sizes"], cfg, int(seed), meta,
+                dropped.astype(np.int64).reshape(-1, 2), unit_ids.astype(np.int32))
 
-    weights = np.ones(ds.shape, np.float32)
+
+def _weights_and_meta(rows, x: dict, block: int):
+    """Per block of steps: the rows' weights (Eq. 9 mask), each batch's task and temperature.
+    -> (task_ids int32 [S], temperatures float32 [S], masked rows)."""
+    cfg, names, S = x["cfg"], x["names"], rows.S
     delta = cfg["mask"]["delta"]
+    alpha = {}
     if delta is not None:
-        missing = [n for n in names if n not in score_map]
-        used = set(np.unique(ds).tolist())
-        missing = [n for k, n in enumerate(names) if n in missing and k in used]
+        used = np.zeros(len(names), bool)
+        for s0 in range(0, S, block):
+            used[np.unique(rows.read("dataset_ids", s0, s0 + block))] = True
+        missing = [n for k, n in enumerate(names) if n not in x["score_map"] and used[k]]
         if missing:
             raise UserError(f"the mask needs scores for datasets {missing} (fix: score every dataset, or set "
                             "mask.delta=None)")
-        for d in np.unique(ds):
+        alpha = {d: instance_mask(x["score_map"][names[d]], delta, cfg["mask"]["direction"])
+                 for d in np.flatnonzero(used).tolist()}
+    task_ids, temps = np.empty(S, np.int32), np.empty(S, np.float32)
+    masked = 0
+    for s0 in range(0, S, block):
+        ds, ex = rows.read("dataset_ids", s0, s0 + block), rows.read("example_ids", s0, s0 + block)
+        w = np.ones(ds.shape, np.float32)
+        for d, a in alpha.items():
             sel = ds == d
-            weights[sel] = instance_mask(score_map[names[d]], delta, cfg["mask"]["direction"])[ex[sel]]
-        meta["masked_rows"] = int((weights == 0).sum())
-    task_ids, temperatures = _batch_meta(ds, dataset_tasks, temps, task_names, infos)
-    plan = Plan(ds.astype(np.int32), ex.astype(np.int64), task_ids, weights, temperatures, tuple(task_names),
-                tuple(names), dataset_tasks, sizes, cfg, int(seed), meta, dropped.astype(np.int64).reshape(-1, 2),
-                unit_ids.astype(np.int32))
-    _validate_plan(plan, "built plan")
-    return plan
+            w[sel] = a[ex[sel]]
+        masked += int((w == 0).sum())
+        rows.write("weights", s0, w)
+        task_ids[s0:s0 + ds.shape[0]], temps[s0:s0 + ds.shape[0]] = _batch_meta(
+            ds, x["dataset_tasks"], x["temps"], x["task_names"], x["infos"])
+    return task_ids, temps, masked

@@ -67,7 +67,9 @@ def _compressed_batches(rows: np.ndarray, steps: int, G: int) -> np.ndarray | No
 
 
 def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, score_map, task_order,
-                      instance_orders, seed, G):
+                      instance_orders, seed, G, parts):
+    """-> (owner, idx, info): step s is batch idx[s] of part owner[s] of ``parts`` (a ``blocks.Parts``: one part
+    per unit and round; the units' instance orders are kept there too, one unit in memory at a time)."""
     cur = cfg["curriculum"]
     if cur["unit"] == "task":
         units = {t: [d for d in range(len(infos)) if dataset_tasks[d] == k] for k, t in enumerate(task_names)}
@@ -102,7 +104,7 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
         o = np.lexsort((ex, ds, -sc if io == "e2d" else sc))
         return ds[o], ex[o]
 
-    base = {u: sorted_instances(u, m) for u, m in units.items()}
+    base = {u: parts.keep(f"unit{k}", *sorted_instances(u, m)) for k, (u, m) in enumerate(units.items())}
     rounds = int(math.ceil(max(epochs[d] for m in units.values() for d in m) - 1e-9))
     steps = int(cfg["steps"])
 
@@ -110,7 +112,7 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
         """The unit's rows of round r, in its instance order: every example of the datasets with a full epoch
         left, a random subset for a fractional epoch."""
         rr = r % max(rounds, 1)
-        ds, ex = base[u]
+        ds, ex = parts.load(base[u])
         keep = np.zeros(ds.size, bool)
         for d in units[u]:
             sel = np.flatnonzero(ds == d)
@@ -126,10 +128,10 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
     # (its share of the pass), filled with a uniform random subset of its rows kept in the unit's instance order,
     # so a short run still goes easy -> difficult through every task instead of stopping after each one's
     # easiest batches. Exactly `steps` batches, nothing truncated.
-    first = {u: round_rows(u, 0) for u in unit_names} if steps else {}
-    quota = _compressed_batches(np.array([first[u][0].size for u in order]), steps, G) if steps else None
-    fraction = 1.0 if quota is None else steps * G / sum(first[u][0].size for u in order)
-    all_d, all_e, all_u, dropped = [], [], [], []
+    first = {u: round_rows(u, 0)[0].size for u in unit_names} if steps else {}
+    quota = _compressed_batches(np.array([first[u] for u in order]), steps, G) if steps else None
+    fraction = 1.0 if quota is None else steps * G / sum(first[u] for u in order)
+    all_o, all_j, all_u, dropped = [], [], [], []
     filled = np.zeros(len(infos), np.int64)
     batches_per_unit = {u: 0 for u in unit_names}
     r = 0
@@ -137,7 +139,7 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
     while True:
         per_unit = []
         for pos, u in enumerate(order):
-            ds, ex = first[u] if r == 0 and steps else round_rows(u, r)
+            ds, ex = round_rows(u, r)
             if quota is not None:
                 pick = np.sort(_rng(seed, _R_SHORT, unit_names.index(u)).permutation(ds.size)[:quota[pos] * G])
                 ds, ex = ds[pick], ex[pick]
@@ -147,36 +149,33 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
             if rem and not cfg["drop_remainder"]:
                 # fill the last batch with the unit's first (easiest) instances not already in it
                 have = set(_key(ds[nb * G:], ex[nb * G:]).tolist())
-                d0, e0 = base[u]
+                d0, e0 = parts.load(base[u])
                 ok = np.flatnonzero(~np.isin(_key(d0, e0), list(have)))[:G - rem]
                 np.add.at(filled, d0[ok], 1)
                 ds, ex = np.concatenate([ds, d0[ok]]), np.concatenate([ex, e0[ok]])
                 nb += 1
             elif rem:
                 dropped.append(np.stack([ds[nb * G:], ex[nb * G:]], 1))
-            per_unit.append((ds[:nb * G].reshape(nb, G), ex[:nb * G].reshape(nb, G)))
+            per_unit.append(parts.add(ds[:nb * G].reshape(nb, G), ex[:nb * G].reshape(nb, G)))
+            del ds, ex
             batches_per_unit[u] += nb
         # the walk over the task order (Algorithm 1's cyclic walk, or the balanced one): see walk_order
-        k_pos, j_idx = walk_order([b[0].shape[0] for b in per_unit], walk)
-        start = np.concatenate([[0], np.cumsum([b[0].shape[0] for b in per_unit])]).astype(np.int64)
-        o = start[k_pos] + j_idx
-        bd = np.concatenate([b[0] for b in per_unit])[o]
-        be = np.concatenate([b[1] for b in per_unit])[o]
-        all_d.append(bd)
-        all_e.append(be)
+        k_pos, j_idx = walk_order([parts.batches(k) for k in per_unit], walk)
+        all_o.append(np.asarray(per_unit, np.int64)[k_pos] if k_pos.size else np.zeros(0, np.int64))
+        all_j.append(j_idx)
         all_u.append(np.array([unit_names.index(order[k]) for k in k_pos], np.int32))
-        total += bd.shape[0]
+        total += k_pos.size
         r += 1
         # an empty round ends an epoch-mode plan (no later round has more rows); in step mode it is a fractional
         # epoch's round with less than a batch in every unit, and the next round starts a new pass
-        empty = bd.shape[0] == 0 and not (steps and total)
+        empty = k_pos.size == 0 and not (steps and total)
         if (steps == 0 and r >= rounds) or (steps and total >= steps) or empty or quota is not None:
             break
-    DS, EX, UI = np.concatenate(all_d), np.concatenate(all_e), np.concatenate(all_u)
+    OW, IX, UI = np.concatenate(all_o), np.concatenate(all_j), np.concatenate(all_u)
     truncated = 0
     if steps:
-        truncated = max(0, DS.shape[0] - steps)
-        DS, EX, UI = DS[:steps], EX[:steps], UI[:steps]
+        truncated = max(0, OW.shape[0] - steps)
+        OW, IX, UI = OW[:steps], IX[:steps], UI[:steps]
     d_all = np.concatenate(dropped) if dropped else np.zeros((0, 2), np.int64)
     info = {"mode": "curriculum", "strategies": {t: "curriculum" for t in task_names},
             "curriculum": {"unit": cur["unit"], "walk": walk, "order": order, "instance_order": io, "rounds": r,
@@ -187,4 +186,4 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
             "filled": {infos[d].name: int(filled[d]) for d in range(len(infos)) if filled[d]},
             "unresolved_in_batch_repeats": 0, "_dropped": d_all,
             "dropped": {infos[d].name: int((d_all[:, 0] == d).sum()) for d in np.unique(d_all[:, 0]).tolist()}}
-    return DS, EX, info
+    return OW, IX, info

@@ -104,8 +104,10 @@ class Plan:
                             "(fix: rebuild the plan on this store)")
 
     # ---- files
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write ``path`` (.npz, the arrays) and ``path`` with suffix .json (names, config, seed, meta). Atomic."""
+    def save(self, path: str | os.PathLike, sidecar: dict | None = None) -> Path:
+        """Write ``path`` (.npz, the arrays, uncompressed, as ``np.savez`` writes them) and ``path`` with suffix .json
+        (names, config, seed, meta; ``sidecar``: extra fields). Atomic. The arrays are written in blocks of steps,
+        so a plan whose arrays are files stays out of memory."""
         path = Path(path)
         if path.suffix != ".npz":
             raise UserError(f"{path}: a plan file must end in .npz")
@@ -114,14 +116,14 @@ class Plan:
         side = {"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint(), "steps": self.steps,
                 "global_batch_size": self.global_batch_size, "seed": self.seed,
                 "task_names": list(self.task_names), "dataset_names": list(self.dataset_names),
-                "config": self.config, "meta": self.meta}
+                "config": self.config, "meta": self.meta, **(sidecar or {})}
         arrays = dict(dataset_ids=self.dataset_ids, example_ids=self.example_ids, task_ids=self.task_ids,
                       weights=self.weights, temperatures=self.temperatures, dataset_tasks=self.dataset_tasks,
                       dataset_sizes=self.dataset_sizes, dropped=self.dropped, unit_ids=self.unit_ids)
         # each file through its own unique temporary name (host, pid, random), renamed into place: concurrent
         # savers never share a temporary file; a reader between the two renames sees a pair whose fingerprints
         # differ, which ``load`` reports
-        atomic_files.write_with(path, lambda t: np.savez(t, **arrays), suffix=".npz")
+        atomic_files.write_with(path, lambda t: _write_npz(t, arrays), suffix=".npz")
         atomic_files.write_text(path.with_suffix(".json"), json.dumps(side, indent=1, default=_json_default) + "\n")
         return path
 
@@ -205,6 +207,18 @@ def read_steps(a: np.ndarray, s0: int, s1: int) -> np.ndarray:
 _MAPPED = ("dataset_ids", "example_ids", "weights")
 #: steps per block when a whole plan is read (fingerprint, checks): bounded memory for any plan size
 _BLOCK_STEPS = 1024
+
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """The layout of ``np.savez`` (one uncompressed .npy member per array, zip64 headers), each array written a
+    block of steps at a time (``read_steps``)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, a in arrays.items():
+            with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(a.dtype),
+                                                         "fortran_order": False, "shape": a.shape})
+                for s0 in range(0, len(a), _BLOCK_STEPS):
+                    f.write(np.ascontiguousarray(read_steps(a, s0, s0 + _BLOCK_STEPS)).tobytes())
 
 
 def _mapped_npz(path) -> dict[str, np.ndarray]:

@@ -43,16 +43,19 @@ def _pass(rng: np.random.Generator, members: Sequence[int], sizes: np.ndarray, e
     return np.concatenate(ds)[order], np.concatenate(ex)[order]
 
 
-def _dedupe_batches(ds: np.ndarray, ex: np.ndarray, window: int = 64) -> int:
+def _dedupe_batches(ds: np.ndarray, ex: np.ndarray, window: int = 64, start: int = 0, stop: int | None = None) -> int:
     """In place, on [n, G] arrays: swap a repeated example out of its batch with an example of a nearby batch
     (later first, then earlier) such that neither batch then holds a repeat. Keeps the multiset of examples.
-    Returns the number of repeats that could not be resolved (tiny datasets)."""
+    Returns the number of repeats that could not be resolved (tiny datasets). Only the batches [start, stop) are
+    examined (their swaps reach ``window`` batches either side): a swap never makes a repeat, so going through
+    the rows in blocks, in order, gives the same result as all at once."""
     n, G = ds.shape
     if n == 0 or G < 2:
         return 0
+    stop = n if stop is None else stop
     key = _key(ds, ex)
-    srt = np.sort(key, axis=1)
-    bad_rows = np.flatnonzero(np.any(srt[:, 1:] == srt[:, :-1], axis=1))
+    srt = np.sort(key[start:stop], axis=1)
+    bad_rows = start + np.flatnonzero(np.any(srt[:, 1:] == srt[:, :-1], axis=1))
     unresolved = 0
     for i in bad_rows:
         seen: set[int] = set()
@@ -168,7 +171,9 @@ def _sampling_probs(units: list[_Unit], sizes, epochs, weights, sampling: str, t
     return p_u / p_u.sum(), p_d / p_d.sum()
 
 
-def _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweights, sampling, temp, seed, G):
+def _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweights, sampling, temp, seed, G, parts):
+    """-> (owner, idx, info): step s is batch idx[s] of unit owner[s], whose batches are part owner[s] of
+    ``parts`` (a ``blocks.Parts``). The semi-homogeneous mixing is left to the caller (info["_semi"])."""
     strategies, units = _resolve_units(infos, cfg, task_names, dataset_tasks)
     n_pass = [int(sum(int(round((epochs[d] - math.floor(epochs[d] + 1e-9)) * sizes[d]))
                       + int(math.floor(epochs[d] + 1e-9)) * int(sizes[d]) for d in u.members)) for u in units]
@@ -188,7 +193,6 @@ def _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweight
                             "units": [{"name": u.name, "strategy": u.strategy,
                                        "datasets": [infos[d].name for d in u.members], "p": float(p)}
                                       for u, p in zip(units, p_u)]}
-    unit_batches: list[tuple[np.ndarray, np.ndarray]] = []
     dropped, filled = [], np.zeros(len(infos), np.int64)
     unresolved = 0
     if steps == 0:
@@ -209,12 +213,13 @@ def _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweight
                 dropped.append(np.stack([ds[nb * G:], ex[nb * G:]], 1))
             bd, be = ds[:nb * G].reshape(nb, G).copy(), ex[:nb * G].reshape(nb, G).copy()
             unresolved += _dedupe_batches(bd, be)
-            unit_batches.append((bd, be))
+            parts.add(bd, be)
+            del bd, be, ds, ex
         # order: an even interleave -- batch j of a unit with n batches sits at a random point of [j/n, (j+1)/n)
         times, owner, idx = [], [], []
         rng = _rng(seed, _R_ORDER)
-        for k, (bd, _) in enumerate(unit_batches):
-            n = bd.shape[0]
+        for k in range(len(units)):
+            n = parts.batches(k)
             times.append((np.arange(n) + rng.random(n)) / n)
             owner.append(np.full(n, k))
             idx.append(np.arange(n))
@@ -238,33 +243,18 @@ def _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweight
             ds = np.concatenate(parts_d)[:need + G].reshape(-1, G).copy()
             ex = np.concatenate(parts_e)[:need + G].reshape(-1, G).copy()
             unresolved += _dedupe_batches(ds, ex)
-            unit_batches.append((ds[:sel.size], ex[:sel.size]))
-    S = owner.size
-    DS = np.empty((S, G), np.int32)
-    EX = np.empty((S, G), np.int64)
-    for k, (bd, be) in enumerate(unit_batches):
-        sel = owner == k
-        DS[sel] = bd[idx[sel]]
-        EX[sel] = be[idx[sel]]
+            parts.add(ds[:sel.size], ex[:sel.size])
+            del ds, ex, parts_d, parts_e
 
-    # semi-homogeneous: pull a proportion of every batch's rows, shuffle across batches, put back
+    # semi-homogeneous: a proportion of every batch's rows is pulled, shuffled across batches and put back, on
+    # the assembled plan (``blocks.semi_swap``)
     semi_units = [k for k, u in enumerate(units) if u.strategy == "semi_homogeneous"]
     if semi_units:
         prop = float(cfg["semi_homogeneous_proportion"])
         m = int(round(prop * G))
-        rows = np.flatnonzero(np.isin(owner, semi_units))
-        info["semi_homogeneous"] = {"proportion": prop, "rows_per_batch": m, "batches": int(rows.size)}
-        if m and rows.size > 1:
-            rng = _rng(seed, _R_SEMI)
-            pos = np.argsort(rng.random((rows.size, G)), axis=1)[:, :m]  # m random positions per batch
-            r_idx = np.repeat(rows, m)
-            c_idx = pos.reshape(-1)
-            perm = rng.permutation(r_idx.size)
-            DS[r_idx, c_idx] = DS[r_idx, c_idx][perm]
-            EX[r_idx, c_idx] = EX[r_idx, c_idx][perm]
-            sd, se = DS[rows], EX[rows]
-            unresolved += _dedupe_batches(sd, se)
-            DS[rows], EX[rows] = sd, se
+        info["semi_homogeneous"] = {"proportion": prop, "rows_per_batch": m,
+                                    "batches": int(np.isin(owner, semi_units).sum())}
+        info["_semi"] = (semi_units, m)
     info["batches_per_unit"] = {u.name: int((owner == k).sum()) for k, u in enumerate(units)}
     info["_unit_ids"] = owner
     info["filled"] = {infos[d].name: int(filled[d]) for d in range(len(infos)) if filled[d]}
@@ -272,4 +262,4 @@ def _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweight
     info["_dropped"] = np.concatenate(dropped) if dropped else np.zeros((0, 2), np.int64)
     info["dropped"] = {infos[d].name: int((info["_dropped"][:, 0] == d).sum())
                        for d in np.unique(info["_dropped"][:, 0]).tolist()}
-    return DS, EX, info
+    return owner, idx, info
