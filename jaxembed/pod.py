@@ -10,6 +10,10 @@ in a single process.
   the first error (so an error on one host never leaves the others waiting).
 - ``broadcast(name, value)``: process 0's string, on every process; ``barrier(name)``: all wait for all;
   ``gather(name, value)``: every process's string, on every process.
+- ``exchange(name, fn)``: every process runs ``fn`` (-> a string) and gets every process's result, or all raise the
+  first error, like ``all_agree``; for a name used once (it carries what makes it unique), so the processes may
+  call several such names in any order and from a background thread (the coordinator's key-value store is no
+  device collective); ``forget(name)`` removes this process's value once every process has read it.
 - ``join()``: a command that works without devices (``data prepare``) joins the pod its environment describes.
 - ``single_host_only(command)``: a command that runs on one host refuses a pod in one line.
 Names must be the same on every process and called in the same order (a counter per name makes each use
@@ -163,6 +167,38 @@ def gather(name: str, value: str) -> list[str]:
     me = process_index()
     client.key_value_set(f"{key}/{me}", value)
     return [value if i == me else _get(client, f"{key}/{i}", f"process {i} ({name})") for i in range(process_count())]
+
+
+def exchange(name: str, fn: Callable[[], str]) -> list[str]:
+    """Every process runs ``fn``; returns every process's string in process order; if one failed, all raise the
+    first error (as ``all_agree``). ``name`` must be used once per run (no counter): the values stay with the
+    coordinator until each process calls ``forget(name)``."""
+    client = _client()
+    if client is None or process_count() == 1:
+        return [fn()]
+    me, n = process_index(), process_count()
+    result, status, err = _outcome(fn)
+    client.key_value_set(f"jaxembed/{name}/{me}", result if err is None else status)
+    values = [result if i == me else _get(client, f"jaxembed/{name}/{i}", f"process {i} ({name})")
+              for i in range(n)]
+    for i, v in enumerate(values):
+        if i == me and err is not None:
+            raise err
+        if v.startswith(_ERR):
+            msg = v[len(_ERR):]
+            raise UserError(msg if msg.startswith(f"process {i} ") else f"process {i}: {msg}")
+    return values
+
+
+def forget(name: str) -> None:
+    """Remove this process's value of ``exchange(name)`` from the coordinator (none there: nothing)."""
+    client = _client()
+    if client is None or process_count() == 1:
+        return
+    try:
+        client.key_value_delete(f"jaxembed/{name}/{process_index()}")
+    except Exception:  # already gone: nothing to free
+        pass
 
 
 #: the variables by which ``jaxembed.parallel.cluster_plan`` tells a process of a multi-host run; none set: one

@@ -191,13 +191,14 @@ def choose_rows(table: dict[str, np.ndarray], packing: Packing, compile_steps: i
 
 def step_pack_table(store, plan: Plan, tokenizer: Tokenizer, packing: Packing, *, seed: int | None = None,
                     negatives: str | None = None, chunk_steps: int = 256, tables: _Tables | None = None,
-                    start_step: int = 0, end_step: int | None = None) -> dict[str, np.ndarray]:
+                    start_step: int = 0, end_step: int | None = None, text_lengths=None) -> dict[str, np.ndarray]:
     """The packed shapes of every step of the plan, or of steps [start_step, end_step), over the whole global
     batch (module docstring), int32 [steps] each: row_length (L, one for the steps: of the candidates
     ``Packing.row_lengths`` that hold the longest text,
     the one with the least total cost, rows x L x ``Packing.slot_cost``), ``{pack}_rows`` for each of
     ``packing.packs`` (rows best-fit decreasing needs at L on the fullest shard, before ``choose_rows``),
-    query_len / doc_len (the longest texts, as ``step_lengths``)."""
+    query_len / doc_len (the longest texts, as ``step_lengths``). text_lengths: the steps' (step, query lengths,
+    candidate lengths) when already known (``step_rows.split_steps``), else tokenized here."""
     seed = plan.seed if seed is None else seed
     negatives = negatives or plan.config.get("negatives", "first")
     tables = tables or _Tables(store.datasets, tokenizer, plan.used_dataset_ids())
@@ -212,8 +213,10 @@ def step_pack_table(store, plan: Plan, tokenizer: Tokenizer, packing: Packing, *
     names = packing.packs
     rows = np.full((len(cands), len(names), n), -1, np.int64)  # -1: L is below the step's longest text
     out = {k: np.zeros(n, np.int32) for k in ("row_length", "query_len", "doc_len")}
-    for s, q, d in _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, start_step, end_step,
-                                      chunk_steps):
+    if text_lengths is None:
+        text_lengths = _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, start_step, end_step,
+                                          chunk_steps)
+    for s, q, d in text_lengths:
         s -= start_step
         d = np.where(d < 0, n_empty, d)
         out["query_len"][s], out["doc_len"][s] = max(int(q.max()), 1), max(int(d.max()), 1)

@@ -167,53 +167,81 @@ def _row_items(tables: _Tables, examples: list[dict], ds: np.ndarray, rows: np.n
     return q_items, d_items, q_raw, d_raw
 
 
+def share_bounds(n: int, index: int, count: int) -> tuple[int, int]:
+    """Positions [lo, hi) of share ``index`` of ``count`` contiguous, near-equal shares of n positions."""
+    return index * n // count, (index + 1) * n // count
+
+
+def rows_text_lengths(store, plan: Plan, tokenizer: Tokenizer, tables: _Tables, seed: int, negatives: str,
+                      start_step: int, end_step: int, lo: int = 0, hi: int | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Token lengths of the rows at positions [lo, hi) of steps [start_step, end_step), position p being global
+    row p % G of step start_step + p // G: (query lengths int64 [n], candidate lengths int64 [n*K]) of the
+    tokenized texts (instruction included), -1 for an empty candidate slot. Each distinct text is tokenized once."""
+    G = plan.global_batch_size
+    hi = (end_step - start_step) * G if hi is None else hi
+    if hi <= lo:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    s0, s1 = start_step + lo // G, start_step + -(-hi // G)
+    cut = slice(lo - (s0 - start_step) * G, hi - (s0 - start_step) * G)
+    ds = read_steps(plan.dataset_ids, s0, s1).reshape(-1)[cut]
+    ex = read_steps(plan.example_ids, s0, s1).reshape(-1)[cut]
+    key = ds.astype(np.int64) * (1 << 40) + ex
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    uniq_ex = _fetch(store, ds[first], ex[first])
+    examples = [uniq_ex[k] for k in inv.reshape(-1)]
+    pos = np.arange(lo, hi) + (start_step - s0) * G  # positions from step s0's first row
+    q_all, d_all = [], []
+    bounds = np.searchsorted(pos // G, np.arange(s1 - s0 + 1))  # positions are in order: each step's run of them
+    for i, s in enumerate(range(s0, s1)):
+        sel = slice(bounds[i], bounds[i + 1])
+        q, d, _, _ = _row_items(tables, examples[sel], ds[sel], pos[sel] % G, s, seed, negatives)
+        q_all += q
+        d_all += d
+    q_ids = _tokenize_unique(tokenizer, q_all)
+    d_ids = _tokenize_unique(tokenizer, [x for x in d_all if x is not None])
+    real = np.array([x is not None for x in d_all], bool)
+    d_len = np.full(len(d_all), -1, np.int64)
+    d_len[real] = [len(t) for t in d_ids]
+    return np.array([len(t) for t in q_ids], np.int64), d_len
+
+
+def split_steps(q_len: np.ndarray, d_len: np.ndarray, start_step: int, G: int):
+    """Yield (step, query lengths [G], candidate lengths [G*K]) of consecutive whole steps from start_step, from
+    the lengths of their rows in order (``rows_text_lengths``)."""
+    K = len(d_len) // max(len(q_len), 1)
+    for i in range(len(q_len) // G):
+        yield start_step + i, q_len[i * G:(i + 1) * G], d_len[i * G * K:(i + 1) * G * K]
+
+
 def _step_text_lengths(store, plan: Plan, tokenizer: Tokenizer, tables: _Tables, seed: int, negatives: str,
                        start_step: int, end_step: int, chunk_steps: int):
     """Yield (step, query lengths int64 [G], candidate lengths int64 [G*K]) of every step in [start_step, end_step)
     over the whole global batch: tokens of each tokenized text (instruction included), -1 for an empty candidate
     slot. Each distinct text of a chunk of steps is tokenized once."""
-    G = plan.global_batch_size
     for s0 in range(start_step, end_step, chunk_steps):
         s1 = min(end_step, s0 + chunk_steps)
-        ds = read_steps(plan.dataset_ids, s0, s1).reshape(-1)
-        ex = read_steps(plan.example_ids, s0, s1).reshape(-1)
-        key = ds.astype(np.int64) * (1 << 40) + ex
-        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        uniq_ex = _fetch(store, ds[first], ex[first])
-        examples = [uniq_ex[k] for k in inv]
-        q_all, d_all = [], []
-        for i, s in enumerate(range(s0, s1)):
-            sl = slice(i * G, (i + 1) * G)
-            q, d, _, _ = _row_items(tables, examples[sl], ds[sl], np.arange(G), s, seed, negatives)
-            q_all.append(q)
-            d_all.append(d)
-        q_ids = _tokenize_unique(tokenizer, [x for q in q_all for x in q])
-        d_ids = _tokenize_unique(tokenizer, [x for d in d_all for x in d if x is not None])
-        qo = do = 0
-        for i, s in enumerate(range(s0, s1)):
-            nq = len(q_all[i])
-            q_len = np.array([len(t) for t in q_ids[qo:qo + nq]], np.int64)
-            d_len = np.full(len(d_all[i]), -1, np.int64)
-            real = np.array([x is not None for x in d_all[i]], bool)
-            nd = int(real.sum())
-            d_len[real] = [len(t) for t in d_ids[do:do + nd]]
-            qo, do = qo + nq, do + nd
-            yield s, q_len, d_len
+        q, d = rows_text_lengths(store, plan, tokenizer, tables, seed, negatives, s0, s1)
+        yield from split_steps(q, d, s0, plan.global_batch_size)
 
 
 def step_lengths(store, plan: Plan, tokenizer: Tokenizer, *, seed: int | None = None, negatives: str | None = None,
                  start_step: int = 0, end_step: int | None = None, chunk_steps: int = 256,
-                 tables: _Tables | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 tables: _Tables | None = None, text_lengths=None) -> tuple[np.ndarray, np.ndarray]:
     """Longest tokenized query and document of every step over the whole global batch:
-    -> (query_len int32 [S], doc_len int32 [S]) (0 outside [start_step, end_step))."""
+    -> (query_len int32 [S], doc_len int32 [S]) (0 outside [start_step, end_step)). text_lengths: the steps'
+    (step, query lengths, candidate lengths) when already known (``split_steps``: gathered from the processes
+    of a pod), else tokenized here."""
     seed = plan.seed if seed is None else seed
     negatives = negatives or plan.config.get("negatives", "first")
     tables = tables or _Tables(store.datasets, tokenizer, plan.used_dataset_ids())
     end_step = plan.steps if end_step is None else end_step
     qlen = np.zeros(plan.steps, np.int32)
     dlen = np.zeros(plan.steps, np.int32)
-    for s, q, d in _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, start_step, end_step,
-                                      chunk_steps):
+    if text_lengths is None:
+        text_lengths = _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, start_step, end_step,
+                                          chunk_steps)
+    for s, q, d in text_lengths:
         qlen[s] = max(int(q.max(initial=0)), 1)
         dlen[s] = max(int(d.max(initial=0)), 1)
     return qlen, dlen

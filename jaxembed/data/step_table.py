@@ -5,8 +5,8 @@ texts and the packed rows of that step over the whole global batch (``step_rows`
 tokenising every text of the plan before the first step, the table is computed one window of ``window_steps``
 consecutive steps at a time (window w = steps [w*W, (w+1)*W)), when the loader first asks for a step of it. A
 window's shapes depend only on that window's steps (its row length: the cheapest for its steps; its row counts:
-``choose_rows`` over its steps), so every host, every worker and a resumed run compute the same shapes for a step
-without talking to each other, and the work before the first step is one window whatever the plan's size.
+``choose_rows`` over its steps), so every host, every worker and a resumed run get the same shapes for a step
+(whoever tokenised which texts), and the work before the first step is one window whatever the plan's size.
 
 W = ``WINDOW_EXAMPLES`` // global batch size steps (at least 1): 1,024 steps at a global batch of 16, 256 at 64,
 4 at 4,096, 1 at 16,384 and above. A plan of at most W steps is one window: its table is the whole plan's, as it
@@ -15,23 +15,36 @@ every count up to ``LADDER``, then 16 per doubling, <= 6.25 % more rows), and it
 ``Packing.row_lengths``, so the shapes of the whole run, hence its compilations, stay a bounded set however many
 windows it has.
 
+In a pod (``jaxembed.pod``: several processes), the processes compute each window together: each tokenises
+its share of the window's (step, row) positions (a contiguous 1/P of them), they exchange the token lengths
+through the coordinator (``pod.exchange``: uint16, compressed, ~1/P of a window's texts each), and each builds the
+window's table from all of them, the very table one process computes alone. Every process computes the windows
+in window order, from the first it was asked for (``_pod_windows``), so the exchanges of two processes never wait
+on different windows, also from the loader's prefetch thread (the key-value store is no device collective). A
+window is read from the cache only when every process can read it there. A loader worker's copy of the table
+(``__getstate__``) is no process of the pod: it computes the windows it lacks by itself.
+
 ``StepTable.of_arrays`` wraps a table computed for the whole plan (``step_pack_table`` / ``step_lengths``, a
-``cached_step_table`` file) as a single window. With ``cache``, computed windows are also written to an .npz file
-(keyed by plan, tokenizer, settings and window size): a restarted run reads them back, and every host may read
-the file of process 0.
+``cached_step_table`` file) as a single window. With ``cache``, computed windows are also written to files (each
+keyed by plan, tokenizer, settings and window size; ``window_file``): a plan of one window in the cache file
+itself, else one small file a window beside it, so writing or reading a window costs the window, not the plan. A
+restarted run reads them back, and every host may read the files of process 0.
 """
 
 from __future__ import annotations
 
+import base64
 import collections
 import hashlib
 import json
 import os
 import threading
+import zlib
 from pathlib import Path
 
 import numpy as np
 
+from jaxembed import pod
 from jaxembed.data import step_rows
 from jaxembed.data.pack_shapes import Packing, choose_rows, step_pack_table
 from jaxembed.data.plan import Plan
@@ -43,6 +56,8 @@ WINDOW_EXAMPLES = 1 << 14
 LADDER = 16
 #: windows kept in memory per process (the loader moves forward; prefetching reads a window or two ahead)
 KEEP_WINDOWS = 8
+#: tables made per key in this process, so that a second table of the same plan exchanges under other names
+_instances: collections.Counter = collections.Counter()
 
 
 def _tokenizer_id(tokenizer: Tokenizer) -> str:
@@ -96,9 +111,12 @@ class StepTable:
         self._done: collections.OrderedDict[int, dict] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.shapes_seen: set[tuple[int, ...]] = set()
-        self._key = None
-        if self.cache is not None:
+        self._key, self._alone, self._next = None, False, None
+        if self.cache is not None or pod.process_count() > 1:
             self.key()  # before any tokenising: a fast tokenizer's settings change as it truncates
+        if pod.process_count() > 1:  # the windows' names in the pod's exchanges (the same on every process)
+            self._pod_name = f"step_table/{self.key()}/{_instances[self.key()]}"
+            _instances[self.key()] += 1
 
     @classmethod
     def of_arrays(cls, plan: Plan, table: dict[str, np.ndarray], tables: step_rows._Tables,
@@ -111,6 +129,7 @@ class StepTable:
         self.window_steps, self.windows = max(plan.steps, 1), 1
         self.cache = Path(source) if source is not None else None
         self._done, self._lock, self.shapes_seen, self._key = collections.OrderedDict(), threading.Lock(), set(), None
+        self._alone, self._next = True, None
         self._done[0] = self._finish({k: np.asarray(v) for k, v in table.items()})
         return self
 
@@ -118,6 +137,7 @@ class StepTable:
         state = dict(self.__dict__)
         state["_lock"] = None
         state["write"] = False  # a copy in a loader's worker reads the cache file, the main process writes it
+        state["_alone"] = True  # and computes the windows it lacks by itself (it is no process of the pod)
         return state
 
     def __setstate__(self, state):
@@ -129,19 +149,27 @@ class StepTable:
         return w * self.window_steps, min((w + 1) * self.window_steps, self.plan.steps)
 
     def window(self, w: int) -> dict[str, np.ndarray]:
-        """Window w's table: from memory, from the cache file, or computed (and written to the cache)."""
+        """Window w's table: from memory, from the cache file, or computed (and written to the cache); in a pod,
+        computed by all processes together (``_pod_window``)."""
         with self._lock:
             if w in self._done:
                 self._done.move_to_end(w)
                 return self._done[w]
-            raw = self._read(w)
-            if raw is None:
-                raw = self._compute(w)
-                self._write(w, raw)
-            out = self._done[w] = self._finish(raw)
-            while len(self._done) > KEEP_WINDOWS:
-                self._done.popitem(last=False)
-            return out
+            todo = self._pod_windows(w)
+            if todo is None:
+                raw = self._read(w)
+                if raw is None:
+                    raw = self._compute(w)
+                    self._write(w, raw)
+                self._keep(w, raw)
+            for v in todo or ():
+                self._keep(v, self._pod_window(v))
+            return self._done[w]
+
+    def _keep(self, w: int, raw: dict[str, np.ndarray]) -> None:
+        self._done[w] = self._finish(raw)
+        while len(self._done) > KEEP_WINDOWS:
+            self._done.popitem(last=False)
 
     def shape(self, step: int) -> tuple[int, ...]:
         w = int(step) // self.window_steps
@@ -157,14 +185,65 @@ class StepTable:
         return int(t["query_len"][i]), int(t["doc_len"][i])
 
     # ---- computing a window
-    def _compute(self, w: int) -> dict[str, np.ndarray]:
+    def _compute(self, w: int, text_lengths=None) -> dict[str, np.ndarray]:
+        """Window w's raw table; text_lengths: its steps' text lengths when known (gathered in a pod)."""
         s0, s1 = self.steps_of(w)
         if self.packing is not None:
             return step_pack_table(self.store, self.plan, self.tokenizer, self.packing, seed=self.seed,
-                                   negatives=self.negatives, tables=self.tables, start_step=s0, end_step=s1)
+                                   negatives=self.negatives, tables=self.tables, start_step=s0, end_step=s1,
+                                   text_lengths=text_lengths)
         q, d = step_rows.step_lengths(self.store, self.plan, self.tokenizer, seed=self.seed,
-                                     negatives=self.negatives, start_step=s0, end_step=s1, tables=self.tables)
+                                     negatives=self.negatives, start_step=s0, end_step=s1, tables=self.tables,
+                                     text_lengths=text_lengths)
         return {"query_len": np.asarray(q)[s0:s1], "doc_len": np.asarray(d)[s0:s1]}
+
+    # ---- a window computed by the processes of a pod together
+    def _pod_windows(self, w: int) -> range | None:
+        """The windows to compute with the other processes before w is known, in window order (the same on
+        every process, so no two processes ever wait for each other's different windows): from the first window
+        this process was asked for (or the last computed) up to w. None: computed by this process alone (one
+        process, a loader worker's copy, or a window before those computed, asked again after it left memory)."""
+        if self._alone or pod.process_count() == 1:
+            return None
+        if self._next is None:
+            self._next = w
+        if w < self._next:
+            return None
+        todo, self._next = range(self._next, w + 1), w + 1
+        return todo
+
+    def _pod_window(self, w: int) -> dict[str, np.ndarray]:
+        """Window w, with the other processes: if every process can read it from the cache file, from there;
+        else each tokenises its share of the window's rows (``step_rows.share_bounds`` of the (step, row)
+        positions), the processes exchange the token lengths (``pod.exchange``: uint16, compressed), and each
+        builds the window's table from all of them: the table one process computes alone."""
+        name = f"{self._pod_name}/{w}"
+        raw = self._read(w)
+        cached = pod.exchange(f"{name}/cached", lambda: "1" if raw is not None else "0")
+        for part in ("cached", "lengths"):  # every process is past window w - 1: its values were read
+            pod.forget(f"{self._pod_name}/{w - 1}/{part}")
+        if all(c == "1" for c in cached):
+            return raw
+        s0, s1 = self.steps_of(w)
+        G = self.plan.global_batch_size
+        n, count = (s1 - s0) * G, pod.process_count()
+
+        def share() -> str:
+            lo, hi = step_rows.share_bounds(n, pod.process_index(), count)
+            q, d = step_rows.rows_text_lengths(self.store, self.plan, self.tokenizer, self.tables, self.seed,
+                                               self.negatives, s0, s1, lo, hi)
+            return encode_lengths(np.concatenate([q, d]))
+
+        qs, ds = [], []
+        for i, text in enumerate(pod.exchange(f"{name}/lengths", share)):
+            lo, hi = step_rows.share_bounds(n, i, count)
+            x = decode_lengths(text)
+            qs.append(x[:hi - lo])
+            ds.append(x[hi - lo:])
+        q, d = np.concatenate(qs), np.concatenate(ds)
+        raw = self._compute(w, text_lengths=step_rows.split_steps(q, d, s0, G))
+        self._write(w, raw)
+        return raw
 
     def _finish(self, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """A window's raw table -> with the shapes the loader uses: R (packed rows per shard, ``choose_rows``,
@@ -197,44 +276,54 @@ class StepTable:
             self._key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
         return self._key
 
-    def _load_file(self) -> dict | None:
-        if self.cache is None or self.store is None or not self.cache.is_file():
+    def window_file(self, w: int) -> Path | None:
+        """Where window w is cached: a plan of one window, in the cache file itself; else one small file a window,
+        ``{stem}.windows/{w:07d}.npz`` beside it (writing a window costs the window, not the plan)."""
+        if self.cache is None:
             return None
-        try:
-            with np.load(self.cache, allow_pickle=False) as z:
-                if "windows" not in z.files or str(z["key"]) != self.key():
-                    return None
-                return {k: z[k] for k in z.files}
-        except (ValueError, OSError, KeyError):
-            return None
+        if self.windows == 1:
+            return self.cache
+        return self.cache.with_name(f"{self.cache.stem}.windows") / f"{w:07d}.npz"
 
     def cached(self, w: int) -> bool:
         """Whether window w is in memory or in the cache file (no computing needed)."""
-        if w in self._done:
-            return True
-        z = self._load_file()
-        return z is not None and bool(z["windows"][w])
+        return w in self._done or self._read(w) is not None
 
     def _read(self, w: int) -> dict | None:
-        z = self._load_file()
-        if z is None or not bool(z["windows"][w]):
+        """Window w's raw table from its file, if that was written for this table (key, window, steps)."""
+        f = self.window_file(w)
+        if f is None or self.store is None or not f.is_file():
             return None
         s0, s1 = self.steps_of(w)
-        return {k: v[s0:s1] for k, v in z.items() if k not in ("key", "windows")}
+        try:
+            with np.load(f, allow_pickle=False) as z:
+                if str(z["key"]) != self.key() or (int(z["window"]) if "window" in z.files else 0) != w:
+                    return None
+                raw = {k: z[k] for k in z.files if k not in ("key", "window", "windows")}
+        except (ValueError, OSError, KeyError, EOFError):
+            return None
+        return raw if raw and all(len(v) == s1 - s0 for v in raw.values()) else None
 
     def _write(self, w: int, raw: dict[str, np.ndarray]) -> None:
-        """Add window w to the cache file (atomically: a reader sees the old file or the new one)."""
-        if self.cache is None or not self.write:
+        """Write window w's file (atomically: a reader sees no file or the whole one)."""
+        f = self.window_file(w)
+        if f is None or not self.write:
             return
-        z = self._load_file() or {"windows": np.zeros(self.windows, bool)}
-        s0, s1 = self.steps_of(w)
-        for k, v in raw.items():
-            full = z.get(k)
-            if full is None:
-                full = z[k] = np.zeros(self.plan.steps, np.asarray(v).dtype)
-            full[s0:s1] = v
-        z["windows"][w] = True
-        z["key"] = np.array(self.key())
+        z = {**raw, "key": np.array(self.key()), "window": np.array(w)}
         from jaxembed import atomic_files
 
-        atomic_files.write_with(self.cache, lambda t: np.savez(t, **z), suffix=".npz")
+        atomic_files.write_with(f, lambda t: np.savez(t, **z), suffix=".npz")
+
+
+def encode_lengths(x: np.ndarray) -> str:
+    """Token lengths (>= -1: -1 an empty slot) as a short string: uint16 (uint32 from 65,535 tokens up),
+    zlib-compressed, base64."""
+    y = np.asarray(x, np.int64) + 1
+    kind, dtype = ("h", np.uint16) if int(y.max(initial=0)) < 1 << 16 else ("i", np.uint32)
+    return kind + base64.b64encode(zlib.compress(y.astype(dtype).tobytes(), 1)).decode("ascii")
+
+
+def decode_lengths(text: str) -> np.ndarray:
+    """``encode_lengths``'s lengths, int64."""
+    dtype = np.uint16 if text[:1] == "h" else np.uint32
+    return np.frombuffer(zlib.decompress(base64.b64decode(text[1:])), dtype).astype(np.int64) - 1

@@ -89,7 +89,7 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
 
         # pow2: fewer padded shapes, fewer compilations, a little more padding
         table = step_table(run, workdir / "plan_lengths.npz", c.train.length_buckets)
-        if start < total:  # the first window of the table: process 0 computes (or reads) it, the others read it
+        if start < total:  # the first window of the table: every process computes (or reads) it, each its share
             w = start // table.window_steps
             if not table.cached(w):
                 a, b = table.steps_of(w)
@@ -100,7 +100,7 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
                 with atomic_files.writing("writing the length table", table.cache):
                     table.window(w)
 
-            pod.main_first("lengths", first_window)
+            pod.all_agree("lengths", first_window)
         loader = make_loader(run.store, run.plan, run.loaded.tokenizer, process_index=jax.process_index(),
                              process_count=jax.process_count(), start_step=start, workers=c.train.loader_workers,
                              num_candidates=run.K, packing=run.packing, step_table=table)
