@@ -78,12 +78,6 @@ def check_workdir(config, workdir: Path) -> bool:
     return bool(diffs)
 
 
-def _replan(workdir: Path) -> None:
-    """A run trained on to more steps: its saved plan (built for the old total) goes; prepare_plan saves the new."""
-    for name in ("plan.npz", "plan.json"):
-        (workdir / name).unlink(missing_ok=True)
-
-
 def _read_config_json(path: Path) -> dict:
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
@@ -138,10 +132,15 @@ def prepare_store(config, workdir: Path):
     return Store.open(store_dir)
 
 
-def _build_plan(config, store):
-    from jaxembed.data.plan import build_plan
+def _build_plan(config, store, path: Path | None = None, inputs: dict | None = None):
+    """The config's plan: in memory, or (``path``) built in blocks into path (plan.npz + plan.json, recording
+    ``inputs``) and returned memory-mapped."""
+    from jaxembed.data.plan import build_plan, build_plan_file
 
-    return build_plan(store, config.plan, data_config=cfglib.data_section(config))
+    if path is None:
+        return build_plan(store, config.plan, data_config=cfglib.data_section(config))
+    return build_plan_file(path, store, config.plan, data_config=cfglib.data_section(config),
+                           sidecar={"inputs": inputs})
 
 
 def _plain(data_config) -> Any:
@@ -158,40 +157,78 @@ def _store_config(store_dir: Path) -> Any:
         return None
 
 
-def prepare_plan(config, store, workdir: Path, plan=None):
-    """The batch plan: every process builds it (a pure function of data, config and seed; ``plan``: built
-    already); process 0 saves plan.npz (or checks a saved one); the others then check that process 0 built the
-    same plan. Returns the saved plan, memory-mapped (``Plan.load``)."""
-    from jaxembed.data.plan import Plan
+def _plan_inputs(config, store) -> dict:
+    from jaxembed.data.plan import plan_inputs
 
-    plan = plan if plan is not None else _build_plan(config, store)
+    return plan_inputs(store, config.plan, cfglib.data_section(config))
+
+
+def _saved_inputs(path: Path) -> dict:
+    """The inputs recorded in a saved plan's plan.json ({} when none are: a plan saved by an older jaxembed)."""
+    try:
+        side = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return side.get("inputs") or {} if isinstance(side, dict) else {}
+
+
+def prepare_plan(config, store, workdir: Path, replan: bool = False):
+    """The batch plan, a pure function of the store's datasets, the config and the files it names
+    (``plan_inputs``). Every process computes those inputs (cheap: no plan) and checks that they are process
+    0's: a process that reads other data stops, named. Then process 0 alone builds the plan, in blocks
+    (``build_plan_file``), into ``<workdir>/plan.npz``, or keeps the saved one: as is when it records the same
+    inputs, else after building the config's plan beside it and comparing the two (``replan``: the saved plan is
+    replaced). The others wait. Returns the saved plan, memory-mapped (``Plan.load``)."""
+    from jaxembed.data.plan import Plan, inputs_differences
+
     path = workdir / "plan.npz"
-    fingerprint = plan.fingerprint()
-
-    def save_or_check():
-        if path.exists():
-            saved = Plan.load(path)
-            if saved.fingerprint() != fingerprint:
-                raise UserError(f"{path}: the saved plan differs from the one the config builds (the data or the "
-                                "plan config changed); fix: use a new --workdir")
-        else:
-            with atomic_files.writing("saving the batch plan", path):
-                plan.save(path)
+    inputs = _plan_inputs(config, store)
+    main_inputs = json.loads(pod.broadcast("plan-inputs", json.dumps(inputs) if pod.is_main() else None))
 
     def same_as_main():
-        if pod.is_main():
-            return
-        side = path.with_suffix(".json")
-        theirs = json.loads(side.read_text(encoding="utf-8")).get("fingerprint")
-        if theirs != fingerprint:
-            raise UserError(f"process {pod.process_index()} built another batch plan than process 0 "
-                            f"(fingerprint {fingerprint} vs {theirs} in {side}): the hosts read different data "
-                            "(fix: every host must see the same data files)")
+        diffs = inputs_differences(inputs, main_inputs)
+        if diffs:
+            raise UserError(f"process {pod.process_index()} reads other data than process 0: {'; '.join(diffs)} "
+                            "(process 0's -> this process's); the hosts would build different batch plans (fix: "
+                            "every host must see the same data files)")
 
-    pod.main_first("plan", save_or_check)
-    pod.all_agree("plan-check", same_as_main)
+    def build_or_check():
+        if replan or not path.exists():
+            with atomic_files.writing("saving the batch plan", path):
+                _build_plan(config, store, path, inputs)
+        elif _saved_inputs(path).get("fingerprint") != inputs["fingerprint"]:
+            _check_saved(config, store, path, inputs)
+
+    pod.all_agree("plan-inputs-check", same_as_main)
+    pod.main_first("plan", build_or_check)
     # training reads the saved file, memory-mapped: a host keeps only the pages of the steps and rows it reads
     return Plan.load(path)
+
+
+def _check_saved(config, store, path: Path, inputs: dict) -> None:
+    """A saved plan that records other (or no) inputs: the config's plan, built in blocks beside it, must equal it."""
+    from jaxembed.data.plan import Plan
+
+    tmp = atomic_files.unique_tmp(path, ".npz")
+    try:
+        built = _build_plan(config, store, tmp, inputs).fingerprint()
+    finally:
+        for p in (tmp, tmp.with_suffix(".json")):
+            p.unlink(missing_ok=True)
+    if Plan.load(path).fingerprint() != built:
+        raise UserError(f"{path}: the saved plan differs from the one the config builds (the data or the "
+                        "plan config changed); fix: use a new --workdir")
+
+
+def _read_only_plan(config, store, workdir: Path):
+    """The plan of a run read but not written (an export): its saved plan when it records the config's inputs,
+    else the config's plan built in memory."""
+    from jaxembed.data.plan import Plan
+
+    path = workdir / "plan.npz"
+    if path.exists() and _saved_inputs(path).get("fingerprint") == _plan_inputs(config, store)["fingerprint"]:
+        return Plan.load(path)
+    return _build_plan(config, store)
 
 
 def setup(config, workdir: str | Path, lock: WorkdirLock | None = None, read_only: bool = False) -> Run:
@@ -238,18 +275,20 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None, read_onl
                                                                  source))
     store = prepare_store(config, workdir)
     say(describe_store(store, config, workdir))
-    plan = _build_plan(config, store)
+    if read_only:
+        plan = _read_only_plan(config, store, workdir)
+    else:
+        # a run trained on to more steps (check_workdir), or a plan that no run's config.json claims: built anew
+        replan = pod.is_main() and (not (workdir / "config.json").exists() or check_workdir(config, workdir))
+        plan = prepare_plan(config, store, workdir, replan=replan)
     say(describe_plan(plan, config, store))
 
     def write_config():
-        if check_workdir(config, workdir):
-            _replan(workdir)
         with atomic_files.writing("writing the config", workdir / "config.json"):
             cfglib.write_resolved(config, workdir)
 
     if not read_only:
         pod.main_first("config", write_config)  # every check passed: process 0 writes the run's config
-        plan = prepare_plan(config, store, workdir, plan=plan)
     K = 1 + max(int(d.num_negatives) for d in store.datasets)
     spec = getattr(loaded.model.config, "mote", None)
     routes = None

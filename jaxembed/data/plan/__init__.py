@@ -50,27 +50,32 @@ Modules (each one job):
 - ``units``: what the two builders share (units, seeded random streams, row keys, the unit-size check).
 - ``sampling``: the sampled strategies, epoch and step mode.
 - ``curriculum``: the curriculum walk.
-- ``build``: ``build_plan``, which puts the above together.
+- ``blocks``: the plan's batches and rows in blocks of steps, in memory or in a scratch folder's files.
+- ``build``: ``build_plan`` (in memory) and ``build_plan_file`` (in blocks, into ``plan.npz``), which put the above
+  together.
+- ``identity``: ``plan_inputs``, what a plan is a pure function of (compared across the processes of a pod).
 - ``summary``: ``summarize`` / ``format_summary`` / ``mixing_share``.
-
-The picture (``render_png``) is drawn in ``jaxembed.data.plan_viz``, the CLI is ``jaxembed.data.plan_cli``.
+- ``viz``: the plan's picture (``render_png``, matplotlib: the optional ``viz`` extra).
+- ``cli``: ``jaxembed plan build`` / ``jaxembed plan show``.
 """
 
-from jaxembed.data.plan.build import build_plan
+from jaxembed.data.plan.build import build_plan, build_plan_file
 from jaxembed.data.plan.config import (
     CURRICULUM_UNITS, INSTANCE_ORDERS, MASK_DIRECTIONS, NEGATIVES, SAMPLING, STRATEGIES, WALKS, default_plan_config,
     validate_data_defaults, validate_plan_config,
 )
 from jaxembed.data.plan.curriculum import walk_order
 from jaxembed.data.plan.file import FORMAT, VERSION, Plan
+from jaxembed.data.plan.identity import inputs_differences, plan_inputs
 from jaxembed.data.plan.inputs import instance_mask, load_instance_orders, load_scores, load_task_order
 from jaxembed.data.plan.summary import format_summary, mixing_share, summarize
-# drawn with matplotlib in plan_viz.py (the optional viz extra); re-exported for existing callers
-from jaxembed.data.plan_viz import render_png
+# drawn with matplotlib in viz.py (the optional viz extra), which imports it only when called
+from jaxembed.data.plan.viz import render_png
 
 __all__ = [
     "CURRICULUM_UNITS", "FORMAT", "INSTANCE_ORDERS", "MASK_DIRECTIONS", "NEGATIVES", "SAMPLING", "STRATEGIES",
-    "VERSION", "WALKS", "Plan", "build_plan", "default_plan_config", "format_summary", "instance_mask",
-    "load_instance_orders", "load_scores", "load_task_order", "mixing_share", "render_png", "summarize",
+    "VERSION", "WALKS", "Plan", "build_plan", "build_plan_file", "default_plan_config", "format_summary",
+    "inputs_differences", "instance_mask", "load_instance_orders", "load_scores", "load_task_order", "mixing_share",
+    "plan_inputs", "render_png", "summarize",
     "validate_data_defaults", "validate_plan_config", "walk_order",
 ]
