@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     from jaxembed.data.cli import add_parsers as add_data_parsers
-    from jaxembed.data.plan_cli import add_parsers as add_plan_parsers
+    from jaxembed.data.plan.cli import add_parsers as add_plan_parsers
     from jaxembed.eval_cli import add_parsers as add_eval_parsers
 
     add_data_parsers(sub)

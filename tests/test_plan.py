@@ -614,7 +614,7 @@ def test_real_store_plan(real_store):
 
 
 def _cli(argv):
-    from jaxembed.data import plan_cli
+    from jaxembed.data.plan import cli as plan_cli
 
     parser = argparse.ArgumentParser(prog="jaxembed")
     plan_cli.add_parsers(parser.add_subparsers(dest="command", required=True))

@@ -1,4 +1,4 @@
-"""The plan picture (jaxembed/data/plan_viz.py): the per-bin task shares, the PNG matplotlib draws, and the one-line
+"""The plan picture (jaxembed/data/plan/viz.py): the per-bin task shares, the PNG matplotlib draws, and the one-line
 error when matplotlib is missing."""
 
 import sys
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxembed.data import plan as P
-from jaxembed.data import plan_viz as V
+from jaxembed.data.plan import viz as V
 from jaxembed.errors import UserError
 
 
@@ -31,7 +31,7 @@ def _columns(img, rgb):
 
 
 def _task_colour(k):
-    """Label k's full-strength colour (golden-ratio hue, as plan_viz draws it; label 0 = mixed)."""
+    """Label k's full-strength colour (golden-ratio hue, as viz.py draws it; label 0 = mixed)."""
     from matplotlib.colors import hsv_to_rgb
 
     return hsv_to_rgb([(k * 0.618033988749895) % 1.0, 0.75, 0.9])
@@ -43,7 +43,7 @@ def test_png_shows_the_task_sequence(tmp_path):
     image = pytest.importorskip("matplotlib.image")
     plan = _plan([0] * 120 + [1] * 120 + [-1] * 60, ["a", "b", "c"])
     path = V.render_png(plan, tmp_path / "seq.png", width=300)
-    assert path == tmp_path / "seq.png" and P.render_png is V.render_png   # plan.py re-exports it
+    assert path == tmp_path / "seq.png" and P.render_png is V.render_png   # the plan package re-exports it
     img = image.imread(path)
     h, w = img.shape[:2]
     assert 300 < w < 500 and 40 < h < 300

@@ -110,7 +110,8 @@ def load_plan_config(spec: str | None):
 
 
 def cmd_build(args) -> int:
-    from jaxembed.data.plan import build_plan, format_summary, summarize
+    from jaxembed.data.plan.build import build_plan
+    from jaxembed.data.plan.summary import format_summary, summarize
     from jaxembed.data.store import Store
 
     from jaxembed.outputs import check_output
@@ -138,7 +139,9 @@ def cmd_build(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from jaxembed.data.plan import Plan, format_summary, render_png, summarize
+    from jaxembed.data.plan.file import Plan
+    from jaxembed.data.plan.summary import format_summary, summarize
+    from jaxembed.data.plan.viz import render_png
 
     plan = Plan.load(args.plan)
     s = summarize(plan)

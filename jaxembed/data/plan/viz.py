@@ -16,7 +16,7 @@ import numpy as np
 from jaxembed.errors import UserError
 
 if TYPE_CHECKING:
-    from jaxembed.data.plan import Plan
+    from jaxembed.data.plan.file import Plan
 
 MIXED = "(mixed)"
 
