@@ -105,16 +105,33 @@ def open_binary(path) -> BinaryIO:
     return open(p, "rb")
 
 
-def iter_byte_lines(path, max_line_bytes: int | None = None, keep_ends: bool = False
-                    ) -> Iterator[tuple[int, bytes | BadLine]]:
+def is_plain_file(path) -> bool:
+    """Whether a regular file is read as it is (neither compressed nor UTF-16): a part of it can be read from a
+    byte offset."""
+    try:
+        with open(check_input_file(path), "rb") as f:
+            head = f.read(6)
+    except (OSError, InputError):
+        return False
+    return not any(head.startswith(m[0]) for m in _MAGIC + _UNSUPPORTED)
+
+
+def iter_byte_lines(path, max_line_bytes: int | None = None, keep_ends: bool = False, start: int = 0,
+                    end: int | None = None, first_line: int = 1) -> Iterator[tuple[int, bytes | BadLine]]:
     """(line number from 1, line bytes without the line end (``keep_ends``: with it), or a BadLine for a line over
     ``max_line_bytes``, whose bytes are counted and passed over, never held). A final newline does not start
-    another record. A truncated or corrupt compressed file is an InputError naming the line where it breaks."""
+    another record. A truncated or corrupt compressed file is an InputError naming the line where it breaks.
+
+    ``start`` / ``end``: only the lines of these bytes of an uncompressed file, both at line starts (a part of a
+    file read by one process of a pod, ``jaxembed.data.store_split``); ``first_line``: the number of the line at
+    ``start`` (the lines before it, counted by ``count_lines``)."""
     limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
     f = open_binary(path)
-    i = 0
+    i, pos = first_line - 1, start
+    if start:
+        f.seek(start)
     try:
-        while True:
+        while end is None or pos < end:
             try:
                 raw = f.readline(limit + 1)
             except _DECOMPRESS_ERRORS as e:
@@ -123,6 +140,7 @@ def iter_byte_lines(path, max_line_bytes: int | None = None, keep_ends: bool = F
             if not raw:
                 break
             i += 1
+            pos += len(raw)
             if len(raw) > limit and not raw.endswith(b"\n"):
                 n = len(raw)
                 while True:  # skip the rest of the line without holding it
@@ -132,6 +150,7 @@ def iter_byte_lines(path, max_line_bytes: int | None = None, keep_ends: bool = F
                         raise InputError(path, i, f"the compressed file is truncated or corrupt ({e})",
                                          "download or compress the file again") from None
                     n += len(chunk)
+                    pos += len(chunk)
                     if not chunk or chunk.endswith(b"\n"):
                         break
                 yield i, BadLine(f"line of {n:,} bytes is longer than the limit of {limit:,} bytes",
@@ -158,10 +177,43 @@ def decode_line(raw: bytes) -> str | BadLine:
                        "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
-def iter_text_lines(path) -> Iterator[tuple[int, str | BadLine]]:
-    """(line number, decoded line, or a BadLine: not UTF-8, too long)."""
-    for i, raw in iter_byte_lines(path):
+def iter_text_lines(path, start: int = 0, end: int | None = None, first_line: int = 1
+                    ) -> Iterator[tuple[int, str | BadLine]]:
+    """(line number, decoded line, or a BadLine: not UTF-8, too long); ``start`` / ``end`` / ``first_line``: a part
+    of the file (``iter_byte_lines``)."""
+    for i, raw in iter_byte_lines(path, start=start, end=end, first_line=first_line):
         yield i, raw if isinstance(raw, BadLine) else decode_line(raw)
+
+
+def count_lines(path, end: int) -> int:
+    """The lines that end in the first ``end`` bytes of an uncompressed file (its ``\\n`` bytes): the number of
+    the line at byte ``end`` (a line start) is this plus one."""
+    n, left = 0, end
+    with open(path, "rb") as f:
+        while left > 0:
+            chunk = f.read(min(left, 8 << 20))
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            left -= len(chunk)
+    return n
+
+
+def next_line_start(path, offset: int) -> int:
+    """The first line start at or after byte ``offset`` of an uncompressed file (its size when there is none)."""
+    if offset <= 0:
+        return 0
+    with open(path, "rb") as f:
+        f.seek(offset - 1)
+        pos = offset - 1
+        while True:
+            chunk = f.read(1 << 16)
+            if not chunk:
+                return pos
+            k = chunk.find(b"\n")
+            if k >= 0:
+                return pos + k + 1
+            pos += len(chunk)
 
 
 #: characters a tokenizer drops besides whitespace: control characters (NUL, ...) and format characters (zero-width

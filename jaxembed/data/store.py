@@ -291,71 +291,125 @@ def _progress(progress: bool | None, total: int | None, name: str):
 SKIPPED_IN_MEMORY = 1000
 
 
+@dataclass
+class ExampleCounts:
+    """What the manifest entry and the notes of a dataset need from its written examples, besides the Tally:
+    their labels, negatives and positives per example (min / max), examples with fewer negatives than asked, with
+    a pair score and with teacher scores."""
+
+    labels: _Labels = field(default_factory=_Labels)
+    neg_min: int | None = None
+    neg_max: int = 0
+    pos_max: int = 0
+    few_neg: int = 0
+    scores: int = 0
+    teacher: int = 0
+
+    def add(self, ex: dict, want_neg: int) -> None:
+        self.labels.add(ex.get("label"))
+        n = len(ex["neg"])
+        self.neg_min = n if self.neg_min is None else min(self.neg_min, n)
+        self.neg_max, self.pos_max = max(self.neg_max, n), max(self.pos_max, len(ex["pos"]))
+        self.few_neg += n < want_neg
+        self.scores += "score" in ex
+        self.teacher += "pos_scores" in ex
+
+
+def write_examples(ds, items, info: ReadInfo, writer, tally: Tally, where: str, bar=None, on_example=None
+                   ) -> ExampleCounts:
+    """Write the Examples of ``items`` (``apply_policy``'s, filling ``tally``) to an ArrayRecord ``writer``, each
+    completed as the store keeps it; ``on_example(ex)`` sees each one written. The counts of what was written."""
+    counts = ExampleCounts()
+    want_neg = int(ds.get("num_negatives", 1))
+    task_type_cfg = ds.get("task_type")
+    for ex in items:
+        tt = task_type_cfg or info.task_type
+        if tt is None and not FORMAT_TABLE[info.format].task_type_in_records:  # BGE: in a later record
+            raise _no_task_type(ds, info, where)
+        if "label" not in ex and tt in ("classification", "clustering") and len(ex["pos"]) == 1:
+            ex["label"] = ex["pos"][0]  # BGE classification: the positive is the label's description
+        counts.add(ex, want_neg)
+        writer.write(json.dumps(ex, ensure_ascii=False).encode("utf-8"))
+        if on_example is not None:
+            on_example(ex)
+        if bar is not None and tally.read - bar.n >= 1000:
+            bar.update(tally.read - bar.n)
+    return counts
+
+
+def _close_bar(bar, tally: Tally) -> None:
+    if bar is not None:
+        bar.update(tally.read - bar.n)
+        bar.set_postfix_str(f"{tally.written} written, {tally.n_skipped} skipped", refresh=False)
+        bar.close()
+
+
+def no_examples(ds, tally: Tally, where: str) -> UserError | None:
+    """The error for a dataset of which no example is left, or None."""
+    if tally.written:
+        return None
+    reasons = "; ".join(f"{r}: {k}" for r, k in tally.reasons().items()) or "no records"
+    return UserError(f"{_sources(ds)}: no examples left of {tally.read} records read ({reasons}) for {where} "
+                     f"({ds['name']}) (fix: check the files, format, extra_fields and score_threshold)")
+
+
 def _write_dataset(ds, tmp: Path, on_error: str, tally: Tally, where: str, progress: bool | None = None
                    ) -> tuple[DatasetInfo, dict, list[str]]:
-    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+    from array_record.python.array_record_module import ArrayRecordReader
 
     name = ds["name"]
     info = ReadInfo()
-    labels = _Labels()
-    nneg_min, nneg_max, npos_max, few_neg = None, 0, 0, 0
-    n_scores = n_teacher = 0  # examples with a pair score (scored-pair losses) / with teacher scores (distillation)
-    want_neg = int(ds.get("num_negatives", 1))
-    task_type_cfg = ds.get("task_type")
     bar = _progress(progress, source_size(ds) if progress is not False else None, name)
     path = tmp / f"{name}.array_record"
-    writer = ArrayRecordWriter(str(path), _WRITER_OPTIONS)
+    writer = record_writer(path)
     try:
-        for ex in apply_policy(read_dataset(ds, info), on_error, tally):
-            tt = task_type_cfg or info.task_type
-            if tt is None and not FORMAT_TABLE[info.format].task_type_in_records:  # BGE: in a later record
-                raise _no_task_type(ds, info, where)
-            if "label" not in ex and tt in ("classification", "clustering") and len(ex["pos"]) == 1:
-                ex["label"] = ex["pos"][0]  # BGE classification: the positive is the label's description
-            labels.add(ex.get("label"))
-            n = len(ex["neg"])
-            nneg_min = n if nneg_min is None else min(nneg_min, n)
-            nneg_max, npos_max = max(nneg_max, n), max(npos_max, len(ex["pos"]))
-            few_neg += n < want_neg
-            n_scores += "score" in ex
-            n_teacher += "pos_scores" in ex
-            writer.write(json.dumps(ex, ensure_ascii=False).encode("utf-8"))
-            if bar is not None and tally.read - bar.n >= 1000:
-                bar.update(tally.read - bar.n)
+        counts = write_examples(ds, apply_policy(read_dataset(ds, info), on_error, tally), info, writer, tally,
+                                where, bar)
     finally:
         writer.close()
-        if bar is not None:
-            bar.update(tally.read - bar.n)
-            bar.set_postfix_str(f"{tally.written} written, {tally.n_skipped} skipped", refresh=False)
-            bar.close()
-    if tally.written == 0:
-        reasons = "; ".join(f"{r}: {k}" for r, k in tally.reasons().items()) or "no records"
-        raise UserError(f"{_sources(ds)}: no examples left of {tally.read} records read ({reasons}) for {where} "
-                        f"({name}) (fix: check the files, format, extra_fields and score_threshold)")
+        _close_bar(bar, tally)
+    err = no_examples(ds, tally, where)
+    if err is not None:
+        raise err
     if tally.identical:  # name the first of each identical pair: read their ids back from the store
         reader = ArrayRecordReader(str(path), "readahead_buffer_size:0")
         try:
             tally.resolve_ids(lambda idx: [Store.decode(r)["id"] for r in reader.read(idx)])
         finally:
             reader.close()
+    return dataset_entry(ds, tmp, info, tally, counts, where)
+
+
+def record_writer(path: Path):
+    """An ArrayRecord writer with the store's options."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    return ArrayRecordWriter(str(path), _WRITER_OPTIONS)
+
+
+def dataset_entry(ds, tmp: Path, info: ReadInfo, tally: Tally, counts: ExampleCounts, where: str
+                  ) -> tuple[DatasetInfo, dict, list[str]]:
+    """A written dataset's DatasetInfo, manifest entry and notes; its labels file written into ``tmp``."""
+    name = ds["name"]
     dinfo = _resolve_info(ds, info, tally.written, where)
     entry = {"file": f"{name}.array_record", "format": ds.get("format", "auto"), "record_format": info.format,
              "labels_file": None, "label_names": info.labels,
              "counts": {"read": tally.read, "written": tally.written, "invalid": tally.invalid,
-                        "filtered": tally.filtered, "neg_min": nneg_min, "neg_max": nneg_max, "pos_max": npos_max,
-                        "scores": n_scores, "teacher_scores": n_teacher}}
-    if labels.names and not labels.missing:
-        labels.write(tmp / f"{name}.labels.json", info.labels)
+                        "filtered": tally.filtered, "neg_min": counts.neg_min, "neg_max": counts.neg_max,
+                        "pos_max": counts.pos_max, "scores": counts.scores, "teacher_scores": counts.teacher}}
+    if counts.labels.names and not counts.labels.missing:
+        counts.labels.write(tmp / f"{name}.labels.json", info.labels)
         entry["labels_file"] = f"{name}.labels.json"
     notes = []
     if tally.identical_note():
         notes.append(tally.identical_note())
+    n_teacher, want_neg = counts.teacher, int(ds.get("num_negatives", 1))
     if n_teacher and n_teacher < tally.written:
         notes.append(f"{tally.written - n_teacher} of {tally.written} examples have no teacher scores (pos_scores): "
                      "distillation leaves them out")
-    if few_neg and want_neg > 0:
-        notes.append(f"{few_neg} of {tally.written} examples have fewer than num_negatives={want_neg} negatives "
-                     f"(min {nneg_min})")
+    if counts.few_neg and want_neg > 0:
+        notes.append(f"{counts.few_neg} of {tally.written} examples have fewer than num_negatives={want_neg} "
+                     f"negatives (min {counts.neg_min})")
     return dinfo, entry, notes
 
 

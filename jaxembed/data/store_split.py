@@ -1,0 +1,380 @@
+"""One dataset read in parts by several processes of a pod and merged into what one process writes
+(``jaxembed.data.store_pod`` splits a dataset larger than the others' share, or every one when there are fewer
+datasets than processes).
+
+What can be split (``split_format`` says why a dataset is read whole): JSON Lines files as they are (not
+compressed), ``JAXEMBED_SPLIT_MIN_BYTES`` or more in all (default 16 MiB), whose record format is known before
+reading (set, or told by the first record), and not classification records whose labels are first collected from
+the whole dataset (no ``label_descriptions``). Parquet, CSV / TSV and compressed files, Hugging Face datasets and
+TFDS are read whole by one process.
+
+A part is a byte range of the dataset's files cut at line starts (``parts``); its process counts the lines before
+it, so every record, skipped record and error keeps its line in the file. Each part is written into the store's
+temporary folder (``.part-{i}-{k}.*``: its ArrayRecord file, counts, skipped records, labels, and hashes of its
+ids and of its examples' content; ``write_part``). The process that wrote part 0 merges them (``settle``) into
+exactly what one process writes:
+
+- the records, in order, into the dataset's one ArrayRecord file; the counts; the reasons, in the order one
+  process meets them; the skipped records; the labels, numbered as one process numbers them;
+- identical examples: found over the whole dataset's content hashes, the first five pairs named as one process
+  names them;
+- what a part cannot tell alone is checked: an id written by two parts (a duplicate that one process skips or stops
+  at), and a BGE ``type`` / ``prompt`` that a later part met first or found differing (one process names the
+  dataset's first record). When either happens, the dataset is read again whole by the merging process: the store
+  and the error are one process's, only later;
+- an error (``on_error='stop'``) is that of the first part that failed, once the parts before it are checked as
+  above: the line one process stops at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from array import array
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from jaxembed import pod
+from jaxembed.data import config as dc
+from jaxembed.data import jsonl, sources
+from jaxembed.data.formats import (FORMAT_TABLE, ReadInfo, Skip, Tally, apply_policy, detect_format, read_options,
+                                   read_records)
+from jaxembed.data.hashindex import HashLog
+from jaxembed.data.jsonl import BadLine, parse_object
+from jaxembed.data.store import (SKIPPED_IN_MEMORY, ExampleCounts, Store, _Labels, dataset_entry, no_examples,
+                                 record_writer, write_examples, write_one)
+from jaxembed.errors import UserError
+
+#: the smallest dataset (bytes of input) that is split; every process of a pod must see the same value
+MIN_BYTES_VAR = "JAXEMBED_SPLIT_MIN_BYTES"
+DEFAULT_MIN_BYTES = 16 << 20
+#: the phrases of the errors that compare a BGE record with the dataset's first (``jaxembed.data.records``)
+_TYPE_PHRASE, _PROMPT_PHRASE = " means task type ", " differs from the prompt "
+
+
+def min_bytes() -> int:
+    text = os.environ.get(MIN_BYTES_VAR, "").strip()
+    if not text:
+        return DEFAULT_MIN_BYTES
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"{MIN_BYTES_VAR}={text!r}: not a number of bytes (fix: e.g. {DEFAULT_MIN_BYTES})") from None
+
+
+@dataclass(frozen=True)
+class Part:
+    """Part ``index`` of ``count`` of dataset ``dataset``: ``segments`` (file index, start byte, end byte)."""
+
+    dataset: int
+    index: int
+    count: int
+    record_format: str = ""
+    segments: tuple = ()
+
+    @property
+    def name(self) -> str:
+        return f"part {self.index + 1} of {self.count}"
+
+
+# ------------------------------------------------------------------------------------------------ what is split
+
+def split_format(ds) -> tuple[str | None, str]:
+    """(record format, "") of a dataset that can be read in parts, else (None, why it is read whole). Reads the
+    files up to their first JSON object at most; never raises for the data (a whole read reports it)."""
+    if ds.get("format", "auto") in dc.SOURCE_FORMATS:
+        return None, "a Hugging Face or TFDS source"
+    paths = [str(p) for p in dc.dataset_paths(ds)]
+    for p in paths:
+        if sources.source_kind(p) != "jsonl":
+            return None, "not JSON Lines"
+        if not jsonl.is_plain_file(p) or os.path.getsize(p) == 0:
+            return None, "a compressed, empty or unreadable file"
+    opts = read_options(ds)
+    fmt = opts.format if opts.format != "auto" else _first_format(paths, opts.fields)
+    spec = FORMAT_TABLE.get(fmt)
+    if spec is None:
+        return None, "no record format told by the first record"
+    if spec.label_descriptions and not opts.label_descriptions:
+        return None, "classification labels are collected from the whole dataset first (no label_descriptions)"
+    if opts.format == "auto" and ((opts.keep_scores and not spec.scored) or (
+            spec.threshold_required and opts.need_threshold and opts.score_threshold is None
+            and not opts.keep_scores)):
+        return None, "the first record is an error for this dataset config"
+    return fmt, ""
+
+
+def _first_format(paths: list[str], fields: dict) -> str | None:
+    """The record format ``read_records`` detects: from the dataset's first JSON object (triplets without one)."""
+    for p in paths:
+        for _, obj in _objects(p, 0, None, 1):
+            if isinstance(obj, dict):
+                return detect_format(obj, fields)
+    return "triplets"
+
+
+def parts(ds, i: int, n: int, fmt: str) -> list[Part]:
+    """Dataset ``i`` cut into ``n`` parts of about equal bytes, each cut at the line start at or after its target
+    (a part may be empty)."""
+    paths = [str(p) for p in dc.dataset_paths(ds)]
+    sizes = [os.path.getsize(p) for p in paths]
+    offsets = [sum(sizes[:f]) for f in range(len(paths))]
+    total = sum(sizes)
+    cuts = [0]
+    for r in range(1, n):
+        target = r * total // n
+        f = max(k for k in range(len(paths)) if offsets[k] <= target)
+        cut = offsets[f] + jsonl.next_line_start(paths[f], target - offsets[f])
+        cuts.append(max(cut, cuts[-1]))
+    cuts.append(total)
+    out = []
+    for r in range(n):
+        segs = []
+        for f, (off, size) in enumerate(zip(offsets, sizes)):
+            lo, hi = max(cuts[r], off), min(cuts[r + 1], off + size)
+            if lo < hi:
+                segs.append((f, lo - off, hi - off))
+        out.append(Part(i, r, n, fmt, tuple(segs)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ writing a part
+
+def _objects(path: str, start: int, end: int | None, first_line: int) -> Iterator[tuple[int, dict | Skip]]:
+    """``formats.iter_json_objects`` over the bytes ``start`` .. ``end`` of a file, whose first line is
+    ``first_line``."""
+    for i, line in jsonl.iter_text_lines(path, start, end, first_line):
+        if isinstance(line, BadLine):
+            yield i, Skip(path, i, line.field, line.reason, line.fix)
+            continue
+        obj = parse_object(line, i)
+        if isinstance(obj, BadLine):
+            fix = obj.fix
+            if obj.reason.startswith("expected a JSON object"):
+                fix = 'write one object per line, e.g. {"query": "...", "pos": ["..."]}'
+            yield i, Skip(path, i, obj.field, obj.reason, fix)
+            continue
+        yield i, obj
+
+
+def _hash(text: str) -> bytes:
+    """A 64-bit hash that is the same in every process (Python's ``hash`` of a string is not)."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+def _stem(tmp: Path, i: int, k: int) -> str:
+    return str(tmp / f".part-{i}-{k}")
+
+
+def _suffixes() -> tuple[str, ...]:
+    return (".json", ".array_record", ".skipped.jsonl", ".labels", ".ids", ".content")
+
+
+def write_part(ds, part: Part, tmp: Path, on_error: str, where: str) -> str | None:
+    """Read and write one part into ``tmp`` (``.part-{i}-{k}.*``); an error stops it and is kept in its ``.json``
+    for ``settle``. Returns the error's line, or None."""
+    paths = [str(p) for p in dc.dataset_paths(ds)]
+    multi = len(paths) > 1
+    stem = _stem(tmp, part.dataset, part.index)
+    tally = Tally(ds["name"], keep_ids=False, memory_limit=SKIPPED_IN_MEMORY, spool_dir=str(tmp))
+    info = ReadInfo()
+    ids, content = bytearray(), bytearray()
+
+    def records():
+        for f, start, end in part.segments:
+            for line, obj in _objects(paths[f], start, end, jsonl.count_lines(paths[f], start) + 1):
+                yield paths[f], line, (f"{f}:{line}" if multi else str(line)), obj
+
+    def note(ex):
+        ids.extend(_hash(ex["id"]))
+        content.extend(_hash(json.dumps([ex["query"], ex["pos"], ex["neg"], ex.get("label")], ensure_ascii=False)))
+
+    counts, error = ExampleCounts(), None
+    writer = record_writer(Path(stem + ".array_record"))
+    try:
+        items = apply_policy(read_records(records, replace(read_options(ds), format=part.record_format), info),
+                             on_error, tally)
+        counts = write_examples(ds, items, info, writer, tally, f"{where}.datasets[{part.dataset}]", None, note)
+    except Exception as e:  # noqa: BLE001 -- kept for settle, which decides whether it is the dataset's error
+        error = pod.error_text(e)
+    finally:
+        writer.close()
+    try:
+        _save_part(stem, tally, counts, info, ids, content, error)
+    finally:
+        tally.close()
+    return error
+
+
+def _save_part(stem: str, tally: Tally, counts: ExampleCounts, info: ReadInfo, ids, content, error) -> None:
+    with open(stem + ".skipped.jsonl", "w", encoding="utf-8") as f:
+        for s in tally.iter_skipped():
+            f.write(json.dumps(s.to_dict(), ensure_ascii=False) + "\n")
+    Path(stem + ".labels").write_bytes(counts.labels.index.tobytes())
+    Path(stem + ".ids").write_bytes(bytes(ids))
+    Path(stem + ".content").write_bytes(bytes(content))
+    reasons = [k for _, k, _ in tally.state()["reasons_by"]] + [error or ""]
+    meta = {"tally": tally.state(), "error": error,
+            "counts": {k: getattr(counts, k) for k in ("neg_min", "neg_max", "pos_max", "few_neg", "scores",
+                                                       "teacher")},
+            "labels": list(counts.labels.names), "labels_missing": counts.labels.missing,
+            "info": {"format": info.format, "task_type": info.task_type, "prompt": info.prompt,
+                     "labels": info.labels},
+            "mismatch": {"task_type": any(_TYPE_PHRASE in r for r in reasons),
+                         "prompt": any(_PROMPT_PHRASE in r for r in reasons)}}
+    Path(stem + ".json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------------ merging
+
+def save_result(tmp: Path, i: int, tally: Tally, entry: dict, notes: list[str], skipped=None) -> None:
+    """A dataset's outcome as ``jaxembed.data.store_pod`` reads it back: ``.part-{i}.json`` (the counts, manifest
+    entry and notes) and ``.part-{i}.skipped.jsonl`` (the skipped records: ``skipped``, files to concatenate, or
+    the Tally's)."""
+    with open(tmp / f".part-{i}.skipped.jsonl", "wb") as f:
+        if skipped is None:
+            for s in tally.iter_skipped():
+                f.write((json.dumps(s.to_dict(), ensure_ascii=False) + "\n").encode("utf-8"))
+        else:
+            for path in skipped:
+                with open(path, "rb") as src:
+                    while chunk := src.read(1 << 20):
+                        f.write(chunk)
+    (tmp / f".part-{i}.json").write_text(json.dumps({"tally": tally.state(), "entry": entry, "notes": notes},
+                                                    ensure_ascii=False), encoding="utf-8")
+
+
+def settle(ds, i: int, count: int, tmp: Path, on_error: str, where: str, progress) -> None:
+    """Merge the ``count`` parts of dataset ``i`` (``save_result``), or read it again whole when the parts cannot
+    tell what one process finds (see the module docstring); raise the dataset's error, as one process raises it."""
+    stems = [_stem(tmp, i, k) for k in range(count)]
+    metas = [json.loads(Path(s + ".json").read_text(encoding="utf-8")) for s in stems]
+    failed = next((k for k, m in enumerate(metas) if m["error"] is not None), None)
+    upto = count if failed is None else failed + 1
+    if not _exact(metas[:upto], stems[:upto]):
+        _remove(stems)
+        tally, _, entry, notes = write_one(ds, i, tmp, on_error, where, progress)
+        try:
+            save_result(tmp, i, tally, entry, notes)
+        finally:
+            tally.close()
+        return
+    if failed is not None:
+        _remove(stems)
+        raise UserError(metas[failed]["error"])
+    try:
+        _merge(ds, i, tmp, metas, stems, f"{where}.datasets[{i}]")
+    finally:
+        _remove(stems)
+
+
+def _exact(metas: list[dict], stems: list[str]) -> bool:
+    """Whether the parts read as one process reads them: no id written by two parts, and a BGE type / prompt met
+    first by the first part that met one, with no record of a later part compared against another first."""
+    for key in ("task_type", "prompt"):
+        first = next((k for k, m in enumerate(metas) if m["info"][key] is not None), None)
+        if first is None:
+            continue
+        value = metas[first]["info"][key]
+        for m in metas[first + 1:]:
+            if m["info"][key] not in (None, value) or m["mismatch"][key]:
+                return False
+    seen = [np.unique(np.fromfile(s + ".ids", dtype=np.uint64)) for s in stems]
+    every = np.concatenate(seen) if seen else np.zeros(0, np.uint64)
+    return len(np.unique(every)) == len(every)
+
+
+def _remove(stems: list[str]) -> None:
+    for s in stems:
+        for suffix in _suffixes():
+            try:
+                os.unlink(s + suffix)
+            except FileNotFoundError:
+                pass
+
+
+def _merge(ds, i: int, tmp: Path, metas: list[dict], stems: list[str], where: str) -> None:
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    path = tmp / f"{ds['name']}.array_record"
+    writer = record_writer(path)
+    try:
+        for s in stems:
+            reader = ArrayRecordReader(s + ".array_record")
+            try:
+                n = reader.num_records()
+                for b in range(0, n, 4096):
+                    for rec in reader.read(b, min(n, b + 4096)):
+                        writer.write(rec)
+            finally:
+                reader.close()
+    finally:
+        writer.close()
+    state = _merged_state(ds["name"], metas, stems, path)
+    tally = Tally.restored(state, memory_limit=0, spool_dir=str(tmp))
+    err = no_examples(ds, tally, where)
+    if err is not None:
+        raise err
+    info = ReadInfo(format=metas[0]["info"]["format"], labels=metas[0]["info"]["labels"])
+    info.task_type = next((m["info"]["task_type"] for m in metas if m["info"]["task_type"] is not None), None)
+    info.prompt = next((m["info"]["prompt"] for m in metas if m["info"]["prompt"] is not None), None)
+    dinfo, entry, notes = dataset_entry(ds, tmp, info, tally, _merged_counts(metas, stems), where)
+    save_result(tmp, i, tally, dict(dinfo.to_dict(), **entry), notes, skipped=[s + ".skipped.jsonl" for s in stems])
+
+
+def _merged_state(name: str, metas: list[dict], stems: list[str], path: Path) -> dict:
+    """The Tally state of the whole dataset: the parts' counts added, the reasons in the order first met, the
+    identical examples over all of them (``path``: the merged records, to name them)."""
+    by: dict[tuple, int] = {}
+    reasons: dict[str, int] = {}
+    for m in metas:
+        for inv, k, n in m["tally"]["reasons_by"]:
+            by[(inv, k)] = by.get((inv, k), 0) + n
+            reasons[k] = reasons.get(k, 0) + n
+    state = {k: sum(m["tally"][k] for m in metas) for k in ("read", "written", "invalid", "filtered")}
+    count, names = _identical(stems, path)
+    return dict(state, name=name, reasons=reasons, reasons_by=[[inv, k, n] for (inv, k), n in by.items()],
+                identical=count, identical_examples=names)
+
+
+def _identical(stems: list[str], path: Path) -> tuple[int, list[list[str]]]:
+    """The identical examples of the whole dataset (``HashLog.duplicates`` over the parts' content hashes, in
+    order): their count, and the first pairs named by their ids."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    log = HashLog()
+    for s in stems:
+        log._h.frombytes(Path(s + ".content").read_bytes())  # the hashes in reading order, as one process logs them
+    count, pairs = log.duplicates(5)
+    names: list[list[str]] = []
+    if pairs:
+        reader = ArrayRecordReader(str(path), "readahead_buffer_size:0")
+        try:
+            for later, first in pairs:
+                names.append([Store.decode(r)["id"] for r in reader.read([later, first])])
+        finally:
+            reader.close()
+    return count, names
+
+
+def _merged_counts(metas: list[dict], stems: list[str]) -> ExampleCounts:
+    """The parts' example counts added; their labels numbered in the order first met."""
+    c = ExampleCounts()
+    mins = [m["counts"]["neg_min"] for m in metas if m["counts"]["neg_min"] is not None]
+    c.neg_min = min(mins) if mins else None
+    c.neg_max = max(m["counts"]["neg_max"] for m in metas)
+    c.pos_max = max(m["counts"]["pos_max"] for m in metas)
+    for k in ("few_neg", "scores", "teacher"):
+        setattr(c, k, sum(m["counts"][k] for m in metas))
+    labels = _Labels()
+    for m, s in zip(metas, stems):
+        remap = np.array([labels.names.setdefault(x, len(labels.names)) for x in m["labels"]] + [-1], np.int32)
+        local = np.fromfile(s + ".labels", dtype=np.int32)
+        labels.index.frombytes(remap[local].astype(np.int32).tobytes())
+        labels.missing += m["labels_missing"]
+    c.labels = labels
+    return c
