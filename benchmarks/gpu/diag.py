@@ -29,6 +29,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import harness as H  # noqa: E402
+from kernel_trace import kernel_summary  # noqa: E402,F401  (its trace summary, read here and by the tests)
 
 VARIANTS = {  # name -> (train.dropout, model.attention, data.packing)
     "packed_dropout_auto": (True, "auto", True),
@@ -37,37 +38,6 @@ VARIANTS = {  # name -> (train.dropout, model.attention, data.packing)
     "packed_nodrop_cudnn": (False, "cudnn", True),
     "padded_dropout_auto": (True, "auto", False),
 }
-
-
-def kernel_summary(trace_dir: Path, top: int = 60) -> dict:
-    """The perfetto trace under ``trace_dir`` -> device time per kernel name (the events of the GPU's streams; on
-    the CPU, of XLA's thunks), the ``top`` costliest with their share; the trace copied to trace_dir/../trace.json.gz.
-    """
-    found = sorted(trace_dir.rglob("perfetto_trace.json.gz"))
-    if not found:
-        return {"error": f"no perfetto_trace.json.gz under {trace_dir}"}
-    raw = gzip.open(found[-1], "rt").read()
-    (trace_dir.parent / "trace.json.gz").write_bytes(gzip.compress(raw.encode()))
-    events = json.loads(raw)
-    events = events.get("traceEvents", events) if isinstance(events, dict) else events
-    names = {}  # pid -> process name (the GPU's streams are in a "/device:GPU:0" process)
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            names[e.get("pid")] = str(e.get("args", {}).get("name", ""))
-    dev_pids = {p for p, n in names.items() if "/device:" in n and "CPU" not in n.upper()} or set(names)
-    per: dict = {}
-    for e in events:
-        if e.get("ph") != "X" or e.get("pid") not in dev_pids:
-            continue
-        k = e.get("name", "?")
-        d = per.setdefault(k, {"us": 0.0, "n": 0, "hlo": (e.get("args") or {}).get("hlo_op", "")})
-        d["us"] += float(e.get("dur", 0.0))
-        d["n"] += 1
-    total = sum(v["us"] for v in per.values()) or 1.0
-    rows = sorted(per.items(), key=lambda kv: -kv[1]["us"])[:top]
-    return {"processes": sorted(names[p] for p in dev_pids), "total_us": total,
-            "kernels": [{"name": k[:200], "us": v["us"], "share": v["us"] / total, "calls": v["n"], "hlo": v["hlo"]}
-                        for k, v in rows]}
 
 
 def record(folder: Path) -> None:
@@ -168,7 +138,7 @@ def main() -> None:
 
     import jax
 
-    import workers as W
+    import timing
     from jaxembed.train import init_state
 
     res["device"] = jax.devices()[0].device_kind
@@ -192,7 +162,7 @@ def main() -> None:
             loader = H.loader_of(run, "packed" if packing else "padded")
             hosts = [loader.batch(s) for s in range(a.take)]
             state, kept = init_state(run), {}
-            state, timed = W._compile_and_time(run, state, hosts, a.rounds, H.Deadline(t_end - 10), keep=kept)
+            state, timed = timing.compile_and_time(run, state, hosts, a.rounds, H.Deadline(t_end - 10), keep=kept)
             if first:
                 with gzip.open(out / f"hlo_{name}.txt.gz", "wt") as f:
                     f.write(kept["programs"][0].as_text())

@@ -571,34 +571,3 @@ class forced_attention:
 
         A.attention, A.cudnn_attention = self._saved
         return False
-
-
-# ------------------------------------------------------------------------------------------------ profiles
-
-#: kernel name patterns -> category, first match wins (device kernels of XLA on CUDA; on the CPU, XLA's thunks)
-KERNEL_CATEGORIES = (
-    ("attention (fused)", ("fmha", "flash", "cudnn", "attention", "mha")),
-    ("matmul", ("gemm", "nvjet", "cutlass", "cublas", "xmma", "matmul", "dot", "wgmma", "sm90_", "sm80_")),
-    ("reduction", ("reduce",)),
-    ("scatter / gather", ("scatter", "gather", "dynamic_slice", "dynamic-update")),
-    ("random bits", ("xor", "threefry", "philox", "rng")),
-    ("copy / transpose", ("copy", "transpose", "memcpy", "memset", "concatenate", "pad")),
-    ("elementwise fusion", ("loop_", "input_", "fusion", "triton", "convert", "select", "multiply", "add")),
-)
-
-
-def kernel_categories(summary: dict) -> dict:
-    """benchmarks/gpu/diag.py's kernel summary -> {category: share of the device time} (KERNEL_CATEGORIES)."""
-    out: dict = {}
-    total = float(summary.get("total_us") or 0.0)
-    if not total:
-        return out
-    counted = 0.0
-    for k in summary.get("all_kernels", summary.get("kernels", [])):
-        name = k["name"].lower()
-        cat = next((c for c, pats in KERNEL_CATEGORIES if any(p in name for p in pats)), "other")
-        out[cat] = out.get(cat, 0.0) + k["us"] / total
-        counted += k["us"]
-    if counted < total:
-        out["other"] = out.get("other", 0.0) + (total - counted) / total
-    return {k: round(v, 4) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}

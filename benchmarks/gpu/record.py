@@ -2,7 +2,7 @@
 benchmarks/README.md: one result file per part, named by part and device (``gpu_<part>_<device>_<date>_<time>.json``,
 benchmarks/_record.py), and one README line per part.
 
-    python benchmarks/gpu/bench.py --record DIR     # DIR: the call's files_at (summary.json, part*.json)
+    python benchmarks/gpu/bench.py --record DIR     # DIR: a call's --out folder (summary.json, part*.json)
     python benchmarks/gpu/bench.py --record DIR1 DIR2   # calls of one session on one device kind: one record
 
 Several folders (calls of one session that split the work: sentence-transformers' arms in one, jaxembed's in the
@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from _record import record_line, save_result  # noqa: E402
 
-from bench import FILES  # noqa: E402
+from figures import FILES, ratios, targets  # noqa: E402
 
 
 def device_name(summary: dict) -> str:
@@ -107,7 +107,7 @@ def line_encode(r: dict) -> str:
 
 
 def line_train_compare(r: dict) -> str:
-    """Each model's arms as slots saved x speed per computed slot (bench.compare)."""
+    """Each model's arms as slots saved x speed per computed slot (figures.compare)."""
     out = []
     for m, e in r.get("models", {}).items():
         c = e.get("compare", {})
@@ -177,9 +177,7 @@ def _measured(d) -> bool:
 def merge_train(results: list[dict]) -> dict:
     """Part 2 of several calls as one: per model and tool, each setting's arm from the last call that measured it
     (else the last that tried it, skipped or failed), tagged with its ``call`` (the index in ``results``); setup,
-    compile and profile entries likewise; then the ratios (bench.ratios) and todo over the merged arms."""
-    from bench import ratios
-
+    compile and profile entries likewise; then the ratios (figures.ratios) and todo over the merged arms."""
     out = {k: v for k, v in results[-1].items() if k not in ("models", "todo")}
     out["models"], out["todo"] = {}, []
     for i, r in enumerate(results):
@@ -208,8 +206,6 @@ def merge_train(results: list[dict]) -> dict:
 def merge(folders: list[Path]) -> tuple[dict, dict]:
     """(summary, {part: result}) of several calls' folders: part 2 merged arm by arm (merge_train), any other part
     from the last call that ran it; the targets computed again; ``calls`` lists each call's start and arguments."""
-    from bench import targets
-
     summaries = [json.loads((f / "summary.json").read_text(encoding="utf-8")) for f in folders]
     per_call = [_parts_of(f) for f in folders]
     parts: dict = {}
