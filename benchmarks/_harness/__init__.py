@@ -9,6 +9,10 @@ its own measurement (what it compares, its figures, its README line) and takes t
 - ``st``: the sentence-transformers peer: the HF Trainer's AdamW groups, jaxembed's masked loss, the plan's rows.
 - ``st_train``: the two sentence-transformers training runs of the quality comparison (matched, stock).
 - ``scoring``: evaluation of a trained model, and scores over seeds (averages, spreads, paired differences).
+- ``ablation``: the quality comparison's ablation arms against the baseline and their references, as README phrases
+  and a markdown table.
+- ``natural_figures``: the throughput comparison's natural-length figures (per-tool step, CPU time, memory) and the
+  paired ratios between the tools.
 
 Results and README lines: ``benchmarks/_record.py``. Nothing here imports a framework at module level: a worker
 process imports what its tool needs.
