@@ -346,3 +346,96 @@ def test_the_pointer_checks_catch_pointers():
                 ("configs/README.md", f"[x](../{design}#data-cube) [y](../{design}#curriculum)\n")]
     assert broken_design_pointers(pointers, ["PEG", "Data-CUBE"]) == [
         f"jaxembed/g.py:2: '{design}, Matryoshka'", f"configs/README.md:1: '{design[5:]}#curriculum'"]
+
+
+# ---------------------------------------------------------------------------------------------- benchmarks/
+
+#: benchmarks/: scripts, not a package. A script runs with its own folder on sys.path, and puts benchmarks/ there
+#: too (the shared _record.py and _harness/): a bare ``import x`` names the importer's folder's x.py first, then
+#: benchmarks/x.py (or the package benchmarks/x/).
+BENCH = ROOT / "benchmarks"
+BENCH_MAX_LINES = 600
+#: benchmark scripts over BENCH_MAX_LINES that are not split yet, and why. Remove an entry when its file is split.
+BENCH_NOT_YET_SPLIT: dict[str, str] = {}
+
+
+def bench_modules(root: Path = BENCH) -> dict[str, Path]:
+    """Every module under benchmarks/: its name relative to benchmarks/ (``gpu.bench``, ``_harness.st``,
+    ``_harness`` for a package's __init__) -> file."""
+    return {module_name(p, root / "_"): p for p in sorted(root.rglob("*.py"))}
+
+
+def _bench_targets(name: str, is_package: bool, node, modules) -> set[str]:
+    """The benchmark modules one import statement of module ``name`` runs (a package's __init__ included)."""
+    folder = name.split(".") if is_package else name.split(".")[:-1]
+    if isinstance(node, ast.Import):
+        named, bases = [a.name for a in node.names], [folder, []]
+    elif node.level:
+        base = folder[:len(folder) - (node.level - 1)]
+        named, bases = [".".join(base + ([node.module] if node.module else []))], [[]]
+        named = [f"{named[0]}.{a.name}".lstrip(".") for a in node.names] + named
+    else:
+        named, bases = [f"{node.module}.{a.name}" for a in node.names] + [node.module], [folder, []]
+    out = set()
+    for target in named:
+        for base in bases:
+            parts = base + target.split(".")
+            if ".".join(base + parts[len(base):len(base) + 1]) not in modules:
+                continue  # not a benchmark module from this base: the standard library, a package, or the next base
+            for i in range(len(base) + 1, len(parts) + 1):
+                mod = ".".join(parts[:i])
+                if mod in modules and mod != name and not name.startswith(mod + "."):
+                    out.add(mod)
+            break
+    return out
+
+
+def bench_import_graph(root: Path = BENCH) -> dict[str, set[str]]:
+    """benchmarks/ module -> the benchmark modules it imports (module level and in functions together: every
+    benchmark is one script, and a deferred import that closes a cycle is a cycle all the same)."""
+    modules = bench_modules(root)
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node, _ in _imports(ast.parse(path.read_text(), str(path))):
+            edges[name] |= _bench_targets(name, path.name == "__init__.py", node, modules)
+    return edges
+
+
+def test_bench_graph_reads_script_imports(tmp_path):
+    """The benchmark graph on planted scripts: a bare import resolves in the importer's folder first, then
+    benchmarks/; a package's relative import; the standard library and jaxembed are left out."""
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "_h").mkdir()
+    (tmp_path / "_rec.py").write_text("import json\n")
+    (tmp_path / "_h" / "__init__.py").write_text("")
+    (tmp_path / "_h" / "st.py").write_text("from . import util\nimport os\n")
+    (tmp_path / "_h" / "util.py").write_text("")
+    (tmp_path / "gpu" / "bench.py").write_text("import sys\nfrom figures import X\n\ndef f():\n    import record\n")
+    (tmp_path / "gpu" / "figures.py").write_text("from jaxembed import config\n")
+    (tmp_path / "gpu" / "record.py").write_text("import _rec\nfrom _h.st import y\nimport bench\n")
+    g = bench_import_graph(tmp_path)
+    assert g == {"_rec": set(), "_h": set(), "_h.st": {"_h.util"}, "_h.util": set(),
+                 "gpu.bench": {"gpu.figures", "gpu.record"}, "gpu.figures": set(),
+                 "gpu.record": {"_rec", "_h", "_h.st", "gpu.bench"}}
+    assert cycles(g) == [["gpu.bench", "gpu.record"]]
+
+
+def test_benchmarks_have_no_import_cycle():
+    g = bench_import_graph()
+    found = cycles(g)
+    assert not found, "\n".join(_describe(c, g, {}) for c in found)
+
+
+def test_benchmark_modules_fit_in_one_head():
+    """A benchmark script over BENCH_MAX_LINES is split by role (its arms, its timing, its records), or listed in
+    BENCH_NOT_YET_SPLIT with the reason; an entry goes when its file is split."""
+    found = []
+    for path in sorted(BENCH.rglob("*.py")):
+        rel, n = path.relative_to(ROOT).as_posix(), len(path.read_text().splitlines())
+        if n > BENCH_MAX_LINES and rel not in BENCH_NOT_YET_SPLIT:
+            found.append(f"{rel}: {n} lines")
+    assert not found, f"benchmark modules over {BENCH_MAX_LINES} lines:\n  " + "\n  ".join(found)
+    for rel in sorted(BENCH_NOT_YET_SPLIT):
+        path = ROOT / rel
+        assert path.exists() and len(path.read_text().splitlines()) > BENCH_MAX_LINES, (
+            f"{rel} no longer needs its BENCH_NOT_YET_SPLIT entry: remove it from tests/test_layout.py")
