@@ -25,7 +25,7 @@ from flax import nnx
 
 from jaxembed import config as cfglib
 from jaxembed import atomic_files, loading, lora, parallel, pod
-from jaxembed.train import encode as train_encode, optim
+from jaxembed.train import encode as train_encode, optim, saved_plan
 from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.errors import UserError
 from jaxembed.train.export import export_params, host_model, host_params, run_card, task_prompts
@@ -157,21 +157,6 @@ def _store_config(store_dir: Path) -> Any:
         return None
 
 
-def _plan_inputs(config, store) -> dict:
-    from jaxembed.data.plan import plan_inputs
-
-    return plan_inputs(store, config.plan, cfglib.data_section(config))
-
-
-def _saved_inputs(path: Path) -> dict:
-    """The inputs recorded in a saved plan's plan.json ({} when none are: a plan saved by an older jaxembed)."""
-    try:
-        side = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return side.get("inputs") or {} if isinstance(side, dict) else {}
-
-
 def prepare_plan(config, store, workdir: Path, replan: bool = False):
     """The batch plan, a pure function of the store's datasets, the config and the files it names
     (``plan_inputs``). Every process computes those inputs (cheap: no plan) and checks that they are process
@@ -182,7 +167,7 @@ def prepare_plan(config, store, workdir: Path, replan: bool = False):
     from jaxembed.data.plan import Plan, inputs_differences
 
     path = workdir / "plan.npz"
-    inputs = _plan_inputs(config, store)
+    inputs = saved_plan.plan_inputs_of(config, store)
     main_inputs = json.loads(pod.broadcast("plan-inputs", json.dumps(inputs) if pod.is_main() else None))
 
     def same_as_main():
@@ -196,39 +181,13 @@ def prepare_plan(config, store, workdir: Path, replan: bool = False):
         if replan or not path.exists():
             with atomic_files.writing("saving the batch plan", path):
                 _build_plan(config, store, path, inputs)
-        elif _saved_inputs(path).get("fingerprint") != inputs["fingerprint"]:
-            _check_saved(config, store, path, inputs)
+        elif saved_plan.saved_inputs(path).get("fingerprint") != inputs["fingerprint"]:
+            saved_plan.check_saved(path, lambda tmp: _build_plan(config, store, tmp, inputs))
 
     pod.all_agree("plan-inputs-check", same_as_main)
     pod.main_first("plan", build_or_check)
     # training reads the saved file, memory-mapped: a host keeps only the pages of the steps and rows it reads
     return Plan.load(path)
-
-
-def _check_saved(config, store, path: Path, inputs: dict) -> None:
-    """A saved plan that records other (or no) inputs: the config's plan, built in blocks beside it, must equal it."""
-    from jaxembed.data.plan import Plan
-
-    tmp = atomic_files.unique_tmp(path, ".npz")
-    try:
-        built = _build_plan(config, store, tmp, inputs).fingerprint()
-    finally:
-        for p in (tmp, tmp.with_suffix(".json")):
-            p.unlink(missing_ok=True)
-    if Plan.load(path).fingerprint() != built:
-        raise UserError(f"{path}: the saved plan differs from the one the config builds (the data or the "
-                        "plan config changed); fix: use a new --workdir")
-
-
-def _read_only_plan(config, store, workdir: Path):
-    """The plan of a run read but not written (an export): its saved plan when it records the config's inputs,
-    else the config's plan built in memory."""
-    from jaxembed.data.plan import Plan
-
-    path = workdir / "plan.npz"
-    if path.exists() and _saved_inputs(path).get("fingerprint") == _plan_inputs(config, store)["fingerprint"]:
-        return Plan.load(path)
-    return _build_plan(config, store)
 
 
 def setup(config, workdir: str | Path, lock: WorkdirLock | None = None, read_only: bool = False) -> Run:
@@ -276,7 +235,7 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None, read_onl
     store = prepare_store(config, workdir)
     say(describe_store(store, config, workdir))
     if read_only:
-        plan = _read_only_plan(config, store, workdir)
+        plan = saved_plan.read_only_plan(config, store, workdir, lambda: _build_plan(config, store))
     else:
         # a run trained on to more steps (check_workdir), or a plan that no run's config.json claims: built anew
         replan = pod.is_main() and (not (workdir / "config.json").exists() or check_workdir(config, workdir))

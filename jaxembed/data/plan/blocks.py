@@ -6,6 +6,7 @@ time, not the plan; without one they are arrays in memory. Either way the plan i
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -22,17 +23,52 @@ def block_steps(G: int) -> int:
     return max(1, BLOCK_EXAMPLES // max(int(G), 1))
 
 
+def _pread(fd: int, dtype, count: int, offset: int) -> np.ndarray:
+    """``count`` items of ``dtype`` at byte ``offset`` of an open file (one positioned read)."""
+    dt = np.dtype(dtype)
+    buf = bytearray(count * dt.itemsize)
+    view, done = memoryview(buf), 0
+    while done < len(buf):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"short read at byte {offset + done}")
+        done += n
+    return np.frombuffer(buf, dt)
+
+
+def _pwrite(fd: int, a: np.ndarray, offset: int) -> None:
+    data, done = memoryview(np.ascontiguousarray(a)).cast("B"), 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)
+
+
 class Parts:
     """Numbered [n, G] batch arrays (dataset ids int32, example ids int64), and named (dataset, example) row lists:
-    kept in memory, or, with ``folder``, written to raw files there and read back by range."""
+    kept in memory, or, with ``folder``, appended to two files there (one for the dataset ids, one for the example
+    ids) and read back by range."""
 
     def __init__(self, G: int, folder: Path | None = None):
         self.G, self.folder = int(G), folder
         self._mem: list = []
         self._n: list[int] = []
+        self._at: list[int] = []  # first row of each part (and each kept list) in the files
+        self._rows = 0
+        self._named: dict = {}
+        if folder is not None:
+            self._fd = {k: os.open(folder / f"parts.{k}", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                        for k in ("ds", "ex")}
 
-    def _file(self, key, which: str) -> Path:
-        return self.folder / f"part_{key}.{which}"
+    def close(self) -> None:
+        for fd in getattr(self, "_fd", {}).values():
+            os.close(fd)
+        self._fd = {}
+
+    def _append(self, ds: np.ndarray, ex: np.ndarray) -> int:
+        at = self._rows
+        _pwrite(self._fd["ds"], np.asarray(ds, np.int32).reshape(-1), at * 4)
+        _pwrite(self._fd["ex"], np.asarray(ex, np.int64).reshape(-1), at * 8)
+        self._rows += int(np.asarray(ds).size)
+        return at
 
     def add(self, ds: np.ndarray, ex: np.ndarray) -> int:
         """Store a part's batches [n, G]; returns its number."""
@@ -41,8 +77,7 @@ class Parts:
         if self.folder is None:
             self._mem.append((ds, ex))
         else:
-            np.ascontiguousarray(ds, np.int32).tofile(self._file(k, "ds"))
-            np.ascontiguousarray(ex, np.int64).tofile(self._file(k, "ex"))
+            self._at.append(self._append(ds, ex))
         return k
 
     def batches(self, k: int) -> int:
@@ -53,23 +88,22 @@ class Parts:
         if self.folder is None:
             ds, ex = self._mem[k]
             return ds[lo:hi], ex[lo:hi]
-        G = self.G
-        ds = np.fromfile(self._file(k, "ds"), np.int32, count=(hi - lo) * G, offset=lo * G * 4)
-        ex = np.fromfile(self._file(k, "ex"), np.int64, count=(hi - lo) * G, offset=lo * G * 8)
-        return ds.reshape(-1, G), ex.reshape(-1, G)
+        G, at = self.G, self._at[k] + lo * self.G
+        n = (hi - lo) * G
+        return (_pread(self._fd["ds"], np.int32, n, at * 4).reshape(-1, G),
+                _pread(self._fd["ex"], np.int64, n, at * 8).reshape(-1, G))
 
     def keep(self, name: str, ds: np.ndarray, ex: np.ndarray):
         """Keep a list of rows (a curriculum unit's instance order) until ``load``; returns its handle."""
         if self.folder is None:
             return ds, ex
-        np.ascontiguousarray(ds, np.int32).tofile(self._file(name, "rds"))
-        np.ascontiguousarray(ex, np.int64).tofile(self._file(name, "rex"))
-        return name
+        return self._append(ds, ex), int(np.asarray(ds).size)
 
     def load(self, handle) -> tuple[np.ndarray, np.ndarray]:
         if self.folder is None:
             return handle
-        return np.fromfile(self._file(handle, "rds"), np.int32), np.fromfile(self._file(handle, "rex"), np.int64)
+        at, n = handle
+        return _pread(self._fd["ds"], np.int32, n, at * 4), _pread(self._fd["ex"], np.int64, n, at * 8)
 
 
 def assemble(parts: Parts, owner: np.ndarray, idx: np.ndarray, s0: int, s1: int):
@@ -78,8 +112,12 @@ def assemble(parts: Parts, owner: np.ndarray, idx: np.ndarray, s0: int, s1: int)
     o, j = owner[s0:s1], idx[s0:s1]
     ds = np.empty((o.size, parts.G), np.int32)
     ex = np.empty((o.size, parts.G), np.int64)
-    for k in np.unique(o).tolist():
-        sel = np.flatnonzero(o == k)
+    order = np.argsort(o, kind="stable")  # the block's steps grouped by part, each group in step order
+    bounds = [0, *(np.flatnonzero(np.diff(o[order])) + 1).tolist(), o.size]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if a == b:
+            continue
+        sel, k = order[a:b], int(o[order[a]])
         lo, hi = int(j[sel].min()), int(j[sel].max()) + 1
         d, e = parts.read(k, lo, hi)
         ds[sel], ex[sel] = d[j[sel] - lo], e[j[sel] - lo]
@@ -94,30 +132,33 @@ class Rows:
 
     def __init__(self, S: int, G: int, folder: Path | None = None):
         self.S, self.G, self.folder = int(S), int(G), folder
-        self._mem = {}
+        self._mem, self._fd = {}, {}
         for k, dt in self.DTYPES.items():
             if folder is None:
                 self._mem[k] = np.empty((self.S, self.G), dt)
             else:
-                with open(folder / f"{k}.raw", "wb") as f:
-                    f.truncate(self.S * self.G * np.dtype(dt).itemsize)
+                self._fd[k] = os.open(folder / f"{k}.raw", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.ftruncate(self._fd[k], self.S * self.G * np.dtype(dt).itemsize)
+
+    def close(self) -> None:
+        for fd in self._fd.values():
+            os.close(fd)
+        self._fd = {}
 
     def write(self, name: str, s0: int, block: np.ndarray) -> None:
         if self.folder is None:
             self._mem[name][s0:s0 + block.shape[0]] = block
             return
         dt = np.dtype(self.DTYPES[name])
-        with open(self.folder / f"{name}.raw", "r+b") as f:
-            f.seek(s0 * self.G * dt.itemsize)
-            f.write(np.ascontiguousarray(block, dt).tobytes())
+        _pwrite(self._fd[name], np.asarray(block, dt), s0 * self.G * dt.itemsize)
 
     def read(self, name: str, s0: int, s1: int) -> np.ndarray:
+        """Steps [s0, s1), a new (writable) array."""
+        s0, s1 = max(s0, 0), min(s1, self.S)
         if self.folder is None:
             return self._mem[name][s0:s1].copy()
         dt = np.dtype(self.DTYPES[name])
-        s0, s1 = max(s0, 0), min(s1, self.S)
-        out = np.fromfile(self.folder / f"{name}.raw", dt, count=max(s1 - s0, 0) * self.G,
-                          offset=s0 * self.G * dt.itemsize)
+        out = _pread(self._fd[name], dt, max(s1 - s0, 0) * self.G, s0 * self.G * dt.itemsize)
         return out.reshape(-1, self.G)
 
     def array(self, name: str) -> np.ndarray:

@@ -159,28 +159,34 @@ def _build(datasets, config, scores, task_order, instance_orders, data_config, f
     x = _inputs(datasets, config, scores, task_order, instance_orders, data_config)
     cfg, infos, G, seed, meta = x["cfg"], x["infos"], x["G"], x["seed"], x["meta"]
     parts = blocks.Parts(G, folder)
-    if cfg["curriculum"]["enabled"]:
-        owner, idx, info = _build_curriculum(cfg, infos, x["task_names"], x["dataset_tasks"], x["sizes"],
-                                             x["epochs"], x["score_map"], task_order, instance_orders, seed, G, parts)
-    else:
-        owner, idx, info = _build_sampled(cfg, infos, x["task_names"], x["dataset_tasks"], x["sizes"], x["epochs"],
-                                          x["dweights"], x["sampling"], x["temp"], seed, G, parts)
-    dropped = info.pop("_dropped")
-    unit_ids = info.pop("_unit_ids")
-    semi = info.pop("_semi", None)
-    S = int(owner.size)
-    block = blocks.block_steps(G) if folder is not None else max(S, 1)
-    rows = blocks.Rows(S, G, folder)
-    for s0 in range(0, S, block):
-        ds, ex = blocks.assemble(parts, owner, idx, s0, s0 + block)
-        rows.write("dataset_ids", s0, ds)
-        rows.write("example_ids", s0, ex)
-    del parts
-    if semi is not None:
-        info["unresolved_in_batch_repeats"] += blocks.semi_swap(rows, owner, semi[0], semi[1], seed, block,
-                                                                _dedupe_batches)
-    meta.update(info)
-    task_ids, temperatures, masked = _weights_and_meta(rows, x, block)
+    try:
+        if cfg["curriculum"]["enabled"]:
+            owner, idx, info = _build_curriculum(cfg, infos, x["task_names"], x["dataset_tasks"], x["sizes"],
+                                                 x["epochs"], x["score_map"], task_order, instance_orders, seed, G,
+                                                 parts)
+        else:
+            owner, idx, info = _build_sampled(cfg, infos, x["task_names"], x["dataset_tasks"], x["sizes"],
+                                              x["epochs"], x["dweights"], x["sampling"], x["temp"], seed, G, parts)
+        S = int(owner.size)
+        block = blocks.block_steps(G) if folder is not None else max(S, 1)
+        rows = blocks.Rows(S, G, folder)
+        for s0 in range(0, S, block):
+            ds, ex = blocks.assemble(parts, owner, idx, s0, s0 + block)
+            rows.write("dataset_ids", s0, ds)
+            rows.write("example_ids", s0, ex)
+    finally:
+        parts.close()
+    try:
+        dropped = info.pop("_dropped")
+        unit_ids = info.pop("_unit_ids")
+        semi = info.pop("_semi", None)
+        if semi is not None:
+            info["unresolved_in_batch_repeats"] += blocks.semi_swap(rows, owner, semi[0], semi[1], seed, block,
+                                                                    _dedupe_batches)
+        meta.update(info)
+        task_ids, temperatures, masked = _weights_and_meta(rows, x, block)
+    finally:
+        rows.close()
     if cfg["mask"]["delta"] is not None:
         meta["masked_rows"] = masked
     return Plan(rows.array("dataset_ids"), rows.array("example_ids"), task_ids, rows.array("weights"), temperatures,
