@@ -25,8 +25,15 @@ def test_eight_devices():
     assert jax.device_count() == 8
 
 
-@pytest.mark.parametrize("mesh_shape", [(8, 1), (2, 4)], ids=["data8", "data2xfsdp4"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['opts']}-sym{c['symmetric']}")
+# Every case on the 8-way data mesh; the 2 x 4 (data x fsdp) mesh with the case that has every option: the batch is
+# split over both axes on either mesh (parallel.BATCH_AXES), so the options' code is the same on both, and what the
+# second mesh adds -- the gathers over two axes of other sizes -- is covered by one case.
+MESH_CASES = [((8, 1), c) for c in CASES] + [((2, 4), CASES[-1])]
+
+
+@pytest.mark.parametrize("mesh_shape,case", MESH_CASES,
+                         ids=[f"{'data8' if m == (8, 1) else 'data2xfsdp4'}-{c['opts']}-sym{c['symmetric']}"
+                              for m, c in MESH_CASES])
 def test_sharded_losses_equal_single_device(case, mesh_shape):
     # 16 queries x 3 candidates: 2 queries / 6 candidates per device; duplicates across shards (30 ~ 9), a row
     # repeated on another shard (7 ~ 1) and on its own (13 ~ 12), two queries sharing a positive (10, 4), a query
@@ -75,6 +82,7 @@ def test_gist_distill_and_scored_losses_sharded_equal_single_device():
     distillation with missing teacher scores and empty slots."""
     from jaxembed.losses import objective as ob
     from jaxembed.losses.gist import guide_infos
+    from jaxembed.losses.parts.angle import AngleSettings
 
     B, K, D, G = 16, 3, 16, 8
     b = random_batch(seed=2, B=B, K=K, D=D, dup_pairs=((5, 0), (30, 9)), invalid=(4, 20),
@@ -97,7 +105,8 @@ def test_gist_distill_and_scored_losses_sharded_equal_single_device():
         (ob.Objective(kinds=("infonce", "cosent"), distill="kl", distill_temperature=0.1), "infonce", "cosent",
          (("jit", parallel.jit_loss), ("shard_map_tiled", functools.partial(parallel.shard_map_loss,
                                                                             terms_fn=tiled_terms(1, 4))))),
-        (ob.Objective(kinds=("peg", "angle"), distill="margin_mse", angle_cosine_weight=0.5), "peg", "angle",
+        (ob.Objective(kinds=("peg", "angle"), distill="margin_mse", settings={"angle": AngleSettings(cosine_weight=0.5)}),
+         "peg", "angle",
          (("shard_map", parallel.shard_map_loss),)),
     ]
     for obj, ckind, skind, impls in cases:
