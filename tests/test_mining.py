@@ -1,12 +1,11 @@
 """Hard-negative mining (jaxembed.mining, ``jaxembed mine``): exact blocked search, IVF, ranking-consistency filter,
 window sampling, margin filter, the report; synthetic data with known answers and the real shared data with the
-real all-MiniLM-L6-v2 weights, through the CLI and into ``jaxembed data prepare``."""
+real all-MiniLM-L6-v2 weights, through the CLI and into ``jaxembed data prepare``. The search on 8 devices: the
+8-device suite (tests/multidevice/test_mining_search.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 
@@ -15,8 +14,6 @@ import pytest
 
 from jaxembed import mining
 from jaxembed.errors import UserError
-
-import runs
 
 DIM = 32
 N_WIKI, N_SNLI = 40, 100                      # slices of the real files: small, to keep the test fast
@@ -179,28 +176,6 @@ def test_search_memory_is_bounded_by_the_blocks():
     assert big["temp"] == small["temp"]
     assert big["temp"] < 32 * 65536 * 4 / 8
     assert big["arguments"] >= 65536 * 32 * 4
-
-
-def test_blocked_search_on_8_simulated_devices(tmp_path):
-    script = textwrap.dedent("""
-        import numpy as np, jax
-        from jaxembed import mining
-        assert len(jax.devices()) == 8
-        rng = np.random.default_rng(2)
-        Q = rng.integers(-3, 4, size=(37, 16)).astype(np.float32)   # exact scores with ties (see the 1-device test)
-        D = rng.integers(-3, 4, size=(1500, 16)).astype(np.float32)
-        thr = (Q @ D[7])[:, None].astype(np.float32)
-        res = mining.blocked_search(Q, D, 120, thresholds=thr, block_q=16, block_c=32)
-        s = Q @ D.T
-        ids = np.argsort(-s, axis=1, kind="stable")[:, :120]
-        assert (res.ids == ids).all(), "ids differ"
-        assert (res.scores == np.take_along_axis(s, ids, 1)).all()
-        assert (res.above[:, 0] == (s > thr).sum(1)).all()
-        print("OK8")
-    """)
-    env = dict(os.environ, XLA_FLAGS=runs.xla_flags(8), JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "OK8" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
 
 
 def test_ivf_index_is_exact_with_every_list_and_a_lower_bound_otherwise():
