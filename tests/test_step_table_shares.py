@@ -3,8 +3,11 @@ tokenises its share of the window's rows, the processes exchange the token lengt
 every process builds the table one process computes alone; the cache holds one small file per window.
 
 The pod is simulated in one process: P threads, each a process of its own (a thread-local process index), their
-exchanges through a shared dictionary."""
+exchanges through a shared dictionary; once for real: two processes joined by jax.distributed, each walking the
+windows from a thread (as the loader's prefetch does), get the one-process shapes, each tokenising half the texts."""
 
+import json
+import sys
 import threading
 
 import numpy as np
@@ -216,3 +219,41 @@ def test_exchange_returns_every_value_or_the_first_error(monkeypatch):
     with pytest.raises(UserError, match="my error"):
         pod.exchange("f", fails)
     assert stored["jaxembed/f/0"] == "error:my error"  # the others stop with it
+
+
+# one process of a real pod (jax.distributed on CPU): walks the windows from a thread, as the loader's prefetch does
+POD_PROCESS = r"""
+import json, sys, threading
+import jax
+coord, count, index, tok_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+jax.distributed.initialize(coord, count, index)
+from data_fakes import mixed_store
+from jaxembed.data import pipeline as P
+from jaxembed.data import step_table as T
+from jaxembed.data.plan import build_plan
+from jaxembed.tokenizer import Tokenizer
+store, tok = mixed_store(), Tokenizer.from_folder(tok_dir)
+plan = build_plan(store, {"global_batch_size": 8, "seed": 1})
+table = T.StepTable(store, plan, tok, packing=P.Packing(shards=2, min_row_length=16), num_candidates=4, window=4)
+texts, real = [0], tok.tokenize
+tok.tokenize = lambda batch, *a, **k: (texts.__setitem__(0, texts[0] + len(batch)), real(batch, *a, **k))[1]
+shapes = []
+walk = threading.Thread(target=lambda: shapes.extend(table.shape(s) for s in range(plan.steps)))
+walk.start()
+walk.join()
+print(json.dumps({"shapes": shapes, "texts": texts[0]}))
+"""
+
+
+def test_two_real_processes_share_each_window(plan, tok, minilm_dir, tmp_path):
+    import runs
+
+    store, p = plan
+    alone = T.StepTable(store, p, tok, packing=P.Packing(shards=2, min_row_length=16), num_candidates=4, window=W)
+    coord = f"127.0.0.1:{runs.free_port()}"
+    procs = [runs.Proc([sys.executable, "-c", POD_PROCESS, coord, "2", str(i), str(minilm_dir)],
+                       runs.env(1, JAX_PLATFORMS="cpu"), tmp_path / f"p{i}.log") for i in range(2)]
+    outs = [json.loads(x.strip().splitlines()[-1]) for x in runs.wait_all(procs, timeout=240)]
+    expected = [list(alone.shape(s)) for s in range(p.steps)]
+    assert outs[0]["shapes"] == outs[1]["shapes"] == expected
+    assert all(0 < o["texts"] < 0.65 * (outs[0]["texts"] + outs[1]["texts"]) for o in outs), outs
