@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxembed.errors import UserError
+from jaxembed.tokenizer_class import load_as_auto
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +117,7 @@ def load_hf_tokenizer(folder: str | os.PathLike):
 
 
 def _auto_tokenizer(folder: str | os.PathLike):
-    from transformers import AutoTokenizer  # tokenizers only; transformers needs no torch for this
-
-    hf = AutoTokenizer.from_pretrained(str(folder))
+    hf = load_as_auto(folder)  # AutoTokenizer's tokenizer; the class it picks is remembered per folder
     want = _file_model_type(folder)
     backend = getattr(hf, "backend_tokenizer", None)
     got = type(backend.model).__name__ if backend is not None else None
