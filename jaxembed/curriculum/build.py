@@ -27,11 +27,11 @@ def run_curriculum(scores_dir, out, *, store=None, objective: str = "max", solve
                    patience: int = 0, kicks: int = 200, seed: int = 0, instance_order: str = "e2d",
                    delta: float | None = None, mask_direction: str = "text", walk: str = "cyclic") -> dict:
     """The ``jaxembed curriculum`` job: reads ``scores_dir`` (jaxembed score), writes task_order.json,
-    instance_orders.json, plan_curriculum.json and curriculum_summary.json into ``out``. -> the summary."""
+    instance_orders.npz, plan_curriculum.json and curriculum_summary.json into ``out``. -> the summary."""
     from jaxembed.curriculum import difficulty as dif
     from jaxembed.curriculum import order as O
     from jaxembed.curriculum.similarity import load_similarity
-    from jaxembed.data.plan import load_scores
+    from jaxembed.data.plan import load_scores, save_instance_orders
     from jaxembed.data.store import Store
 
     from jaxembed.data.plan import WALKS
@@ -73,11 +73,11 @@ def run_curriculum(scores_dir, out, *, store=None, objective: str = "max", solve
     sizes = [i.size for i in store.datasets]
     orders = dif.instance_orders(units, sizes, ds_names, instance_order, scores, seed)
     out.mkdir(parents=True, exist_ok=True)
-    task_order_path, io_path = out / "task_order.json", out / "instance_orders.json"
+    task_order_path, io_path = out / "task_order.json", out / "instance_orders.npz"
     write_json(task_order_path, {"order": order, "unit": unit, "objective": objective, "solver": res.solver,
                                   "value": res.value, "values": values, "params": res.params,
                                   "similarity": str((scores_dir / "task_similarity.npz").resolve())})
-    write_json(io_path, {u: [[ds_names[int(d)], int(e)] for d, e in a] for u, a in orders.items()})
+    save_instance_orders(io_path, orders, ds_names)  # binary: the plan maps it and reads one unit at a time
     mask = None
     if scores is not None:
         deltas = sorted({-0.1, 0.0, 0.05, 0.1} | ({float(delta)} if delta is not None else set()))
@@ -131,7 +131,7 @@ def format_curriculum(s: dict, out) -> str:
             f"{k}: {c['masked']}" for k, c in s["mask_counts"].items()) + f" (of {of})")
     if s["units_without_data"]:
         lines.append(f"note: {s['units_without_data']} have no data to train (epochs 0) and are not ordered")
-    lines.append(f"wrote {out / 'task_order.json'}, {out / 'instance_orders.json'}, {out / 'plan_curriculum.json'}")
+    lines.append(f"wrote {out / 'task_order.json'}, {out / 'instance_orders.npz'}, {out / 'plan_curriculum.json'}")
     lines.append(f"next: jaxembed plan build --store STORE --config {out / 'plan_curriculum.json'} "
                  "--set global_batch_size=64 --out PLAN.npz")
     lines.append("  (or add to your plan config: " + " ".join(f"--set {a}" for a in s["set_args"]) + ")")

@@ -19,7 +19,7 @@ line by the main CLI, exit status 2). This module only parses arguments; the job
   the task order (Eq. 6 / 7) and writes::
 
       DIR/task_order.json       {"order": [unit names], ...}          (plan.curriculum.task_order)
-      DIR/instance_orders.json  {unit: [[dataset, index], ...]}        (plan.curriculum.instance_orders)
+      DIR/instance_orders.npz   per unit: dataset ids, example ids     (plan.curriculum.instance_orders)
       DIR/plan_curriculum.json  the plan-config overrides: jaxembed plan build --config DIR/plan_curriculum.json
       DIR/curriculum_summary.json  objective values, mask counts
 
@@ -41,7 +41,7 @@ from jaxembed.curriculum.score import (SCORE_FILES, config_store, config_unit, f
 from jaxembed.data.record_formats import FORMAT_CHOICES
 from jaxembed.data.task_types import TASK_TYPES
 from jaxembed.errors import UserError
-from jaxembed.mining.encoding import _LOADED, limit, load_encoder, model_key  # noqa: F401 (_LOADED: re-exported)
+from jaxembed.mining.encoding import limit, load_encoder, model_key
 from jaxembed.mining.job import input_from_file, input_from_store, run_mine  # noqa: F401 (run_mine: re-exported)
 
 

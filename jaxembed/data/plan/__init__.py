@@ -67,7 +67,9 @@ from jaxembed.data.plan.config import (
 from jaxembed.data.plan.curriculum import walk_order
 from jaxembed.data.plan.file import FORMAT, VERSION, Plan
 from jaxembed.data.plan.identity import inputs_differences, plan_inputs
-from jaxembed.data.plan.inputs import instance_mask, load_instance_orders, load_scores, load_task_order
+from jaxembed.data.plan.inputs import (
+    instance_mask, load_instance_orders, load_scores, load_task_order, save_instance_orders,
+)
 from jaxembed.data.plan.summary import format_summary, mixing_share, summarize
 # drawn with matplotlib in viz.py (the optional viz extra), which imports it only when called
 from jaxembed.data.plan.viz import render_png
@@ -76,6 +78,6 @@ __all__ = [
     "CURRICULUM_UNITS", "FORMAT", "INSTANCE_ORDERS", "MASK_DIRECTIONS", "NEGATIVES", "SAMPLING", "STRATEGIES",
     "VERSION", "WALKS", "Plan", "build_plan", "build_plan_file", "default_plan_config", "format_summary",
     "inputs_differences", "instance_mask", "load_instance_orders", "load_scores", "load_task_order", "mixing_share",
-    "plan_inputs", "render_png", "summarize",
+    "plan_inputs", "render_png", "save_instance_orders", "summarize",
     "validate_data_defaults", "validate_plan_config", "walk_order",
 ]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxembed.data.plan.inputs import _infos
+from jaxembed.data.plan.npz import mapped_npz, write_npz
 from jaxembed.errors import UserError
 
 FORMAT = "jaxembed-plan"
@@ -123,7 +124,7 @@ class Plan:
         # each file through its own unique temporary name (host, pid, random), renamed into place: concurrent
         # savers never share a temporary file; a reader between the two renames sees a pair whose fingerprints
         # differ, which ``load`` reports
-        atomic_files.write_with(path, lambda t: _write_npz(t, arrays), suffix=".npz")
+        atomic_files.write_with(path, lambda t: write_npz(t, arrays, read_steps, _BLOCK_STEPS), suffix=".npz")
         atomic_files.write_text(path.with_suffix(".json"), json.dumps(side, indent=1, default=_json_default) + "\n")
         return path
 
@@ -147,7 +148,7 @@ class Plan:
             raise UserError(f"{side_path}: plan format version {side.get('version')} is not supported (this "
                             f"jaxembed reads version {VERSION}; fix: rebuild the plan)")
         try:
-            arrays = _mapped_npz(path)
+            arrays = mapped_npz(path, _MAPPED)
         except (ValueError, OSError, zipfile.BadZipFile) as e:
             raise UserError(f"{path}: unreadable plan arrays ({e}) (fix: rebuild the plan)") from None
         need = {"dataset_ids": (np.int32, 2), "example_ids": (np.int64, 2), "task_ids": (np.int32, 1),
@@ -186,7 +187,7 @@ class Plan:
     def __setstate__(self, state):
         self.__dict__.update(state)
         if state.get("dataset_ids") is None:
-            arrays = _mapped_npz(state["source"])
+            arrays = mapped_npz(state["source"], _MAPPED)
             for k in _MAPPED:
                 setattr(self, k, arrays[k])
 
@@ -207,42 +208,6 @@ def read_steps(a: np.ndarray, s0: int, s1: int) -> np.ndarray:
 _MAPPED = ("dataset_ids", "example_ids", "weights")
 #: steps per block when a whole plan is read (fingerprint, checks): bounded memory for any plan size
 _BLOCK_STEPS = 1024
-
-
-def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """The layout of ``np.savez`` (one uncompressed .npy member per array, zip64 headers), each array written a
-    block of steps at a time (``read_steps``)."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, a in arrays.items():
-            with zf.open(name + ".npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(a.dtype),
-                                                         "fortran_order": False, "shape": a.shape})
-                for s0 in range(0, len(a), _BLOCK_STEPS):
-                    f.write(np.ascontiguousarray(read_steps(a, s0, s0 + _BLOCK_STEPS)).tobytes())
-
-
-def _mapped_npz(path) -> dict[str, np.ndarray]:
-    """The arrays of an .npz file; the per-example ones (``_MAPPED``) memory-mapped where stored uncompressed (as
-    ``Plan.save`` writes them, ``np.savez``), so a host pages in only the steps and rows it reads."""
-    out = {}
-    with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
-        for info in zf.infolist():
-            name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
-            if name in _MAPPED and info.compress_type == zipfile.ZIP_STORED:
-                f.seek(info.header_offset)
-                head = f.read(30)  # the local file header: name and extra field lengths at bytes 26..29
-                n_name, n_extra = int.from_bytes(head[26:28], "little"), int.from_bytes(head[28:30], "little")
-                f.seek(info.header_offset + 30 + n_name + n_extra)
-                version = np.lib.format.read_magic(f)
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                    np.lib.format.read_array_header_2_0
-                shape, fortran, dtype = read_header(f)
-                if not fortran and not dtype.hasobject:
-                    out[name] = np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape)
-                    continue
-            with zf.open(info) as m:
-                out[name] = np.lib.format.read_array(m, allow_pickle=False)
-    return out
 
 
 def _json_default(o):

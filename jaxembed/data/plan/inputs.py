@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -120,22 +121,121 @@ def load_task_order(source, units: Sequence[str], unit: str | None = None) -> li
     return names
 
 
-def load_instance_orders(source, datasets, units: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
+#: the arrays of an instance orders file (``save_instance_orders``)
+_ORDER_ARRAYS = ("units", "offsets", "dataset_names", "dataset_ids", "example_ids")
+
+
+def save_instance_orders(path, orders: Mapping[str, np.ndarray], dataset_names: Sequence[str]) -> Path:
+    """Write per-unit instance orders ({unit: [n, 2] (dataset id, example index)}, ids in ``dataset_names``'
+    order) to ``path`` (.npz, atomic): ``units`` [U] and ``offsets`` int64 [U + 1] (unit k's rows are
+    offsets[k]:offsets[k + 1]), ``dataset_names`` [D], ``dataset_ids`` int32 [N], ``example_ids`` int64 [N].
+    Stored uncompressed: ``load_instance_orders`` maps the two long arrays and reads one unit's rows at a time."""
+    from jaxembed import atomic_files
+
+    units = list(orders)
+    sizes = [int(np.asarray(orders[u]).shape[0]) for u in units]
+    arrays = {"units": np.array(units, dtype=str), "offsets": np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+              "dataset_names": np.array(list(dataset_names), dtype=str),
+              "dataset_ids": np.concatenate([np.asarray(orders[u])[:, 0] for u in units] or [[]]).astype(np.int32),
+              "example_ids": np.concatenate([np.asarray(orders[u])[:, 1] for u in units] or [[]]).astype(np.int64)}
+    return atomic_files.write_with(path, lambda t: np.savez(t, **arrays), suffix=".npz")
+
+
+class _OrdersFile(Mapping):
+    """The units of an instance orders file (``save_instance_orders``): the dataset and example ids memory-mapped,
+    one unit's rows read (and its dataset ids mapped to the store's by name) when it is asked for."""
+
+    def __init__(self, path: Path, arrays: dict, datasets):
+        self.path, self.a = path, arrays
+        self.units = [str(u) for u in arrays["units"].tolist()]
+        store_ids = {i.name: k for k, i in enumerate(datasets)}
+        names = [str(n) for n in arrays["dataset_names"].tolist()]
+        unknown = [n for n in names if n not in store_ids]
+        if unknown:
+            raise UserError(f"{path}: field 'dataset_names': datasets {unknown} are not in the store (fix: write "
+                            "the orders again on this store with `jaxembed curriculum`)")
+        self.to_store = np.array([store_ids[n] for n in names] or [0], np.int64)
+        off = arrays["offsets"]
+        if off.shape != (len(self.units) + 1,) or off[0] != 0 or np.any(np.diff(off) < 0) or \
+                off[-1] != arrays["dataset_ids"].shape[0] or arrays["example_ids"].shape != arrays["dataset_ids"].shape:
+            raise UserError(f"{path}: field 'offsets' does not match the {arrays['dataset_ids'].shape[0]} rows "
+                            "(fix: write the orders again with `jaxembed curriculum`)")
+
+    def __getitem__(self, unit: str) -> np.ndarray:
+        if unit not in self.units:
+            raise KeyError(unit)
+        k = self.units.index(unit)
+        lo, hi = int(self.a["offsets"][k]), int(self.a["offsets"][k + 1])
+        ds = np.asarray(self.a["dataset_ids"][lo:hi], np.int64)
+        if ds.size and (ds.min() < 0 or ds.max() >= len(self.a["dataset_names"])):
+            raise UserError(f"{self.path}: unit '{unit}': a dataset id is out of range of 'dataset_names' (fix: "
+                            "write the orders again with `jaxembed curriculum`)")
+        return np.stack([self.to_store[ds], np.asarray(self.a["example_ids"][lo:hi], np.int64)], 1)
+
+    def __contains__(self, unit) -> bool:
+        return unit in self.units
+
+    def __iter__(self):
+        return iter(self.units)
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+
+class _CheckedOrders(Mapping):
+    """{unit: int64 [n, 2]} for the plan's ``units``: each unit's order read from ``source`` and checked when it
+    is asked for (a unit of a mapped file is then in memory alone)."""
+
+    def __init__(self, source: Mapping, units: list[str], check):
+        self.source, self.units, self.check = source, units, check
+
+    def __getitem__(self, unit):
+        if unit not in self.units:
+            raise KeyError(unit)
+        return self.check(unit, self.source[unit])
+
+    def __iter__(self):
+        return iter(self.units)
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+
+def _orders_source(source, infos, where: str):
+    if isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() == ".npz" and Path(source).is_file():
+        from jaxembed.data.plan.npz import mapped_npz
+
+        try:
+            arrays = mapped_npz(source, ("dataset_ids", "example_ids"))
+        except (ValueError, OSError, zipfile.BadZipFile) as e:
+            raise UserError(f"{where}: unreadable instance orders file ({e}) (fix: write it again with "
+                            "`jaxembed curriculum`)") from None
+        if set(_ORDER_ARRAYS) <= set(arrays):
+            return _OrdersFile(Path(source), arrays, infos)
+        return arrays  # the older layout: one [n, 2] array per unit
+    return _read_named_arrays(Path(source), "instance orders") if isinstance(source, (str, os.PathLike)) else source
+
+
+def load_instance_orders(source, datasets, units: Mapping[str, Sequence[int]]) -> Mapping[str, np.ndarray]:
     """Explicit per-unit instance orders -> {unit: int64 [n, 2] (dataset id, example id)}.
 
-    source: a mapping or a file: .json {unit: [[dataset name or id, example index], ...]},
-    .npz {unit: int64 [n, 2]}. Each unit's order must list each of its examples exactly once."""
+    source: a mapping or a file: .npz as ``save_instance_orders`` writes it (read a unit at a time, memory-mapped),
+    .npz {unit: int64 [n, 2]} or .json {unit: [[dataset name or id, example index], ...]}. Each unit's order must
+    list each of its examples exactly once; every unit must have one (checked here), and each unit's order is
+    checked when it is read."""
     infos = _infos(datasets)
     where = str(source) if isinstance(source, (str, os.PathLike)) else "instance orders"
-    obj = _read_named_arrays(Path(source), "instance orders") if isinstance(source, (str, os.PathLike)) else source
+    obj = _orders_source(source, infos, where)
     if not isinstance(obj, Mapping):
         raise UserError(f"{where}: expected {{unit name: [[dataset, index], ...]}}")
     name_to_id = {i.name: k for k, i in enumerate(infos)}
-    out = {}
-    for unit, members in units.items():
+    all_sizes = np.array([int(i.size) for i in infos], np.int64)
+    for unit in units:
         if unit not in obj:
             raise UserError(f"{where}: no order for '{unit}' (fix: give every unit an order)")
-        rows = obj[unit]
+
+    def check(unit: str, rows) -> np.ndarray:
+        members = units[unit]
         if isinstance(rows, np.ndarray):
             arr = rows.astype(np.int64).reshape(-1, 2)
         else:
@@ -144,14 +244,16 @@ def load_instance_orders(source, datasets, units: Mapping[str, Sequence[int]]) -
         expect = sum(int(infos[d].size) for d in members)
         ok = arr.shape[0] == expect and np.isin(arr[:, 0], list(members)).all()
         if ok:
-            ok = arr[:, 1].min(initial=0) >= 0 and np.all(
-                arr[:, 1] < np.array([infos[d].size for d in range(len(infos))])[arr[:, 0]])
+            ok = arr[:, 1].min(initial=0) >= 0 and np.all(arr[:, 1] < all_sizes[arr[:, 0]])
             ok = ok and np.unique(arr[:, 0] * (1 << 40) + arr[:, 1]).size == expect
         if not ok:
             raise UserError(f"{where}: the order of '{unit}' is not a permutation of its {expect} examples "
                             f"(datasets {[infos[d].name for d in members]}) (fix: list each example once)")
-        out[unit] = arr
-    return out
+        return arr
+
+    if isinstance(obj, _OrdersFile):
+        return _CheckedOrders(obj, list(units), check)
+    return {unit: check(unit, obj[unit]) for unit in units}
 
 
 def instance_mask(scores: np.ndarray, delta: float | None, direction: str = "text") -> np.ndarray:
