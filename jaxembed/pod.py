@@ -33,10 +33,14 @@ from jaxembed.errors import UserError
 _ERR = "error:"
 _counters: dict[str, int] = {}
 _lock = threading.Lock()
+#: the coordinator ``join`` started without JAX: {"client", "service", "count", "index"}
+_joined: dict = {}
 
 
 def process_count() -> int:
-    """Processes of the run (1 unless jax.distributed was started)."""
+    """Processes of the run (1 unless jax.distributed was started, or ``join`` joined a pod)."""
+    if _joined:
+        return _joined["count"]
     client = _client()
     if client is None:
         return 1
@@ -46,6 +50,8 @@ def process_count() -> int:
 
 
 def process_index() -> int:
+    if _joined:
+        return _joined["index"]
     client = _client()
     if client is None:
         return 0
@@ -59,6 +65,8 @@ def is_main() -> bool:
 
 
 def _client():
+    if _joined:
+        return _joined["client"]
     if "jax" not in sys.modules:  # JAX never imported: no coordinator (and no import of JAX just to ask)
         return None
     try:
@@ -209,14 +217,72 @@ _CLUSTER_VARS = ("JAXEMBED_DISTRIBUTED", "JAXEMBED_COORDINATOR", "JAXEMBED_NUM_P
 
 
 def join() -> None:
-    """Join the multi-host run this process's environment describes (``jaxembed.parallel.initialize``), for a
-    command that shares work among the processes of a pod without using their devices (``data prepare``). Without
-    any of the cluster variables: nothing (JAX is not imported)."""
+    """Join the multi-host run this process's environment describes, for a command that shares work among the
+    processes of a pod without using their devices (``data prepare``). Without any of the cluster variables:
+    nothing (JAX is not imported). Given explicitly (JAXEMBED_COORDINATOR, JAXEMBED_NUM_PROCESSES,
+    JAXEMBED_PROCESS_ID, all valid): the coordinator of ``jax.distributed`` (jaxlib's distributed runtime) is
+    started without importing JAX itself (``_join_explicit``); otherwise ``jaxembed.parallel.initialize``."""
     if not any(os.environ.get(k) for k in _CLUSTER_VARS):
+        return
+    if _join_explicit(os.environ):
         return
     from jaxembed import parallel
 
     parallel.initialize()
+
+
+def _explicit(env) -> tuple[str, int, int] | None:
+    """(coordinator, processes, this process's index) when the environment gives a valid explicit pod that
+    ``jaxembed.parallel.cluster_plan`` would take as it is; else None (it decides, and words any error)."""
+    if (env.get("JAXEMBED_DISTRIBUTED", "auto").strip().lower() or "auto") not in ("auto", "on", "1", "true", "yes"):
+        return None
+    coord, n, pid = (env.get(k, "").strip() for k in ("JAXEMBED_COORDINATOR", "JAXEMBED_NUM_PROCESSES",
+                                                        "JAXEMBED_PROCESS_ID"))
+    host, _, port = coord.rpartition(":")
+    if not (host and port.isdigit() and n.isdigit() and pid.isdigit() and int(pid) < int(n)):
+        return None
+    return coord, int(n), int(pid)
+
+
+def _join_explicit(env) -> bool:
+    """Start (process 0) and join the pod's coordinator as ``jax.distributed.initialize`` does, through jaxlib
+    alone: importing JAX costs a pod process of ``data prepare`` ~1.5 CPU-s and ~60 MiB it never uses. False when
+    the environment is not an explicit pod or jaxlib lacks the runtime (``join`` then starts JAX)."""
+    given = _explicit(env)
+    if given is None or _joined:
+        return bool(_joined)
+    try:
+        from jaxlib import _jax
+        service_of, client_of = _jax.get_distributed_runtime_service, _jax.get_distributed_runtime_client
+    except (ImportError, AttributeError):  # pragma: no cover -- another jaxlib: JAX's own initialize
+        return False
+    coord, n, pid = given
+    bind = env.get("JAX_COORDINATOR_BIND_ADDRESS") or "[::]:" + coord.rpartition(":")[2]
+    try:
+        service = service_of(bind, n, heartbeat_timeout=100, shutdown_timeout=300) if pid == 0 else None
+        client = client_of(coord, pid, init_timeout=300, use_compression=True, heartbeat_timeout=100)
+        client.connect()
+    except Exception as e:  # noqa: BLE001 -- the coordinator's own error, in one line
+        raise UserError(f"multi-host start failed (explicit: coordinator {coord}): {' '.join(str(e).split())[:300]} "
+                        "(fix: every process must start with the same settings and reach process 0's coordinator; "
+                        "to run one process, set JAXEMBED_DISTRIBUTED=off)") from None
+    _joined.update(client=client, service=service, count=n, index=pid)
+    import atexit
+
+    atexit.register(_leave)
+    print(f"jaxembed: process {pid} of {n} (explicit: coordinator {coord}; no devices: JAX not started)",
+          file=sys.stderr, flush=True)
+    return True
+
+
+def _leave() -> None:
+    """At exit: leave the coordinator (each client waits for the others, then process 0 stops the service)."""
+    client, service = _joined.pop("client", None), _joined.pop("service", None)
+    _joined.clear()
+    if client is not None:
+        client.shutdown()
+    if service is not None:
+        service.shutdown()
 
 
 def barrier(name: str) -> None:

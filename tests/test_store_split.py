@@ -104,6 +104,18 @@ def test_parts_are_cut_at_line_starts_and_number_lines_as_the_file(tmp_path):
     assert len(lines) == 58
 
 
+def test_an_explicit_pod_is_joined_without_jax_only_when_valid():
+    from jaxembed.pod import _explicit
+
+    env = {"JAXEMBED_COORDINATOR": "10.0.0.1:1234", "JAXEMBED_NUM_PROCESSES": "4", "JAXEMBED_PROCESS_ID": "3"}
+    assert _explicit(env) == ("10.0.0.1:1234", 4, 3)
+    # anything else is JAX's initialize (parallel.cluster_plan words the error, or reads SLURM / TPU / MPI)
+    assert _explicit(dict(env, JAXEMBED_PROCESS_ID="4")) is None
+    assert _explicit(dict(env, JAXEMBED_COORDINATOR="10.0.0.1")) is None
+    assert _explicit(dict(env, JAXEMBED_DISTRIBUTED="off")) is None
+    assert _explicit({"SLURM_JOB_ID": "1"}) is None
+
+
 def test_what_is_read_whole_and_why(tmp_path):
     import gzip
 
@@ -210,6 +222,7 @@ def get_config():
                                   "-q"], tmp_path / "pod")
     outs = runs.wait_all(procs, timeout=300)
     for k, out in enumerate(outs):
+        assert f"process {k} of 2 (explicit: coordinator" in out and "JAX not started" in out, out[-2000:]
         assert f"process {k} of 2 prepares 1 of 1 datasets (big (part {k + 1} of 2))" in out, out[-2000:]
         assert f"{one.written} examples of {one.read} records ({one.invalid} invalid skipped" in out, out[-2000:]
     assert _content(tmp_path / "pod") == _content(tmp_path / "one")
