@@ -300,7 +300,7 @@ def test_score_curriculum_plan_build_end_to_end_with_minilm(small_store, minilm_
     with np.load(sc / "scores.npz") as z:
         scores = {k: z[k] for k in z.files}
     # phi of one wikiqa example by hand, with the encoder on the instructed texts as training sees them
-    from jaxembed.curriculum.cli import _LOADED
+    from jaxembed.mining.encoding import _LOADED  # the encoder cache score used
 
     enc = next(iter(_LOADED.values()))[1]
     info = small_store.dataset("wikiqa")
