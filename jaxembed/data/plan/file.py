@@ -63,8 +63,9 @@ class Plan:
         """The dataset ids the plan's rows use, ascending (counted over blocks of steps: no copy of the plan)."""
         D = len(self.dataset_names)
         seen = np.zeros(D, bool)
-        for s0 in range(0, self.steps, _BLOCK_STEPS):
-            seen |= np.bincount(read_steps(self.dataset_ids, s0, s0 + _BLOCK_STEPS).reshape(-1), minlength=D) > 0
+        n = _block(self.dataset_ids)
+        for s0 in range(0, self.steps, n):
+            seen |= np.bincount(read_steps(self.dataset_ids, s0, s0 + n).reshape(-1), minlength=D) > 0
         return np.flatnonzero(seen).tolist()
 
     def row_task_ids(self) -> np.ndarray:
@@ -86,8 +87,9 @@ class Plan:
         for a in (self.dataset_ids, self.example_ids, self.task_ids, self.weights, self.temperatures,
                   self.dataset_tasks, self.dataset_sizes, self.unit_ids):
             h.update(str((a.dtype.str, a.shape)).encode())
-            for s0 in range(0, max(len(a), 1), _BLOCK_STEPS):  # blocks of steps: a memory-mapped plan stays so
-                h.update(read_steps(a, s0, s0 + _BLOCK_STEPS).tobytes())
+            n = _block(a)
+            for s0 in range(0, max(len(a), 1), n):  # blocks of steps: a memory-mapped plan stays so
+                h.update(read_steps(a, s0, s0 + n).tobytes())
         h.update(json.dumps([list(self.task_names), list(self.dataset_names)]).encode())
         return h.hexdigest()[:16]
 
@@ -124,7 +126,7 @@ class Plan:
         # each file through its own unique temporary name (host, pid, random), renamed into place: concurrent
         # savers never share a temporary file; a reader between the two renames sees a pair whose fingerprints
         # differ, which ``load`` reports
-        atomic_files.write_with(path, lambda t: write_npz(t, arrays, read_steps, _BLOCK_STEPS), suffix=".npz")
+        atomic_files.write_with(path, lambda t: write_npz(t, arrays, read_steps, _block), suffix=".npz")
         atomic_files.write_text(path.with_suffix(".json"), json.dumps(side, indent=1, default=_json_default) + "\n")
         return path
 
@@ -206,8 +208,16 @@ def read_steps(a: np.ndarray, s0: int, s1: int) -> np.ndarray:
 
 #: the per-example arrays that a plan read from its file keeps memory-mapped
 _MAPPED = ("dataset_ids", "example_ids", "weights")
-#: steps per block when a whole plan is read (fingerprint, checks): bounded memory for any plan size
+#: steps per block when a whole plan is read (fingerprint, checks), at most, and examples per block: bounded
+#: memory for any plan size and batch size
 _BLOCK_STEPS = 1024
+_BLOCK_EXAMPLES = 1 << 18
+
+
+def _block(a: np.ndarray) -> int:
+    """Steps per block of the plan array ``a``: at most ``_BLOCK_STEPS``, and at most ``_BLOCK_EXAMPLES`` rows."""
+    row = int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim > 1 else 1
+    return max(1, min(_BLOCK_STEPS, _BLOCK_EXAMPLES // max(row, 1)))
 
 
 def _json_default(o):
@@ -229,9 +239,10 @@ def _validate_plan(plan: Plan, where: str) -> None:
         raise UserError(f"{where}: task_ids / temperatures / unit_ids must have shape [{S}]")
     if plan.dataset_tasks.shape != (D,) or plan.dataset_sizes.shape != (D,):
         raise UserError(f"{where}: the dataset tables must have {D} entries")
-    for s0 in range(0, S, _BLOCK_STEPS):  # in blocks of steps: bounded memory for any plan size
-        ds = read_steps(plan.dataset_ids, s0, s0 + _BLOCK_STEPS)
-        ex = read_steps(plan.example_ids, s0, s0 + _BLOCK_STEPS)
+    n = _block(plan.dataset_ids)
+    for s0 in range(0, S, n):  # in blocks of steps: bounded memory for any plan size
+        ds = read_steps(plan.dataset_ids, s0, s0 + n)
+        ex = read_steps(plan.example_ids, s0, s0 + n)
         if ds.min() < 0 or ds.max() >= D:
             raise UserError(f"{where}: dataset id out of range [0, {D})")
         if ex.min() < 0 or np.any(ex >= plan.dataset_sizes[ds]):

@@ -11,16 +11,17 @@ from typing import Callable, Collection
 import numpy as np
 
 
-def write_npz(path: Path, arrays: dict[str, np.ndarray], read_rows: Callable, block: int) -> None:
-    """The layout of ``np.savez`` (uncompressed .npy members, zip64 headers); each array written ``block`` rows at a
-    time (``read_rows(a, r0, r1)``: rows [r0, r1) of a, e.g. by positioned reads from its file)."""
+def write_npz(path: Path, arrays: dict[str, np.ndarray], read_rows: Callable, block: Callable) -> None:
+    """The layout of ``np.savez`` (uncompressed .npy members, zip64 headers); each array ``a`` written ``block(a)``
+    rows at a time (``read_rows(a, r0, r1)``: rows [r0, r1) of a, e.g. by positioned reads from its file)."""
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for name, a in arrays.items():
             with zf.open(name + ".npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(a.dtype),
                                                          "fortran_order": False, "shape": a.shape})
-                for r0 in range(0, len(a), block):
-                    f.write(np.ascontiguousarray(read_rows(a, r0, r0 + block)).tobytes())
+                n = block(a)
+                for r0 in range(0, len(a), n):
+                    f.write(np.ascontiguousarray(read_rows(a, r0, r0 + n)).tobytes())
 
 
 def mapped_npz(path, mapped: Collection[str]) -> dict[str, np.ndarray]:

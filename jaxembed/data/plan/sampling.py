@@ -21,6 +21,8 @@ def _pass(rng: np.random.Generator, members: Sequence[int], sizes: np.ndarray, e
     """One pass over a unit: dataset d contributes epochs[d] copies of its examples (a fractional part: a random
     subset). Copy c of dataset d gets random keys in [c/E_d, (c+1)/E_d): sorting spreads every dataset evenly
     over the pass, and copies of one example never meet inside one copy. -> (ds int32 [n], ex int64 [n])."""
+    if len(members) == 1:
+        return _pass_one(rng, int(members[0]), int(sizes[members[0]]), float(epochs[members[0]]))
     keys, ds, ex = [], [], []
     for d in members:
         size, e = int(sizes[d]), float(epochs[d])
@@ -43,6 +45,26 @@ def _pass(rng: np.random.Generator, members: Sequence[int], sizes: np.ndarray, e
     return np.concatenate(ds)[order], np.concatenate(ex)[order]
 
 
+def _pass_one(rng: np.random.Generator, d: int, size: int, e: float):
+    """``_pass`` over one dataset, sorted one copy at a time: copy c's keys all lie in [c/E, (c+1)/E] (a key that
+    rounds up to (c+1)/E is still the last of its copy under the stable sort), so the stable sort of all the keys
+    is the copies' own sorts one after the other. The same draws in the same order, the same result, with one
+    copy's keys in memory instead of every copy's."""
+    if size == 0 or e <= 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int64)
+    full = int(math.floor(e + 1e-9))
+    frac = e - full
+    extra = int(round(frac * size))
+    ex = np.empty(full * size + max(extra, 0), np.int64)
+    for c in range(full):
+        ex[c * size:(c + 1) * size] = np.argsort((c + rng.random(size)) / e, kind="stable")
+    if extra > 0:
+        keys = (full + rng.random(extra) * frac) / e
+        sub = np.sort(rng.permutation(size)[:extra]).astype(np.int64)
+        ex[full * size:] = sub[np.argsort(keys, kind="stable")]
+    return np.full(ex.size, d, np.int32), ex
+
+
 def _dedupe_batches(ds: np.ndarray, ex: np.ndarray, window: int = 64, start: int = 0, stop: int | None = None) -> int:
     """In place, on [n, G] arrays: swap a repeated example out of its batch with an example of a nearby batch
     (later first, then earlier) such that neither batch then holds a repeat. Keeps the multiset of examples.
@@ -54,8 +76,11 @@ def _dedupe_batches(ds: np.ndarray, ex: np.ndarray, window: int = 64, start: int
         return 0
     stop = n if stop is None else stop
     key = _key(ds, ex)
-    srt = np.sort(key[start:stop], axis=1)
-    bad_rows = start + np.flatnonzero(np.any(srt[:, 1:] == srt[:, :-1], axis=1))
+    bad_rows = []
+    chunk = max(1, (1 << 16) // G)
+    for r0 in range(start, stop, chunk):  # sorted a chunk of rows at a time
+        srt = np.sort(key[r0:min(stop, r0 + chunk)], axis=1)
+        bad_rows.extend((r0 + np.flatnonzero(np.any(srt[:, 1:] == srt[:, :-1], axis=1))).tolist())
     unresolved = 0
     for i in bad_rows:
         seen: set[int] = set()
@@ -211,7 +236,8 @@ def _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweight
                 nb += 1
             elif r:
                 dropped.append(np.stack([ds[nb * G:], ex[nb * G:]], 1))
-            bd, be = ds[:nb * G].reshape(nb, G).copy(), ex[:nb * G].reshape(nb, G).copy()
+            # views of the pass (changed in place by the de-duplication; the dropped rows were copied out)
+            bd, be = ds[:nb * G].reshape(nb, G), ex[:nb * G].reshape(nb, G)
             unresolved += _dedupe_batches(bd, be)
             parts.add(bd, be)
             del bd, be, ds, ex
