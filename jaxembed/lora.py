@@ -269,7 +269,7 @@ def merged(model):
     float32 and stored in the model's parameter dtype (the export ``merged``)."""
     from jaxembed import mote
 
-    backbone, rewrap = mote._split_model(model)
+    backbone, rewrap = mote.split_model(model)
     layers = {tuple(p): n for p, n in nnx.iter_graph(backbone) if isinstance(n, LoRALinear)}
     _, params = nnx.split(backbone, nnx.Param)
     out = {}
@@ -364,7 +364,7 @@ def peft_tensors(model, expert: int | None = None) -> tuple[dict[str, np.ndarray
     [out, r]. A MoTE model: the adapters of expert index ``expert`` in the expert layers (the rest shared)."""
     from jaxembed import mote
 
-    backbone, _ = mote._split_model(model)
+    backbone, _ = mote.split_model(model)
     cfg = backbone.config
     names = _hf_modules(cfg)
     tensors, picked = {}, []
@@ -404,7 +404,7 @@ def experts_share_base(model) -> bool:
     only, so each expert is the dense base model plus that expert's adapter."""
     from jaxembed import mote
 
-    backbone, _ = mote._split_model(model)
+    backbone, _ = mote.split_model(model)
     _, _, base, _ = nnx.split(backbone, TRAINABLE, nnx.Param, ...)
     for path, var in nnx.to_flat_state(base):
         if mote.is_expert_path(tuple(path)):

@@ -151,7 +151,7 @@ def test_config_overrides_from_the_command_line_are_fixed_values(cfg, tmp_path, 
 
 
 def test_names_short_keys_and_file_system_safety():
-    assert sw._short_keys(["optim.lr", "foo.lr", "loss.temperature"]) == {
+    assert sw.short_keys(["optim.lr", "foo.lr", "loss.temperature"]) == {
         "optim.lr": "optim.lr", "foo.lr": "foo.lr", "loss.temperature": "temperature"}
     names = sw.run_names([{"m": "org/model a", "x": 1}, {"m": "org/model a", "x": 2}, {"m": "b", "x": 1}], ["m", "x"])
     assert names == ["m=org_model_a,x=1", "m=org_model_a,x=2", "m=b,x=1"]

@@ -30,13 +30,14 @@ def no_eval(c) -> None:
 # ------------------------------------------------------------------------------------------------ plan texts
 
 
-def loader_tables(store, plan, tok):
-    """The loader's per-dataset tables (instructions, lengths, candidates per query ``K``) of the plan's datasets."""
+def loader_tables(store, plan, tok, num_candidates: int | None = None):
+    """The loader's per-dataset tables (instructions, lengths, candidates per query ``K``: ``num_candidates``, or
+    the datasets' own) of the plan's datasets."""
     import numpy as np
 
     from jaxembed.data.pipeline import _Tables
 
-    return _Tables(store.datasets, tok, np.unique(plan.dataset_ids).tolist())
+    return _Tables(store.datasets, tok, np.unique(plan.dataset_ids).tolist(), num_candidates)
 
 
 def step_items(tables, store, plan, s: int):

@@ -49,7 +49,7 @@ def mteb_check(runs: dict, task_names: str, max_examples: int, seed: int) -> dic
     import mteb
 
     from jaxembed.evaluate import mteb_tasks, run_mteb
-    from jaxembed.evaluate.mteb_adapter import _scores_of
+    from jaxembed.evaluate.mteb_adapter import scores_of
 
     out = {}
     for (tool, arm, s), r in runs.items():
@@ -68,7 +68,7 @@ def mteb_check(runs: dict, task_names: str, max_examples: int, seed: int) -> dic
                                        cache=mteb.ResultCache(cache_path=tmp), overwrite_strategy="always",
                                        show_progress_bar=False, co2_tracker=False)
                 for tr in st_res.task_results:
-                    row[tr.task_name]["mteb_st_encoder"] = _scores_of(tr)["main_score"]
+                    row[tr.task_name]["mteb_st_encoder"] = scores_of(tr)["main_score"]
         out[f"{tool}_s{s}"] = row
         log(f"  mteb {tool} seed {s}: {row}")
     return out

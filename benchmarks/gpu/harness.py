@@ -10,6 +10,7 @@ import collections
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -194,16 +195,15 @@ def choose_steps(padded_loader, look: int, take: int) -> tuple[list[int], dict]:
 def natural_texts(run, steps: list[int]) -> list[dict[str, list[str]]]:
     """The texts of ``steps`` as the loader builds them (the chosen positive and negatives): per step
     {"anchor": [...], "positive": [...], "negative_1": [...], ...} for sentence-transformers."""
-    from jaxembed.data.pipeline import _fetch, _row_items, _Tables
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared _harness
+    from _harness.recipe import loader_tables, step_items
 
     plan, store = run.plan, run.store
-    tables = _Tables(store.datasets, run.loaded.tokenizer, np.unique(plan.dataset_ids).tolist(), run.K)
+    tables = loader_tables(store, plan, run.loaded.tokenizer, run.K)
     G, K = plan.global_batch_size, tables.K
     out = []
     for s in steps:
-        ds, ex = plan.dataset_ids[s], plan.example_ids[s]
-        q, d, _, _ = _row_items(tables, _fetch(store, ds, ex), ds, np.arange(G), s, plan.seed,
-                                plan.config.get("negatives", "first"))
+        q, d, _, _ = step_items(tables, store, plan, s)
         cols = {"anchor": [t for t, _ in q]}
         for j in range(K):
             cols["positive" if j == 0 else f"negative_{j}"] = [

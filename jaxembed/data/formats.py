@@ -54,10 +54,10 @@ from jaxembed.data.jsonl import BadLine, check_input_file, iter_text_lines, pars
 from jaxembed.data.record_formats import (FORMAT_TABLE, RECORD_FORMATS, detect_format,  # noqa: F401 (re-exported)
                                           format_help)
 from jaxembed.data.records import (BGE_IGNORED, BGE_TYPES, DEFAULT_FIELDS,  # noqa: F401 (re-exported)
-                                   TEACHER_FIELDS, Example, Item, ReadInfo, ReadOptions, RecordContext, Skip, _Bad,
-                                   _Config, _Filtered, _id, _label_str, check_unknown_keys, closest,
-                                   kalm_instruction, parse_classification, parse_labelled_pair, parse_scored_pair,
-                                   parse_st, parse_triplet)
+                                   TEACHER_FIELDS, BadConfig, BadRecord, Example, FilteredRecord, Item, ReadInfo,
+                                   ReadOptions, RecordContext, Skip, check_unknown_keys, closest, kalm_instruction,
+                                   label_str, parse_classification, parse_labelled_pair, parse_scored_pair, parse_st,
+                                   parse_triplet, record_id)
 from jaxembed.data.tally import Tally, apply_policy  # noqa: F401 (re-exported)
 from jaxembed.errors import InputError, UserError
 from jaxembed.losses.table import titles
@@ -185,8 +185,8 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
             for _, _, _, obj in records_fn():
                 if isinstance(obj, dict) and f["label"] in obj:
                     try:
-                        seen.add(_label_str(obj[f["label"]], f["label"]))
-                    except _Bad:
+                        seen.add(label_str(obj[f["label"]], f["label"]))
+                    except BadRecord:
                         pass
             order = sorted(seen)
             desc = {x: x for x in order}
@@ -205,20 +205,20 @@ def read_records(records_fn, opts: ReadOptions, info: ReadInfo | None = None) ->
         where = f"{name}:{line}"
         try:
             explicit = f["id"] in obj
-            rid = _id(obj, f, f"{opts.name}:{suffix}")
+            rid = record_id(obj, f, f"{opts.name}:{suffix}")
             ctx.where = where
             ex = spec.parse(obj, f, rid, ctx)
             if not spec.texts_by_position:
                 check_unknown_keys(obj, known, fmt)
             first = ids.check(rid, explicit, suffix, name, line)
             if first is not None:
-                raise _Bad(f["id"], f"duplicate id {rid!r} (first at {first})", "give every record its own id")
-        except _Config as e:
+                raise BadRecord(f["id"], f"duplicate id {rid!r} (first at {first})", "give every record its own id")
+        except BadConfig as e:
             raise InputError(path, line, e.reason, e.fix, field=e.field) from None
-        except _Bad as e:
+        except BadRecord as e:
             yield Skip(path, line, e.field, e.reason, e.fix, invalid=True)
             continue
-        except _Filtered as e:
+        except FilteredRecord as e:
             yield Skip(path, line, e.field, e.reason, None, invalid=False, detail=e.detail)
             continue
         yield ex

@@ -5,8 +5,8 @@ config's checks (``jaxembed.data.config``, ``jaxembed.data.loss_checks``), the s
 ``format_help``) read it; none of them names a format of their own.
 
 Adding a format: its parser in ``jaxembed.data.records`` (``parse_<name>(obj, fields, id, RecordContext) ->
-Example``, raising ``_Bad`` / ``_Filtered`` / ``_Config``) and one ``RecordFormat`` entry here; docs/architecture.md
-walks through an example.
+Example``, raising ``BadRecord`` / ``FilteredRecord`` / ``BadConfig``) and one ``RecordFormat`` entry here;
+docs/architecture.md walks through an example.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class Skip:
 Item = Union[Example, Skip]
 
 
-class _Bad(Exception):
+class BadRecord(Exception):
     """Raised by record parsers: the record is invalid (field, reason, fix)."""
 
     def __init__(self, field: str | None, reason: str, fix: str | None = None):
@@ -81,12 +81,12 @@ class _Bad(Exception):
         self.field, self.reason, self.fix = field, reason, fix
 
 
-class _Config(_Bad):
+class BadConfig(BadRecord):
     """Raised by record parsers: the dataset config cannot read this data (an error for the whole dataset, under
     either on_error policy)."""
 
 
-class _Filtered(Exception):
+class FilteredRecord(Exception):
     """Raised by record parsers: a valid record that a rule leaves out."""
 
     def __init__(self, field: str | None, reason: str, detail: str | None = None):
@@ -98,15 +98,15 @@ class _Filtered(Exception):
 
 def _check_text(v: Any, key: str) -> str:
     if not isinstance(v, str):
-        raise _Bad(key, f"expected a string, got {_type(v)}", "store the text as a JSON string")
+        raise BadRecord(key, f"expected a string, got {_type(v)}", "store the text as a JSON string")
     empty = empty_text(v)
     if empty:  # whitespace, control, zero-width characters and byte-order marks only: tokenised to nothing
-        raise _Bad(key, empty, EMPTY_TEXT_FIX)
+        raise BadRecord(key, empty, EMPTY_TEXT_FIX)
     try:
         v.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise _Bad(key, f"contains an unpaired surrogate {v[e.start]!r} at character {e.start}",
-                   "fix the text's encoding (a \\ud8xx escape without its pair)") from None
+        raise BadRecord(key, f"contains an unpaired surrogate {v[e.start]!r} at character {e.start}",
+                        "fix the text's encoding (a \\ud8xx escape without its pair)") from None
     return v
 
 
@@ -116,9 +116,9 @@ def _check_text_list(v: Any, key: str, min_len: int, one_text: bool = False) -> 
     if one_text and isinstance(v, str):
         v = [v]
     if not isinstance(v, list):
-        raise _Bad(key, f"expected a list of strings, got {_type(v)}", f'write "{key}": ["text", ...]')
+        raise BadRecord(key, f"expected a list of strings, got {_type(v)}", f'write "{key}": ["text", ...]')
     if len(v) < min_len:
-        raise _Bad(key, "empty list: at least one positive is needed", "give the query a positive or remove it")
+        raise BadRecord(key, "empty list: at least one positive is needed", "give the query a positive or remove it")
     return [_check_text(x, f"{key}[{j}]") for j, x in enumerate(v)]
 
 
@@ -151,18 +151,18 @@ def _get(obj: dict, key: str):
     if key not in obj:
         keys = ", ".join(sorted(obj)) or "none"
         typo = closest(key, obj)
-        raise _Bad(key, f"missing (keys present: {keys})",
-                   (f"rename '{typo}' to '{key}', or " if typo else "") +
-                   "add the field, or map it with columns / text_field / label_field in the data config")
+        raise BadRecord(key, f"missing (keys present: {keys})",
+                        (f"rename '{typo}' to '{key}', or " if typo else "") +
+                        "add the field, or map it with columns / text_field / label_field in the data config")
     return obj[key]
 
 
-def _label_str(v: Any, key: str) -> str:
+def label_str(v: Any, key: str) -> str:
     if isinstance(v, bool) or not isinstance(v, (str, int)):
-        raise _Bad(key, f"expected a string (or an integer) label, got {_type(v)}", "write the label as a string")
+        raise BadRecord(key, f"expected a string (or an integer) label, got {_type(v)}", "write the label as a string")
     s = str(v)
     if not s.strip():
-        raise _Bad(key, "empty label", "give the record its label")
+        raise BadRecord(key, "empty label", "give the record its label")
     return s
 
 
@@ -224,16 +224,16 @@ class RecordContext:
 
 # ------------------------------------------------------------------------------------------------ record parsers
 
-def _id(obj: dict, f: dict, default: str) -> str:
+def record_id(obj: dict, f: dict, default: str) -> str:
     key = f["id"]
     if key not in obj:
         return default
     v = obj[key]
     if isinstance(v, bool) or not isinstance(v, (str, int)):
-        raise _Bad(key, f"expected a string or integer id, got {_type(v)}", "write the id as a string")
+        raise BadRecord(key, f"expected a string or integer id, got {_type(v)}", "write the id as a string")
     v = str(v)
     if not v.strip():
-        raise _Bad(key, "empty id", "give the record an id or remove the field")
+        raise BadRecord(key, "empty id", "give the record an id or remove the field")
     return v
 
 
@@ -247,28 +247,28 @@ def parse_triplet(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     if opts.use_type and f["type"] in obj:
         t = obj[f["type"]]
         if not isinstance(t, str) or t not in BGE_TYPES:
-            raise _Bad(f["type"], f"{t!r} is not a known type (BGE: {', '.join(list(BGE_TYPES)[:5])}; or one of "
+            raise BadRecord(f["type"], f"{t!r} is not a known type (BGE: {', '.join(list(BGE_TYPES)[:5])}; or one of "
                                   f"{', '.join(TASK_TYPES)})", "fix the type or set task_type in the data config")
         tt = BGE_TYPES[t]
         if info.task_type is None:
             info.task_type, info.task_type_line = tt, where
         elif tt != info.task_type:
-            raise _Bad(f["type"], f"{t!r} means task type {tt}, but {info.task_type_line} set {info.task_type}",
-                       "one task type per dataset: split the file, or set task_type in the data config")
+            raise BadRecord(f["type"], f"{t!r} means task type {tt}, but {info.task_type_line} set {info.task_type}",
+                            "one task type per dataset: split the file, or set task_type in the data config")
     if opts.use_prompt and f["prompt"] in obj:
         p = obj[f["prompt"]]
         if p is not None:
             if not isinstance(p, str):
-                raise _Bad(f["prompt"], f"expected a string, got {_type(p)}", "write the prompt as a string")
+                raise BadRecord(f["prompt"], f"expected a string, got {_type(p)}", "write the prompt as a string")
             if info.prompt is None:
                 info.prompt, info.prompt_line = p, where
             elif p != info.prompt:
-                raise _Bad(f["prompt"], f"{_short(p)} differs from the prompt {_short(info.prompt)} of "
+                raise BadRecord(f["prompt"], f"{_short(p)} differs from the prompt {_short(info.prompt)} of "
                                         f"{info.prompt_line}",
-                           "one prompt per dataset: split the file, or set query_instruction in the data config")
+                                "one prompt per dataset: split the file, or set query_instruction in the data config")
     for key in (f["label"], f["category"]):
         if key in obj:
-            ex["label"] = _label_str(obj[key], key)
+            ex["label"] = label_str(obj[key], key)
             break
     for key, texts in (("pos_scores", "pos"), ("neg_scores", "neg")):
         if key in obj and obj[key] is not None:
@@ -285,13 +285,13 @@ def _teacher_scores(v: Any, key: str, n: int, texts: str) -> list[float]:
     if isinstance(v, (int, float)) and not isinstance(v, bool) and n == 1:
         v = [v]
     if not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-        raise _Bad(key, f"expected a list of numbers, got {_type(v)}", f'write "{key}": [0.9, ...], one score per '
+        raise BadRecord(key, f"expected a list of numbers, got {_type(v)}", f'write "{key}": [0.9, ...], one score per '
                                                                       f"text of {texts}")
     if len(v) != n:
-        raise _Bad(key, f"{len(v)} scores for {n} {texts} texts", f"one teacher score per text of {texts}, in "
+        raise BadRecord(key, f"{len(v)} scores for {n} {texts} texts", f"one teacher score per text of {texts}, in "
                                                                   "order (jaxembed teacher-score writes them)")
     if not all(math.isfinite(x) for x in v):
-        raise _Bad(key, "a score is not a finite number", "give every text a real score")
+        raise BadRecord(key, "a score is not a finite number", "give every text a real score")
     return [float(x) for x in v]
 
 
@@ -300,7 +300,7 @@ def _short(s: str, n: int = 40) -> str:
 
 
 def parse_scored_pair(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
-    """sentence1 / sentence2 / score -> Example when score >= threshold (else _Filtered)."""
+    """sentence1 / sentence2 / score -> Example when score >= threshold (else FilteredRecord)."""
     opts = r.opts
     s1 = _check_text(_get(obj, f["sentence1"]), f["sentence1"])
     s2 = _check_text(_get(obj, f["sentence2"]), f["sentence2"])
@@ -313,21 +313,21 @@ def parse_scored_pair(obj: dict, f: dict, rid: str, r: RecordContext) -> Example
 
 
 def _keep_by_score(sc: Any, key: str, opts: ReadOptions) -> None:
-    """A pair's score: a finite number (else _Bad); below ``score_threshold``: _Filtered."""
+    """A pair's score: a finite number (else BadRecord); below ``score_threshold``: FilteredRecord."""
     if isinstance(sc, bool) or not isinstance(sc, (int, float)):
         eg = f" ({sc}, not {json.dumps(sc)})" if isinstance(sc, str) and _is_number(sc) else ""
-        raise _Bad(key, f"expected a number, got {_type(sc)}", f"write the score as a JSON number{eg}")
+        raise BadRecord(key, f"expected a number, got {_type(sc)}", f"write the score as a JSON number{eg}")
     if not math.isfinite(sc):
-        raise _Bad(key, f"{_type(sc)} is not a finite number", "give the pair a real score")
+        raise BadRecord(key, f"{_type(sc)} is not a finite number", "give the pair a real score")
     if opts.score_threshold is not None and sc < opts.score_threshold:
-        raise _Filtered(key, f"score below threshold {opts.score_threshold:g}", f"score {sc:g}")
+        raise FilteredRecord(key, f"score below threshold {opts.score_threshold:g}", f"score {sc:g}")
 
 
 _POSITIVE_LABELS = {1: True, 0: False, "1": True, "0": False}
 
 
 def parse_labelled_pair(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
-    """sentence1 / sentence2 / label -> Example for label 1 (label 0: _Filtered 'negative pair')."""
+    """sentence1 / sentence2 / label -> Example for label 1 (label 0: FilteredRecord 'negative pair')."""
     s1 = _check_text(_get(obj, f["sentence1"]), f["sentence1"])
     s2 = _check_text(_get(obj, f["sentence2"]), f["sentence2"])
     _keep_by_label(_get(obj, f["label"]), f["label"])
@@ -335,7 +335,7 @@ def parse_labelled_pair(obj: dict, f: dict, rid: str, r: RecordContext) -> Examp
 
 
 def _keep_by_label(lab: Any, key: str, st: bool = False) -> None:
-    """A pair's label: 1 (kept) or 0 (_Filtered 'negative pair'); anything else is _Bad."""
+    """A pair's label: 1 (kept) or 0 (FilteredRecord 'negative pair'); anything else is BadRecord."""
     if isinstance(lab, float) and lab in (0.0, 1.0):
         lab = int(lab)
     pos = lab if isinstance(lab, bool) else _POSITIVE_LABELS.get(lab) if isinstance(lab, (int, str)) else None
@@ -344,9 +344,9 @@ def _keep_by_label(lab: Any, key: str, st: bool = False) -> None:
         if st:
             fix += ("; a similarity score: set score_threshold in the dataset config (pairs with label >= it are "
                     "positives); 3-way NLI labels: use the (anchor, positive, negative) triplets instead")
-        raise _Bad(key, f"{lab!r} is not a pair label (1 = positive, 0 = negative)", fix)
+        raise BadRecord(key, f"{lab!r} is not a pair label (1 = positive, 0 = negative)", fix)
     if not pos:
-        raise _Filtered(key, "negative pair", f"label {lab!r}")
+        raise FilteredRecord(key, "negative pair", f"label {lab!r}")
 
 
 def parse_st(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
@@ -359,35 +359,35 @@ def parse_st(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     opts = r.opts
     label_keys = [k for k in (f["label"], f["score"]) if k in obj]
     if len(label_keys) > 1:
-        raise _Bad(label_keys[1], f"both a {label_keys[0]!r} and a {label_keys[1]!r} column (sentence-transformers "
-                                  "reads one label column)",
-                   f"ignore one of them: extra_fields=[{label_keys[1]!r}] in the dataset config")
+        raise BadRecord(label_keys[1], f"both a {label_keys[0]!r} and a {label_keys[1]!r} column "
+                                       "(sentence-transformers reads one label column)",
+                        f"ignore one of them: extra_fields=[{label_keys[1]!r}] in the dataset config")
     skip = {f["id"], *label_keys, *opts.extra_fields}
     texts = [(k, v) for k, v in obj.items() if k not in skip]
     for k, v in texts:
         _check_text(v, k)
     if not label_keys:
         if opts.keep_scores:
-            raise _Config(None, f"a scored-pair loss ({titles(SCORED_LOSSES)}) needs a score column, these rows have "
+            raise BadConfig(None, f"a scored-pair loss ({titles(SCORED_LOSSES)}) needs a score column, these rows have "
                                 "none",
-                          "give the dataset a score / label column, or train it with loss='infonce'")
+                            "give the dataset a score / label column, or train it with loss='infonce'")
         if len(texts) < 2:
-            raise _Bad(texts[0][0] if texts else None,
-                       f"{len(texts)} text column{'s' if len(texts) != 1 else ''}: an (anchor, positive, "
-                       "negatives...) row needs at least two",
-                       "give each row an anchor and a positive (single-sentence data such as denoising "
-                       "auto-encoder sets is not contrastive training data)")
+            raise BadRecord(texts[0][0] if texts else None,
+                            f"{len(texts)} text column{'s' if len(texts) != 1 else ''}: an (anchor, positive, "
+                            "negatives...) row needs at least two",
+                            "give each row an anchor and a positive (single-sentence data such as denoising "
+                            "auto-encoder sets is not contrastive training data)")
         return {"id": rid, "query": texts[0][1], "pos": [texts[1][1]], "neg": [v for _, v in texts[2:]]}
     key = label_keys[0]
     if len(texts) != 2:
         names = ", ".join(k for k, _ in texts)
-        raise _Bad(key, f"a {key!r} column with {len(texts)} text columns ({names}): a labelled row is a pair "
+        raise BadRecord(key, f"a {key!r} column with {len(texts)} text columns ({names}): a labelled row is a pair "
                         f"(sentence1, sentence2, {key})",
-                   f"for (anchor, positive, negatives) rows, ignore the column: extra_fields=[{key!r}]")
+                        f"for (anchor, positive, negatives) rows, ignore the column: extra_fields=[{key!r}]")
     if key == f["score"] or opts.score_threshold is not None or opts.keep_scores:
         if opts.score_threshold is None and opts.need_threshold and not opts.keep_scores:
-            raise _Config(key, f"scored pairs need score_threshold (pairs with {key} >= threshold are positives)",
-                          "set score_threshold in the dataset config, e.g. 0.8 for scores in [0, 1]")
+            raise BadConfig(key, f"scored pairs need score_threshold (pairs with {key} >= threshold are positives)",
+                            "set score_threshold in the dataset config, e.g. 0.8 for scores in [0, 1]")
         _keep_by_score(obj[key], key, opts)
         ex = {"id": rid, "query": texts[0][1], "pos": [texts[1][1]], "neg": []}
         if opts.keep_scores:
@@ -401,17 +401,17 @@ def parse_classification(obj: dict, f: dict, rid: str, r: RecordContext) -> Exam
     """text / label -> Example(query=text, pos=[desc(label)], neg=[desc(other labels)], label)."""
     desc, order = r.desc, r.order
     text = _check_text(_get(obj, f["text"]), f["text"])
-    lab = _label_str(_get(obj, f["label"]), f["label"])
+    lab = label_str(_get(obj, f["label"]), f["label"])
     if lab not in desc:
         known = ", ".join(repr(x) for x in order[:20]) + (", ..." if len(order) > 20 else "")
-        raise _Bad(f["label"], f"{lab!r} is not in label_descriptions (known: {known})",
-                   "add the label to label_descriptions in the data config, or fix the record")
+        raise BadRecord(f["label"], f"{lab!r} is not in label_descriptions (known: {known})",
+                        "add the label to label_descriptions in the data config, or fix the record")
     return {"id": rid, "query": text, "pos": [desc[lab]], "neg": [desc[x] for x in order if x != lab],
             "label": lab}
 
 
 def check_unknown_keys(obj: dict, known: frozenset, fmt: str) -> None:
-    """_Bad naming the first unknown key of ``obj`` (with the closest known key, a likely typo)."""
+    """BadRecord naming the first unknown key of ``obj`` (with the closest known key, a likely typo)."""
     unknown = [k for k in obj if k not in known]
     if not unknown:
         return
@@ -420,12 +420,12 @@ def check_unknown_keys(obj: dict, known: frozenset, fmt: str) -> None:
     also = f"; also unknown: {', '.join(repr(k) for k in sorted(unknown)[1:])}" if len(unknown) > 1 else ""
     reads = ", ".join(sorted(known))
     if typo:
-        raise _Bad(key, f"unknown key (did you mean '{typo}'?{also})",
-                   f"rename it to '{typo}', or list it in extra_fields of the dataset config to ignore it "
-                   f"(data validate: --extra-field {key})")
-    raise _Bad(key, f"unknown key (a {fmt} record has: {reads}{also})",
-               f"list it in extra_fields of the dataset config to ignore it (data validate: --extra-field {key}), "
-               "map it with columns, or remove it")
+        raise BadRecord(key, f"unknown key (did you mean '{typo}'?{also})",
+                        f"rename it to '{typo}', or list it in extra_fields of the dataset config to ignore it "
+                        f"(data validate: --extra-field {key})")
+    raise BadRecord(key, f"unknown key (a {fmt} record has: {reads}{also})",
+                    f"list it in extra_fields of the dataset config to ignore it (data validate: --extra-field {key}), "
+                    "map it with columns, or remove it")
 
 
 def kalm_instruction(prompt: str) -> str:

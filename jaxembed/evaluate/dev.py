@@ -208,14 +208,14 @@ class DevEvaluator:
         import mteb
         from threadpoolctl import threadpool_limits
 
-        from jaxembed.evaluate.mteb_adapter import MTEBEncoder, _scores_of
+        from jaxembed.evaluate.mteb_adapter import MTEBEncoder, scores_of
 
         model = MTEBEncoder(encoder, name="jaxembed/dev", batch_size=self.batch_size)
         with threadpool_limits(1, user_api="openmp"):
             res = mteb.evaluate(model, self.mteb_tasks, cache=None, overwrite_strategy="always",
                                 encode_kwargs={"batch_size": self.batch_size, "show_progress_bar": False},
                                 show_progress_bar=False, co2_tracker=False)
-        return {self._entry.get(tr.task_name, MTEB_PREFIX + tr.task_name): _scores_of(tr) for tr in res.task_results}
+        return {self._entry.get(tr.task_name, MTEB_PREFIX + tr.task_name): scores_of(tr) for tr in res.task_results}
 
 
 def _load_mteb(name: str, where: str) -> Any:

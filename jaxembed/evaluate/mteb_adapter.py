@@ -343,7 +343,7 @@ def _resolve_mteb_tasks(names: str | Iterable[str], split: str | None, max_examp
     return out
 
 
-def _scores_of(result, dim_points: bool = True) -> dict:
+def scores_of(result, dim_points: bool = True) -> dict:
     """A TaskResult -> {"main_score": points, metric: points, ...} for its first split and subset."""
     split = next(iter(result.scores))
     s = result.scores[split][0]
@@ -370,9 +370,9 @@ def run_mteb(model_or_encoder, tasks: str | Iterable[str], *, out: str | os.Path
     per row (True) or pad one per row (False); None: the encoder's own setting (packed by default)."""
     import copy
 
-    from jaxembed.evaluate.runner import _check_dims
+    from jaxembed.evaluate.runner import check_dims
 
-    dims = _check_dims(dims)
+    dims = check_dims(dims)
     task_objs = _resolve_mteb_tasks(tasks, split, max_examples, seed)
     source = getattr(model_or_encoder, "source", None)
     if isinstance(model_or_encoder, (str, os.PathLike)):
@@ -408,7 +408,7 @@ def run_mteb(model_or_encoder, tasks: str | Iterable[str], *, out: str | os.Path
             raise UserError(f"mteb.evaluate failed: {type(e).__name__}: {msg} (MTEB tasks need their datasets: "
                             "the hub, or the local Hugging Face cache when offline)") from e
         for tr in res.task_results:
-            sc = _scores_of(tr)
+            sc = scores_of(tr)
             if dim is None:
                 results[tr.task_name] = sc
             else:

@@ -231,7 +231,7 @@ def evaluate(model_or_encoder, tasks: str | Task | Iterable[str | Task] | None =
     config (retrieval queries and documents to their experts). on_result(task, result, seconds): called after each
     task."""
     task_list = resolve_tasks(tasks, split)
-    dims = _check_dims(dims)
+    dims = check_dims(dims)
     encoder = as_encoder(model_or_encoder)
     enc = EvalEncoder(encoder, prompts=prompts, task_instructions=task_instructions,
                       instruction_template=instruction_template, experts=experts, batch_size=batch_size,
@@ -254,7 +254,7 @@ def evaluate(model_or_encoder, tasks: str | Task | Iterable[str | Task] | None =
     return results
 
 
-def _check_dims(dims) -> list[int]:
+def check_dims(dims) -> list[int]:
     if not dims:
         return []
     if isinstance(dims, str):

@@ -29,12 +29,12 @@ from jaxembed.mote.spec import (
     check_experts, check_routing, mote_layers, routing_tables, spec_from_config, validate_config,
 )
 from jaxembed.mote.tacl import STATIC, TA_CL, ta_cl
-from jaxembed.mote.upcycling import _split_model, average_experts, extract_expert, get_spec, select_experts, upcycle
+from jaxembed.mote.upcycling import average_experts, extract_expert, get_spec, select_experts, split_model, upcycle
 
 __all__ = [
     "CONFIG_FILE", "DEFAULT_EXPERT", "DEFAULT_EXPERTS", "DEFAULT_ROUTING", "FORMAT", "PLACEMENTS", "STATIC", "TA_CL",
     "WEIGHTS_FILE", "MoTEFeedForward", "MoTESpec", "active_experts", "average_experts", "check_experts",
     "check_routing", "dense_path", "extract_expert", "from_hf_experts", "get_spec", "hf_expert_tensors",
     "is_expert_path", "make_route", "mote_layers", "read_spec", "routing_tables", "select_experts",
-    "spec_from_config", "stack_module", "ta_cl", "upcycle", "validate_config",
+    "spec_from_config", "split_model", "stack_module", "ta_cl", "upcycle", "validate_config",
 ]

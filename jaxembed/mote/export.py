@@ -24,7 +24,7 @@ import numpy as np
 from jaxembed.errors import UserError
 from jaxembed.mote.block import dense_path, is_expert_path
 from jaxembed.mote.spec import CONFIG_FILE, WEIGHTS_FILE, MoTESpec
-from jaxembed.mote.upcycling import _rebuild, _require_spec, _split_model
+from jaxembed.mote.upcycling import rebuild_model, require_spec, split_model
 
 
 def _ffn_paths(dense_config, spec: MoTESpec) -> dict[tuple, tuple]:
@@ -42,8 +42,8 @@ def hf_expert_tensors(model) -> dict[str, np.ndarray]:
     from jaxembed import models
     from jaxembed.models import mapping
 
-    backbone, _ = _split_model(model)
-    spec = _require_spec(backbone)
+    backbone, _ = split_model(model)
+    spec = require_spec(backbone)
     dense_cfg = dataclasses.replace(backbone.config, mote=None)
     rules = models.spec_for(dense_cfg.model_type).rules(dense_cfg)
     flat = {p: a for p, a in models.flat_params(backbone).items() if is_expert_path(p)}
@@ -62,7 +62,7 @@ def from_hf_experts(dense_model, spec: MoTESpec, tensors: Mapping[str, np.ndarra
     from jaxembed import models
     from jaxembed.models import mapping
 
-    backbone, _ = _split_model(dense_model)
+    backbone, _ = split_model(dense_model)
     dense_cfg = backbone.config
     rules = models.spec_for(dense_cfg.model_type).rules(dense_cfg)
     expected = _ffn_paths(dense_cfg, spec)
@@ -87,7 +87,7 @@ def from_hf_experts(dense_model, spec: MoTESpec, tensors: Mapping[str, np.ndarra
             params[path] = np.stack([np.asarray(p[dp]) for p in per_expert])
         else:
             params[path] = dense[path]
-    return _rebuild(dense_model, new_cfg, params)
+    return rebuild_model(dense_model, new_cfg, params)
 
 
 def read_spec(folder) -> MoTESpec | None:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from jaxembed.mote.spec import MoTESpec
 
 
-def _split_model(model):
+def split_model(model):
     """(backbone, rewrap(backbone) -> model of the same kind as ``model``)."""
     from jaxembed.models.embedding import EmbeddingModel
 
@@ -41,19 +41,19 @@ def _split_model(model):
     return model, lambda backbone: backbone
 
 
-def _rebuild(model, config, params: dict):
+def rebuild_model(model, config, params: dict):
     from jaxembed import models
 
-    backbone, rewrap = _split_model(model)
+    backbone, rewrap = split_model(model)
     return rewrap(models.model_from_params(config, params))
 
 
 def get_spec(model) -> MoTESpec | None:
-    backbone, _ = _split_model(model)
+    backbone, _ = split_model(model)
     return getattr(backbone.config, "mote", None)
 
 
-def _require_spec(model) -> MoTESpec:
+def require_spec(model) -> MoTESpec:
     spec = get_spec(model)
     if spec is None:
         raise UserError("this is a dense model without task experts (fix: up-cycle it with jaxembed.mote.upcycle, "
@@ -67,7 +67,7 @@ def upcycle(model, spec: MoTESpec):
     dense model's for every expert."""
     from jaxembed import models
 
-    backbone, _ = _split_model(model)
+    backbone, _ = split_model(model)
     config = backbone.config
     if getattr(config, "mote", None) is not None:
         raise UserError("the model already has task experts; up-cycling starts from a dense model")
@@ -80,7 +80,7 @@ def upcycle(model, spec: MoTESpec):
     for path, shape in models.param_shapes(models.abstract_model(new_cfg)).items():
         a = dense[dense_path(path)]
         params[path] = np.broadcast_to(a, shape) if is_expert_path(path) else a
-    return _rebuild(model, new_cfg, params)
+    return rebuild_model(model, new_cfg, params)
 
 
 def _expert_params(model, pick: Callable[[np.ndarray], np.ndarray], spec: MoTESpec | None):
@@ -88,7 +88,7 @@ def _expert_params(model, pick: Callable[[np.ndarray], np.ndarray], spec: MoTESp
     stack; spec None -> the dense architecture."""
     from jaxembed import models
 
-    backbone, _ = _split_model(model)
+    backbone, _ = split_model(model)
     config = dataclasses.replace(backbone.config, mote=spec)
     params = {}
     for path, a in models.flat_params(backbone).items():
@@ -102,30 +102,30 @@ def _expert_params(model, pick: Callable[[np.ndarray], np.ndarray], spec: MoTESp
 def extract_expert(model, name: str):
     """The dense model (original architecture) whose feed-forward blocks are expert ``name``'s: the per-task model
     of that expert, with the same embeddings as the MoTE model routed to it."""
-    spec = _require_spec(model)
+    spec = require_spec(model)
     e = spec.index(name)
     params, config = _expert_params(model, lambda a: a[e], None)
-    return _rebuild(model, config, params)
+    return rebuild_model(model, config, params)
 
 
 def average_experts(model, names: Sequence[str] | None = None):
     """MoTE App. B, expert averaging: the dense model (original architecture) whose feed-forward blocks are the
     mean of the experts' (all of them, or ``names``), norms included. Means are taken in float32."""
-    spec = _require_spec(model)
+    spec = require_spec(model)
     idx = [spec.index(n) for n in (names or spec.experts)]
 
     def mean(a):
         return np.mean(np.asarray(a[idx], np.float32), axis=0).astype(a.dtype)
 
     params, config = _expert_params(model, mean, None)
-    return _rebuild(model, config, params)
+    return rebuild_model(model, config, params)
 
 
 def select_experts(model, names: Iterable[str]):
     """The MoTE model that keeps only the experts ``names`` (e.g. those of one task): its device memory holds
     those experts only (MoTE 3.1: inactive experts can be offloaded)."""
-    spec = _require_spec(model)
+    spec = require_spec(model)
     sub = spec.subset(names)
     idx = [spec.index(n) for n in sub.experts]
     params, config = _expert_params(model, lambda a: a[idx], sub)
-    return _rebuild(model, config, params)
+    return rebuild_model(model, config, params)

@@ -70,7 +70,7 @@ def default_config() -> mc.ConfigDict:
     return c
 
 
-def _err(key: str, value: Any, allowed: str) -> UserError:
+def config_error(key: str, value: Any, allowed: str) -> UserError:
     return UserError(f"config.{key} = {value!r} is not valid: {allowed}")
 
 
@@ -84,7 +84,7 @@ def _num(c, key, *, low=None, high=None, integer=False, allow_low=True) -> None:
     if not ok:
         rng = f"{'>=' if allow_low else '>'} {low}" if low is not None else ""
         rng += (" and " if rng and high is not None else "") + (f"<= {high}" if high is not None else "")
-        raise _err(key, v, f"{'an integer' if integer else 'a number'} {rng}".strip())
+        raise config_error(key, v, f"{'an integer' if integer else 'a number'} {rng}".strip())
 
 
 def validate(c: mc.ConfigDict) -> None:
@@ -93,40 +93,40 @@ def validate(c: mc.ConfigDict) -> None:
         if s not in c:
             raise UserError(f"config.{s} is missing (fix: start from jaxembed.pretrain.retromae.default_config())")
     if not c.model.name:
-        raise _err("model.name", c.model.name, "a BERT-family model folder or hub id (its tokenizer is used "
+        raise config_error("model.name", c.model.name, "a BERT-family model folder or hub id (its tokenizer is used "
                                                "even with model.init='random')")
     if c.model.init not in ("pretrained", "random"):
-        raise _err("model.init", c.model.init, "allowed: pretrained, random")
+        raise config_error("model.init", c.model.init, "allowed: pretrained, random")
     if c.model.overrides and c.model.init != "random":
-        raise _err("model.overrides", dict(c.model.overrides), "only used with model.init='random'")
+        raise config_error("model.overrides", dict(c.model.overrides), "only used with model.init='random'")
     for k in ("dtype", "param_dtype"):
         if c.model[k] not in cfglib.DTYPES:
-            raise _err(f"model.{k}", c.model[k], f"allowed: {', '.join(cfglib.DTYPES)}")
+            raise config_error(f"model.{k}", c.model[k], f"allowed: {', '.join(cfglib.DTYPES)}")
     _num(c, "model.max_length", low=8, integer=True)
     if not c.data.paths and not c.data.store:
-        raise _err("data.paths", c.data.paths, "at least one .jsonl / .txt file, or set data.store")
+        raise config_error("data.paths", c.data.paths, "at least one .jsonl / .txt file, or set data.store")
     for i, p in enumerate(c.data.paths):
         if not isinstance(p, str) or not Path(p).is_file():
-            raise _err(f"data.paths[{i}]", p, "an existing .jsonl or .txt file")
+            raise config_error(f"data.paths[{i}]", p, "an existing .jsonl or .txt file")
     if c.data.store and not (Path(c.data.store) / "manifest.json").exists():
-        raise _err("data.store", c.data.store, "a folder written by `jaxembed data prepare`")
+        raise config_error("data.store", c.data.store, "a folder written by `jaxembed data prepare`")
     if not c.data.fields or not all(isinstance(f, str) and f for f in c.data.fields):
-        raise _err("data.fields", c.data.fields, "a non-empty tuple of JSON field names")
+        raise config_error("data.fields", c.data.fields, "a non-empty tuple of JSON field names")
     _num(c, "data.max_texts", low=0, integer=True)
     _num(c, "data.min_tokens", low=0, integer=True)
     _num(c, "data.bucket_window", low=1, integer=True)
     if c.data.length_buckets not in ("pow2", "fine", "max"):
-        raise _err("data.length_buckets", c.data.length_buckets, "allowed: pow2, fine, max")
+        raise config_error("data.length_buckets", c.data.length_buckets, "allowed: pow2, fine, max")
     for k in ("encoder_mask_ratio", "decoder_mask_ratio"):
         _num(c, f"retromae.{k}", low=0.0, high=1.0, allow_low=False)
     _num(c, "retromae.decoder_layers", low=1, integer=True)
     for k in ("encoder_loss_weight", "decoder_loss_weight", "mask_prob", "random_prob"):
         _num(c, f"retromae.{k}", low=0.0)
     if c.retromae.mask_prob + c.retromae.random_prob > 1:
-        raise _err("retromae.random_prob", c.retromae.random_prob, "mask_prob + random_prob <= 1")
+        raise config_error("retromae.random_prob", c.retromae.random_prob, "mask_prob + random_prob <= 1")
     _num(c, "optim.lr", low=0.0, allow_low=False)
     if c.optim.schedule not in optim.SCHEDULES:
-        raise _err("optim.schedule", c.optim.schedule, f"allowed: {', '.join(optim.SCHEDULES)}")
+        raise config_error("optim.schedule", c.optim.schedule, f"allowed: {', '.join(optim.SCHEDULES)}")
     _num(c, "optim.warmup_ratio", low=0.0, high=1.0)
     for k in ("weight_decay", "grad_clip", "end_factor"):
         _num(c, f"optim.{k}", low=0.0)
@@ -136,6 +136,7 @@ def validate(c: mc.ConfigDict) -> None:
         _num(c, f"train.{k}", low=0, integer=True)
     _num(c, "train.checkpoint_minutes", low=0.0)
     if not isinstance(c.data.get("packing", True), bool):
-        raise _err("data.packing", c.data.packing, "True (the encoder runs on packed rows) or False (padded rows)")
+        raise config_error("data.packing", c.data.packing,
+                           "True (the encoder runs on packed rows) or False (padded rows)")
     if c.export.pooling not in EXPORT_POOLINGS:
-        raise _err("export.pooling", c.export.pooling, f"allowed: {', '.join(EXPORT_POOLINGS)}")
+        raise config_error("export.pooling", c.export.pooling, f"allowed: {', '.join(EXPORT_POOLINGS)}")

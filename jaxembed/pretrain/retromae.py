@@ -44,7 +44,7 @@ from jaxembed.train.checkpoints import Checkpointer
 from jaxembed.errors import UserError
 from jaxembed.train.monitor import Monitor
 from jaxembed.pretrain import data as datalib
-from jaxembed.pretrain.config import DEFAULT_FIELDS, _err, default_config, validate  # noqa: F401 (re-exported)
+from jaxembed.pretrain.config import DEFAULT_FIELDS, config_error, default_config, validate  # noqa: F401 (re-exported)
 from jaxembed.pretrain.model import (BERT_FAMILY, RetroMAE, build_retromae, copy_head, load_mlm_head,
                                      retromae_loss)
 from jaxembed.train.signals import StopSignals
@@ -125,7 +125,7 @@ def _encoder(c, notes: list) -> tuple[Any, Tokenizer, dict, dict | None]:
         raise UserError(f"model.overrides: {e}") from None
     limit = config.max_position_embeddings - (config.pad_token_id + 1 if config.offset_positions else 0)
     if c.model.max_length > limit:
-        raise _err("model.max_length", c.model.max_length, f"<= {limit} (max_position_embeddings of the model)")
+        raise config_error("model.max_length", c.model.max_length, f"<= {limit} (max_position_embeddings of the model)")
     tok = Tokenizer.from_folder(st.transformer_dir, c.model.max_length, lowercase=st.do_lower_case)
     notes.append(f"encoder: random {config.model_type}, {config.num_layers} layers, hidden {config.hidden_size} "
                  f"(tokenizer of {c.model.name})")
@@ -172,7 +172,7 @@ def setup(config, workdir: str | Path, *, progress: bool | None = None,
     schedule = datalib.BatchSchedule(corpus.lengths, c.train.batch_size, c.train.seed, c.data.bucket_window)
     ndev = jax.local_device_count()
     if c.train.batch_size % ndev:
-        raise _err("train.batch_size", c.train.batch_size, f"a multiple of the {ndev} local devices")
+        raise config_error("train.batch_size", c.train.batch_size, f"a multiple of the {ndev} local devices")
     report = {"read": rep, "tokenized": trep, "batches_per_epoch": schedule.per_epoch,
               "texts_left_per_epoch": len(corpus) - schedule.per_epoch * c.train.batch_size,
               "epochs": round(c.train.steps / schedule.per_epoch, 3)}

@@ -34,7 +34,7 @@ re-exported: ``from jaxembed.sweep import plan_sweep``.
 from jaxembed.sweep.cli import add_parsers, cmd_report, cmd_sweep
 from jaxembed.sweep.expand import (MANIFEST, NAME_MAX, Sweep, SweepRun, Text, cross, load_hyper, parse_spec,
                                    plan_sweep, product, run_names, split_top, zipped)
-from jaxembed.sweep.expand import _short_keys  # noqa: F401 (re-exported: tests/test_sweep.py reads it here)
+from jaxembed.sweep.expand import short_keys  # noqa: F401 (re-exported: tests/test_sweep.py reads it here)
 from jaxembed.sweep.report import REPORT, collect, format_report, plot_report, write_report
 from jaxembed.sweep.run import (SLURM_FILE, STATUS, TPU_FILE, run_local, run_status, slurm_script, tpu_commands,
                                 train_command, write_manifest, write_status)

@@ -189,7 +189,7 @@ def _name_value(v: Any) -> str:
     return str(v)
 
 
-def _short_keys(keys: list[str]) -> dict[str, str]:
+def short_keys(keys: list[str]) -> dict[str, str]:
     """The last component of each key, or more components where two keys would read the same."""
     out = {}
     for k in keys:
@@ -207,7 +207,7 @@ def _short_keys(keys: list[str]) -> dict[str, str]:
 def run_names(values: list[dict[str, Any]], keys: list[str]) -> list[str]:
     """Readable, unique, file-system-safe names: ``lr=1e-05,temperature=0.01`` (keys that vary across runs)."""
     varying = [k for k in keys if len({repr(v.get(k)) for v in values}) > 1]
-    short = _short_keys(varying)
+    short = short_keys(varying)
     names, seen = [], {}
     for v in values:
         name = ",".join(f"{short[k]}={_name_value(v[k])}" for k in varying if k in v) or "run"

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from jaxembed.errors import UserError
-from jaxembed.sweep.expand import MANIFEST, _short_keys
-from jaxembed.sweep.run import _read_json, run_status
+from jaxembed.sweep.expand import MANIFEST, short_keys
+from jaxembed.sweep.run import read_json, run_status
 
 REPORT = "sweep_report"
 
@@ -49,7 +49,7 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def _discover(root: Path) -> tuple[list[dict], list[str]]:
     """Runs of a sweep root (from sweep.json), or of any folder of run directories (keys: what differs)."""
-    manifest = _read_json(root / MANIFEST)
+    manifest = read_json(root / MANIFEST)
     if manifest:
         runs = [{"name": r["name"], "dir": root / r.get("dir", r["name"]), "overrides": r.get("overrides", {})}
                 for r in manifest.get("runs", [])]
@@ -61,7 +61,7 @@ def _discover(root: Path) -> tuple[list[dict], list[str]]:
     if not dirs:
         raise UserError(f"{root}: no {MANIFEST} and no run directories (config.json / metrics.jsonl) in it (fix: "
                         "give the --root of a sweep, or a folder of jaxembed runs)")
-    flat = {d: _flatten(_read_json(d / "config.json") or {}) for d in dirs}
+    flat = {d: _flatten(read_json(d / "config.json") or {}) for d in dirs}
     keys = sorted({k for f in flat.values() for k in f})
     ignore = ("export.dir", "data.store")
     varying = [k for k in keys if k not in ignore and len({repr(f.get(k)) for f in flat.values()}) > 1]
@@ -82,7 +82,7 @@ def collect(root: str | os.PathLike, metric: str | None = None, mode: str | None
     if not root.is_dir():
         raise UserError(f"{root}: no such folder (fix: the --root of a sweep)")
     runs, keys = _discover(root)
-    cfgs = {r["name"]: _read_json(r["dir"] / "config.json") or {} for r in runs}
+    cfgs = {r["name"]: read_json(r["dir"] / "config.json") or {} for r in runs}
     metrics = {r["name"]: _read_metrics(r["dir"] / "metrics.jsonl") for r in runs}
     if metric is None:
         configured = {c.get("eval", {}).get("best_metric") for c in cfgs.values()} - {None, ""}
@@ -97,7 +97,7 @@ def collect(root: str | os.PathLike, metric: str | None = None, mode: str | None
         (m, bad), st = metrics[name], run_status(r["dir"])
         train, evals = m.get("train", {}), m.get("eval", {})
         last = train[max(train)] if train else {}
-        plan = _read_json(r["dir"] / "plan.json") or {}
+        plan = read_json(r["dir"] / "plan.json") or {}
         row = {"run": name, **{k: r["overrides"].get(k, "") for k in keys}, "status": st["status"],
                "step": max(train) if train else None, "steps": plan.get("steps") or cfg.get("plan", {}).get("steps"),
                "loss": last.get("loss"), "accuracy": last.get("accuracy"), "best": None, "best_step": None,
@@ -127,7 +127,7 @@ def _fmt(v: Any) -> str:
 
 def _columns(rep: dict) -> list[tuple[str, str]]:
     metric = rep["metric"]
-    cols = [("run", "run"), *[(k, _short_keys(rep["keys"]).get(k, k)) for k in rep["keys"]], ("status", "status"),
+    cols = [("run", "run"), *[(k, short_keys(rep["keys"]).get(k, k)) for k in rep["keys"]], ("status", "status"),
             ("step", "step"), ("steps", "steps"), ("loss", "loss"), ("accuracy", "accuracy")]
     if metric:
         cols += [("best", f"best {metric}"), ("best_step", "best step"), ("final", f"final {metric}")]
@@ -207,7 +207,7 @@ def plot_report(rep: dict, path: Path) -> Path | None:
         for r in rep["runs"]:
             if r.get(y_key) is None:
                 continue
-            label = ",".join(f"{_short_keys(keys)[k]}={r.get(k, '')}" for k in others) or y_label
+            label = ",".join(f"{short_keys(keys)[k]}={r.get(k, '')}" for k in others) or y_label
             x = _number(r[x_key]) if numeric else order.index(r[x_key])
             series.setdefault(label, []).append((x, r[y_key]))
         for label, pts in series.items():

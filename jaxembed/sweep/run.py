@@ -84,7 +84,7 @@ def run_status(workdir: Path) -> dict:
     """What a run directory says about its run: completed / preempted / interrupted / failed / running / incomplete /
     pending."""
     workdir = Path(workdir)
-    summary, status = _read_json(workdir / "summary.json"), _read_json(workdir / STATUS)
+    summary, status = read_json(workdir / "summary.json"), read_json(workdir / STATUS)
     if summary and summary.get("status") == "completed":
         return {**(status or {}), "status": "completed", "step": summary.get("step")}
     if status:
@@ -96,7 +96,7 @@ def run_status(workdir: Path) -> dict:
     return {"status": "pending"}
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
