@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 from jaxembed.errors import UserError
@@ -177,17 +178,19 @@ def gather(name: str, value: str) -> list[str]:
     return [value if i == me else _get(client, f"{key}/{i}", f"process {i} ({name})") for i in range(process_count())]
 
 
-def exchange(name: str, fn: Callable[[], str]) -> list[str]:
+def exchange(name: str, fn: Callable[[], str], stopped: Callable[[], bool] | None = None) -> list[str]:
     """Every process runs ``fn``; returns every process's string in process order; if one failed, all raise the
     first error (as ``all_agree``). ``name`` must be used once per run (no counter): the values stay with the
-    coordinator until each process calls ``forget(name)``."""
+    coordinator until each process calls ``forget(name)``. stopped: polled while waiting (every
+    ``POLL_S``); once true, the wait ends in a UserError (a background thread whose run is ending: a process
+    that stopped will never send its value)."""
     client = _client()
     if client is None or process_count() == 1:
         return [fn()]
     me, n = process_index(), process_count()
     result, status, err = _outcome(fn)
     client.key_value_set(f"jaxembed/{name}/{me}", result if err is None else status)
-    values = [result if i == me else _get(client, f"jaxembed/{name}/{i}", f"process {i} ({name})")
+    values = [result if i == me else _poll(client, f"jaxembed/{name}/{i}", f"process {i} ({name})", stopped)
               for i in range(n)]
     for i, v in enumerate(values):
         if i == me and err is not None:
@@ -196,6 +199,27 @@ def exchange(name: str, fn: Callable[[], str]) -> list[str]:
             msg = v[len(_ERR):]
             raise UserError(msg if msg.startswith(f"process {i} ") else f"process {i}: {msg}")
     return values
+
+
+#: seconds between two looks at ``exchange``'s stopped while it waits
+POLL_S = 1.0
+
+
+def _poll(client, key: str, what: str, stopped: Callable[[], bool] | None) -> str:
+    """``_get``, in waits of POLL_S that end early once ``stopped()``."""
+    if stopped is None:
+        return _get(client, key, what)
+    deadline = time.monotonic() + timeout_s()
+    while True:
+        wait = min(POLL_S, max(deadline - time.monotonic(), 0.001))
+        try:
+            return client.blocking_key_value_get(key, int(wait * 1000))
+        except Exception as e:
+            if "DEADLINE_EXCEEDED" not in str(e) or time.monotonic() >= deadline:
+                raise UserError(f"waited for {what} and gave up ({' '.join(str(e).split())[:200]}) (fix: check "
+                                "the log of that process; JAXEMBED_SYNC_TIMEOUT_S sets the wait)") from None
+        if stopped():
+            raise UserError(f"stopped waiting for {what}: this process is ending its run")
 
 
 def forget(name: str) -> None:

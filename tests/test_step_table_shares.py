@@ -47,7 +47,7 @@ class FakePod:
     def index(self) -> int:
         return getattr(self.local, "i", 0)
 
-    def exchange(self, name, fn):
+    def exchange(self, name, fn, stopped=None):
         value = fn()
         with self.cv:
             assert (name, self.index()) not in self.values, f"{name} exchanged twice"
@@ -194,6 +194,8 @@ class FakeClient:
         self.stored[key] = value
 
     def blocking_key_value_get(self, key, ms):
+        if key not in self.stored:
+            raise RuntimeError(f"DEADLINE_EXCEEDED: GetKeyValue() timed out with key: {key} and duration: {ms}ms")
         return self.stored[key]
 
     def key_value_delete(self, key):
@@ -257,3 +259,21 @@ def test_two_real_processes_share_each_window(plan, tok, minilm_dir, tmp_path):
     expected = [list(alone.shape(s)) for s in range(p.steps)]
     assert outs[0]["shapes"] == outs[1]["shapes"] == expected
     assert all(0 < o["texts"] < 0.65 * (outs[0]["texts"] + outs[1]["texts"]) for o in outs), outs
+
+
+def test_a_closed_loader_stops_waiting_for_the_others(plan, tok, monkeypatch):
+    """A process whose run ends (its loader closed) gives up a window the others will never send, so its prefetch
+    thread never holds up the process's exit."""
+    store, p = plan
+    monkeypatch.setattr(pod, "_client", lambda: FakeClient({}))  # process 1 never answers
+    monkeypatch.setattr(pod, "process_count", lambda: 2)
+    monkeypatch.setattr(pod, "process_index", lambda: 0)
+    monkeypatch.setattr(pod, "POLL_S", 0.01)
+    table = T.StepTable(store, p, tok, num_candidates=4, window=W)
+    loader = P.make_loader(store, p, tok, num_candidates=4, step_table=table)
+    failed = []
+    walk = threading.Thread(target=lambda: failed.append(pytest.raises(UserError, table.window, 1)))
+    walk.start()
+    loader.close()
+    walk.join(10)
+    assert not walk.is_alive() and "stopped waiting for process 1" in str(failed[0].value)

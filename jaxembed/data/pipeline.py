@@ -279,6 +279,9 @@ class Loader:
         return batch
 
     def close(self) -> None:
+        stop = getattr(self.batcher.table, "stop", None)
+        if stop is not None:  # a prefetch waiting for the other processes' share of a window gives up
+            stop()
         it, self._it = self._it, None
         if it is not None and hasattr(it, "close"):
             it.close()

@@ -109,7 +109,7 @@ class StepTable:
         self.cache = Path(cache) if cache is not None else None
         self.round_lengths, self.write = round_lengths, write
         self._done: collections.OrderedDict[int, dict] = collections.OrderedDict()
-        self._lock = threading.Lock()
+        self._lock, self._stopped = threading.Lock(), threading.Event()
         self.shapes_seen: set[tuple[int, ...]] = set()
         self._key, self._alone, self._next = None, False, None
         if self.cache is not None or pod.process_count() > 1:
@@ -129,20 +129,26 @@ class StepTable:
         self.window_steps, self.windows = max(plan.steps, 1), 1
         self.cache = Path(source) if source is not None else None
         self._done, self._lock, self.shapes_seen, self._key = collections.OrderedDict(), threading.Lock(), set(), None
-        self._alone, self._next = True, None
+        self._alone, self._next, self._stopped = True, None, threading.Event()
         self._done[0] = self._finish({k: np.asarray(v) for k, v in table.items()})
         return self
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_lock"] = None
+        state["_lock"] = state["_stopped"] = None
         state["write"] = False  # a copy in a loader's worker reads the cache file, the main process writes it
         state["_alone"] = True  # and computes the windows it lacks by itself (it is no process of the pod)
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._lock, self._stopped = threading.Lock(), threading.Event()
+
+    def stop(self) -> None:
+        """Give up the windows this process waits for from the others (its loader closed: the run is ending, and
+        a process that stopped first will never send its share): a wait in progress or to come ends in a
+        UserError, within ``pod.POLL_S``."""
+        self._stopped.set()
 
     # ---- lookup
     def steps_of(self, w: int) -> tuple[int, int]:
@@ -219,7 +225,7 @@ class StepTable:
         builds the window's table from all of them: the table one process computes alone."""
         name = f"{self._pod_name}/{w}"
         raw = self._read(w)
-        cached = pod.exchange(f"{name}/cached", lambda: "1" if raw is not None else "0")
+        cached = pod.exchange(f"{name}/cached", lambda: "1" if raw is not None else "0", self._stopped.is_set)
         for part in ("cached", "lengths"):  # every process is past window w - 1: its values were read
             pod.forget(f"{self._pod_name}/{w - 1}/{part}")
         if all(c == "1" for c in cached):
@@ -235,7 +241,7 @@ class StepTable:
             return encode_lengths(np.concatenate([q, d]))
 
         qs, ds = [], []
-        for i, text in enumerate(pod.exchange(f"{name}/lengths", share)):
+        for i, text in enumerate(pod.exchange(f"{name}/lengths", share, self._stopped.is_set)):
             lo, hi = step_rows.share_bounds(n, i, count)
             x = decode_lengths(text)
             qs.append(x[:hi - lo])
