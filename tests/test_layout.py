@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -32,6 +33,12 @@ PACKAGE = ROOT / "jaxembed"
 MAX_LINES = 500
 #: files over MAX_LINES that are not split yet, and why: the only exceptions. Remove an entry when its file is split.
 NOT_YET_SPLIT: dict[str, str] = {}
+
+
+@lru_cache(maxsize=None)
+def parse(path: Path) -> ast.Module:
+    """The syntax tree of a file, read once per test process (several checks walk the same files)."""
+    return ast.parse(path.read_text(), str(path))
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -96,7 +103,7 @@ def import_graph(package: Path = PACKAGE) -> tuple[dict[str, set[str]], dict[str
     top: dict[str, set[str]] = {m: set() for m in modules}
     deferred: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parse(path)
         for node, module_level in _imports(tree):
             (top if module_level else deferred)[name] |= _targets(name, path.name == "__init__.py", node, modules)
     return top, deferred
@@ -396,7 +403,7 @@ def bench_import_graph(root: Path = BENCH) -> dict[str, set[str]]:
     modules = bench_modules(root)
     edges: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
-        for node, _ in _imports(ast.parse(path.read_text(), str(path))):
+        for node, _ in _imports(parse(path)):
             edges[name] |= _bench_targets(name, path.name == "__init__.py", node, modules)
     return edges
 
@@ -521,7 +528,7 @@ def underscore_imports(root: Path = ROOT) -> set[str]:
     for top in (root / PACKAGE.name, root / BENCH.name):
         for path in sorted(top.rglob("*.py")):
             rel = path.relative_to(root).as_posix()
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for node in ast.walk(parse(path)):
                 if isinstance(node, ast.ImportFrom) and _project_module(rel, node, bench):
                     out |= {f"{rel}:{a.name}" for a in node.names
                             if a.name.startswith("_") and not a.name.startswith("__")}
