@@ -27,7 +27,8 @@ Length buckets: Lq / Ld must be equal on all hosts. The loader takes the longest
 each step over the *whole* global batch (each distinct text tokenized once) and maps them to
 ``length_buckets(max length)``: a table computed one window of steps at a time as the loader reaches it
 (``jaxembed.data.step_table``; optionally cached in a file), so the first step waits for one window, not for the
-whole plan. Every host computes the same table from the same plan, so no host ever waits for another.
+whole plan. Every host gets the same table from the same plan (in a pod the hosts compute each window together,
+each tokenising its share of the window's texts).
 Empty negative slots hold the tokenizer's encoding of the empty text (special tokens only, attention mask 1) so
 that the model sees a well-formed sequence; ``doc_valid`` marks them for the loss.
 
