@@ -1,12 +1,11 @@
-"""A folder's tokenizer is AutoTokenizer's, and a process that loads a folder seen before does not import torch
-(jaxembed/tokenizer_class.py: the class AutoTokenizer picked is remembered per folder)."""
+"""A folder's tokenizer is AutoTokenizer's, loaded without AutoTokenizer for a folder seen before
+(jaxembed/tokenizer_class.py: the class AutoTokenizer picked is remembered per folder). That such a process does
+not import torch: tests/test_process_imports.py."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -138,13 +137,3 @@ def test_a_remembered_mismatched_tokenizer_json_still_warns(minilm_dir, tmp_path
             assert Tokenizer.from_folder(folder, 64).tokenize(TEXTS) == want
         assert "Qwen2Tokenizer" in caplog.text
     assert (cache / f"{tokenizer_class.folder_key(folder)}.json").is_file()
-
-
-def test_a_process_loading_a_remembered_folder_does_not_import_torch(minilm_dir, cache):
-    """The point of remembering: AutoTokenizer's choice of class imports transformers' config classes, which import
-    torch (~2 CPU-s per process)."""
-    tokenizer_class.load_as_auto(minilm_dir)  # this process remembers the class
-    code = ("import sys; from jaxembed.tokenizer import Tokenizer; Tokenizer.from_folder(sys.argv[1]); "
-            "print(sorted(m for m in ('torch', 'transformers.models.auto.tokenization_auto') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code, str(minilm_dir)], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stderr[-2000:]

@@ -32,6 +32,23 @@ def _fmt(k: str, v) -> str:
     return f"{k}={v}"
 
 
+def summary_writer_class():
+    """tensorboardX's SummaryWriter. Its module imports torch, where torch is installed, only to name a type in its
+    annotations (~2 CPU-s, in a process that imports nothing else of torch): unless torch is imported already, it
+    is imported with torch hidden (only protobuf and tensorboardX's own modules load with it)."""
+    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError: tensorboardX falls back to numpy's type
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return SummaryWriter
+
+
 def _cut_torn_line(path: Path) -> int:
     """A run killed while writing a line leaves it without its newline: cut it off (returns 1), so that the
     next record starts on a line of its own."""
@@ -90,9 +107,7 @@ class Monitor:
         self._tb = None
         if tensorboard and is_main:
             try:
-                from tensorboardX import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.workdir / "tensorboard"))
+                self._tb = summary_writer_class()(str(self.workdir / "tensorboard"))
             except ImportError:  # optional
                 self._tb = None
         self._wb = None
