@@ -14,6 +14,10 @@ are left out.
   the function runs.
 - A file under jaxembed/ over ``MAX_LINES`` lines states why at the top of its docstring (a paragraph
   ``Size: ... because ...``), or is in ``NOT_YET_SPLIT`` with the reason it is not split yet.
+- benchmarks/ (scripts that import each other by bare name, with their folder and benchmarks/ on sys.path): no
+  import cycle, module level and in functions alike, and no module over ``BENCH_MAX_LINES`` lines.
+- No module imports a private name (``_name``) of another module of this repository: a name another module needs
+  is an interface with a public name. ``UNDERSCORE_IMPORTS_LEFT`` lists the imports not yet changed.
 - Nothing under jaxembed/, tests/, configs/, docs/, benchmarks/, launch/ or in README.md points outside the
   repository (``OUTSIDE``): not at the design brief or the papers (docs/design.md holds the design and cites the
   papers), not at a sibling folder other than the shared data folder, not at one machine's absolute paths
