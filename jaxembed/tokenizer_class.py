@@ -5,11 +5,11 @@ tokenizer_config.json, then returns ``<class>.from_pretrained(folder)``. Importi
 classes, which import torch wherever torch is installed: ~2 CPU-s of a ~2.5 CPU-s load, in every ``jaxembed``
 process that loads a model. The class it picked for a folder is remembered in a small file under
 ``$JAXEMBED_CACHE/tokenizer_class`` (default ``~/.cache/jaxembed``), keyed by everything the choice reads: the
-folder's path, the names and sizes of its files, the bytes of its files other than weights, and the versions of
-transformers and tokenizers. A later load of the same folder calls ``<class>.from_pretrained(folder)`` directly:
-the same call AutoTokenizer ends with, so the same tokenizer. A folder that changes gets a new key (AutoTokenizer
-again); a class that is not transformers' own (``trust_remote_code``) is never remembered. The memory is a cache:
-a missing, unreadable or unwritable entry only means AutoTokenizer runs.
+folder's path as given, the names and sizes of its files, the bytes of its files other than weights, and the
+versions of transformers and tokenizers. A later load of the same folder calls
+``<class>.from_pretrained(folder)`` directly: the same call AutoTokenizer ends with, so the same tokenizer. A folder
+that changes gets a new key (AutoTokenizer again); a class that is not transformers' own (``trust_remote_code``) is
+never remembered. The memory is a cache: a missing, unreadable or unwritable entry only means AutoTokenizer runs.
 """
 
 from __future__ import annotations
@@ -37,12 +37,11 @@ def cache_dir() -> Path:
 
 def folder_key(folder: str | os.PathLike) -> str:
     """A hash of what AutoTokenizer's choice of class reads in ``folder`` (see the module docstring)."""
-    folder = Path(folder).resolve()
     h = hashlib.sha256()
     for dist in ("transformers", "tokenizers"):
         h.update(f"{dist}={importlib.metadata.version(dist)}\n".encode())
-    h.update(f"{folder}\n".encode())
-    for path in sorted(folder.iterdir()):
+    h.update(f"{folder}\n".encode())  # as given: AutoTokenizer matches some hub ids' patterns against it
+    for path in sorted(Path(folder).iterdir()):
         if not path.is_file():
             h.update(f"dir {path.name}\n".encode())
             continue
