@@ -26,13 +26,16 @@ bound by the CPU: then the CPU seconds a process are the figure. --gradcache-chu
 ``train.gradcache_chunk=C`` does (``packing_for``: sub-batches of C queries' padded token slots a shard), and each
 batch's packs are split by the step's own ``sub_batches`` (a row count that the sub-batches do not divide fails).
 --rev REV runs the code of a git revision (``git archive``, read-only on the repository) instead of the working
-tree. Each figure's growth is fitted as a + b * records (least squares) and extrapolated to --extrapolate records
-on --pod hosts (``extrapolate``: at the whole dataset's size, an upper bound per host).
+tree; --reuse RECORD takes the rows of an earlier record of the same settings instead of measuring them again
+(one record over sizes measured at different times, each row with its load average). Each figure's growth is
+fitted as a + b * records (least squares) and extrapolated to --extrapolate records on --pod hosts
+(``extrapolate``: at the whole dataset's size, an upper bound per host).
 
 Writes benchmarks/results/scale_<date>_<time>.json and appends a line to benchmarks/README.md.
 
     python benchmarks/scale.py [--sizes 100000,300000,1000000] [--batch 4096] [--hosts 1] [--gradcache-chunk 0]
                                [--rev REV] [--keep DIR] [--label after] [--batches 4] [--before RECORD]
+                               [--reuse RECORD]
 """
 
 from __future__ import annotations
@@ -202,6 +205,9 @@ def parse_args():
     ap.add_argument("--pod", type=int, default=64)
     ap.add_argument("--device-record", default=DEVICE_RECORD, help="a GPU train record (benchmarks/results): its "
                     "MiniLM packed examples/s and real tokens/s are the rate one device consumes")
+    ap.add_argument("--reuse", default="", help="records of this benchmark (comma-separated) whose rows at the "
+                    "same size, batch, hosts and gradient cache are taken as measured there, not measured again "
+                    "(each keeps its record's name, code and load average)")
     ap.add_argument("--before", default=None, help="a record of this benchmark (e.g. on an earlier revision) "
                     "whose figures and extrapolation this record repeats under 'before'")
     ap.add_argument("--shapes", default=None, metavar="N,SHARDS",
@@ -224,7 +230,8 @@ def main():
     if args.shapes:
         return count_shapes(args, work, code_dir, sha, tok)
     try:
-        results = [measure(args, work, code_dir, sha, tok, n, epochs) for n, epochs in sizes]
+        kept = reused_rows(args)
+        results = [kept.get((n, epochs)) or measure(args, work, code_dir, sha, tok, n, epochs) for n, epochs in sizes]
     finally:
         if code_dir:
             shutil.rmtree(code_dir, ignore_errors=True)
@@ -233,6 +240,22 @@ def main():
     result = summarise(args, sha, results)
     save_result(args.name, result)
     record_line(readme_line(args, result), append=not args.no_readme)
+
+
+def reused_rows(args) -> dict[tuple[int, int], dict]:
+    """(store records, epochs) -> a row of a --reuse record measured with this run's batch, hosts and gradient
+    cache."""
+    out = {}
+    for path in filter(None, args.reuse.split(",")):
+        rec = json.loads(Path(path).read_text())
+        if (rec["batch"], rec["hosts"], rec.get("gradcache_chunk", 0)) != (args.batch, args.hosts,
+                                                                             args.gradcache_chunk):
+            raise SystemExit(f"--reuse {path}: measured at batch {rec['batch']}, {rec['hosts']} host(s), gradient "
+                             f"cache {rec.get('gradcache_chunk', 0)}: not this run's settings")
+        for r in rec["results"]:
+            r = dict(r, reused_from={"record": Path(path).name, "code": rec.get("code")})
+            out[(r["store_records"], r["epochs"])] = r
+    return out
 
 
 def measure(args, work: Path, code_dir: str | None, sha: str, tok: str, n: int, epochs: int) -> dict:
@@ -368,14 +391,17 @@ def readme_line(args, result: dict) -> str:
             + f", {args.hosts} host process(es)" + (" (a jax.distributed pod" + (
                 f"; {args.hosts} processes on {os.cpu_count()} cores: times bound by the CPU, CPU-s a process is "
                 "the figure" if result["cpu_bound"] else "") + ")" if args.hosts > 1 else "")
-            + f", MiniLM tokenizer, model step skipped, load average {results[-1]['load_average']:.1f} | "
+            + ", MiniLM tokenizer, model step skipped, load average " + _slash([r["load_average"] for r in results],
+                                                                               ".1f")
+            + "".join(f" (the {r['records']:,}-record row from `results/{r['reused_from']['record']}`)"
+                      for r in results if r.get("reused_from")) + " | "
             "prepare " + _slash(figures["prepare_s"], ".0f") + " s, plan " + _slash(figures["plan_s"], ".1f")
             + " s (peak RSS " + _slash(figures["plan_peak_rss_gib"], ".2f") + " GiB), first batch "
             + _slash(fs, ".1f") + " s (CPU " + _slash(cpu, ".1f") + " s a process), peak RSS " + _slash(rss, ".2f")
             + " GiB; loader " + _slash([p["texts_per_s"] for p in loader["per_size"]], ".0f") + " texts/s a process"
             + (f" (one {loader['device']['device']} consumes ~{loader['device_examples_per_s_at_these_lengths']:.0f} "
                f"examples/s = {loader['processes_per_device']:.0f} loader processes here, "
-               f"{loader['processes_per_device_cpu']:.0f} with a core each)" if loader.get("device") else "")
+               f"{loader['processes_per_device_cpu']:.0f} with a core each)" if loader.get("processes_per_device") else "")
             + f"; extrapolated to {args.extrapolate / 1e6:.0f}M records on {args.pod} hosts: prepare "
             f"{v.get('prepare_s', float('nan')):.0f} s in one process, plan {v['plan_s']:.0f} s "
             f"({v['plan_peak_rss_gib']:.2f} GiB), first batch {v['first_step_s']:.0f} s (CPU "
