@@ -2,17 +2,18 @@
 processes share the datasets of the config and write one store).
 
 Synthetic triplet records with text lengths like retrieval data (a query of 6-14 words, a positive and a negative
-of 30-90 words), split into --datasets JSON Lines files of equal size (the unit a pod shares is a dataset), are
-prepared into a store once per process count, each time by real `jaxembed data prepare` processes started at the
-same moment with the pod environment (JAXEMBED_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID, as tests/runs.py
-start_pod does). Per run: the wall time from the start to the last exit, and per process its CPU seconds and peak
+of 30-90 words), split into --datasets JSON Lines files of equal size (a pod shares datasets, and parts of a large
+one), are prepared into a store once per process count, each time by real `jaxembed data prepare` processes started
+at the same moment with the pod environment (JAXEMBED_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID, as
+tests/runs.py start_pod does). Per run: the wall time from the start to the last exit, and per process its CPU seconds and peak
 resident memory (os.wait4). The same process counts on 10 records a dataset give the fixed cost (starting
-Python, JAX and the coordinator). The stores of every run are checked equal in content (records per dataset, the
-manifest's counts). With --single, the same records as one dataset are prepared too: a dataset is not split, so N
-processes take as long as one there.
+Python and the command, joining the coordinator, which `data prepare` does without importing JAX). The stores of every run are checked equal in content (the manifest's counts and
+a digest of every record, in order, per dataset). With --single, the same records as one dataset are prepared too:
+every process reads a part of it (jaxembed.data.store_split), and the process of the first part merges them; with
+--datasets 1 that is the only arm.
 
 On a machine with C cores, N processes cannot go faster than min(N, C) times one; each pod process also pays for
-starting JAX's coordinator (a fixed cost in seconds). The record states the cores and the load average.
+its start and the coordinator (a fixed cost in seconds). The record states the cores and the load average.
 
 Writes benchmarks/results/prepare_pod_<date>_<time>.json and appends a line to benchmarks/README.md.
 
@@ -101,19 +102,37 @@ def run_prepare(config: Path, out: Path, n: int, log: Path) -> dict:
     wall = time.time() - t0
     if any(per[i]["exit"] != 0 for i in per):
         raise SystemExit(f"a prepare failed: {per}; logs {log}.p*.log")
+    for i in per:  # what each process of a pod prepared (its line: datasets, or parts of one)
+        said = [x for x in Path(f"{log}.p{i}.log").read_text().splitlines() if " prepares " in x]
+        per[i]["prepared"] = said[0].split(" prepares ", 1)[1] if said else "all (one process)"
     return {"processes": n, "wall_s": round(wall, 2), "per_process": [per[i] for i in range(n)]}
 
 
 def content(store: Path) -> dict:
+    """Per dataset: the manifest's counts and the SHA-256 of its records in order."""
+    import hashlib
+
+    from array_record.python.array_record_module import ArrayRecordReader
+
     m = json.loads((store / "manifest.json").read_text())
-    return {d["name"]: d["counts"] for d in m["datasets"]}
+    out = {}
+    for d in m["datasets"]:
+        digest = hashlib.sha256()
+        reader = ArrayRecordReader(str(store / d["file"]))
+        n = reader.num_records()
+        for b in range(0, n, 4096):
+            for rec in reader.read(b, min(n, b + 4096)):
+                digest.update(len(rec).to_bytes(8, "little") + rec)
+        reader.close()
+        out[d["name"]] = dict(d["counts"], records_sha256=digest.hexdigest())
+    return out
 
 
 def figures(r: dict) -> dict:
     """Ratios of 1 process to the largest count: wall time (on this machine, as loaded as it was); the busiest
     process's CPU seconds (what as many idle cores as processes would give); the same without the pod's fixed start
-    (the busiest process of the 10-records run: importing JAX, joining the coordinator), the bound for inputs large
-    enough to amortise it."""
+    (the busiest process of the 10-records run: starting Python and the command, joining the coordinator), the
+    bound for inputs large enough to amortise it."""
     lo, hi = r["processes"][0], r["processes"][-1]
     fixed = max(p["cpu_s"] for p in r["fixed_cost_runs"][str(hi)]["per_process"])
     out = {"fixed_cpu_s": fixed, "speedup_wall": {}, "speedup_busiest_cpu": {}, "speedup_busiest_work": {}}
@@ -135,14 +154,15 @@ def readme_line(r: dict) -> str:
         one, many = r["runs"][f"{layout}/{lo}"], r["runs"][f"{layout}/{hi}"]
         cpus = [p["cpu_s"] for p in many["per_process"]]
         n = r["datasets"] if layout == "split" else 1
-        parts.append(f"{n} dataset{'s' if n > 1 else ''}: wall {one['wall_s']} s -> {many['wall_s']} s "
+        parts.append(f"{n} dataset{'s' if n > 1 else ' (read in parts)'}: wall {one['wall_s']} s -> {many['wall_s']} s "
                      f"(**{r['speedup_wall'][layout]}x** here), CPU {one['per_process'][0]['cpu_s']} s -> busiest "
                      f"process {max(cpus)} s ({sum(cpus):.2f} s in all): **{r['speedup_busiest_cpu'][layout]}x** by "
                      f"the busiest process's CPU (the bound with {hi} idle cores, not measured), "
                      f"{r['speedup_busiest_work'][layout]}x without the fixed start")
     fixed = r["fixed_cost_runs"][str(hi)]
     parts.append(f"fixed start of a pod process (10 records a dataset): {r['fixed_cpu_s']} CPU-s, "
-                 f"{max(p['maxrss_mib'] for p in fixed['per_process'])} MiB (importing JAX, joining the coordinator), "
+                 f"{max(p['maxrss_mib'] for p in fixed['per_process'])} MiB (starting Python and the command, joining "
+                 "the coordinator), "
                  f"{fixed['wall_s']} s wall for {hi} at once here")
     line = (f"| {r['run'][:10]} | prepare_pod | cpu ({r['cores']} cores, shared: load average {load:.1f}) | "
             f"`data prepare`, {r['records']:,} synthetic triplets ({r['input_mib']:.0f} MiB JSONL), {lo} vs {hi} pod "
@@ -215,7 +235,7 @@ def main() -> None:
                   "fixed_cost_runs": {str(n): r for n, r in fixed.items()}, "stores_equal_in_content": True,
                   "command": "python benchmarks/prepare_pod.py " + " ".join(sys.argv[1:])}
         result.update(figures(result))
-        save_result("prepare_pod", result)
+        result = json.loads(save_result("prepare_pod", result).read_text())  # with its run id and environment
         print(json.dumps({k: result[k] for k in ("speedup_wall", "speedup_busiest_cpu", "speedup_busiest_work")}))
         record_line(readme_line(result), append=not args.no_readme)
     finally:

@@ -8,8 +8,9 @@ the work is ``jaxembed.data.validate``, ``jaxembed.config.load_data_config`` and
   record, prints every problem (one per line: ``file:line: field 'x': what (fix: how)``) and a summary per file.
   Exit status 0 when every record is valid, 1 when some are not, 2 for a usage error (missing file, bad option).
 - ``data prepare --config PATH[:VARIANT] --out DIR [--on-error stop|skip]``: writes the dataset store
-  (``jaxembed.data.store.write_store``; started on every process of a pod, they share the datasets:
-  ``jaxembed.data.store_pod``). ``--config`` is a Python file whose ``get_config()`` (or ``get_config(VARIANT)``)
+  (``jaxembed.data.store.write_store``; started on every process of a pod, they share the datasets, a large one
+  in parts: ``jaxembed.data.store_pod``, ``jaxembed.data.store_split``; an explicit pod is joined without importing
+  JAX: ``jaxembed.pod.join``). ``--config`` is a Python file whose ``get_config()`` (or ``get_config(VARIANT)``)
   returns a ConfigDict with a ``data`` field (or a data config itself), or ``shared``: every file of the shared
   training data (``jaxembed.data.shared_train.shared_train_config``).
 - ``data clustering --input FILE --out FILE [--instruction TEXT] [--num-negatives K]``: clustering triplets from a

@@ -191,7 +191,7 @@ def write_part(ds, part: Part, tmp: Path, on_error: str, where: str) -> str | No
 
     def note(ex):
         ids.extend(_hash(ex["id"]))
-        content.extend(_hash(json.dumps([ex["query"], ex["pos"], ex["neg"], ex.get("label")], ensure_ascii=False)))
+        content.extend(_hash(repr((ex["query"], ex["pos"], ex["neg"], ex.get("label")))))  # repr: one text per content
 
     counts, error = ExampleCounts(), None
     writer = record_writer(Path(stem + ".array_record"))
