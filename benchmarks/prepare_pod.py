@@ -1,16 +1,16 @@
 """`jaxembed data prepare` by 1 process against N processes of a pod on one machine (jaxembed.data.store_pod: the
 processes share the datasets of the config and write one store).
 
-Synthetic triplet records with text lengths like retrieval data (a query of 6-14 words, a positive and a negative
-of 30-90 words), split into --datasets JSON Lines files of equal size (a pod shares datasets, and parts of a large
+Synthetic triplet records with text lengths like retrieval data (a query of 6-14 words, a positive and a negative of
+30-90 words), split into --datasets JSON Lines files of equal size (a pod shares datasets, and parts of a large
 one), are prepared into a store once per process count, each time by real `jaxembed data prepare` processes started
-at the same moment with the pod environment (JAXEMBED_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID, as
-tests/runs.py start_pod does). Per run: the wall time from the start to the last exit, and per process its CPU seconds and peak
-resident memory (os.wait4). The same process counts on 10 records a dataset give the fixed cost (starting
-Python and the command, joining the coordinator, which `data prepare` does without importing JAX). The stores of every run are checked equal in content (the manifest's counts and
-a digest of every record, in order, per dataset). With --single, the same records as one dataset are prepared too:
-every process reads a part of it (jaxembed.data.store_split), and the process of the first part merges them; with
---datasets 1 that is the only arm.
+at the same moment with the pod environment (JAXEMBED_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID, as tests/runs.py
+start_pod does). Per run: the wall time from the start to the last exit, and per process its CPU seconds and peak
+resident memory (os.wait4). The same process counts on 10 records a dataset give the fixed cost (starting Python and
+the command, joining the coordinator, which `data prepare` does without importing JAX). The stores of every run are
+checked equal in content (the manifest's counts and a digest of every record, in order, per dataset). With --single,
+the same records as one dataset are prepared too: every process reads a part of it (jaxembed.data.store_split), and
+the process of the first part merges them; with --datasets 1 that is the only arm.
 
 On a machine with C cores, N processes cannot go faster than min(N, C) times one; each pod process also pays for
 its start and the coordinator (a fixed cost in seconds). The record states the cores and the load average.
