@@ -73,7 +73,8 @@ CAP = {"smoke": 150, "pytest": 150, "train": 420, "batch": 150, "encode": 60, "l
 FLOOR = {"pytest": 30, "train": 120, "batch": 60, "encode": 30, "long": 80, "llm": 60}
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (README: "Run it on your GPU machine")."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="folder for the JSON files (on the GPU machine: the run's output folder)")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes (the CPU test): the same code paths")
@@ -113,21 +114,11 @@ def main(argv=None) -> int:
     ap.add_argument("--results-dir", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--readme", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_worker", nargs=2, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
 
-    if args._worker:
-        sys.path.insert(0, str(HERE))
-        import workers
 
-        workers.main(*args._worker)
-        return 0
-    if args.record:
-        import record
-
-        record.record([Path(d) for d in args.record], results_dir=args.results_dir, readme=args.readme)
-        return 0
-    if not args.out:
-        ap.error("--out is required")
+def config_of(args) -> dict:
+    """The run's sizes: FULL (or DRY with --dry-run) with the command line's overrides."""
     cfg = dict(DRY if args.dry_run else FULL)
     for k in ("models", "budget", "long", "llm", "rounds", "compile_threads"):
         if getattr(args, k) is not None:
@@ -148,6 +139,76 @@ def main(argv=None) -> int:
             cfg["waves"] = [wave for wave in cfg["waves"] if wave]
     if args.flat_attention:
         cfg["flat_attention"] = args.flat_attention.split(",")
+    return cfg
+
+
+def worker_env(root: Path) -> dict:
+    """The workers' environment: unbuffered output, this folder and the repository first on PYTHONPATH, and one
+    persistent compilation cache for the call (a program two workers compile, the dry run's smoke step and part 2's
+    fixed setting, part 3's overhead run at its reference size, compiles once)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(root / "jax_cache"))
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT)] + [x for x in env.get("PYTHONPATH", "").split(
+        os.pathsep) if x])
+    return env
+
+
+def todo_without_time(part: str, cfg: dict) -> list:
+    """What a part that got no time leaves to a second call (next_command's arguments)."""
+    if part == "train":
+        return [s for s in cfg["models"].split(",")]
+    if part == "batch":
+        return cfg["sizes"]
+    if part == "encode":
+        return cfg["encode_models"].split(",")
+    if part == "long":
+        return long_specs(cfg["long"])
+    if part == "llm":
+        return llm_specs(cfg["llm"])
+    return ["all"]
+
+
+def run_part(part: str, w: Workers, cfg: dict, env: dict, allow: float, out_dir: Path, peak: float | None):
+    """One part within ``allow`` seconds -> (its results, what it left to do); a part that fails records its
+    traceback and leaves the others their run."""
+    until = time.time() + allow
+    try:
+        if part == "pytest":
+            r = part_pytest(env, allow, out_dir)
+            return r, (["all"] if r["timed_out"] else [])
+        if part == "encode":
+            r = part_encode(w, cfg, until, out_dir)
+        else:  # the parts that report MFU against the device's peak
+            part_fn = {"train": part_train, "batch": part_batch, "long": part_long, "llm": part_llm}[part]
+            r = part_fn(w, cfg, until, out_dir, peak)
+        return r, r["todo"]
+    except Exception as e:  # noqa: BLE001 -- one part's failure must not lose the others
+        import traceback
+
+        r = {"error": traceback.format_exc()[-2000:]}
+        log(f"part {part} failed: {e!r}")
+        write_json(out_dir / FILES[part], r)
+        return r, None
+
+
+def main(argv=None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args._worker:
+        sys.path.insert(0, str(HERE))
+        import workers
+
+        workers.main(*args._worker)
+        return 0
+    if args.record:
+        import record
+
+        record.record([Path(d) for d in args.record], results_dir=args.results_dir, readme=args.readme)
+        return 0
+    if not args.out:
+        ap.error("--out is required")
+    cfg = config_of(args)
     t_start = time.time()
     deadline = t_start + float(cfg["budget"])
     out_dir = Path(args.out)
@@ -155,13 +216,7 @@ def main(argv=None) -> int:
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     parts = [PARTS[p] for p in args.parts.split(",") if p]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    # one persistent compilation cache for the call: a program two workers compile (the dry run's smoke step and
-    # part 2's fixed setting; part 3's overhead run at its reference size) compiles once
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(root / "jax_cache"))
-    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT)] + [x for x in env.get("PYTHONPATH", "").split(
-        os.pathsep) if x])
+    env = worker_env(root)
     w = Workers(root, env, shared=args.dry_run and not args.own_processes)
     summary = {"benchmark": "gpu", "issue": 18, "date": datetime.date.today().isoformat(),
                "started": datetime.datetime.now().isoformat(timespec="seconds"), "dry_run": args.dry_run,
@@ -186,37 +241,12 @@ def main(argv=None) -> int:
         allow = min(CAP[part] * cfg["cap_scale"], deadline - time.time() - later)
         if allow < 10:
             log(f"part {part}: no time left ({deadline - time.time():.0f} s)")
-            todo[part] = ["all"] if part != "train" else [s for s in cfg["models"].split(",")]
-            if part == "batch":
-                todo[part] = cfg["sizes"]
-            if part == "encode":
-                todo[part] = cfg["encode_models"].split(",")
-            if part == "long":
-                todo[part] = long_specs(cfg["long"])
-            if part == "llm":
-                todo[part] = llm_specs(cfg["llm"])
+            todo[part] = todo_without_time(part, cfg)
             continue
-        until = time.time() + allow
         t0 = time.time()
-        try:
-            if part == "pytest":
-                r = part_pytest(env, allow, out_dir)
-                if r["timed_out"]:
-                    todo[part] = ["all"]
-            elif part == "encode":
-                r = part_encode(w, cfg, until, out_dir)
-                todo[part] = r["todo"]
-            else:  # the parts that report MFU against the device's peak
-                part_fn = {"train": part_train, "batch": part_batch, "long": part_long, "llm": part_llm}[part]
-                r = part_fn(w, cfg, until, out_dir, args.peak_flops)
-                todo[part] = r["todo"]
-        except Exception as e:  # noqa: BLE001 -- one part's failure must not lose the others
-            import traceback
-
-            r = {"error": traceback.format_exc()[-2000:]}
-            log(f"part {part} failed: {e!r}")
-            write_json(out_dir / FILES[part], r)
-        results[part] = r
+        results[part], left = run_part(part, w, cfg, env, allow, out_dir, args.peak_flops)
+        if left is not None:
+            todo[part] = left
         summary.setdefault("part_seconds", {})[part] = time.time() - t0
         summary["targets"] = targets(results)
         summary["round_spread"] = round_spreads(results)
