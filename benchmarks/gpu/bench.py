@@ -218,7 +218,7 @@ def main(argv=None) -> int:
     parts = [PARTS[p] for p in args.parts.split(",") if p]
     env = worker_env(root)
     w = Workers(root, env, shared=args.dry_run and not args.own_processes)
-    summary = {"benchmark": "gpu", "issue": 18, "date": datetime.date.today().isoformat(),
+    summary = {"benchmark": "gpu", "date": datetime.date.today().isoformat(),
                "started": datetime.datetime.now().isoformat(timespec="seconds"), "dry_run": args.dry_run,
                "parts": parts, "budget_s": cfg["budget"], "config": cfg, "argv": sys.argv[1:],
                "device": {"nvidia_smi": nvidia_smi()}, "load_average_at_start": list(os.getloadavg())}
