@@ -217,3 +217,10 @@ def test_plan_inputs_name_what_differs():
     assert inputs_differences(b, a) == ["the plan config"]
     c = plan_inputs(_mixed(), {"global_batch_size": 8}, {"seed": 1})
     assert inputs_differences(c, a) == ["the data config's sampling, sampling_temperature or seed"]
+    # many datasets: process 0 sends their digest without the rows, and a difference is named as a whole
+    from jaxembed.data.plan.identity import compact
+
+    small = compact(plan_inputs(_mixed(ra=101), {"global_batch_size": 8}), limit=0)
+    assert "datasets" not in small and compact(a) == a
+    assert inputs_differences(a, small) == ["the store's datasets (names, tasks, sizes, batching, epochs, weights, "
+                                            "temperatures or record files)"]

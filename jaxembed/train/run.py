@@ -25,13 +25,14 @@ from flax import nnx
 
 from jaxembed import config as cfglib
 from jaxembed import atomic_files, loading, lora, parallel, pod
-from jaxembed.train import encode as train_encode, optim, saved_plan
-from jaxembed.train.checkpoints import Checkpointer
+from jaxembed.runs import optim
+from jaxembed.train import encode as train_encode, saved_plan
+from jaxembed.runs.checkpoints import Checkpointer
 from jaxembed.errors import UserError
 from jaxembed.train.export import export_params, host_model, host_params, run_card, task_prompts
 from jaxembed.train.start import count, describe_model, describe_plan, describe_store, say
 from jaxembed.train.state import init_state, shardings
-from jaxembed.workdir_lock import WorkdirLock
+from jaxembed.runs.workdir_lock import WorkdirLock
 
 log = logging.getLogger(__name__)
 
@@ -165,10 +166,11 @@ def prepare_plan(config, store, workdir: Path, replan: bool = False):
     inputs, else after building the config's plan beside it and comparing the two (``replan``: the saved plan is
     replaced). The others wait. Returns the saved plan, memory-mapped (``Plan.load``)."""
     from jaxembed.data.plan import Plan, inputs_differences
+    from jaxembed.data.plan.identity import compact
 
     path = workdir / "plan.npz"
     inputs = saved_plan.plan_inputs_of(config, store)
-    main_inputs = json.loads(pod.broadcast("plan-inputs", json.dumps(inputs) if pod.is_main() else None))
+    main_inputs = json.loads(pod.broadcast("plan-inputs", json.dumps(compact(inputs)) if pod.is_main() else None))
 
     def same_as_main():
         diffs = inputs_differences(inputs, main_inputs)

@@ -51,7 +51,8 @@ def describe_store(store, config, workdir: Path) -> str:
 
 
 def describe_plan(plan, config, store) -> str:
-    """One line: steps, queries per step and candidates per query, epochs, batching, packing."""
+    """One line: steps, queries per step and candidates per query, epochs, batching, packing. Reads the plan's step
+    count only: the plan it is given is the saved one, memory-mapped, and no row of it is read here."""
     negs = max(int(d.num_negatives) for d in store.datasets)
     size = sum(d.size for d in store.datasets)
     b = int(config.plan.global_batch_size)

@@ -43,9 +43,9 @@ def _record_bytes(datasets, k: int):
 
 def plan_inputs(datasets, config=None, data_config=None) -> dict:
     """The inputs of ``build_plan(datasets, config, data_config=data_config)`` as plain JSON: ``datasets`` (one
-    row per dataset: its fields the plan reads, and its record file's bytes), ``config`` and ``data`` (digests of
-    the plan config and of the data config's sampling defaults), ``files`` ({config field: digest}) and
-    ``fingerprint`` (of all of it)."""
+    row per dataset: its fields the plan reads, and its record file's bytes) and their ``datasets_digest``,
+    ``config`` and ``data`` (digests of the plan config and of the data config's sampling defaults), ``files``
+    ({config field: digest}) and ``fingerprint`` (of all of it)."""
     cfg = _merged_config(config)
     if data_config is not None:
         dc = _config_dict(data_config)
@@ -57,9 +57,19 @@ def plan_inputs(datasets, config=None, data_config=None) -> dict:
     named = {"scores": cfg.get("scores"), "curriculum.task_order": cfg["curriculum"].get("task_order"),
              "curriculum.instance_orders": cfg["curriculum"].get("instance_orders")}
     files = {k: _file_digest(v) for k, v in named.items() if isinstance(v, str) and v}
-    out = {"version": VERSION, "datasets": rows, "config": _digest(cfg), "data": _digest(data), "files": files}
+    out = {"version": VERSION, "datasets_digest": _digest(rows), "config": _digest(cfg), "data": _digest(data),
+           "files": files}
     out["fingerprint"] = _digest(out)
+    out["datasets"] = rows
     return out
+
+
+def compact(inputs: dict, limit: int = 1 << 18) -> dict:
+    """``inputs`` to send to the other processes of a pod: without the datasets' rows when they are long (many
+    datasets), their digest standing in for them."""
+    if len(json.dumps(inputs.get("datasets", []))) <= limit:
+        return inputs
+    return {k: v for k, v in inputs.items() if k != "datasets"}
 
 
 def inputs_differences(mine: dict, theirs: dict) -> list[str]:
@@ -67,13 +77,18 @@ def inputs_differences(mine: dict, theirs: dict) -> list[str]:
     if mine.get("fingerprint") == theirs.get("fingerprint"):
         return []
     out = []
-    a = {r[0]: r for r in mine.get("datasets", [])}
-    b = {r[0]: r for r in theirs.get("datasets", [])}
-    if list(a) != list(b):
-        out.append(f"datasets {list(b)} vs {list(a)}")
-    for name in (n for n in b if n in a and a[n] != b[n]):
-        diff = [f"{f} {x} vs {y}" for f, x, y in zip((*_FIELDS, "record bytes"), b[name], a[name]) if x != y]
-        out.append(f"dataset '{name}' ({', '.join(diff)})")
+    if mine.get("datasets_digest") != theirs.get("datasets_digest"):
+        if "datasets" in mine and "datasets" in theirs:
+            a = {r[0]: r for r in mine["datasets"]}
+            b = {r[0]: r for r in theirs["datasets"]}
+            if list(a) != list(b):
+                out.append(f"datasets {list(b)} vs {list(a)}")
+            for name in (n for n in b if n in a and a[n] != b[n]):
+                diff = [f"{f} {x} vs {y}" for f, x, y in zip((*_FIELDS, "record bytes"), b[name], a[name]) if x != y]
+                out.append(f"dataset '{name}' ({', '.join(diff)})")
+        else:
+            out.append("the store's datasets (names, tasks, sizes, batching, epochs, weights, temperatures or "
+                       "record files)")
     if mine.get("config") != theirs.get("config"):
         out.append("the plan config")
     if mine.get("data") != theirs.get("data"):
