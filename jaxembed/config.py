@@ -120,7 +120,7 @@ def default_config() -> mc.ConfigDict:
         progress=config_dict.placeholder(bool),  # progress bar (default: on a terminal)
         inject_nonfinite_steps=(),  # testing aid: steps whose loss and gradients are made NaN (the skip guard runs)
     ))
-    c.train.wandb = mc.ConfigDict(dict(  # Weights & Biases, beside metrics.jsonl / TensorBoard (jaxembed/train/monitor.py)
+    c.train.wandb = mc.ConfigDict(dict(  # Weights & Biases, beside metrics.jsonl / TensorBoard (jaxembed/runs/monitor.py)
         enabled=False,          # needs the extra: pip install 'jaxembed[wandb]'
         project="jaxembed",
         entity="",              # '' = your default entity

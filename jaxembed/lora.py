@@ -16,7 +16,7 @@ are never differentiated, carry no optimizer state and are not in the checkpoint
   ``backbone.layers.0.attention.q_proj.base.kernel``, ``...q_proj.lora_a``). No backbone code changes.
 - MoTE (jaxembed.mote): an expert block's linear layers carry a leading expert axis [E, in, out]; their adapters
   get one too ([E, in, r], [E, r, out]): adapters per expert, updated only for the routed experts
-  (jaxembed.train.optim.routed_adamw reads the ``experts`` level of the path, as for the experts' own weights).
+  (jaxembed.runs.optim.routed_adamw reads the ``experts`` level of the path, as for the experts' own weights).
 - Dropout acts in train mode only (``train.dropout``, as PEFT's ``lora_dropout`` acts under ``model.train()``):
   a layer with adapters draws one key from the layer's ``rngs`` (``jaxembed.models.layers.layer_dropout_key``, set
   by ``run_layers`` for layers with a sublayer whose ``layer_dropout`` > 0), each adapter folds its own index into it.

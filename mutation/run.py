@@ -46,7 +46,7 @@ MODULES = {
         timeout=240,
     ),
     "train_step": dict(
-        files={"jaxembed/train/step.py": ["make_train_step.step"], "jaxembed/train/optim.py": ["keep_unless"]},
+        files={"jaxembed/train/step.py": ["make_train_step.step"], "jaxembed/runs/optim.py": ["keep_unless"]},
         tests=["tests/test_train.py"],
         new_tests=["tests/test_mutants_train_step.py"],
         k="nonfinite",
@@ -56,7 +56,7 @@ MODULES = {
         files={"jaxembed/mote/spec.py": ["mote_layers", "MoTESpec.index", "MoTESpec._route", "MoTESpec.experts_for",
                                          "MoTESpec.expert_name", "MoTESpec.expert_for", "routing_tables"],
                "jaxembed/mote/block.py": ["active_experts", "MoTEFeedForward.__call__", "make_route", "is_expert_path"],
-               "jaxembed/train/optim.py": ["_is_expert", "_num_experts", "_expert_view", "scale_by_routed_adam",
+               "jaxembed/runs/optim.py": ["_is_expert", "_num_experts", "_expert_view", "scale_by_routed_adam",
                                      "zero_idle_experts", "routed_adamw"]},
         tests=["tests/test_mote.py"],
         new_tests=["tests/test_mutants_mote.py"],

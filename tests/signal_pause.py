@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
         if prefix != "train" or at != step:
             return
         marker.write_text(str(at))
-        handler = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # jaxembed.train.signals.StopSignals
+        handler = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # jaxembed.runs.signals.StopSignals
         t0 = time.time()
         if handler is None and _pod():
             while not _step_sent() and time.time() - t0 < 300:

@@ -203,7 +203,7 @@ def test_second_ctrl_c_in_train_is_one_line(shared_data, tmp_path):
 
     marker = tmp_path / "marker"
     r = subprocess.run([JAXEMBED, "train", "--config", str(cfg), "--workdir", str(wd)],
-                       env=runs.env(1, fault="sigint_after=jaxembed.train.monitor:Monitor.log,sigints=2", marker=marker),
+                       env=runs.env(1, fault="sigint_after=jaxembed.runs.monitor:Monitor.log,sigints=2", marker=marker),
                        capture_output=True, text=True, timeout=600)
     assert marker.exists(), r.stderr[-3000:]
     assert r.returncode == 130, r.stderr[-3000:]

@@ -50,7 +50,7 @@ def test_export_from_a_run_writes_nothing_in_it(lora_run, tmp_path, capsys):
     """The run's config.json / config.txt, its plan, its LoRA base file and its checkpoints (an unfinished save
     of a stopped run included) are read, never rewritten or cleaned: the run may be on read-only storage."""
     from jaxembed.cli import main
-    from jaxembed.train.checkpoints import TMP_MARK
+    from jaxembed.runs.checkpoints import TMP_MARK
 
     (lora_run / "checkpoints" / f"3{TMP_MARK}-1234").mkdir()  # a save that a kill -9 interrupted
     before = _snapshot(lora_run)

@@ -512,7 +512,7 @@ def test_lora_with_mote_packing_and_the_gradient_cache(shared_data, tmp_path):
     import optax
 
     from jaxembed import mote, parallel
-    from jaxembed.train import optim
+    from jaxembed.runs import optim
     from jaxembed.data import pipeline as P
     from jaxembed.train import init_state, make_train_step, setup
     from jaxembed.models.tiny import tiny_model_dir

@@ -16,7 +16,7 @@ from flax import nnx
 
 from jaxembed import config as cfglib
 from jaxembed import export, loading, models, mote, paths
-from jaxembed.train import optim
+from jaxembed.runs import optim
 from jaxembed.encode import Encoder
 from jaxembed.errors import UserError
 from jaxembed.models.embedding import EmbeddingModel, HeadConfig

@@ -1,4 +1,4 @@
-"""MoTE routing (jaxembed/mote/spec.py, block.py) and the routed optimizer's masking (jaxembed/train/optim.py) on toy
+"""MoTE routing (jaxembed/mote/spec.py, block.py) and the routed optimizer's masking (jaxembed/runs/optim.py) on toy
 inputs, against hand-written expectations and a float64 numpy AdamW: no model compile. The mutants each test kills
 (docs/testing.md) are named in it."""
 
@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from jaxembed import mote
-from jaxembed.train import optim
+from jaxembed.runs import optim
 from jaxembed.errors import UserError
 
 EXP = mote.DEFAULT_EXPERTS  # classification, clustering, search_query, search_document

@@ -1,4 +1,4 @@
-"""The train step's update and skip logic (jaxembed/train/loop.py make_train_step's ``step``, jaxembed/train/optim.py
+"""The train step's update and skip logic (jaxembed/train/loop.py make_train_step's ``step``, jaxembed/runs/optim.py
 keep_unless) in process: one compile of a one-layer tiny BERT step, three steps (applied, skipped, applied) checked
 field by field. Kills the step's mutants named in docs/testing.md (the ``ok`` test, the counters, the kept state)."""
 

@@ -1,6 +1,6 @@
 """A ``jaxembed`` process imports only what it uses: torch, which transformers' AutoTokenizer and tensorboardX's
 writer import wherever it is installed (~2 CPU-s per process), is not imported by a run that loads a model folder
-seen before (jaxembed/tokenizer_class.py) and writes TensorBoard events (jaxembed/train/monitor.py)."""
+seen before (jaxembed/tokenizer_class.py) and writes TensorBoard events (jaxembed/runs/monitor.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from jaxembed import tokenizer_class
 CODE = """
 import sys
 from jaxembed.tokenizer import Tokenizer
-from jaxembed.train.monitor import Monitor, summary_writer_class
+from jaxembed.runs.monitor import Monitor, summary_writer_class
 
 Tokenizer.from_folder(sys.argv[1])
 monitor = Monitor(sys.argv[2], total_steps=1, progress=False)

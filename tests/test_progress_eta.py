@@ -1,4 +1,4 @@
-"""The plain progress line of `jaxembed train` (jaxembed/train/monitor.py) on a simulated asynchronous device: a
+"""The plain progress line of `jaxembed train` (jaxembed/runs/monitor.py) on a simulated asynchronous device: a
 fake clock, steps that the host dispatches at once and the device completes one after another, and new batch shapes
 that compile on the host. The line times completed steps (it waits on a step's result), leaves the compiling steps
 out of the rate, and its ETA is within 25 % of the time the run really has left from 10 % of the run on."""
@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from jaxembed.train.monitor import Monitor, batch_shapes
+from jaxembed.runs.monitor import Monitor, batch_shapes
 
 
 class FakeDevice:

@@ -1,6 +1,6 @@
 """Run-directory files written by several writers at once (jaxembed/atomic_files.py, jaxembed/pod.py): unique
 temporary names, atomic replacement, whole-folder exports, one-line write errors; the plan and the length table
-through them; one run per run directory (jaxembed/workdir_lock.py)."""
+through them; one run per run directory (jaxembed/runs/workdir_lock.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from jaxembed import atomic_files, pod
 from jaxembed.errors import UserError
-from jaxembed.workdir_lock import WorkdirLock
+from jaxembed.runs.workdir_lock import WorkdirLock
 
 
 def _at_once(n: int, fn) -> list:
@@ -140,7 +140,7 @@ def test_length_table_cache_tmp_names_are_unique(tmp_path, monkeypatch):
 
 
 def test_metrics_line_torn_by_a_kill_is_cut_off(tmp_path):
-    from jaxembed.train.monitor import Monitor
+    from jaxembed.runs.monitor import Monitor
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 2, "split": "train"}\n{"step": 4, "spl')
     m = Monitor(tmp_path, 8, 4, tensorboard=False, progress=False)
@@ -177,7 +177,7 @@ def test_workdir_lock_dies_with_its_process(tmp_path):
     import sys
 
     wd = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom jaxembed.workdir_lock import WorkdirLock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom jaxembed.runs.workdir_lock import WorkdirLock\n"
                                f"WorkdirLock({str(wd)!r}).acquire()\nprint('held', flush=True)\ntime.sleep(600)"],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -200,7 +200,7 @@ def test_compile_cache_follows_the_run_unless_the_user_set_one(tmp_path):
     import jax.numpy as jnp
     from jax.experimental.compilation_cache import compilation_cache as cc
 
-    from jaxembed import compile_cache
+    from jaxembed.runs import compile_cache
 
     suite = jax.config.jax_compilation_cache_dir
     assert suite and compile_cache.use_for_run(tmp_path / "a", True) == Path(suite)  # the user's: kept

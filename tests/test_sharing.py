@@ -348,7 +348,7 @@ def test_wandb_settings_are_checked_before_any_work(monkeypatch, tiny_model_dir,
 
 
 def test_monitor_imports_wandb_only_when_enabled(monkeypatch, tmp_path):
-    from jaxembed.train.monitor import Monitor
+    from jaxembed.runs.monitor import Monitor
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now fails
     m = Monitor(tmp_path, 2, tensorboard=False, wandb={"enabled": False, "mode": "offline"})

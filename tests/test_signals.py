@@ -1,4 +1,4 @@
-"""jaxembed.train.signals in this process (no training): the handlers come and go with the block, the first signal is
+"""jaxembed.runs.signals in this process (no training): the handlers come and go with the block, the first signal is
 kept, a second Ctrl-C stops at once, ``interruptible()`` raises at once, a subclass's ``on_signal`` replaces both.
 The trainer's, the sweep's and the launcher's signal tests (test_train.py, test_sweep.py, test_launch.py) run the
 real commands."""
@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from jaxembed.train.signals import Interrupted, StopSignals
+from jaxembed.runs.signals import Interrupted, StopSignals
 
 
 def _send(signum: int) -> None:

@@ -551,7 +551,7 @@ def test_checkpointer_keeps_the_best_and_the_later_of_a_tie(tmp_path, mode):
     checkpoint is kept, which is the step the trainer reports as best (jaxembed.train: ties go to the later)."""
     import jax.numpy as jnp
 
-    from jaxembed.train.checkpoints import Checkpointer
+    from jaxembed.runs.checkpoints import Checkpointer
 
     sign = 1.0 if mode == "max" else -1.0
 
@@ -572,7 +572,7 @@ def test_checkpointer_skips_unreadable_checkpoints(tmp_path):
     ones move to checkpoints_unreadable/; with none readable, a UserError and nothing moved."""
     import jax.numpy as jnp
 
-    from jaxembed.train.checkpoints import UNREADABLE, Checkpointer
+    from jaxembed.runs.checkpoints import UNREADABLE, Checkpointer
 
     like = {"w": jnp.zeros((256, 64)), "step": jnp.asarray(0, jnp.int32)}
     ck = Checkpointer(tmp_path / "checkpoints", keep_last=3, async_save=False)

@@ -29,7 +29,7 @@ def worker_jaxembed(folder: str, B: int, lq: int, ld: int, chunk: int, steps: in
     from flax import nnx
 
     from jaxembed import loading, parallel
-    from jaxembed.train import optim
+    from jaxembed.runs import optim
     from jaxembed.config import default_config
     from jaxembed.data.pipeline import to_global
     from jaxembed.train import Run, init_state, make_train_step

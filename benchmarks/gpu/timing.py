@@ -109,8 +109,8 @@ def compile_programs(jobs: dict, threads: int = 1) -> tuple[dict, float]:
 #: steps timed back to back in each round of the fixed-length arms (one device sync per round, as the trainer
 #: dispatches steps without waiting): a round of one step would count the device's idle time between dispatches
 FIXED_STEPS = 4
-#: jaxembed's optimizer as the record names it (jaxembed.train.optim: optax's AdamW, compiled into the step)
-JAX_OPTIMIZER = "optax.adamw (jaxembed.train.optim, inside the compiled train step)"
+#: jaxembed's optimizer as the record names it (jaxembed.runs.optim: optax's AdamW, compiled into the step)
+JAX_OPTIMIZER = "optax.adamw (jaxembed.runs.optim, inside the compiled train step)"
 
 
 def time_rounds(progs: list, dev: list, state, rounds: int, dl: H.Deadline, sync_each: bool = False):

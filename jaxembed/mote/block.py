@@ -31,7 +31,7 @@ the route is per text, never per token within a text; padding is -1, routed nowh
   longer (docs/mote.md, training and cost, has a CPU measurement of both paths). This is why the trainer passes
   one expert per call whenever the plan says the batch holds one task.
 
-In both paths an unrouted expert's gradient is exactly zero. ``jaxembed.train.optim`` (``routed_adamw``) then leaves
+In both paths an unrouted expert's gradient is exactly zero. ``jaxembed.runs.optim`` (``routed_adamw``) then leaves
 its weights and moments untouched. Sorting rows by expert and running a grouped matmul (``lax.ragged_dot``)
 would make mixed batches cost one pass. It would need per-architecture feed-forward code, and TA-CL never
 builds mixed batches, so it is not done.

@@ -12,7 +12,7 @@ import ml_collections as mc
 from ml_collections import config_dict
 
 from jaxembed import config as cfglib
-from jaxembed.train import optim
+from jaxembed.runs import optim
 from jaxembed.choices import POOLING_MODES
 from jaxembed.errors import UserError
 

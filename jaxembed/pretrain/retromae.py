@@ -38,16 +38,16 @@ import optax
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import compile_cache, config_io, loading, models, parallel
-from jaxembed.train import optim
-from jaxembed.train.checkpoints import Checkpointer
+from jaxembed import config_io, loading, models, parallel
+from jaxembed.runs import compile_cache, optim
+from jaxembed.runs.checkpoints import Checkpointer
 from jaxembed.errors import UserError
-from jaxembed.train.monitor import Monitor
+from jaxembed.runs.monitor import Monitor
 from jaxembed.pretrain import data as datalib
 from jaxembed.pretrain.config import DEFAULT_FIELDS, config_error, default_config, validate  # noqa: F401 (re-exported)
 from jaxembed.pretrain.model import (BERT_FAMILY, RetroMAE, build_retromae, copy_head, load_mlm_head,
                                      retromae_loss)
-from jaxembed.train.signals import StopSignals
+from jaxembed.runs.signals import StopSignals
 from jaxembed.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -311,7 +311,7 @@ def export_encoder(run: Run, params, out_dir: Path) -> Path:
 def pretrain(config, workdir: str | Path, *, max_steps: int | None = None) -> dict:
     """Run (or resume) RetroMAE pre-training; returns the summary. ``max_steps``: stop after this many steps in
     this call (a checkpoint is saved; status 'paused'; rerun to continue)."""
-    from jaxembed.workdir_lock import WorkdirLock
+    from jaxembed.runs.workdir_lock import WorkdirLock
 
     lock = WorkdirLock(workdir)
     try:

@@ -22,7 +22,7 @@ from typing import Any
 from jaxembed import paths
 from jaxembed.config_io import portable_spec
 from jaxembed.errors import UserError
-from jaxembed.train.signals import StopSignals
+from jaxembed.runs.signals import StopSignals
 from jaxembed.sweep.expand import MANIFEST, Sweep, SweepRun
 
 STATUS = "status.json"

@@ -19,16 +19,18 @@ The modules, in the order a run uses them:
   (``jaxembed export``); ``state``: ``init_state``, the loader's length table; ``start``: the lines a run prints
   as it starts;
 - ``loss``: the loss settings of a run (``make_loss_setup``); ``encode``: a batch's texts through the model, padded
-  or packed, with or without the gradient cache (``gradcache``); ``optim``: AdamW and its MoTE / freezing rules;
-  ``step``: the jitted train step (``make_train_step``);
+  or packed, with or without the gradient cache (``gradcache``); ``step``: the jitted train step
+  (``make_train_step``);
 - ``loop``: the loop (``train``); ``metrics``: the logged figures (throughput, MFU, ``step_flops``, the dev
-  history); ``monitor``: stdout, metrics.jsonl, TensorBoard, W&B, the progress bar; ``checkpoints``: Orbax;
-  ``signals``: SIGTERM / SIGINT;
+  history);
 - ``export``: a run's export and its model card.
 
+The run machinery shared with ``jaxembed pretrain`` is in ``jaxembed.runs``: the run directory's layout,
+checkpoints, the monitor, signals, the optimizer, the run lock, the compilation cache.
+
 The names below are importable from the package (``from jaxembed.train import train, setup, init_state``); each is
-imported from its module when first used, so that importing one module of the package (``jaxembed.train.optim``
-from the MoTE block, say) does not import the trainer.
+imported from its module when first used, so that importing one module of the package (``jaxembed.train.encode``,
+say) does not import the trainer.
 """
 
 from __future__ import annotations

@@ -13,18 +13,19 @@ import jax
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import atomic_files, compile_cache, parallel, pod
+from jaxembed import atomic_files, parallel, pod
+from jaxembed.runs import compile_cache
 from jaxembed.errors import UserError
-from jaxembed.train.checkpoints import Checkpointer
+from jaxembed.runs.checkpoints import Checkpointer
 from jaxembed.train.export import export_params, host_params
 from jaxembed.train.metrics import best_step, dev_scores, host_metrics, step_flops
 from jaxembed.run_facts import export_line, skipped_note
-from jaxembed.train.monitor import Monitor, batch_shapes
+from jaxembed.runs.monitor import Monitor, batch_shapes
 from jaxembed.train.run import Run, export_dir, params_at, setup
 from jaxembed.train.state import init_state, step_table
-from jaxembed.train.signals import Interrupted, StopSignals
+from jaxembed.runs.signals import Interrupted, StopSignals
 from jaxembed.train.step import make_train_step
-from jaxembed.workdir_lock import WorkdirLock
+from jaxembed.runs.workdir_lock import WorkdirLock
 
 log = logging.getLogger(__name__)
 

@@ -122,7 +122,7 @@ def abstract_model(hf_config: dict, settings: MemorySettings, spec: lora.LoRASpe
 
 def abstract_run(hf_config: dict, settings: MemorySettings):
     """A ``jaxembed.train.run.Run`` of an abstract model: what ``make_train_step`` reads, nothing allocated."""
-    from jaxembed.train import optim
+    from jaxembed.runs import optim
     from jaxembed.train.run import Run
 
     c = run_config(settings)

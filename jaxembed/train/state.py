@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from jaxembed import lora, parallel, pod
-from jaxembed.train import optim
+from jaxembed.runs import optim
 
 if TYPE_CHECKING:
     from jaxembed.train.run import Run

@@ -1,7 +1,7 @@
 """The train step: ``make_train_step(run)`` builds the jitted ``step(state, batch) -> (state, metrics)`` of a run
 (jaxembed.train.run.Run), with its loss function: the batch encoded (jaxembed.train.encode: padded or packed
 rows, the gradient cache, MoTE's experts), each row's loss (jaxembed.losses.objective, Matryoshka, the GIST guide's
-mask), the gradients, the optimizer update (jaxembed.train.optim), and a non-finite step skipped (the state unchanged
+mask), the gradients, the optimizer update (jaxembed.runs.optim), and a non-finite step skipped (the state unchanged
 but its counters). The train state is described in jaxembed.train.
 """
 
@@ -17,7 +17,8 @@ import optax
 from flax import nnx
 
 from jaxembed import parallel
-from jaxembed.train import encode as train_encode, optim
+from jaxembed.runs import optim
+from jaxembed.train import encode as train_encode
 from jaxembed.losses import CandidateInfo, LossOptions, QueryInfo, layout_pos_index, tiled_terms
 from jaxembed.losses.infonce import contrastive_loss, query_terms
 from jaxembed.losses.matryoshka import matryoshka_loss
@@ -125,7 +126,7 @@ def make_train_step(run: Run) -> Callable:
         gnorm = optax.global_norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         extra = {}
-        if routes is not None:  # only the routed experts are updated (jaxembed.train.optim.routed_adamw)
+        if routes is not None:  # only the routed experts are updated (jaxembed.runs.optim.routed_adamw)
             from jaxembed import mote
 
             extra["active"] = mote.active_experts(num_experts, *expert_ids(batch))

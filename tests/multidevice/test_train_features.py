@@ -113,7 +113,7 @@ def _leaves(tree) -> dict:
 
 
 def _restore(run, workdir, step):
-    from jaxembed.train.checkpoints import Checkpointer
+    from jaxembed.runs.checkpoints import Checkpointer
     from jaxembed.train import init_state
 
     ck = Checkpointer(workdir / "checkpoints", async_save=False)
@@ -271,7 +271,7 @@ def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
 
 def test_fsdp_optimizer_state_is_sharded_like_the_parameters(tmp_path):
     """README: `param_sharding=fsdp` shards the parameters and the optimizer state (init_state places Adam's
-    moments with the parameters' shardings: jaxembed.train.optim.state_shardings)."""
+    moments with the parameters' shardings: jaxembed.runs.optim.state_shardings)."""
     import optax
 
     from jaxembed.models.tiny import tiny_model_dir

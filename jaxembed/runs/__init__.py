@@ -1,0 +1,9 @@
+"""The run machinery every job that owns a run directory shares (``jaxembed train``, ``jaxembed pretrain retromae``):
+
+- ``checkpoints``: Orbax checkpoints of the train state; ``monitor``: stdout, metrics.jsonl, TensorBoard, W&B, the
+  progress bar; ``signals``: SIGTERM / SIGINT, a checkpoint then a clean stop; ``optim``: AdamW and its MoTE /
+  freezing rules; ``workdir_lock``: one run per run directory; ``compile_cache``: the run's compiled programs.
+
+Nothing here imports ``jaxembed.train`` or ``jaxembed.pretrain``: both import this package. Importing the package
+imports none of its modules.
+"""
