@@ -175,24 +175,30 @@ def semi_swap(rows: Rows, owner: np.ndarray, semi_units: list[int], m: int, seed
     """KaLM's semi-homogeneous mixing on the written rows: m random positions of every semi-homogeneous batch
     are pulled out, shuffled across all those batches and put back; then in-batch repeats are swapped out
     (``dedupe``: ``sampling._dedupe_batches``) along the semi-homogeneous batches, a window at a time. The random
-    streams are drawn in the order of the in-memory build, so the result is the same. Returns the repeats left."""
+    streams are drawn in the order of the in-memory build, so the result is the same. Holds the pulled rows (m of
+    G per batch: dataset and example ids, their shuffle and positions, ~30 bytes each). Returns the repeats left."""
     steps = np.flatnonzero(np.isin(owner, semi_units))
     R, G = steps.size, rows.G
     if not (m and R > 1):
         return 0
     rng = _rng(seed, _R_SEMI)
-    pos = np.empty((R, m), np.int64)
+    pos = np.empty((R, m), np.int32)  # the pulled positions of each semi-homogeneous batch
     for r0 in range(0, R, step_block):  # the stream of one rng.random((R, G)), drawn a block at a time
         r1 = min(R, r0 + step_block)
         pos[r0:r1] = np.argsort(rng.random((r1 - r0, G)), axis=1)[:, :m]
     perm = rng.permutation(R * m)
     pulled_d = np.empty(R * m, np.int32)
     pulled_e = np.empty(R * m, np.int64)
-    _semi_pass(rows, steps, step_block, lambda r0, r1, d, e: (
-        pulled_d.__setitem__(slice(r0 * m, r1 * m), np.take_along_axis(d, pos[r0:r1], 1).reshape(-1)),
-        pulled_e.__setitem__(slice(r0 * m, r1 * m), np.take_along_axis(e, pos[r0:r1], 1).reshape(-1))), False)
-    new_d, new_e = pulled_d[perm], pulled_e[perm]
-    del pulled_d, pulled_e, perm
+
+    def pull(r0, r1, d, e):
+        pulled_d[r0 * m:r1 * m] = np.take_along_axis(d, pos[r0:r1], 1).reshape(-1)
+        pulled_e[r0 * m:r1 * m] = np.take_along_axis(e, pos[r0:r1], 1).reshape(-1)
+
+    _semi_pass(rows, steps, step_block, pull, False)
+    new_d = pulled_d[perm]
+    del pulled_d
+    new_e = pulled_e[perm]
+    del pulled_e, perm
 
     def put(r0, r1, d, e):
         np.put_along_axis(d, pos[r0:r1], new_d[r0 * m:r1 * m].reshape(-1, m), 1)
