@@ -113,8 +113,9 @@ def main(argv=None) -> int:
                             "fit": summary})
     big = {m: runs[m][-1] for m in runs}
     figs = "; ".join(
-        f"{LABELS.get(m, m)}: " + ", ".join(f"{r['examples'] / 1e6:g}M {r['seconds']:.1f} s / +{r['peak_bytes'] / 2**20:.0f} MiB"
-                             for r in runs[m])
+        f"{LABELS.get(m, m)}: "
+        + ", ".join(f"{r['examples'] / 1e6:g}M {r['seconds']:.1f} s / +{r['peak_bytes'] / 2**20:.0f} MiB"
+                    for r in runs[m])
         + f" (fit {summary[m]['peak_bytes_per_example']:.1f} B/example; {args.extrapolate / 1e6:g}M: "
           f"**{summary[m][f'peak_at_{args.extrapolate:g}_GiB']:.1f} GiB**, "
           f"{summary[m][f'seconds_at_{args.extrapolate:g}'] / 60:.0f} min)" for m in runs)

@@ -52,7 +52,8 @@ CASES = {
                   semi_homogeneous_proportion=0.5), {}, ("4be4500bf922b7e0", "930b6875113bd27c")),
     "semi_steps": (dict(global_batch_size=8, steps=50, strategy="semi_homogeneous"), {},
                    ("fb97ca255ba9fbce", "a2c211c3cc85bc37")),
-    "mask": (dict(global_batch_size=8, mask={"delta": 0.0}), {"scores": True}, ("6190fca22da46b00", "4b3bdf46789bbe04")),
+    "mask": (dict(global_batch_size=8, mask={"delta": 0.0}), {"scores": True},
+             ("6190fca22da46b00", "4b3bdf46789bbe04")),
     "curriculum": (dict(global_batch_size=8, curriculum={"enabled": True, "instance_order": "e2d"}),
                    {"scores": True, "order": UNITS}, ("236d48dccda7b873", "249c109d2c3ddc8b")),
     "curriculum_balanced_epochs": (
@@ -63,8 +64,9 @@ CASES = {
         dict(global_batch_size=8, steps=20, curriculum={"enabled": True, "unit": "task", "instance_order": "d2e"},
              mask={"delta": 0.1, "direction": "printed"}),
         {"scores": True, "order": ["nli", "cls", "ret", "sts"]}, ("5f3ec5a0d17fbfb8", "800a6d87d173f8a3")),
-    "curriculum_given_long": (dict(global_batch_size=8, steps=90, curriculum={"enabled": True, "instance_order": "given"}),
-                              {"order": UNITS, "given": True}, ("75880661f52b4922", "a6f3d5c85ce4cbc7")),
+    "curriculum_given_long": (
+        dict(global_batch_size=8, steps=90, curriculum={"enabled": True, "instance_order": "given"}),
+        {"order": UNITS, "given": True}, ("75880661f52b4922", "a6f3d5c85ce4cbc7")),
 }
 
 

@@ -4,7 +4,8 @@
 exit status; a UserError is printed on one line by the main CLI, exit status 2).
 
 - ``plan build --store DIR [--config PATH[:VARIANT]|FILE.json] [--set KEY=VALUE ...] --out plan.npz
-  [--tokenizer DIR]``: builds the plan (``jaxembed.data.plan.build_plan``) and writes ``plan.npz`` + ``plan.json``.
+  [--tokenizer DIR]``: builds the plan in blocks (``jaxembed.data.plan.build_plan_file``) into ``plan.npz`` +
+  ``plan.json``.
   ``--config`` is a Python file whose ``get_config()`` returns a ConfigDict with a ``plan`` field (its ``data``
   field, if any, supplies the sampling defaults), a plan config itself, or a JSON file holding a plan config.
   ``--set global_batch_size=128 --set curriculum.enabled=true`` override single fields (values parsed as JSON,
@@ -110,7 +111,7 @@ def load_plan_config(spec: str | None):
 
 
 def cmd_build(args) -> int:
-    from jaxembed.data.plan.build import build_plan
+    from jaxembed.data.plan.build import build_plan_file
     from jaxembed.data.plan.summary import format_summary, summarize
     from jaxembed.data.store import Store
 
@@ -121,8 +122,7 @@ def cmd_build(args) -> int:
     cfg, data = load_plan_config(args.config)
     cfg = apply_overrides(cfg, args.set)
     store = Store.open(args.store)
-    plan = build_plan(store, cfg, data_config=data)
-    plan.save(out)
+    plan = build_plan_file(out, store, cfg, data_config=data)  # in blocks, straight into the file; mapped
     msg = (f"wrote {out} (+ {out.with_suffix('.json').name}): {plan.steps} steps x {plan.global_batch_size}, "
            f"fingerprint {plan.fingerprint()}, in {time.time() - t0:.1f}s")
     if args.tokenizer:
