@@ -176,7 +176,7 @@ def test_multi_file_dataset_keeps_its_default_ids(tmp_path):
 
 
 @pytest.mark.parametrize("on_error", ["skip", "stop"])
-def test_an_id_in_two_parts_is_found_as_one_process_finds_it(tmp_path, on_error):
+def test_an_id_in_two_parts_is_found_as_one_process_finds_it(tmp_path, on_error, capsys):
     rows = _rows()
     rows[1000]["id"] = "x11"  # the id of record 11, in the other half
     rows[1001]["id"] = "big:3"  # shaped like the default id of line 3
@@ -191,6 +191,7 @@ def test_an_id_in_two_parts_is_found_as_one_process_finds_it(tmp_path, on_error)
     assert [s.line for s in one.tally("big").skipped] == [1001, 1002]
     _simulated_pod(cfg, tmp_path / "pod", 2)
     assert _content(tmp_path / "pod") == _content(tmp_path / "one")
+    assert "dataset big: an id in two parts: read again whole" in capsys.readouterr().err
 
 
 def test_bge_type_and_prompt_are_the_first_records(tmp_path):

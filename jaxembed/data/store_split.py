@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from array import array
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -255,7 +256,10 @@ def settle(ds, i: int, count: int, tmp: Path, on_error: str, where: str, progres
     metas = [json.loads(Path(s + ".json").read_text(encoding="utf-8")) for s in stems]
     failed = next((k for k, m in enumerate(metas) if m["error"] is not None), None)
     upto = count if failed is None else failed + 1
-    if not _exact(metas[:upto], stems[:upto]):
+    why = _inexact(metas[:upto], stems[:upto])
+    if why is not None:
+        print(f"jaxembed: dataset {ds['name']}: {why}: read again whole, as one process reads it", file=sys.stderr,
+              flush=True)
         _remove(stems)
         tally, _, entry, notes = write_one(ds, i, tmp, on_error, where, progress)
         try:
@@ -272,20 +276,23 @@ def settle(ds, i: int, count: int, tmp: Path, on_error: str, where: str, progres
         _remove(stems)
 
 
-def _exact(metas: list[dict], stems: list[str]) -> bool:
-    """Whether the parts read as one process reads them: no id written by two parts, and a BGE type / prompt met
-    first by the first part that met one, with no record of a later part compared against another first."""
-    for key in ("task_type", "prompt"):
+def _inexact(metas: list[dict], stems: list[str]) -> str | None:
+    """Why the parts do not read as one process reads them, or None when they do: no id written by two parts, and
+    a BGE type / prompt met first by the first part that met one, with no record of a later part compared against
+    another first."""
+    for key, what in (("task_type", "a BGE type"), ("prompt", "a BGE prompt")):
         first = next((k for k, m in enumerate(metas) if m["info"][key] is not None), None)
         if first is None:
             continue
         value = metas[first]["info"][key]
         for m in metas[first + 1:]:
             if m["info"][key] not in (None, value) or m["mismatch"][key]:
-                return False
+                return f"{what} that a later part compared with its own first record"
     seen = [np.unique(np.fromfile(s + ".ids", dtype=np.uint64)) for s in stems]
     every = np.concatenate(seen) if seen else np.zeros(0, np.uint64)
-    return len(np.unique(every)) == len(every)
+    if len(np.unique(every)) < len(every):
+        return "an id in two parts"
+    return None
 
 
 def _remove(stems: list[str]) -> None:
