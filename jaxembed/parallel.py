@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,9 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxembed.errors import UserError
+
+if TYPE_CHECKING:
+    from flax import nnx
 
 # flax and the losses are imported where they are used: a command that only joins a pod (``jaxembed data
 # prepare``, through ``initialize``) never pays for them (~0.5 CPU-s and ~20 MiB per process)

@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import sys
-from array import array
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
