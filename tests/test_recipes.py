@@ -24,10 +24,7 @@ import copy
 import hashlib
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +32,6 @@ import pytest
 
 from jaxembed import config as cfglib
 from jaxembed.errors import UserError
-from runs import xla_flags
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -353,11 +349,8 @@ def test_tiny_models_cached_deterministic_and_safe_under_concurrency(tmp_path):
 
 # ------------------------------------------------------------------------------------------- the tiny runs
 #
-# The tiny runs (all in process) go to two worker processes side by side: this file run as a script,
-# `python tests/test_recipes.py CHAIN OUT`. Compiling is nearly all the cost of a tiny run: the workers take the
-# suite's XLA flags (runs.xla_flags: faster compilation), and the two use both cores.
-
-CHAINS = {"a": ("datacube", "mote"), "b": ("kalm", "peg")}  # about equal halves
+# The tiny runs, in this process (the `runs` fixture, once for the module): compiling is nearly all the cost of a
+# tiny run, and a process of their own would add its imports (seconds of CPU) to each.
 
 
 def _train(cfg, workdir):
@@ -421,59 +414,12 @@ def _run_mote(d: Path):
     _train(_load("mote", "tiny"), d)
 
 
-def _worker(chain: str, out: str) -> None:
-    import time
-
-    for recipe in CHAINS[chain]:
-        t = time.time()
-        globals()[f"_run_{recipe}"](Path(out) / recipe)
-        print(f"worker {chain}: {recipe} took {time.time() - t:.1f}s", flush=True)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _workers(request, tiny_cache, tmp_path_factory):
-    """Starts the two workers before the first test of this module (when a selected test needs their runs and the
-    shared data is there), so that they train while the configs are validated."""
-    from jaxembed import paths
-
-    wanted = any("runs" in item.fixturenames for item in request.session.items if item.module is request.module)
-    if not wanted or not paths.shared_data_dir().is_dir():
-        yield None
-        return
-    for recipe in ("datacube", "peg", "kalm", "mote"):  # their tiny models, made once here, not raced for below
-        _load(recipe, "tiny")
-    out = tmp_path_factory.mktemp("runs")
-    env = dict(os.environ, XLA_FLAGS=xla_flags(), JAX_PLATFORMS="cpu")
-    procs = {}
-    for chain in CHAINS:
-        log = open(out / f"worker_{chain}.log", "w")
-        procs[chain] = (subprocess.Popen([sys.executable, __file__, chain, str(out)], env=env, stdout=log,
-                                         stderr=subprocess.STDOUT), log)
-    yield out, procs
-    for p, log in procs.values():  # a test run stopped early (-x, Ctrl-C): end the workers this module started
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        log.close()
-
-
 @pytest.fixture(scope="module")
-def runs(_workers, shared_data):
-    """Both workers' run folders (out/<recipe>/...); a failed worker fails the tests with its output."""
-    out, procs = _workers
-    failed = []
-    for chain, (p, log) in procs.items():
-        try:
-            rc = p.wait(timeout=900)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rc = "timeout (900 s)"
-        log.flush()
-        if rc != 0:
-            failed.append(f"worker {chain} ({', '.join(CHAINS[chain])}) exited {rc}:\n"
-                          + (out / f"worker_{chain}.log").read_text()[-4000:])
-    if failed:
-        pytest.fail("\n".join(failed))
+def runs(tiny_cache, shared_data, tmp_path_factory):
+    """The four tiny runs' folders (out/<recipe>/...)."""
+    out = tmp_path_factory.mktemp("runs")
+    for recipe in ("datacube", "mote", "kalm", "peg"):
+        globals()[f"_run_{recipe}"](out / recipe)
     return out
 
 
@@ -612,6 +558,3 @@ def test_mote_tiny_run_routes_experts(runs):
     assert used and {e for e, c in changed.items() if c} == used, (used, changed)
     assert used == set(spec["experts"]) and all(changed.values())  # every unit, so every expert, trains
 
-
-if __name__ == "__main__":  # a worker of the `runs` fixture
-    _worker(sys.argv[1], sys.argv[2])
