@@ -26,11 +26,14 @@ from jaxembed.config_io import (apply_overrides, override_error, to_json, to_pla
                                 write_resolved)
 from jaxembed.data.config import CONTRASTIVE_LOSSES, LOSSES, SCORED_LOSSES  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError
+from jaxembed.runs.rundir import RunDir
+from jaxembed.losses import table as loss_table
+from jaxembed.losses.parts import contrastive as contrastive_part, distill as distill_part, gist as gist_part
 
 
-DISTILL = ("none", "kl", "margin_mse")
-GIST_MARGIN_STRATEGIES = ("absolute", "relative")
-LOSS_IMPLS = ("jit", "shard_map")
+DISTILL = distill_part.KINDS  # the loss section's own choices, declared with their settings (jaxembed/losses/parts/)
+GIST_MARGIN_STRATEGIES = gist_part.MARGIN_STRATEGIES
+LOSS_IMPLS = contrastive_part.IMPLS
 PARAM_SHARDINGS = ("replicate", "fsdp", "fsdp_tp")
 DTYPES = TRAIN_DTYPES
 
@@ -78,25 +81,10 @@ def default_config() -> mc.ConfigDict:
     c.data.store = ""           # an existing store (jaxembed data prepare); '' = prepare into <workdir>/store
     c.data.packing = True       # pack several texts per row (no compute on padding); False = pad one text per row
     c.plan = default_plan_config()
-    c.loss = mc.ConfigDict(dict(
-        type="infonce",         # 'infonce' | 'peg' (PEG progressive loss, docs/design.md, PEG) | 'cosent' | 'angle'
-                                # (scored pairs); a dataset's `loss` overrides it for its rows (docs/losses.md)
-        temperature=0.05,       # default tau; a dataset's `temperature` overrides it for its batches
-        symmetric=False,        # add the positive -> query term
-        same_task_mask=False,   # in mixed batches, a candidate of another task is not a negative
-        peg_alpha=0.5, peg_beta=0.1,
-        matryoshka_dims=(), matryoshka_weights=(),  # e.g. (384, 256, 128, 64) and (1, .3, .2, .1)
-        tiled=False, block_q=1024, block_c=8192,    # memory-bounded loss (never builds the [B, N] logits)
-        impl="jit",             # 'jit' (global arrays, XLA collectives) | 'shard_map' (explicit all_gather)
-        distill="none",         # 'kl' | 'margin_mse': distil the teacher scores (pos_scores / neg_scores) of each
-        distill_weight=1.0,     # contrastive query's candidates, added to its loss with this weight
-        distill_temperature=0.0,  # KL: the teacher scores' temperature (0 = the batch's; FE reranker scores: 1.0)
-        scored_scale=20.0,      # cosent / angle: lambda (sentence-transformers' scale)
-        angle_cosine_weight=0.0,  # angle: + this weight x the CoSENT loss (AnglE's w1)
-        gist_guide="",          # GISTEmbed: a guide model (folder / hub id, the same tokenizer) that masks false
-        gist_margin=0.0,        # negatives: candidates it finds closer to the query than g(q, p) - margin
-        gist_margin_strategy="absolute",  # 'absolute' | 'relative' (margin x |g(q, p)|)
-    ))
+    # loss.type: 'infonce' | 'peg' | 'cosent' | 'angle' (a dataset's `loss` overrides it for its rows,
+    # docs/losses.md); loss.temperature: the default tau (a dataset's `temperature` overrides it); then the settings
+    # each loss and loss-side feature declares beside its code (jaxembed/losses/parts/, in jaxembed/losses/table.py)
+    c.loss = mc.ConfigDict(loss_table.section_defaults())
     c.optim = mc.ConfigDict(dict(
         lr=2e-5, schedule="linear", warmup_steps=-1, warmup_ratio=0.1, end_factor=0.0,
         weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0,
@@ -249,7 +237,7 @@ def validate(c: mc.ConfigDict) -> None:
             raise UserError(f"config.model.init_from = {str(c.model.init_from)!r}: no such folder (fix: the "
                             "workdir of the previous stage (train it first) or a model folder; '' = start from "
                             "model.name)")
-        if not ((src / "checkpoints").is_dir() or (src / "export").is_dir() or (src / "config.json").is_file()):
+        if not RunDir(src).is_run():  # a run: checkpoints/, export/ or its config.json; a model folder: config.json
             raise UserError(f"config.model.init_from = {str(c.model.init_from)!r}: neither a jaxembed run (no "
                             "checkpoints/ or export/) nor a model folder (no config.json) (fix: point it at the "
                             "previous stage's workdir or at an exported model)")
@@ -294,30 +282,13 @@ def validate(c: mc.ConfigDict) -> None:
 
         lora.validate_config(c.model.lora, bool(c.train.dropout))
     validate_plan_config(c.plan)
-    _choice(c, "loss.type", LOSSES)
-    _choice(c, "loss.impl", LOSS_IMPLS)
-    _check_loss_settings(c)
+    loss_table.check_section(c.loss)  # loss.type, loss.temperature and each loss's and feature's settings
     from jaxembed.data.loss_checks import check_dataset_losses
 
     check_dataset_losses(c)  # each dataset's loss: its data (scores, teacher scores) and the run's settings
-    _positive(c, "loss.temperature")
-    from jaxembed.config_scale import check_logit_scales  # after _check_loss_settings: loss.scored_scale > 0
+    from jaxembed.config_scale import check_logit_scales  # after the loss checks: loss.scored_scale > 0
 
     check_logit_scales(c)
-    _positive(c, "loss.block_q", integer=True)
-    _positive(c, "loss.block_c", integer=True)
-    if not _number(c.loss.peg_alpha) or not 0 <= c.loss.peg_alpha <= 1:
-        raise _err("loss.peg_alpha", c.loss.peg_alpha, "a momentum in [0, 1]")
-    _positive(c, "loss.peg_beta", allow_zero=True)
-    dims, ws = tuple(c.loss.matryoshka_dims), tuple(c.loss.matryoshka_weights)
-    if any((not isinstance(d, int)) or d <= 0 for d in dims) or list(dims) != sorted(dims, reverse=True):
-        raise _err("loss.matryoshka_dims", dims, "positive integers in decreasing order, e.g. (384, 256, 128, 64)")
-    if len(dims) != len(ws):
-        raise _err("loss.matryoshka_weights", ws, f"one weight per dimension of loss.matryoshka_dims {dims}")
-    if any(not _number(w) or w < 0 for w in ws) or (ws and not any(w > 0 for w in ws)):
-        raise _err("loss.matryoshka_weights", ws, "numbers >= 0, at least one > 0, e.g. (1, .3, .2, .1)")
-    if dims and c.loss.impl == "shard_map":
-        raise _err("loss.impl", c.loss.impl, "'jit' when loss.matryoshka_dims is set (Matryoshka runs on global arrays)")
     _positive(c, "optim.lr")
     _choice(c, "optim.schedule", ("linear", "cosine", "constant"))
     if not _number(c.optim.warmup_ratio) or not 0 <= c.optim.warmup_ratio <= 1:
@@ -395,27 +366,6 @@ def _check_base_model(c) -> None:
     if not isinstance(base, str) or (base and not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", base)):
         raise _err("export.base_model", base, "a hub id like 'sentence-transformers/all-MiniLM-L6-v2' (the model "
                                               "card's base_model), or '' (model.name when it is a hub id)")
-
-
-def _check_loss_settings(c) -> None:
-    """The loss section's distillation, scored-pair and GIST settings (the data they need: check_dataset_losses)."""
-    _choice(c, "loss.distill", DISTILL)
-    _positive(c, "loss.distill_weight")
-    _positive(c, "loss.distill_temperature", allow_zero=True)
-    _positive(c, "loss.scored_scale")
-    _positive(c, "loss.angle_cosine_weight", allow_zero=True)
-    _choice(c, "loss.gist_margin_strategy", GIST_MARGIN_STRATEGIES)
-    if not _number(c.loss.gist_margin):
-        raise _err("loss.gist_margin", c.loss.gist_margin, "a number (0: mask what the guide finds at least as close "
-                                                             "as the positive)")
-    guide = c.loss.gist_guide
-    if guide:
-        p = Path(os.path.expanduser(str(guide)))
-        hub_id = not str(guide).startswith((".", "/", "~")) and str(guide).count("/") == 1 and not p.exists()
-        if not (p.is_dir() and (p / "config.json").is_file()) and not hub_id:
-            raise UserError(f"config.loss.gist_guide = {str(guide)!r}: no model folder there (fix: a model folder or "
-                            "hub id with the same tokenizer as model.name, e.g. the model itself or a larger one of "
-                            "its family; '' = no guide)")
 
 
 def _check_store_task_types(store: str) -> None:

@@ -214,19 +214,25 @@ def test_implementations_and_config_checks_read_the_choice_lists():
 # ------------------------------------------------------------------------------------------------------- losses
 
 def test_every_loss_has_all_its_parts():
-    import string
+    import dataclasses
 
     from jaxembed.config import default_config
     from jaxembed.losses import objective, scored
-    from jaxembed.losses.table import CONTRASTIVE, LOSS_TABLE, SCORED
+    from jaxembed.losses.table import CONTRASTIVE, HEAD, LOSS_TABLE, PARTS, SCORED
 
     loss_section = default_config().loss
     for name, x in LOSS_TABLE.items():
         assert x.name == name and x.title and x.data and x.kind in (CONTRASTIVE, SCORED), name
-        assert callable(x.fn()), name
+        assert callable(x.hook()), name
         assert all(k in loss_section for k in x.config_keys), f"{name}: config_keys not in the loss section"
-        used = {f for _, f, _, _ in string.Formatter().parse(x.card) if f}
-        assert used <= set(x.config_keys), f"{name}: its card names settings it does not declare"
+    owned = set(HEAD)
+    for part in PARTS:  # every key of the section is declared by a part, with the section's default as its own
+        assert dataclasses.is_dataclass(part.settings), part.name
+        for _, key, default, _ in part.settings.keys():
+            assert loss_section[key] == default, f"{part.name}: loss.{key}"
+            owned.add(key)
+        assert isinstance(part.settings.card_of(dict(loss_section)), str) and part.settings.card_of({}) is not None
+    assert owned == set(loss_section.keys())
     assert objective.KINDS == tuple(LOSS_TABLE) and scored.KINDS == objective.SCORED
     assert objective.CONTRASTIVE == tuple(n for n, x in LOSS_TABLE.items() if x.kind == CONTRASTIVE)
 
@@ -249,7 +255,10 @@ def test_the_loss_table_is_read_without_jax():
 
 
 def test_scored_losses_are_called_through_their_table_function():
-    """scored_loss(kind) is the kind's function of the table, with the member mask of finite, weighted scores."""
+    """scored_loss(kind) is the kind's function of the table (its settings' pairs_loss), with the member mask of
+    finite, weighted scores."""
+    import dataclasses
+
     import jax.numpy as jnp
     import numpy as np
 
@@ -261,8 +270,10 @@ def test_scored_losses_are_called_through_their_table_function():
     s, w = jnp.asarray([0.1, 0.9, np.nan, 0.5, 0.3]), jnp.asarray([1.0, 1.0, 1.0, 0.0, 1.0])
     member = jnp.isfinite(s) & (w > 0)
     for kind in SCORED_LOSSES:
-        got = scored.scored_loss(kind, u, v, s, w, scale=20.0, cosine_weight=0.5)
-        want = LOSS_TABLE[kind].fn()(u, v, s, member, 20.0, 0.5)
+        names = {f.name for f in dataclasses.fields(LOSS_TABLE[kind].settings)}
+        fields = {k: x for k, x in (("scale", 20.0), ("cosine_weight", 0.5)) if k in names}
+        got = scored.scored_loss(kind, u, v, s, w, **fields)
+        want = LOSS_TABLE[kind].settings(**fields).pairs_loss(u, v, s, member)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want))
     with pytest.raises(ValueError, match="is not one of cosent, angle"):
         scored.scored_loss("infonce", u, v, s, w)

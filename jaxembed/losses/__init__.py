@@ -1,6 +1,7 @@
 """Losses as pure functions: InfoNCE over the global batch (plain and tiled), PEG, Matryoshka, GIST's guided mask
 (gist), distillation from teacher scores (distill: KL, MarginMSE), scored pairs (scored: CoSENT, AnglE), and the
-per-row combination of a batch (objective). The table of the losses a config may name is ``table`` (``LOSS_TABLE``).
+per-row combination of a batch (objective). The table of the losses a config may name and of the loss-side features
+is ``table`` (``PARTS``, ``LOSS_TABLE``); each one's settings, checks, model-card words and hook are in ``parts/``.
 
 The names below are imported from their modules when first used, so that ``jaxembed.losses.table`` is read without
 JAX (the data config reads it)."""

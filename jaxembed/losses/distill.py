@@ -34,8 +34,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxembed.losses.core import normalize
+from jaxembed.losses.parts import distill as declared
 
-KINDS = ("kl", "margin_mse")
+KINDS = tuple(k for k in declared.KINDS if k != "none")  # the distillations (loss.distill: also 'none', off)
 
 
 def group_sims(q: jax.Array, c: jax.Array, pos_index: jax.Array | None, K: int) -> jax.Array:

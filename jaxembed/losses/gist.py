@@ -17,8 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxembed.losses.core import normalize
-
-MARGIN_STRATEGIES = ("absolute", "relative")
+from jaxembed.losses.parts.gist import MARGIN_STRATEGIES  # noqa: F401 (declared with the guide's settings)
 
 
 def guide_limit(pos_sim: jax.Array, margin: float, strategy: str = "absolute") -> jax.Array:

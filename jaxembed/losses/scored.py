@@ -27,6 +27,8 @@ A pair takes part when its weight is > 0 and its score is finite; pairs with equ
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -65,9 +67,9 @@ def ranking_loss(sims: jax.Array, scores: jax.Array, member: jax.Array, scale: f
     return loss, jnp.sum(pair.astype(jnp.float32))
 
 
-def cosent_loss(u: jax.Array, v: jax.Array, scores: jax.Array, member: jax.Array, scale: float,
-                cosine_weight: float = 0.0) -> tuple[jax.Array, jax.Array]:
-    """CoSENT: the ranking loss on the cosines of the pairs (cosine_weight: AnglE's term, not used here)."""
+def cosent_loss(u: jax.Array, v: jax.Array, scores: jax.Array, member: jax.Array, scale: float
+                ) -> tuple[jax.Array, jax.Array]:
+    """CoSENT: the ranking loss on the cosines of the pairs."""
     return ranking_loss(cosine_pairs(u, v), scores, member, scale)
 
 
@@ -80,16 +82,27 @@ def angle_loss(u: jax.Array, v: jax.Array, scores: jax.Array, member: jax.Array,
     return loss, n
 
 
-def scored_loss(kind: str, u: jax.Array, v: jax.Array, scores: jax.Array, weights: jax.Array | None, *,
-                scale: float = 20.0, cosine_weight: float = 0.0) -> tuple[jax.Array, jax.Array]:
-    """A scored-pair loss of ``jaxembed.losses.table`` (CoSENT, AnglE: its ``function``) on global arrays: (loss,
-    number of ordered pairs compared).
+def scored_loss(kind: str, u: jax.Array, v: jax.Array, scores: jax.Array, weights: jax.Array | None,
+                settings=None, **fields) -> tuple[jax.Array, jax.Array]:
+    """A scored-pair loss of ``jaxembed.losses.table`` (CoSENT, AnglE) on global arrays: (loss, number of ordered
+    pairs compared), by its settings' ``pairs_loss``.
 
     u, v: [B, D] raw embeddings of each pair's two texts; scores: [B] (NaN: not a scored pair); weights: [B] (0:
-    not a member) or None; cosine_weight: AnglE only, adds cosine_weight * L_cos (AnglE Eq. 6's w1 with w3 = 1)."""
+    not a member) or None; settings: the loss's settings (default: its defaults), with ``fields`` replaced (e.g.
+    ``scale=5.0``; AnglE's ``cosine_weight``)."""
     if kind not in KINDS:
         raise ValueError(f"scored-pair loss {kind!r} is not one of {', '.join(KINDS)}")
+    settings = dataclasses.replace(settings or LOSS_TABLE[kind].settings(), **fields)
     member = jnp.isfinite(scores)
     if weights is not None:
         member = member & (weights > 0)
-    return LOSS_TABLE[kind].fn()(u, v, scores, member, scale, cosine_weight)
+    return settings.pairs_loss(u, v, scores, member)
+
+
+def scored_rows(settings, rows, weights: jax.Array, kind: str) -> tuple[jax.Array, dict]:
+    """The hook of a scored-pair loss (``jaxembed.losses.objective``): its loss on the rows weighted by
+    ``weights``, each row's pair being (query, positive) with the row's pair score; metrics ``<kind>_loss``."""
+    if rows.pair_score is None:
+        raise ValueError(f"{kind} needs the pair scores")
+    loss, _ = scored_loss(kind, rows.q, rows.c[rows.pos_index], rows.pair_score, weights, settings)
+    return loss, {f"{kind}_loss": loss}

@@ -1,66 +1,94 @@
-"""The losses a run's ``loss.type`` or a dataset's ``loss`` may name, one entry each (``LOSS_TABLE``): its
-function, its kind, the data it needs, the ``loss.*`` settings it reads and its text on the model card. The data
-config's checks (``jaxembed.data.config``, ``jaxembed.config``), the readers (``jaxembed.data.formats``: which
-datasets keep every pair with its score), the data checks (``jaxembed.data.loss_checks``), the objective
-(``jaxembed.losses.objective``, ``jaxembed.losses.scored``) and the model card (``jaxembed.model_card``) read it;
-none of them names a loss of its own. It imports nothing of JAX, so the data layer reads it too.
+"""The losses a run's ``loss.type`` or a dataset's ``loss`` may name, and the loss-side features, one entry each
+(``PARTS``, in order): a ``Loss`` (name, title, kind, its settings, its hook, the data it needs) or a ``Feature``
+(its settings), declared beside its code in ``jaxembed/losses/parts/``. The config's ``loss`` section and its checks
+(``section_defaults``, ``check_section``: ``jaxembed.config``), each run's settings (``section_settings``:
+``jaxembed.train.loss``), the readers (``jaxembed.data.formats``: which datasets keep every pair with its score),
+the data checks (``jaxembed.data.loss_checks``), the objective (``jaxembed.losses.objective``: each loss's hook)
+and the model card (``card_text``) read it; none of them names a loss of its own. It imports nothing of JAX, so the
+data layer reads it too.
 
-Adding a loss: its function in ``jaxembed/losses/`` and one ``Loss`` entry here; a new kind also needs its branch
-in ``jaxembed.losses.objective.total_loss``. docs/architecture.md walks through an example.
+Adding a loss: one file in ``jaxembed/losses/parts/`` (its settings, its hook) and one entry in ``PARTS``
+(``register`` adds one at run time). docs/architecture.md walks through an example.
 """
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Sequence
+from typing import Any
 
-#: a query against its positive, its hard negatives and the other candidates of the batch (distillation and the
-#: GIST guide act on these rows)
-CONTRASTIVE = "contrastive"
-#: a pair (sentence1, sentence2) and its similarity score: the model's similarities must rank the pairs as their
-#: scores do; every scored pair is kept, with its score, and no score_threshold applies
-SCORED = "scored"
+from jaxembed.losses.parts import angle, contrastive, cosent, distill, gist, infonce, matryoshka, peg
+from jaxembed.losses.parts.base import CONTRASTIVE, SCORED, Feature, Loss, Settings, positive  # noqa: F401
 
+#: every part in order: its config keys follow ``loss.type`` and ``loss.temperature`` in this order, its card text
+#: too (a loss's only when it is the run's ``loss.type``); a row's loss kind index is its loss's place among LOSSES
+PARTS: list[Loss | Feature] = [
+    contrastive.FEATURE,
+    infonce.LOSS,
+    peg.LOSS,
+    matryoshka.FEATURE,
+    distill.FEATURE,
+    cosent.LOSS,
+    angle.LOSS,
+    gist.FEATURE,
+]
 
-@dataclass(frozen=True)
-class Loss:
-    """One loss. title: its name in prose; kind: CONTRASTIVE or SCORED (how the objective computes its rows and
-    what its datasets hold); function: ``module:name`` of its function, imported when a step uses it (a contrastive
-    kind's is the step's contrastive loss, PEG through ``LossOptions.peg``; a scored kind's is called by
-    ``jaxembed.losses.scored.scored_loss``); data: what its datasets hold, for messages and docs; config_keys: the
-    ``loss.*`` settings it reads that the other losses do not; card: its words on the model card's loss line,
-    formatted with the run's loss section (only ``config_keys`` may appear in it)."""
-
-    name: str
-    title: str
-    kind: str
-    function: str
-    data: str
-    config_keys: tuple[str, ...] = ()
-    card: str = ""
-
-    def fn(self) -> Callable:
-        module, _, attr = self.function.partition(":")
-        return getattr(importlib.import_module(module), attr)
+LOSS_TABLE: dict[str, Loss] = {}
 
 
-LOSS_TABLE: dict[str, Loss] = {x.name: x for x in (
-    Loss("infonce", "InfoNCE", CONTRASTIVE, "jaxembed.losses.infonce:contrastive_loss",
-         "(query, positive, hard negatives) rows: triplets, pairs, classification, sentence-transformers rows"),
-    Loss("peg", "PEG", CONTRASTIVE, "jaxembed.losses.infonce:contrastive_loss",
-         "(query, positive, hard negatives) rows, as InfoNCE", config_keys=("peg_alpha", "peg_beta"),
-         card=", PEG alpha {peg_alpha} beta {peg_beta}"),
-    Loss("cosent", "CoSENT", SCORED, "jaxembed.losses.scored:cosent_loss",
-         "scored pairs (sentence1, sentence2, score)", config_keys=("scored_scale",)),
-    Loss("angle", "AnglE", SCORED, "jaxembed.losses.scored:angle_loss",
-         "scored pairs (sentence1, sentence2, score)", config_keys=("scored_scale", "angle_cosine_weight")),
-)}
+def _index() -> None:
+    LOSS_TABLE.clear()
+    LOSS_TABLE.update((x.name, x) for x in PARTS if isinstance(x, Loss))
+
+
+def register(part: Loss | Feature) -> None:
+    """Add a loss or a feature after the others (its settings' keys join the config's loss section)."""
+    if any(x.name == part.name for x in PARTS):
+        raise ValueError(f"a loss part named {part.name!r} is already registered")
+    PARTS.append(part)
+    _index()
+
+
+def unregister(name: str) -> None:
+    PARTS[:] = [x for x in PARTS if x.name != name]
+    _index()
+
+
+_index()
+
+
+class _Names(Sequence):
+    """The names of the losses (of one kind), read from LOSS_TABLE when used: a registered loss is in them."""
+
+    def __init__(self, kind: str | None = None):
+        self._kind = kind
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(n for n, x in LOSS_TABLE.items() if self._kind is None or x.kind == self._kind)
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, (tuple, _Names)) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
 
 #: every loss, and those of each kind, in table order (a row's loss kind index is its place in LOSSES)
-LOSSES = tuple(LOSS_TABLE)
-CONTRASTIVE_LOSSES = tuple(x.name for x in LOSS_TABLE.values() if x.kind == CONTRASTIVE)
-SCORED_LOSSES = tuple(x.name for x in LOSS_TABLE.values() if x.kind == SCORED)
+LOSSES: Sequence[str] = _Names()
+CONTRASTIVE_LOSSES: Sequence[str] = _Names(CONTRASTIVE)
+SCORED_LOSSES: Sequence[str] = _Names(SCORED)
+
+#: the section's own keys, before the parts': the run's loss and the default temperature (a dataset's
+#: ``temperature`` overrides it for its batches)
+HEAD = dict(type="infonce", temperature=0.05)
 
 
 def titles(names) -> str:
@@ -73,10 +101,39 @@ def quoted(names) -> str:
     return " / ".join(repr(n) for n in names)
 
 
+def section_defaults() -> dict[str, Any]:
+    """The config's ``loss`` section: HEAD, then each part's keys and defaults (a key two parts share, e.g.
+    ``scored_scale``, once)."""
+    out = dict(HEAD)
+    for part in PARTS:
+        for key, default in part.settings.defaults().items():
+            if key in out and out[key] != default:
+                raise ValueError(f"loss.{key}: {part.name} declares the default {default!r}, another part {out[key]!r}")
+            out.setdefault(key, default)
+    return out
+
+
+def check_section(section) -> None:
+    """The checks of the config's loss section: ``loss.type``, ``loss.temperature``, then each part's (UserError,
+    one line)."""
+    from jaxembed.losses.parts.base import one_of, refuse
+
+    for key, check in (("type", one_of(*LOSSES)), ("temperature", positive)):
+        allowed = check(section[key])
+        if allowed:
+            raise refuse(key, section[key], allowed)
+    for part in PARTS:
+        part.settings.check(section)
+
+
+def section_settings(section) -> dict[str, Settings]:
+    """{part name: its settings} of a run's (checked) loss section."""
+    return {part.name: part.settings.from_section(section) for part in PARTS}
+
+
 def card_text(loss_section: dict) -> str:
-    """The run's loss on the model card beyond its name and temperature (``Loss.card`` of ``loss.type``; a setting
-    missing from an older config.json is written as None)."""
-    entry = LOSS_TABLE.get(loss_section.get("type"))
-    if entry is None or not entry.card:
-        return ""
-    return entry.card.format(**{k: loss_section.get(k) for k in entry.config_keys})
+    """The run's loss on the model card beyond its name and temperature: each part's words in order, a loss's only
+    when it is ``loss.type`` (a setting missing from an older config.json is written as None)."""
+    run_loss = loss_section.get("type")
+    return "".join(part.settings.card_of(loss_section) for part in PARTS
+                   if not isinstance(part, Loss) or part.name == run_loss)

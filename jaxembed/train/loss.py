@@ -19,16 +19,19 @@ import numpy as np
 
 from jaxembed.errors import UserError
 from jaxembed.losses.objective import KINDS, Objective, kind_id
+from jaxembed.losses.table import section_settings
 
 
 @dataclasses.dataclass
 class LossSetup:
     """objective: the static settings; kind_of_dataset: int32 [datasets] index into ``KINDS`` of each store
-    dataset; guide: (graphdef, state) of the GIST guide placed on the mesh, or None."""
+    dataset; guide: (graphdef, state) of the GIST guide placed on the mesh, or None; settings: {part: its settings}
+    of every loss and feature (``jaxembed.losses.table.section_settings``), which the train step reads."""
 
     objective: Objective
     kind_of_dataset: np.ndarray
     guide: tuple[Any, Any] | None = None
+    settings: dict = dataclasses.field(default_factory=dict)
 
 
 def dataset_kinds(store, run_loss: str) -> list[str]:
@@ -45,12 +48,13 @@ def make_loss_setup(run) -> LossSetup:
     kinds = dataset_kinds(run.store, c.loss.type)
     used = run.plan.used_dataset_ids() or list(range(len(kinds)))  # counted in blocks: no copy of the plan
     present = tuple(k for k in KINDS if k in {kinds[d] for d in used})
-    objective = Objective(kinds=present, distill=c.loss.distill, distill_weight=float(c.loss.distill_weight),
-                          distill_temperature=float(c.loss.distill_temperature), scale=float(c.loss.scored_scale),
-                          angle_cosine_weight=float(c.loss.angle_cosine_weight))
+    settings = section_settings(c.loss)
+    d = settings["distill"]
+    objective = Objective(kinds=present, distill=d.kind, distill_weight=d.weight, distill_temperature=d.temperature,
+                          settings={k: settings[k] for k in present})
     table = np.asarray([kind_id(k) for k in kinds], np.int32)
-    guide = load_guide(run) if c.loss.gist_guide and objective.contrastive else None
-    return LossSetup(objective, table, guide)
+    guide = load_guide(run) if settings["gist"].guide and objective.contrastive else None
+    return LossSetup(objective, table, guide, settings)
 
 
 def load_guide(run) -> tuple[Any, Any]:

@@ -27,6 +27,31 @@ if TYPE_CHECKING:
     from jaxembed.train.run import Run
 
 
+def make_contrastive_path(objective, path, mesh) -> Callable:
+    """The run's contrastive path (``path``: its ``jaxembed.losses.parts.contrastive.ContrastiveSettings``):
+    path(qi, ci, peg_t, temperature) -> contrastive(q, c, pos_index, weights, kind) -> (loss, metrics), the callable
+    the objective's contrastive losses call, plain or tiled, under jit or shard_map, each kind with its own variant
+    (its settings' ``contrastive_path``: PEG's weights)."""
+    kinds = objective.contrastive
+    terms_fn = tiled_terms(path.block_q, path.block_c) if path.tiled else query_terms
+    variant = {k: objective.settings_of(k).contrastive_path() for k in kinds}
+    opts = {k: LossOptions(same_task=path.same_task_mask, **variant[k][0]) for k in kinds}
+    path_kw = {k: dict(symmetric=path.symmetric, **variant[k][1]) for k in kinds}
+    sharded_loss = {k: parallel.shard_map_loss(mesh, terms_fn=terms_fn, opts=opts[k], **path_kw[k])
+                    for k in kinds} if path.impl == "shard_map" else None
+
+    def bind(qi, ci, peg_t, temp):
+        def contrastive(q, d, pos_, w, kind):
+            if sharded_loss is not None:
+                return sharded_loss[kind](q, d, pos_, w, qi, ci, peg_t, temp)
+            return contrastive_loss(q, d, pos_, temperature=temp, weights=w, qi=qi, ci=ci, opts=opts[kind],
+                                    peg_t_prev=peg_t, terms_fn=terms_fn, **path_kw[kind])
+
+        return contrastive
+
+    return bind
+
+
 def make_train_step(run: Run) -> Callable:
     """step(state, batch, single_task=False) -> (state, metrics), jitted. The batch's loss: each row follows its
     dataset's loss kind (jaxembed.losses.objective; jaxembed.train.loss says how that stays static under jit), with
@@ -39,19 +64,16 @@ def make_train_step(run: Run) -> Callable:
     K = run.K
     setup_ = make_loss_setup(run)
     objective, kind_table, guide = setup_.objective, setup_.kind_of_dataset, setup_.guide
-    terms_fn = tiled_terms(c.loss.block_q, c.loss.block_c) if c.loss.tiled else query_terms
+    gist, mrl = setup_.settings["gist"], setup_.settings["matryoshka"]
     chunk = c.train.gradcache_chunk or None
     default_temp = float(c.loss.temperature)
     graphdef, rest = run.graphdef, run.rest
     routes = None if run.routes is None else tuple(np.asarray(r, np.int32) for r in run.routes)
     num_experts = run.loaded.model.config.mote.num_experts if routes is not None else 0
     inject = tuple(int(s) for s in c.train.inject_nonfinite_steps)
-    dims, dim_ws = tuple(c.loss.matryoshka_dims), tuple(c.loss.matryoshka_weights)
+    dims, dim_ws = mrl.dims, mrl.weights
     mesh = run.mesh
-    opts = {k: LossOptions(same_task=c.loss.same_task_mask, peg=k == "peg") for k in objective.contrastive}
-    sharded_loss = {k: parallel.shard_map_loss(mesh, terms_fn=terms_fn, opts=opts[k], symmetric=c.loss.symmetric,
-                                               peg_alpha=c.loss.peg_alpha, peg_beta=c.loss.peg_beta)
-                    for k in objective.contrastive} if c.loss.impl == "shard_map" else None
+    contrastive_path = make_contrastive_path(objective, setup_.settings["contrastive"], mesh)
 
     sub_tokens = run.packing.sub_tokens if run.packing is not None else (0, 0)
     if run.packing is not None and run.packing.combined and routes is not None:
@@ -88,21 +110,14 @@ def make_train_step(run: Run) -> Callable:
         ci = CandidateInfo(valid, batch["doc_hash"], jnp.repeat(batch["task_id"], K))
         qi = QueryInfo(pos_hash=batch["doc_hash"][::K], task=batch["task_id"], hash=batch["query_hash"])
         if guide_emb is not None:  # GIST: candidates the guide finds as close as the positive are masked
-            gq, gc, limit = guide_infos(guide_emb[0], guide_emb[1], pos, float(c.loss.gist_margin),
-                                        c.loss.gist_margin_strategy)
+            gq, gc, limit = guide_infos(guide_emb[0], guide_emb[1], pos, gist.margin, gist.margin_strategy)
             qi, ci = qi._replace(guide=gq, guide_limit=limit), ci._replace(guide=gc)
         weights = batch["weight"]
 
-        def contrastive(q, d, pos_, w, kind):
-            if sharded_loss is not None:
-                return sharded_loss[kind](q, d, pos_, w, qi, ci, peg_t, temp)
-            return contrastive_loss(q, d, pos_, temperature=temp, weights=w, qi=qi, ci=ci, opts=opts[kind],
-                                    symmetric=c.loss.symmetric, peg_t_prev=peg_t, peg_alpha=c.loss.peg_alpha,
-                                    peg_beta=c.loss.peg_beta, terms_fn=terms_fn)
-
-        kw = dict(objective=objective, contrastive=contrastive, weights=weights, temperature=temp, row_kind=row_kind,
+        kw = dict(objective=objective, contrastive=contrastive_path(qi, ci, peg_t, temp), weights=weights,
+                  temperature=temp, row_kind=row_kind,
                   teacher=batch["teacher_score"].reshape(b, K) if objective.distill != "none" else None,
-                  cand_valid=batch["doc_valid"], pair_score=batch["pair_score"] if objective.scored else None,
+                  cand_valid=batch["doc_valid"], pair_score=batch["pair_score"] if objective.others else None,
                   peg_t_prev=peg_t)
         if dims:
             loss, metrics = matryoshka_loss(eq, ed, pos, dims=dims, dim_weights=dim_ws, loss_fn=objlib.total_loss,

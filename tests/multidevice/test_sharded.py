@@ -105,7 +105,8 @@ def test_gist_distill_and_scored_losses_sharded_equal_single_device():
         (ob.Objective(kinds=("infonce", "cosent"), distill="kl", distill_temperature=0.1), "infonce", "cosent",
          (("jit", parallel.jit_loss), ("shard_map_tiled", functools.partial(parallel.shard_map_loss,
                                                                             terms_fn=tiled_terms(1, 4))))),
-        (ob.Objective(kinds=("peg", "angle"), distill="margin_mse", settings={"angle": AngleSettings(cosine_weight=0.5)}),
+        (ob.Objective(kinds=("peg", "angle"), distill="margin_mse",
+                      settings={"angle": AngleSettings(cosine_weight=0.5)}),
          "peg", "angle",
          (("shard_map", parallel.shard_map_loss),)),
     ]
