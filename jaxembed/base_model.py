@@ -11,6 +11,8 @@ import os
 import re
 from pathlib import Path
 
+from jaxembed.runs.rundir import RunDir
+
 
 log = logging.getLogger(__name__)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -93,14 +95,14 @@ def _start_of(config: dict) -> tuple[str, object]:
     src = model.get("init_from") or ""
     if not src:
         return "name", model.get("name") or ""
-    p = Path(os.path.expanduser(str(src)))
-    cfg = p / "config.json"
-    if (p / "checkpoints").is_dir() and cfg.is_file():
+    rd = RunDir(os.path.expanduser(str(src)))
+    cfg = rd.config_json
+    if rd.has_checkpoints() and cfg.is_file():
         try:
             return "run", json.loads(cfg.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return "unreadable", None
-    return "folder", p
+    return "folder", rd.root
 
 
 def base_license_of(config: dict, _depth: int = 0) -> str | None:

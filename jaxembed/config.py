@@ -26,6 +26,7 @@ from jaxembed.config_io import (apply_overrides, override_error, to_json, to_pla
                                 write_resolved)
 from jaxembed.data.config import CONTRASTIVE_LOSSES, LOSSES, SCORED_LOSSES  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError
+from jaxembed.runs.rundir import RunDir
 from jaxembed.losses import table as loss_table
 from jaxembed.losses.parts import contrastive as contrastive_part, distill as distill_part, gist as gist_part
 
@@ -236,7 +237,7 @@ def validate(c: mc.ConfigDict) -> None:
             raise UserError(f"config.model.init_from = {str(c.model.init_from)!r}: no such folder (fix: the "
                             "workdir of the previous stage (train it first) or a model folder; '' = start from "
                             "model.name)")
-        if not ((src / "checkpoints").is_dir() or (src / "export").is_dir() or (src / "config.json").is_file()):
+        if not RunDir(src).is_run():  # a run: checkpoints/, export/ or its config.json; a model folder: config.json
             raise UserError(f"config.model.init_from = {str(c.model.init_from)!r}: neither a jaxembed run (no "
                             "checkpoints/ or export/) nor a model folder (no config.json) (fix: point it at the "
                             "previous stage's workdir or at an exported model)")

@@ -42,6 +42,7 @@ import ml_collections as mc
 
 from jaxembed import paths
 from jaxembed.errors import UserError, in_file, with_file
+from jaxembed.runs.rundir import RunDir, rundir
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://")
 #: a recipe's name: a bare Python identifier (a path has a folder or a suffix)
@@ -404,14 +405,14 @@ def to_text(c: mc.ConfigDict) -> str:
     return head + "".join(f"{k}: {json.dumps(v, default=str)}\n" for k, v in sorted(flat.items()))
 
 
-def write_resolved(c: mc.ConfigDict, workdir: str | os.PathLike) -> None:
+def write_resolved(c: mc.ConfigDict, workdir: str | os.PathLike | RunDir) -> None:
     """config.json (machine-readable) and config.txt (``to_text``: one ``key: value`` line per value) in the run
     directory."""
     from jaxembed import atomic_files
 
-    wd = Path(workdir)
-    atomic_files.write_text(wd / "config.json", to_json(c) + "\n")  # atomic: a reader never sees half a file
-    atomic_files.write_text(wd / "config.txt", to_text(c))
+    rd = rundir(workdir)
+    atomic_files.write_text(rd.config_json, to_json(c) + "\n")  # atomic: a reader never sees half a file
+    atomic_files.write_text(rd.config_txt, to_text(c))
 
 
 def _flat(x: Any, prefix: str) -> dict[str, Any]:
@@ -460,14 +461,15 @@ def describe_differences(diffs: list[tuple[str, Any, Any]], shown: int = 8) -> s
     return "; ".join(items) + more
 
 
-def changed_config_message(workdir: str | os.PathLike, diffs: list[tuple[str, Any, Any]], shown: int = 8) -> str:
+def changed_config_message(workdir: str | os.PathLike | RunDir, diffs: list[tuple[str, Any, Any]], shown: int = 8) -> str:
     """The one-line refusal of a resume with another config: each differing key with the run's value and this
     command's, and the commands that work (a new run directory; the run's own config.json, read as data)."""
-    wd = Path(workdir)
+    rd = rundir(workdir)
+    wd = rd.root
     return (f"{wd} holds a run with another config: {describe_differences(diffs, shown)} (the run's value -> this "
             "command's). "
             "Resuming needs the same config; only plan.steps may grow, to train a run on (fix: use a new --workdir, "
-            f"or resume the run as it was: jaxembed train --config {wd / 'config.json'} --workdir {wd})")
+            f"or resume the run as it was: jaxembed train --config {rd.config_json} --workdir {wd})")
 
 
 def extends_steps(diffs: list[tuple[str, Any, Any]]) -> bool:

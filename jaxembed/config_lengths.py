@@ -11,6 +11,7 @@ from pathlib import Path
 import ml_collections as mc
 
 from jaxembed.errors import UserError
+from jaxembed.runs.rundir import RunDir
 
 log = logging.getLogger("jaxembed.config")
 
@@ -67,6 +68,6 @@ def length_source(c: mc.ConfigDict) -> Path | None:
     a previous stage that has no export yet."""
     src = c.model.get("init_from") if "init_from" in c.model else ""
     p = Path(os.path.expanduser(str(src or c.model.name)))
-    if src and (p / "checkpoints").is_dir():  # a previous stage's run directory
-        p = p / "export"
+    if src and RunDir(p).has_checkpoints():  # a previous stage's run directory: its export
+        p = RunDir(p).export
     return p if (p / "config.json").is_file() or (p / "modules.json").is_file() else None

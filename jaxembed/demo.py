@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Sequence
+
+from jaxembed import atomic_files
+from jaxembed.runs.rundir import rundir
 
 DEMO_SENTENCES = [
     "A man is playing a guitar.",
@@ -39,7 +41,8 @@ def run_demo(workdir, *, tiny: bool = False, overrides: Sequence[str] = (), task
     spec = "demo" + (":tiny" if tiny else "")  # the recipe, found from any folder (jaxembed.config_io)
     cfg = cfglib.apply_overrides(cfglib.load_config_file(spec), list(overrides))
     tasks = tuple(tasks) if tasks else DEMO_TASKS
-    workdir = Path(workdir)
+    rd = rundir(workdir)
+    workdir = rd.root
     print(f"model: {cfg.model.name}")
     base = loading.load(cfg.model.name)
     packing = cfglib.packing_enabled(cfg)  # data.packing (default True): packed rows in training and evaluation
@@ -58,7 +61,7 @@ def run_demo(workdir, *, tiny: bool = False, overrides: Sequence[str] = (), task
     print(f"\n[2/3] training {spec} -> {workdir} ({cfg.plan.steps} steps of {cfg.plan.global_batch_size} queries, "
           f"{'packed' if packing else 'padded'} rows; rerun to resume)")
     t0 = time.time()
-    summary = train(cfg, workdir)
+    summary = train(cfg, rd)
     print(f"  {summary['status']} in {time.time() - t0:.0f}s; export: {summary.get('export')}")
     if summary["status"] != "completed":
         return 143
@@ -76,6 +79,6 @@ def run_demo(workdir, *, tiny: bool = False, overrides: Sequence[str] = (), task
     except ImportError:
         print("  (sentence-transformers is not installed: pip install -e '.[eval]' to check the export with it)")
     print("\n" + format_comparison(before, after))
-    (workdir / "demo_results.json").write_text(json.dumps({"before": before, "after": after}, indent=2))
-    print(f"\nresults: {workdir / 'demo_results.json'}")
+    atomic_files.write_text(rd.demo_results_json, json.dumps({"before": before, "after": after}, indent=2))
+    print(f"\nresults: {rd.demo_results_json}")
     return 0

@@ -19,6 +19,7 @@ import numpy as np
 from jaxembed import __version__, atomic_files, base_model, models
 from jaxembed.data import leftovers
 from jaxembed.errors import UserError
+from jaxembed.runs.rundir import RunDir
 from jaxembed.models.embedding import DENSE_ACTIVATIONS, EmbeddingModel
 from jaxembed.tokenizer import Tokenizer
 
@@ -41,8 +42,8 @@ def check_target(out: str | os.PathLike, flag: str = "--out", *, workdir: str | 
     real = Path(os.path.realpath(out))
     guarded = []
     if workdir is not None:
-        w = Path(os.path.realpath(os.path.expanduser(str(workdir))))
-        guarded += [("the run directory", w, False), ("the run's checkpoints", w / "checkpoints", True)]
+        w = RunDir(os.path.realpath(os.path.expanduser(str(workdir))))
+        guarded += [("the run directory", w.root, False), ("the run's checkpoints", w.checkpoints, True)]
     if source is not None and Path(os.path.expanduser(str(source))).exists():
         guarded.append(("the model folder being exported", Path(os.path.realpath(os.path.expanduser(str(source)))),
                         False))
@@ -50,7 +51,7 @@ def check_target(out: str | os.PathLike, flag: str = "--out", *, workdir: str | 
         where = ("is" if real == p else "contains" if real in p.parents else
                  "lies inside" if no_inside and p in real.parents else None)
         if where:
-            example = w / "export" if workdir is not None else real.parent / f"{real.name}_export"
+            example = w.export if workdir is not None else real.parent / f"{real.name}_export"
             raise UserError(f"{flag} {out}: {where} {what} ({p}); the export would replace it, so nothing is written "
                             f"(fix: another folder, e.g. {example})")
     why = atomic_files.replace_refusal(out)

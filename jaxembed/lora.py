@@ -48,13 +48,14 @@ from jaxembed import choices, models
 from jaxembed.errors import UserError
 from jaxembed.models import dropout
 from jaxembed.models.layers import layer_dropout_key
+from jaxembed.runs.rundir import NAMES, RunDir, rundir
 
 #: the variable type of the adapter weights: the trainable parameters of a LoRA run
 TRAINABLE = nnx.LoRAParam
 EXPORTS = ("merged", "adapter", "both")
 #: ``model.lora.base_dtype``: the storage dtype of the frozen base weights
 BASE_DTYPES = choices.TRAIN_DTYPES
-BASE_FILE = "lora_base.json"
+BASE_FILE = NAMES["lora_base_json"]
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -302,19 +303,20 @@ def base_fingerprint(model) -> str:
     return h.hexdigest()[:32]
 
 
-def check_base(workdir: Path, fingerprint: str, source: str) -> None:
+def check_base(workdir: Path | RunDir, fingerprint: str, source: str) -> None:
     """``<workdir>/lora_base.json``: written by the run's first start; on a later start (a resume, an export from
     the workdir) the base weights must be the ones the adapters were trained on. A checkpoint holds the adapters
     only, so other base weights would silently give another model: a UserError."""
     from jaxembed import atomic_files
 
-    path = Path(workdir) / BASE_FILE
+    rd = rundir(workdir)
+    path = rd.lora_base_json
     if path.exists():
         try:
             old = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
             old = {}
-        has_ckpt = any(p.name.isdigit() for p in (Path(workdir) / "checkpoints").glob("*"))
+        has_ckpt = any(p.name.isdigit() for p in rd.checkpoints.glob("*"))
         if old.get("fingerprint") != fingerprint and has_ckpt:
             raise UserError(f"{path}: the base model's weights changed since the run started (fingerprint "
                             f"{old.get('fingerprint')} of {old.get('source')!r}, now {fingerprint} of {source!r}); "

@@ -28,6 +28,7 @@ from pathlib import Path
 from jaxembed.base_model import base_license_of, base_model_of, hub_id, hub_license, jaxembed_base, license_of
 from jaxembed.losses import table as loss_table
 from jaxembed.run_facts import eval_at, eval_rows, final_eval, skipped_note
+from jaxembed.runs.rundir import RunDir, rundir
 
 def front_matter(*, name: str, base_model: str | None = None, datasets: list[str] | None = None,
                  tags: list[str] | None = None, results: list[dict] | None = None, license: str | None = None) -> str:
@@ -201,7 +202,7 @@ def _routing(spec) -> list[str]:
             + ["`transformers.AutoModel` on this folder gives the default expert's dense model.", ""])
 
 
-def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict | None = None,
+def run_card(workdir: str | os.PathLike | RunDir, config: dict, model, *, summary: dict | None = None,
              step: int | None = None, name: str | None = None, prompts: dict | None = None,
              max_length: int | None = None, kind: str = "model", store_dir: str | os.PathLike | None = None,
              path: str | os.PathLike | None = None, adapter_base: str | None = None,
@@ -215,16 +216,16 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
     The title is ``name``, else the base model and the training sets; the front matter's ``license`` is the base
     model's (``base_license_of``); the evaluation table sets the exported step's dev results beside step 0's (the
     base model, ``eval.before``) when both were evaluated."""
-    workdir = Path(workdir)
+    rd = rundir(workdir)
     loads = _where(name, path)  # what the usage snippet loads
     summary = dict(summary or {})
-    if summary.get("step") is None and (workdir / "summary.json").is_file():
+    if summary.get("step") is None and rd.summary_json.is_file():
         try:
-            summary = {**json.loads((workdir / "summary.json").read_text(encoding="utf-8")), **summary}
+            summary = {**json.loads(rd.summary_json.read_text(encoding="utf-8")), **summary}
         except (OSError, ValueError):
             pass
     step = step if step is not None else summary.get("step")
-    store_dir = Path(store_dir or (config.get("data") or {}).get("store") or workdir / "store")
+    store_dir = Path(store_dir or (config.get("data") or {}).get("store") or rd.store)
     try:
         manifest = json.loads((store_dir / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -242,7 +243,7 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
         path = str(c.get("path") or "")
         if c.get("format") == "hf" and hub_id(path) and path not in hub_sets:
             hub_sets.append(path)
-    evaluation = final_eval(workdir, summary)
+    evaluation = final_eval(rd, summary)
     rows = eval_rows(evaluation["metrics"], (config.get("eval") or {}).get("tasks")) if evaluation else []
     on_step = bool(evaluation) and step is not None and evaluation.get("step") == step
     tags = ["mote"] if spec is not None else []
@@ -353,7 +354,7 @@ def run_card(workdir: str | os.PathLike, config: dict, model, *, summary: dict |
                  f"at step {evaluation.get('step')}; the export is step {step}, so these numbers are not in the "
                  "metadata")
         at = evaluation.get("step")
-        start = eval_at(workdir, 0) if at != 0 else None
+        start = eval_at(rd, 0) if at != 0 else None
         before = {(r["task"], m): v for r in eval_rows(start["metrics"], (config.get("eval") or {}).get("tasks"))
                   for m, v in r["metrics"]} if start else {}
         lines += ["## Evaluation", "",

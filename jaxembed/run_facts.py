@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+from jaxembed.runs.rundir import RunDir, rundir
+
 
 def _task_meta(entry: str, eval_tasks) -> dict:
     """Type, dataset and split of one ``eval.tasks`` entry (its metric prefix)."""
@@ -66,7 +68,7 @@ def eval_rows(metrics: dict[str, float], eval_tasks=()) -> list[dict]:
     return rows
 
 
-def final_eval(workdir: Path, summary: dict | None) -> dict | None:
+def final_eval(workdir: Path | RunDir, summary: dict | None) -> dict | None:
     """The last evaluation of a run: ``summary['eval']`` ({"step", "metrics"}), else the last ``eval`` record of
     metrics.jsonl (the latest step; on a tie, the one written last)."""
     if summary and isinstance(summary.get("eval"), dict) and summary["eval"].get("metrics"):
@@ -78,7 +80,7 @@ def final_eval(workdir: Path, summary: dict | None) -> dict | None:
     return best
 
 
-def eval_at(workdir: Path, step: int) -> dict | None:
+def eval_at(workdir: Path | RunDir, step: int) -> dict | None:
     """The dev evaluation of ``step`` in metrics.jsonl ({"step", "metrics"}; the one written last), or None. Step 0
     is the model the run started from, evaluated before training (``eval.before``)."""
     return _record_at(eval_records(workdir), step)
@@ -89,10 +91,10 @@ def _record_at(records: list[dict], step: int) -> dict | None:
     return next((r for r in reversed(records) if r["step"] == step), None)
 
 
-def eval_records(workdir: Path) -> list[dict]:
+def eval_records(workdir: Path | RunDir) -> list[dict]:
     """The ``eval`` records of metrics.jsonl, in order, as {"step", "metrics"}."""
     try:
-        lines = (Path(workdir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        lines = rundir(workdir).metrics_jsonl.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
         return []
     out = []
@@ -120,11 +122,11 @@ def skipped_note(skipped: int, steps: int) -> str:
             "model.dtype=float32, or check the data of the steps that skipped)")
 
 
-def export_line(out_dir: str | os.PathLike, step: int, workdir: str | os.PathLike, metric: str = "") -> str:
+def export_line(out_dir: str | os.PathLike, step: int, workdir: str | os.PathLike | RunDir, metric: str = "") -> str:
     """The end-of-run line: the step the export holds and its dev score (``metric``, else each task's main
     score), beside the starting model's when it was evaluated (step 0, ``eval.before``)."""
     line = f"export: step {step} in {out_dir}"
-    records = eval_records(Path(workdir))
+    records = eval_records(workdir)
     if not records:
         return line
     at, start = _record_at(records, step), _record_at(records, 0) if step else None
@@ -139,7 +141,7 @@ def export_line(out_dir: str | os.PathLike, step: int, workdir: str | os.PathLik
     return line + (f"; dev {', '.join(shown)}" if shown else "")
 
 
-def summary_facts(workdir: str | os.PathLike, t_begin: float) -> dict:
+def summary_facts(workdir: str | os.PathLike | RunDir, t_begin: float) -> dict:
     """What summary.json records for the card, at the end of ``jaxembed train`` (process 0):
 
     - ``time``: ``this_run_s`` (this invocation, wall clock), ``total_s`` and ``invocations`` (every invocation on
@@ -150,11 +152,11 @@ def summary_facts(workdir: str | os.PathLike, t_begin: float) -> dict:
 
     import jax
 
-    workdir = Path(workdir)
+    rd = rundir(workdir)
     now = time.time() - t_begin
     prev: dict = {}
     try:
-        prev = json.loads((workdir / "summary.json").read_text(encoding="utf-8")).get("time") or {}
+        prev = json.loads(rd.summary_json.read_text(encoding="utf-8")).get("time") or {}
     except (OSError, ValueError, AttributeError):
         prev = {}
     try:
@@ -166,7 +168,7 @@ def summary_facts(workdir: str | os.PathLike, t_begin: float) -> dict:
     out = {"time": {"this_run_s": round(now, 3), "total_s": round(total, 3), "invocations": n},
            "devices": {"platform": jax.default_backend(), "kind": devs[0].device_kind, "count": len(devs),
                        "processes": jax.process_count()}}
-    ev = final_eval(workdir, None)
+    ev = final_eval(rd, None)
     if ev:
         out["eval"] = ev
     return out

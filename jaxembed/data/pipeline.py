@@ -383,6 +383,11 @@ def cached_step_lengths(store, plan: Plan, tokenizer: Tokenizer, cache: str | os
     return t["query_len"], t["doc_len"]
 
 
+#: the step-table cache of a run, in its run directory (RunDir.step_tables); a StepTable's windows go beside it,
+#: in ``plan_lengths.windows/``
+STEP_TABLE_FILE = "plan_lengths.npz"
+
+
 def cached_step_table(store, plan: Plan, tokenizer: Tokenizer, cache: str | os.PathLike, *,
                       packing: Packing | None = None, seed: int | None = None, tables: _Tables | None = None,
                       num_candidates: int | None = None) -> dict[str, np.ndarray]:

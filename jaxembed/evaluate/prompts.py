@@ -27,6 +27,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from jaxembed.errors import UserError
+from jaxembed.runs.rundir import NAMES, RunDir
 
 DEFAULT_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery: "
 ASYMMETRIC_MARKERS = ("Retrieval", "Reranking")
@@ -154,10 +155,11 @@ def resolve_model_path(path: str | os.PathLike) -> str:
         return str(path)
     if any((p / f).exists() for f in _WEIGHTS):
         return str(p)
-    export = p / "export"
+    run = RunDir(p)
+    export = run.export
     if export.is_dir():
         return str(export)
-    if (p / "checkpoints").is_dir():
+    if run.has_checkpoints():
         raise UserError(f"{p}: a training workdir without export/ yet; export a checkpoint first: "
                         f"jaxembed export --workdir {p} --out {export}")
     if (p / "config.json").exists():
@@ -180,7 +182,7 @@ def model_label(source, slug: bool = False) -> str:
     hub = base_model.hub_id(p)
     if hub:
         return hub
-    folder = p.parent.name if p.name in ("model", "export") else p.name
+    folder = p.parent.name if p.name in ("model", NAMES["export"]) else p.name
     base = base_model.jaxembed_base(p)
     if base:
         base = base.rsplit("/", 1)[-1]

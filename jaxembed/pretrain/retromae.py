@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -38,11 +37,12 @@ import optax
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import config_io, loading, models, parallel
+from jaxembed import atomic_files, config_io, loading, models, parallel
 from jaxembed.runs import compile_cache, optim
 from jaxembed.runs.checkpoints import Checkpointer
 from jaxembed.errors import UserError
 from jaxembed.runs.monitor import Monitor
+from jaxembed.runs.rundir import RunDir, rundir
 from jaxembed.pretrain import data as datalib
 from jaxembed.pretrain.config import DEFAULT_FIELDS, config_error, default_config, validate  # noqa: F401 (re-exported)
 from jaxembed.pretrain.model import (BERT_FAMILY, RetroMAE, build_retromae, copy_head, load_mlm_head,
@@ -80,8 +80,8 @@ class Run:
 _RESUME_KEYS = ("model", "data", "retromae", "optim")
 
 
-def _check_workdir(config, workdir: Path) -> None:
-    prev = workdir / "config.json"
+def _check_workdir(config, rd: RunDir) -> None:
+    prev = rd.config_json
     if not prev.exists():
         return
     old, new = json.loads(prev.read_text()), json.loads(cfglib.to_json(config))
@@ -89,7 +89,7 @@ def _check_workdir(config, workdir: Path) -> None:
     keys = _RESUME_KEYS + tuple(f"train.{k}" for k in ("seed", "batch_size", "steps", "dropout"))
     diffs = config_io.config_differences(old, new, keys)
     if diffs:
-        raise UserError(f"{workdir} holds a run with a different config: {config_io.describe_differences(diffs)} "
+        raise UserError(f"{rd.root} holds a run with a different config: {config_io.describe_differences(diffs)} "
                         "(the run's value -> this command's). Resuming needs the same config (fix: use a new "
                         f"--workdir, or the run's own settings, in {prev})")
 
@@ -132,7 +132,7 @@ def _encoder(c, notes: list) -> tuple[Any, Tokenizer, dict, dict | None]:
     return config, tok, hf_cfg, None
 
 
-def setup(config, workdir: str | Path, *, progress: bool | None = None,
+def setup(config, workdir: str | Path | RunDir, *, progress: bool | None = None,
           lock: Any = None) -> Run:
     """Validate, read and tokenize the texts, build the model and the optimizer; then (``lock`` taken first: one
     run per run directory) write the run's config. Nothing is written before every check has passed."""
@@ -140,12 +140,13 @@ def setup(config, workdir: str | Path, *, progress: bool | None = None,
 
     pod.single_host_only("jaxembed pretrain retromae")  # before any JAX call: one line, no hang
     validate(config)
-    workdir = Path(workdir)
-    _check_workdir(config, workdir)
+    rd = rundir(workdir)  # the run directory's layout, derived once and passed on
+    workdir = rd.root
+    _check_workdir(config, rd)
     if config.export.at_end:
         from jaxembed.export import check_target
 
-        check_target(_export_dir(config, workdir), "config.export.dir", workdir=workdir)
+        check_target(_export_dir(config, rd), "config.export.dir", workdir=rd)
     c = config
     notes: list[str] = []
     encoder, tok, hf_cfg, tensors = _encoder(c, notes)
@@ -179,12 +180,12 @@ def setup(config, workdir: str | Path, *, progress: bool | None = None,
     if lock is not None:
         lock.acquire()
     workdir.mkdir(parents=True, exist_ok=True)
-    cfglib.write_resolved(config, workdir)
-    (workdir / "data_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    cfglib.write_resolved(config, rd)
+    atomic_files.write_json(rd.data_report_json, report)
     notes.append(f"data: {len(corpus)} texts ({rep['records']} records read, {rep['duplicates']} duplicates, "
                  f"{sum(rep['skipped'].values())} skipped, {trep['too_short']} shorter than {c.data.min_tokens} "
                  f"tokens), {trep['tokens']} tokens; {schedule.per_epoch} batches per epoch, "
-                 f"{report['epochs']} epochs; report: {workdir / 'data_report.json'}")
+                 f"{report['epochs']} epochs; report: {rd.data_report_json}")
 
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     pure = nnx.to_pure_dict(params)
@@ -308,39 +309,40 @@ def export_encoder(run: Run, params, out_dir: Path) -> Path:
                             model_card=card)
 
 
-def pretrain(config, workdir: str | Path, *, max_steps: int | None = None) -> dict:
+def pretrain(config, workdir: str | Path | RunDir, *, max_steps: int | None = None) -> dict:
     """Run (or resume) RetroMAE pre-training; returns the summary. ``max_steps``: stop after this many steps in
     this call (a checkpoint is saved; status 'paused'; rerun to continue)."""
     from jaxembed.runs.workdir_lock import WorkdirLock
 
-    lock = WorkdirLock(workdir)
+    rd = rundir(workdir)
+    lock = WorkdirLock(rd)
     try:
-        return _pretrain(config, workdir, max_steps, lock)
+        return _pretrain(config, rd, max_steps, lock)
     finally:
         lock.release()
 
 
-def _export_dir(config, workdir: Path) -> Path:
-    return Path(os.path.expanduser(str(config.export.dir))) if config.export.dir else Path(workdir) / "export"
+def _export_dir(config, rd: RunDir) -> Path:
+    return rd.export_dir(config.export.dir)
 
 
-def _pretrain(config, workdir, max_steps: int | None, lock) -> dict:
+def _pretrain(config, rd: RunDir, max_steps: int | None, lock) -> dict:
     c = config
-    run = setup(config, workdir, progress=c.train.progress, lock=lock)
-    workdir = run.workdir
-    compile_cache.use_for_run(workdir, c.train.compile_cache)
+    run = setup(config, rd, progress=c.train.progress, lock=lock)
+    workdir = rd.root
+    compile_cache.use_for_run(rd, c.train.compile_cache)
     for n in run.notes:
         print(n)
-    ckpt = Checkpointer(workdir / "checkpoints", keep_last=c.train.keep_checkpoints,
+    ckpt = Checkpointer(rd.checkpoints, keep_last=c.train.keep_checkpoints,
                         async_save=c.train.async_checkpoints)
     state = init_state(run)
     start = ckpt.latest_step() or 0
     total = int(c.train.steps)
     if start:
         state = ckpt.restore(start, state)
-    monitor = Monitor(workdir, total, start, progress=c.train.progress)
+    monitor = Monitor(rd, total, start, progress=c.train.progress)
     if start:
-        monitor.message(f"resuming at step {start} of {total} from {workdir / 'checkpoints'}")
+        monitor.message(f"resuming at step {start} of {total} from {rd.checkpoints}")
     step_fn = make_train_step(run)
     status = "completed"
     pending: list = []
@@ -393,6 +395,6 @@ def _pretrain(config, workdir, max_steps: int | None, lock) -> dict:
     summary = {"status": status, "step": step_now, "skipped": int(jax.device_get(state["skipped"])),
                "workdir": str(workdir), "notes": run.notes}
     if status == "completed" and c.export.at_end:
-        summary["export"] = str(export_encoder(run, state["params"], _export_dir(c, workdir)))
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        summary["export"] = str(export_encoder(run, state["params"], _export_dir(c, rd)))
+    atomic_files.write_json(rd.summary_json, summary)
     return summary

@@ -33,11 +33,12 @@ from orbax.checkpoint import checkpoint_managers as cm
 
 from jaxembed import atomic_files, pod
 from jaxembed.errors import UserError
+from jaxembed.runs.rundir import NAMES
 
 log = logging.getLogger(__name__)
 
 TMP_MARK = ".orbax-checkpoint-tmp"
-UNREADABLE = "checkpoints_unreadable"
+UNREADABLE = NAMES["checkpoints_unreadable"]
 
 
 class Checkpointer:

@@ -23,6 +23,8 @@ from typing import Any, Callable, Hashable
 
 from tqdm.auto import tqdm
 
+from jaxembed.runs.rundir import NAMES, RunDir, rundir
+
 
 def _fmt(k: str, v) -> str:
     if isinstance(v, float):
@@ -97,24 +99,26 @@ class Monitor:
     STDOUT_KEYS = ("loss", "accuracy", "pos_sim", "hardest_neg_sim", "lr", "grad_norm", "examples_per_s",
                    "tokens_per_s", "step_time_s", "mfu", "device_memory_peak_gib", "skipped")
 
-    def __init__(self, workdir: str | Path, total_steps: int, start_step: int = 0, *, tensorboard: bool = True,
+    def __init__(self, workdir: str | Path | RunDir, total_steps: int, start_step: int = 0, *,
+                 tensorboard: bool = True,
                  progress: bool | None = None, is_main: bool = True, wandb=None, run_config: dict | None = None,
                  clock: Callable[[], float] | None = None, sync: Callable[[Any], Any] | None = None):
         self.is_main = is_main
-        self.workdir = Path(workdir)
-        self.torn = _cut_torn_line(self.workdir / "metrics.jsonl") if is_main else 0
-        self._jsonl = open(self.workdir / "metrics.jsonl", "a", encoding="utf-8") if is_main else None
+        self.rundir = rundir(workdir)
+        self.workdir = self.rundir.root
+        self.torn = _cut_torn_line(self.rundir.metrics_jsonl) if is_main else 0
+        self._jsonl = open(self.rundir.metrics_jsonl, "a", encoding="utf-8") if is_main else None
         self._tb = None
         if tensorboard and is_main:
             try:
-                self._tb = summary_writer_class()(str(self.workdir / "tensorboard"))
+                self._tb = summary_writer_class()(str(self.rundir.tensorboard))
             except ImportError:  # optional
                 self._tb = None
         self._wb = None
         self._status = None
         if is_main and wandb is not None and wandb.get("enabled"):
             try:
-                self._wb = start_wandb(self.workdir, wandb, run_config or {})
+                self._wb = start_wandb(self.rundir, wandb, run_config or {})
             except BaseException:  # close what was opened (the caller has no Monitor to close)
                 if self._jsonl:
                     self._jsonl.close()
@@ -150,7 +154,7 @@ class Monitor:
         except OSError as e:
             from jaxembed import atomic_files
 
-            raise atomic_files.write_failed("writing the metrics", self.workdir / "metrics.jsonl", e) from None
+            raise atomic_files.write_failed("writing the metrics", self.rundir.metrics_jsonl, e) from None
         if self._tb is not None:
             for k, v in clean.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
@@ -265,10 +269,10 @@ class Monitor:
 
 
 WANDB_EXTRA = "pip install 'jaxembed[wandb]'"
-WANDB_ID_FILE = "wandb.json"
+WANDB_ID_FILE = NAMES["wandb_json"]
 
 
-def start_wandb(workdir: Path, settings, run_config: dict):
+def start_wandb(workdir: Path | RunDir, settings, run_config: dict):
     """``wandb.init`` for the run in ``workdir`` (process 0 only): the run id of ``<workdir>/wandb.json``, created
     (and written atomically) on the first start, so a restart resumes the same W&B run. Any failure is one
     UserError line."""
@@ -280,7 +284,8 @@ def start_wandb(workdir: Path, settings, run_config: dict):
     except ImportError:
         raise UserError(f"config.train.wandb.enabled = True needs the wandb package (fix: {WANDB_EXTRA}, or "
                         "--config.train.wandb.enabled=False)") from None
-    id_file = workdir / WANDB_ID_FILE
+    rd = rundir(workdir)
+    id_file = rd.wandb_json
     run_id = None
     if id_file.is_file():
         try:
@@ -294,12 +299,12 @@ def start_wandb(workdir: Path, settings, run_config: dict):
             atomic_files.write_json(id_file, {"id": run_id, "project": settings.get("project") or None,
                                           "entity": settings.get("entity") or None})
     kw = dict(project=settings.get("project") or None, entity=settings.get("entity") or None,
-              name=settings.get("name") or workdir.resolve().name, tags=list(settings.get("tags") or ()) or None,
+              name=settings.get("name") or rd.root.resolve().name, tags=list(settings.get("tags") or ()) or None,
               id=run_id, resume="allow", config=run_config)
     if not os.environ.get("WANDB_MODE"):
         kw["mode"] = settings.get("mode") or "online"
     if not os.environ.get("WANDB_DIR"):
-        kw["dir"] = str(workdir)
+        kw["dir"] = str(rd.root)
     try:
         return wandb.init(**kw)
     except Exception as e:  # noqa: BLE001 -- no login, no network, a refused project: one line

@@ -10,10 +10,10 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 
 from jaxembed.errors import UserError
 from jaxembed.atomic_files import describe_os_error
+from jaxembed.runs.rundir import NAMES, RunDir, rundir
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +28,12 @@ class WorkdirLock:
     A pod takes it on process 0 only (``acquire`` inside ``main_first``): the pod is one run. On a file system
     without ``flock`` (some Lustre / NFS mounts), runs go on unlocked, with a warning."""
 
-    NAME = "run.lock"
+    NAME = NAMES["lock"]
 
-    def __init__(self, workdir: str | os.PathLike):
-        self.workdir = Path(workdir)
-        self.path = self.workdir / self.NAME
+    def __init__(self, workdir: str | os.PathLike | RunDir):
+        rd = rundir(workdir)
+        self.workdir = rd.root
+        self.path = rd.lock
         self._fd: int | None = None
         self._made_dir = False
 

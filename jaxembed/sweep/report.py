@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxembed.errors import UserError
+from jaxembed.runs.rundir import RunDir
 from jaxembed.sweep.expand import MANIFEST, short_keys
 from jaxembed.sweep.run import read_json, run_status
 
@@ -54,14 +55,14 @@ def _discover(root: Path) -> tuple[list[dict], list[str]]:
         runs = [{"name": r["name"], "dir": root / r.get("dir", r["name"]), "overrides": r.get("overrides", {})}
                 for r in manifest.get("runs", [])]
         return runs, list(manifest.get("keys", []))
-    dirs = sorted(p for p in root.iterdir() if p.is_dir() and ((p / "config.json").exists()
-                                                               or (p / "metrics.jsonl").exists()))
-    if (root / "metrics.jsonl").exists():
+    dirs = sorted(p for p in root.iterdir() if p.is_dir() and (RunDir(p).config_json.exists()
+                                                               or RunDir(p).metrics_jsonl.exists()))
+    if RunDir(root).metrics_jsonl.exists():
         dirs = [root]
     if not dirs:
         raise UserError(f"{root}: no {MANIFEST} and no run directories (config.json / metrics.jsonl) in it (fix: "
                         "give the --root of a sweep, or a folder of jaxembed runs)")
-    flat = {d: _flatten(read_json(d / "config.json") or {}) for d in dirs}
+    flat = {d: _flatten(read_json(RunDir(d).config_json) or {}) for d in dirs}
     keys = sorted({k for f in flat.values() for k in f})
     ignore = ("export.dir", "data.store")
     varying = [k for k in keys if k not in ignore and len({repr(f.get(k)) for f in flat.values()}) > 1]
@@ -82,8 +83,8 @@ def collect(root: str | os.PathLike, metric: str | None = None, mode: str | None
     if not root.is_dir():
         raise UserError(f"{root}: no such folder (fix: the --root of a sweep)")
     runs, keys = _discover(root)
-    cfgs = {r["name"]: read_json(r["dir"] / "config.json") or {} for r in runs}
-    metrics = {r["name"]: _read_metrics(r["dir"] / "metrics.jsonl") for r in runs}
+    cfgs = {r["name"]: read_json(RunDir(r["dir"]).config_json) or {} for r in runs}
+    metrics = {r["name"]: _read_metrics(RunDir(r["dir"]).metrics_jsonl) for r in runs}
     if metric is None:
         configured = {c.get("eval", {}).get("best_metric") for c in cfgs.values()} - {None, ""}
         metric = min(configured) if configured else None
@@ -97,7 +98,7 @@ def collect(root: str | os.PathLike, metric: str | None = None, mode: str | None
         (m, bad), st = metrics[name], run_status(r["dir"])
         train, evals = m.get("train", {}), m.get("eval", {})
         last = train[max(train)] if train else {}
-        plan = read_json(r["dir"] / "plan.json") or {}
+        plan = read_json(RunDir(r["dir"]).plan_json) or {}
         row = {"run": name, **{k: r["overrides"].get(k, "") for k in keys}, "status": st["status"],
                "step": max(train) if train else None, "steps": plan.get("steps") or cfg.get("plan", {}).get("steps"),
                "loss": last.get("loss"), "accuracy": last.get("accuracy"), "best": None, "best_step": None,

@@ -22,10 +22,11 @@ from typing import Any
 from jaxembed import paths
 from jaxembed.config_io import portable_spec
 from jaxembed.errors import UserError
+from jaxembed.runs.rundir import NAMES, RunDir, rundir
 from jaxembed.runs.signals import StopSignals
 from jaxembed.sweep.expand import MANIFEST, Sweep, SweepRun
 
-STATUS = "status.json"
+STATUS = NAMES["status_json"]
 SLURM_FILE = "sweep_slurm.sh"
 TPU_FILE = "sweep_tpu.txt"
 
@@ -45,7 +46,7 @@ def _check_existing(sw: Sweep) -> None:
             raise UserError(f"{sw.root} holds a sweep of {old.get('config')} with fixed overrides {old.get('fixed')}"
                             f"; this one is {sw.config_spec} with {sw.fixed} (fix: use a new --root, or the same "
                             "--config and --set / --config.KEY values)")
-    existing = [r for r in sw.runs if (r.workdir / "config.json").exists()]
+    existing = [r for r in sw.runs if RunDir(r.workdir).config_json.exists()]
     if existing:
         from jaxembed.train import check_workdir
 
@@ -83,15 +84,15 @@ def write_manifest(sw: Sweep, mode: str) -> Path:
 def run_status(workdir: Path) -> dict:
     """What a run directory says about its run: completed / preempted / interrupted / failed / running / incomplete /
     pending."""
-    workdir = Path(workdir)
-    summary, status = read_json(workdir / "summary.json"), read_json(workdir / STATUS)
+    rd = rundir(workdir)
+    summary, status = read_json(rd.summary_json), read_json(rd.status_json)
     if summary and summary.get("status") == "completed":
         return {**(status or {}), "status": "completed", "step": summary.get("step")}
     if status:
         return status
     if summary:
         return {"status": summary.get("status", "incomplete"), "step": summary.get("step")}
-    if (workdir / "metrics.jsonl").exists() or (workdir / "checkpoints").exists():
+    if rd.metrics_jsonl.exists() or rd.checkpoints.exists():
         return {"status": "incomplete"}
     return {"status": "pending"}
 
@@ -105,7 +106,7 @@ def read_json(path: Path) -> dict | None:
 
 def write_status(workdir: Path, **fields) -> None:
     fields.setdefault("updated", datetime.datetime.now().isoformat(timespec="seconds"))
-    _write_json(Path(workdir) / STATUS, fields)
+    _write_json(rundir(workdir).status_json, fields)
 
 
 
@@ -152,7 +153,7 @@ def _run_subprocess(sw, run, launcher, quiet, stop: _StopSignals, env) -> tuple[
     cmd = train_command(sw, run, launcher)
     run.workdir.mkdir(parents=True, exist_ok=True)
     tail: list[str] = []
-    with open(run.workdir / "train.log", "a", encoding="utf-8") as log:
+    with open(RunDir(run.workdir).train_log, "a", encoding="utf-8") as log:
         log.write(f"\n=== {datetime.datetime.now().isoformat(timespec='seconds')} {shlex.join(cmd)}\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
@@ -183,7 +184,7 @@ def _run_in_process(sw, run, quiet) -> tuple[int, str]:
     from jaxembed.train import train
 
     run.workdir.mkdir(parents=True, exist_ok=True)
-    with open(run.workdir / "train.log", "a", encoding="utf-8") as log:
+    with open(RunDir(run.workdir).train_log, "a", encoding="utf-8") as log:
         log.write(f"\n=== {datetime.datetime.now().isoformat(timespec='seconds')} in process: "
                   f"{shlex.join(train_command(sw, run)[3:])}\n")
         out = log if quiet else _Tee(sys.stdout, log)
@@ -222,7 +223,7 @@ def run_local(sw: Sweep, *, in_process: bool = False, launcher: str | None = Non
                 print(f"{head}: already completed (step {st.get('step')}), skipped")
                 results[run.name] = "completed"
                 continue
-            resuming = (run.workdir / "checkpoints").exists()
+            resuming = RunDir(run.workdir).checkpoints.exists()
             print(f"{head}: {'resuming' if resuming else 'starting'} in {run.workdir}", flush=True)
             attempts = int(st.get("attempts", 0)) + 1
             t0 = time.time()
@@ -247,7 +248,7 @@ def run_local(sw: Sweep, *, in_process: bool = False, launcher: str | None = Non
             write_status(run.workdir, status=status, returncode=rc, attempts=attempts, seconds=seconds,
                          error=err[-4000:] if status == "failed" else "")
             results[run.name] = status
-            print(f"{head}: {status} in {seconds:.1f}s" + (f" (exit {rc}; log {run.workdir / 'train.log'})"
+            print(f"{head}: {status} in {seconds:.1f}s" + (f" (exit {rc}; log {RunDir(run.workdir).train_log})"
                                                          if status == "failed" else ""), flush=True)
             if status == "failed" and err:
                 print("  " + "\n  ".join(err.splitlines()[-6:]), flush=True)

@@ -25,8 +25,8 @@ The modules, in the order a run uses them:
   history);
 - ``export``: a run's export and its model card.
 
-The run machinery shared with ``jaxembed pretrain`` is in ``jaxembed.runs``: the run directory's layout,
-checkpoints, the monitor, signals, the optimizer, the run lock, the compilation cache.
+The run machinery shared with ``jaxembed pretrain`` is in ``jaxembed.runs``: the run directory's layout
+(``RunDir``), checkpoints, the monitor, signals, the optimizer, the run lock, the compilation cache.
 
 The names below are importable from the package (``from jaxembed.train import train, setup, init_state``); each is
 imported from its module when first used, so that importing one module of the package (``jaxembed.train.encode``,

@@ -73,9 +73,9 @@ def run_card(run: Run, model, prompts: dict, **kw) -> str:
     """The model card of an export of ``run`` (``jaxembed.model_card.run_card`` on its run directory)."""
     from jaxembed import model_card
 
-    return model_card.run_card(run.workdir, cfglib.to_plain(run.config), model, prompts=prompts,
+    return model_card.run_card(run.rundir, cfglib.to_plain(run.config), model, prompts=prompts,
                                max_length=run.loaded.tokenizer.max_length,
-                               store_dir=run.config.data.store or run.workdir / "store", **kw)
+                               store_dir=run.config.data.store or run.rundir.store, **kw)
 
 
 def host_params(params) -> Any:

@@ -25,6 +25,7 @@ from jaxembed.train.run import Run, export_dir, params_at, setup
 from jaxembed.train.state import init_state, step_table
 from jaxembed.runs.signals import Interrupted, StopSignals
 from jaxembed.train.step import make_train_step
+from jaxembed.runs.rundir import RunDir, rundir
 from jaxembed.runs.workdir_lock import WorkdirLock
 
 log = logging.getLogger(__name__)
@@ -40,31 +41,32 @@ def dev_eval_due(step: int, every: int, total: int) -> bool:
     return bool((every and step % every == 0) or step == total)
 
 
-def _eval_logged(workdir: Path, step: int) -> bool:
+def _eval_logged(workdir: Path | RunDir, step: int) -> bool:
     """Whether metrics.jsonl holds the dev evaluation of ``step`` (a stop during it leaves none)."""
     from jaxembed.run_facts import eval_records
 
     return any(r["step"] == step for r in eval_records(workdir))
 
 
-def train(config, workdir: str | Path) -> dict:
+def train(config, workdir: str | Path | RunDir) -> dict:
     """Run (or resume) training; returns a summary dict. Raises UserError for bad input before any work."""
     t_begin = time.time()
-    lock = WorkdirLock(workdir)
+    rd = rundir(workdir)  # the run directory's layout, derived once and passed on
+    lock = WorkdirLock(rd)
     try:
-        return _train(config, workdir, lock, t_begin)
+        return _train(config, rd, lock, t_begin)
     finally:
         lock.release()
 
 
-def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
-    run = setup(config, workdir, lock=lock)
+def _train(config, rd: RunDir, lock: WorkdirLock, t_begin: float) -> dict:
+    run = setup(config, rd, lock=lock)
     c = run.config
-    workdir = run.workdir
-    cache_dir = compile_cache.use_for_run(workdir, c.train.compile_cache)
+    workdir = rd.root
+    cache_dir = compile_cache.use_for_run(rd, c.train.compile_cache)
     is_main = pod.is_main()
     multi = pod.process_count() > 1
-    ckpt = Checkpointer(workdir / "checkpoints", keep_last=c.train.keep_checkpoints,
+    ckpt = Checkpointer(rd.checkpoints, keep_last=c.train.keep_checkpoints,
                         best_metric=c.eval.best_metric, best_mode=c.eval.best_mode,
                         async_save=c.train.async_checkpoints)
     notes: list[str] = []
@@ -73,23 +75,23 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
         state = init_state(run)
         start, state = ckpt.restore_latest(state, say=notes.append)
         if start:
-            log.info("resumed from %s at step %d", workdir / "checkpoints", start)
+            log.info("resumed from %s at step %d", rd.checkpoints, start)
         total = run.plan.steps
-        monitor = Monitor(workdir, total, start, progress=c.train.progress, is_main=is_main,
+        monitor = Monitor(rd, total, start, progress=c.train.progress, is_main=is_main,
                           wandb=c.train.get("wandb"), run_config=cfglib.to_plain(c))
         for n in notes:
             monitor.message(n)
         if monitor.torn:
-            monitor.message(f"{workdir / 'metrics.jsonl'}: cut off a line torn by a stopped run")
+            monitor.message(f"{rd.metrics_jsonl}: cut off a line torn by a stopped run")
         if start:
-            monitor.message(f"resuming at step {start} of {total} from {workdir / 'checkpoints'}")
+            monitor.message(f"resuming at step {start} of {total} from {rd.checkpoints}")
         else:
             monitor.message(f"run directory: {workdir} (a new run; the same command resumes it)")
         step_fn = make_train_step(run)
-        from jaxembed.data.pipeline import batch_stats, make_loader, to_global
+        from jaxembed.data.pipeline import STEP_TABLE_FILE, batch_stats, make_loader, to_global
 
         # pow2: fewer padded shapes, fewer compilations, a little more padding
-        table = step_table(run, workdir / "plan_lengths.npz", c.train.length_buckets)
+        table = step_table(run, rd.step_tables / STEP_TABLE_FILE, c.train.length_buckets)
         if start < total:  # the first window of the table: every process computes (or reads) it, each its share
             w = start // table.window_steps
             if not table.cached(w):
@@ -119,7 +121,7 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
     t_interval = time.time()
     status = "completed"
     metric = c.eval.best_metric
-    scores = dev_scores(workdir, metric) if metric and is_main else {}  # every invocation's dev evaluations
+    scores = dev_scores(rd, metric) if metric and is_main else {}  # every invocation's dev evaluations
     step = start
     stopped_in = ""  # where a stop signal arrived, for the message
 
@@ -142,10 +144,10 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
     summary: dict = {}
     try:
         with StopSignals(multi) as sig:
-            if evaluator and c.eval.before and start == 0 and not _eval_logged(workdir, 0):
+            if evaluator and c.eval.before and start == 0 and not _eval_logged(rd, 0):
                 if evaluate_at(0, sig) is None:
                     status, stopped_in = "preempted", "the dev evaluation before training"
-            elif start and eval_due(start) and not _eval_logged(workdir, start):
+            elif start and eval_due(start) and not _eval_logged(rd, start):
                 # the evaluation of the checkpoint's step was stopped by a signal: run it now
                 if evaluate_at(start, sig) is None:
                     status, stopped_in = "preempted", f"the dev evaluation at step {start}"
@@ -229,9 +231,9 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
             if is_main:  # training time (every run on this workdir), devices, the last dev evaluation (for the card)
                 from jaxembed.run_facts import summary_facts
 
-                summary.update(summary_facts(workdir, t_begin))
+                summary.update(summary_facts(rd, t_begin))
             if status == "completed" and c.export.at_end:
-                out_dir = export_dir(c, workdir)
+                out_dir = export_dir(c, rd)
                 at = summary["step"]
                 if c.export.step == "best" and best is not None and best != at:
                     at = best
@@ -262,8 +264,8 @@ def _train(config, workdir, lock: WorkdirLock, t_begin: float) -> dict:
         ckpt.close()
         monitor.close()
     if is_main:
-        with atomic_files.writing("writing the summary", workdir / "summary.json"):
-            atomic_files.write_json(workdir / "summary.json", summary)
+        with atomic_files.writing("writing the summary", rd.summary_json):
+            atomic_files.write_json(rd.summary_json, summary)
     pod.barrier("train-end")  # no process leaves while process 0 still writes
     return summary
 

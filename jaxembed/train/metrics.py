@@ -14,6 +14,9 @@ from jaxembed import flops as flopslib
 from jaxembed.train import encode as train_encode
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from jaxembed.runs.rundir import RunDir
     from jaxembed.train.run import Run
 
 
@@ -62,7 +65,7 @@ def step_flops(run: Run, host_batch: dict) -> float:
                                      run.loaded.model.dim, bool(run.config.train.gradcache_chunk))
 
 
-def dev_scores(workdir, metric: str) -> dict[int, float]:
+def dev_scores(workdir: Path | RunDir, metric: str) -> dict[int, float]:
     """{step: value of ``metric``} of the dev evaluations in ``<workdir>/metrics.jsonl``, over every invocation of
     the run (step 0: the model before training, ``eval.before``); non-finite values are left out."""
     import math

@@ -32,6 +32,7 @@ from jaxembed.errors import UserError
 from jaxembed.train.export import export_params, host_model, host_params, run_card, task_prompts
 from jaxembed.train.start import count, describe_model, describe_plan, describe_store, say
 from jaxembed.train.state import init_state, shardings
+from jaxembed.runs.rundir import RunDir, rundir
 from jaxembed.runs.workdir_lock import WorkdirLock
 
 log = logging.getLogger(__name__)
@@ -54,18 +55,24 @@ class Run:
     packing: Any = None  # jaxembed.data.pipeline.Packing of the run's batches (data.packing), None = padded
     lora: Any = None  # jaxembed.lora.LoRASpec (model.lora): params = the adapters, rest = the frozen base; None = off
     lora_base: str = ""  # LoRA: the base model (folder or hub id) the adapters apply to (the PEFT export's base)
+    rundir: RunDir | None = None  # the layout of workdir (jaxembed.runs.rundir); None: derived from workdir
+
+    def __post_init__(self):
+        if self.rundir is None:
+            self.rundir = RunDir(self.workdir)
 
     @property
     def task_names(self) -> list[str]:
         return list(self.plan.task_names) if hasattr(self.plan, "task_names") else []
 
 
-def check_workdir(config, workdir: Path) -> bool:
+def check_workdir(config, workdir: Path | RunDir) -> bool:
     """Refuse a resume with another config (naming each differing key); True when the config only grows
     plan.steps (the run is trained on: its plan is built again for the new total)."""
     from jaxembed import config_io
 
-    prev = workdir / "config.json"
+    rd = rundir(workdir)
+    prev = rd.config_json
     if not prev.exists():
         return False
     # the old config through today's defaults: a key added to jaxembed since that run takes its default, so adding a
@@ -75,7 +82,7 @@ def check_workdir(config, workdir: Path) -> bool:
     keys = ("model", "data", "plan", "loss", "optim", "train.seed", "train.gradcache_chunk", "train.dropout")
     diffs = config_io.config_differences(old, new, keys)
     if diffs and not config_io.extends_steps(diffs):
-        raise UserError(config_io.changed_config_message(workdir, diffs))
+        raise UserError(config_io.changed_config_message(rd.root, diffs))
     return bool(diffs)
 
 
@@ -106,7 +113,7 @@ def _same_config_as_main(config, main_config: str) -> None:
                         "every process with the same --config and --config.KEY=VALUE overrides)")
 
 
-def prepare_store(config, workdir: Path):
+def prepare_store(config, workdir: Path | RunDir):
     """The dataset store: ``data.store``, or ``<workdir>/store``, written once: process 0 decides whether it is
     needed; then every process of a pod writes its share of the datasets (``write_store``: one temporary folder,
     renamed into place by process 0, ``jaxembed.data.store_pod``); all open it when it is complete."""
@@ -115,12 +122,13 @@ def prepare_store(config, workdir: Path):
 
     if config.data.store:
         return Store.open(config.data.store)
-    store_dir = workdir / "store"
+    rd = rundir(workdir)
+    store_dir = rd.store
 
     def needed() -> bool:
         # not: the run's own store (its config was checked), or one a refused start left for this data config
         return not ((store_dir / "manifest.json").exists() and (
-            (workdir / "config.json").exists() or _store_config(store_dir) == _plain(cfglib.data_section(config))))
+            rd.config_json.exists() or _store_config(store_dir) == _plain(cfglib.data_section(config))))
 
     need = pod.main_first("store", needed)  # process 0 reads the folder; its error stops every process
     if pod.broadcast("store-needed", "yes" if need else "no") == "yes":
@@ -158,7 +166,7 @@ def _store_config(store_dir: Path) -> Any:
         return None
 
 
-def prepare_plan(config, store, workdir: Path, replan: bool = False):
+def prepare_plan(config, store, workdir: Path | RunDir, replan: bool = False):
     """The batch plan, a pure function of the store's datasets, the config and the files it names
     (``plan_inputs``). Every process computes those inputs (cheap: no plan) and checks that they are process
     0's: a process that reads other data stops, named. Then process 0 alone builds the plan, in blocks
@@ -168,7 +176,7 @@ def prepare_plan(config, store, workdir: Path, replan: bool = False):
     from jaxembed.data.plan import Plan, inputs_differences
     from jaxembed.data.plan.identity import compact
 
-    path = workdir / "plan.npz"
+    path = rundir(workdir).plan
     inputs = saved_plan.plan_inputs_of(config, store)
     main_inputs = json.loads(pod.broadcast("plan-inputs", json.dumps(compact(inputs)) if pod.is_main() else None))
 
@@ -192,7 +200,7 @@ def prepare_plan(config, store, workdir: Path, replan: bool = False):
     return Plan.load(path)
 
 
-def setup(config, workdir: str | Path, lock: WorkdirLock | None = None, read_only: bool = False) -> Run:
+def setup(config, workdir: str | Path | RunDir, lock: WorkdirLock | None = None, read_only: bool = False) -> Run:
     """Validate, join the other processes (a pod), load the model, the store and the plan, build the optimizer.
 
     Nothing is written to the run directory until every read-only check has passed (the config, the previous
@@ -203,7 +211,8 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None, read_onl
     storage (a run whose store was deleted gets it prepared again, as a resume does)."""
     cfglib.validate(config)
     parallel.initialize()  # before any other JAX call: every process of a pod joins here
-    workdir = Path(workdir)
+    rd = rundir(workdir)  # the run directory's layout, derived once and passed on
+    workdir = rd.root
     lora_spec = lora.spec_from_config(config)
     if lora_spec is not None:  # a target regex that matches no layer: a one-line error before anything is written
         lora.check_targets(config)
@@ -214,11 +223,11 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None, read_onl
             raise UserError(f"config.eval.tasks = {tuple(config.eval.tasks)}: dev evaluation during training runs "
                             f"in a single process, not on {n} (fix: set --config.eval.tasks=() for the pod run and "
                             "evaluate its export with `jaxembed eval`)")
-        check_workdir(config, workdir)
+        check_workdir(config, rd)
         if config.export.at_end and not read_only:
             from jaxembed.export import check_target
 
-            check_target(export_dir(config, workdir), "config.export.dir", workdir=workdir)
+            check_target(export_dir(config, rd), "config.export.dir", workdir=rd)
 
     pod.main_first("workdir-check", read_only_checks)
     main_config = pod.broadcast("config", cfglib.to_json(config) if pod.is_main() else None)
@@ -227,26 +236,26 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None, read_onl
         pod.main_first("workdir-lock", lock.acquire)
     mesh = parallel.make_mesh(config.train.mesh_data, config.train.mesh_fsdp)
     kw = model_kwargs(config)
-    source = init_source(config, workdir)
+    source = init_source(config, rd)
     loaded = load_model(config, source=source, **kw)
     say(describe_model(loaded, source, config, mesh))
-    if lora_spec is not None and not (read_only and not (workdir / lora.BASE_FILE).exists()):
+    if lora_spec is not None and not (read_only and not rd.lora_base_json.exists()):
         # the adapters apply to these base weights only: a resume on others is an error
-        pod.main_first("lora-base", lambda: lora.check_base(workdir, lora.base_fingerprint(loaded.model),
+        pod.main_first("lora-base", lambda: lora.check_base(rd, lora.base_fingerprint(loaded.model),
                                                                  source))
-    store = prepare_store(config, workdir)
-    say(describe_store(store, config, workdir))
+    store = prepare_store(config, rd)
+    say(describe_store(store, config, rd))
     if read_only:
-        plan = saved_plan.read_only_plan(config, store, workdir, lambda: _build_plan(config, store))
+        plan = saved_plan.read_only_plan(config, store, rd, lambda: _build_plan(config, store))
     else:
         # a run trained on to more steps (check_workdir), or a plan that no run's config.json claims: built anew
-        replan = pod.is_main() and (not (workdir / "config.json").exists() or check_workdir(config, workdir))
-        plan = prepare_plan(config, store, workdir, replan=replan)
+        replan = pod.is_main() and (not rd.config_json.exists() or check_workdir(config, rd))
+        plan = prepare_plan(config, store, rd, replan=replan)
     say(describe_plan(plan, config, store))
 
     def write_config():
-        with atomic_files.writing("writing the config", workdir / "config.json"):
-            cfglib.write_resolved(config, workdir)
+        with atomic_files.writing("writing the config", rd.config_json):
+            cfglib.write_resolved(config, rd)
 
     if not read_only:
         pod.main_first("config", write_config)  # every check passed: process 0 writes the run's config
@@ -285,15 +294,15 @@ def setup(config, workdir: str | Path, lock: WorkdirLock | None = None, read_onl
                               gradcache_chunk=config.train.gradcache_chunk, num_candidates=K)
     base = source if not Path(os.path.expanduser(str(source))).is_dir() else str(Path(source).expanduser().resolve())
     return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes, packing, lora_spec,
-               base if lora_spec is not None else "")
+               base if lora_spec is not None else "", rd)
 
 
-def export_dir(config, workdir: Path) -> Path:
+def export_dir(config, workdir: Path | RunDir) -> Path:
     """Where the run's export goes: ``export.dir``, or ``<workdir>/export``."""
-    return Path(os.path.expanduser(str(config.export.dir))) if config.export.dir else Path(workdir) / "export"
+    return rundir(workdir).export_dir(config.export.dir)
 
 
-def init_source(config, workdir: str | Path) -> str:
+def init_source(config, workdir: str | Path | RunDir) -> str:
     """The folder (or hub id) the run's weights come from: ``model.name``, or ``model.init_from`` (a previous
     stage): a run's ``export/``; a run without one is exported from its latest checkpoint into
     ``<workdir>/init_from`` (once; process 0 decides whether that is needed and writes it, every process takes
@@ -302,12 +311,13 @@ def init_source(config, workdir: str | Path) -> str:
     src = config.model.get("init_from") if "init_from" in config.model else ""
     if not src:
         return config.model.name
-    p = Path(os.path.expanduser(str(src)))
-    if not (p / "checkpoints").is_dir():
+    prev = RunDir(os.path.expanduser(str(src)))  # a previous stage's run directory, or a model folder
+    p = prev.root
+    if not prev.has_checkpoints():
         return str(p)  # a model folder
-    if (p / "export" / "config.json").is_file():
-        return str(p / "export")
-    out = Path(workdir) / "init_from"
+    if (prev.export / "config.json").is_file():  # its export, a model folder
+        return str(prev.export)
+    out = rundir(workdir).init_from
     need = pod.broadcast("init_from", "no" if (out / "config.json").is_file() else "yes") == "yes"
     if need:
         if pod.is_main():
@@ -375,7 +385,7 @@ def params_at(run: Run, ckpt: Checkpointer, step: int, like: dict | None = None)
         if like is None:
             return init_state(run)["params"]
         c = run.config
-        loaded = load_model(c, source=init_source(c, run.workdir), **model_kwargs(c))
+        loaded = load_model(c, source=init_source(c, run.rundir), **model_kwargs(c))
         params = nnx.split(loaded.model, lora.TRAINABLE if run.lora is not None else nnx.Param, ...)[1]
         return nnx.to_pure_dict(params)
     like = like if like is not None else init_state(run)
@@ -386,24 +396,25 @@ def params_at(run: Run, ckpt: Checkpointer, step: int, like: dict | None = None)
                         f"{' '.join(str(e).split())[:300]}) (fix: export another step with --step)") from None
 
 
-def resolve_step(workdir: Path, config, step: int | str | None, steps: list[int]) -> int:
+def resolve_step(workdir: Path | RunDir, config, step: int | str | None, steps: list[int]) -> int:
     """The step ``jaxembed export --step`` names: a number (a checkpoint, or 0: the starting model), 'latest'
     (also None), or 'best' (the best dev evaluation by ``eval.best_metric``, over every invocation of the run)."""
     from jaxembed.train.metrics import best_step, dev_scores
 
+    rd = rundir(workdir)
     if step is None or step == "latest":
         if not steps:
-            raise UserError(f"{workdir / 'checkpoints'}: no checkpoint to export (fix: --step 0 exports the model "
+            raise UserError(f"{rd.checkpoints}: no checkpoint to export (fix: --step 0 exports the model "
                             "the run started from)")
         return steps[-1]
     if step == "best":
         metric = config.eval.best_metric
         if not metric:
-            raise UserError(f"--step best: the run at {workdir} has no eval.best_metric, so no step is best (fix: "
+            raise UserError(f"--step best: the run at {rd.root} has no eval.best_metric, so no step is best (fix: "
                             "--step N, or 'latest')")
-        best = best_step(dev_scores(workdir, metric), config.eval.best_mode)
+        best = best_step(dev_scores(rd, metric), config.eval.best_mode)
         if best is None:
-            raise UserError(f"--step best: {workdir / 'metrics.jsonl'} holds no dev evaluation of {metric} (fix: "
+            raise UserError(f"--step best: {rd.metrics_jsonl} holds no dev evaluation of {metric} (fix: "
                             "--step N, or 'latest')")
         if best and best not in steps:
             raise UserError(f"--step best: the best step {best} has no checkpoint (have: "
@@ -419,7 +430,7 @@ def resolve_step(workdir: Path, config, step: int | str | None, steps: list[int]
     return n
 
 
-def export_from_workdir(workdir: str | Path, out: str | Path, step: int | str | None = None, *,
+def export_from_workdir(workdir: str | Path | RunDir, out: str | Path, step: int | str | None = None, *,
                         task: str | None = None, average_experts: bool = False, name: str | None = None,
                         lora_export: str | None = None) -> Path:
     """Export a checkpoint of a run (the latest, or ``step``: a number, 0 = the starting model, 'best', 'latest')
@@ -432,16 +443,16 @@ def export_from_workdir(workdir: str | Path, out: str | Path, step: int | str | 
         raise UserError("export: give --task or --average-experts, not both")
     from jaxembed.export import check_target
 
-    check_target(out, "--out", workdir=workdir)
-    workdir = Path(workdir)
-    cfg_file = workdir / "config.json"
+    rd = rundir(workdir)
+    check_target(out, "--out", workdir=rd)
+    cfg_file = rd.config_json
     if not cfg_file.exists():
-        raise UserError(f"{workdir}: not a jaxembed run directory (no config.json)")
+        raise UserError(f"{rd.root}: not a jaxembed run directory (no config.json)")
     config = cfglib.from_json(cfg_file.read_text())
-    run = setup(config, workdir, read_only=True)  # the run directory is read, never written
-    ckpt = Checkpointer(workdir / "checkpoints", async_save=False, read_only=True)
+    run = setup(config, rd, read_only=True)  # the run directory is read, never written
+    ckpt = Checkpointer(rd.checkpoints, async_save=False, read_only=True)
     try:
-        step = resolve_step(workdir, config, step, sorted(ckpt.all_steps()))
+        step = resolve_step(rd, config, step, sorted(ckpt.all_steps()))
         params = params_at(run, ckpt, step)
     finally:
         ckpt.close()
