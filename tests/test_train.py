@@ -163,24 +163,29 @@ def _stopped_by(proc, sig, wd, step, logged) -> str:
     return out
 
 
-def test_signal_saves_then_resume_is_bitwise_identical(straight_run, config_file, tmp_path):
+def test_signal_saves_then_resume_is_bitwise_identical(straight_run, config_file, tmp_path, capsys):
     """SIGTERM (preemption), then SIGINT (Ctrl-C), from outside, mid-run, on one run directory: the trainer pauses
     after logging step 2, then (resumed) step 4 (tests/signal_pause.py) until the signal has arrived, so the run can
     never finish first; neither is a checkpoint step (every 3), so each checkpoint is the signal's. The third start
     ends the run, bitwise equal to the uninterrupted one.
 
-    While the first is paused, a second `jaxembed train` on the same workdir (no pod) is refused at once naming it,
-    and it goes on alone (its metrics only). The runs' output: a visible start, one line per stage, and (no
+    While the first is paused, a second `jaxembed train` on the same workdir (no pod; called in this process: the
+    refusal is the lock's, read from the run directory) is refused at once naming it, and it goes on alone (its
+    metrics only). The runs' output: a visible start, one line per stage, and (no
     terminal: no progress bar) a plain progress line with the ETA. The runs use their own compilation cache
     (WORKDIR/jax_cache, the default outside the suite): the resumed runs load their train step from it."""
     wd_straight, _ = straight_run
     wd = tmp_path / "run"
     proc = _start(config_file, wd, pause=(2, tmp_path / "at_step_2"), own_cache=True)
     _wait_paused(proc, tmp_path / "at_step_2", 2)
-    second = _start(config_file, wd)
-    out = second.communicate(timeout=300)[0]
-    assert second.returncode == 2, out[-3000:]
-    last = out.strip().splitlines()[-1]
+    from jaxembed.cli import main
+
+    capsys.readouterr()
+    rc = main(["train", "--config", str(config_file), "--workdir", str(wd)])
+    second = capsys.readouterr()
+    out = second.out + second.err
+    assert rc == 2, out[-3000:]
+    last = second.err.strip().splitlines()[-1]
     assert last.startswith(f"error: {wd}: another run is writing this run directory (pid {proc.pid} on ") and \
         "fix: wait for it to end or stop it, or use another --workdir" in last, out[-3000:]
     assert "Traceback" not in out and (wd / "run.lock").exists()
