@@ -137,3 +137,18 @@ def test_a_remembered_mismatched_tokenizer_json_still_warns(minilm_dir, tmp_path
             assert Tokenizer.from_folder(folder, 64).tokenize(TEXTS) == want
         assert "Qwen2Tokenizer" in caplog.text
     assert (cache / f"{tokenizer_class.folder_key(folder)}.json").is_file()
+
+
+def test_a_hub_snapshot_of_symlinks_is_remembered(minilm_dir, tmp_path, cache, monkeypatch):
+    """A hub id resolves to a snapshot folder of the Hugging Face cache, whose files are links into blobs/: the key
+    reads through the links, and the remembered load equals AutoTokenizer's."""
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "0123abc"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm_dir / name, blobs / name.replace(".", "_"))
+        (snap / name).symlink_to(blobs / name.replace(".", "_"))
+    ref = _auto(snap)
+    _same(tokenizer_class.load_as_auto(snap), ref)
+    _no_auto(monkeypatch)
+    _same(tokenizer_class.load_as_auto(snap), ref)
