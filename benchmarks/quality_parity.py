@@ -447,6 +447,7 @@ def prepare_stores(args, arms) -> None:
     """The dataset store of each data config the arms train on (the recipe's; with the clustering sets), written
     once; a store prepared from another data config stops the script."""
     from jaxembed import config as cfglib
+    from jaxembed.runs.rundir import RunDir
     from jaxembed.train import prepare_store
 
     wd = Path(args.workdir)
@@ -465,7 +466,7 @@ def prepare_stores(args, arms) -> None:
             if not done:
                 log(f"preparing the dataset store {where / 'store'}")
             where.mkdir(parents=True, exist_ok=True)
-            prepare_store(c, where)
+            prepare_store(c, RunDir(where))
             stamp.write_text(json.dumps(data, indent=1) + "\n")
 
 

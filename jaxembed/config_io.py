@@ -405,12 +405,11 @@ def to_text(c: mc.ConfigDict) -> str:
     return head + "".join(f"{k}: {json.dumps(v, default=str)}\n" for k, v in sorted(flat.items()))
 
 
-def write_resolved(c: mc.ConfigDict, workdir: str | os.PathLike | RunDir) -> None:
+def write_resolved(c: mc.ConfigDict, rd: RunDir) -> None:
     """config.json (machine-readable) and config.txt (``to_text``: one ``key: value`` line per value) in the run
     directory."""
     from jaxembed import atomic_files
 
-    rd = rundir(workdir)
     atomic_files.write_text(rd.config_json, to_json(c) + "\n")  # atomic: a reader never sees half a file
     atomic_files.write_text(rd.config_txt, to_text(c))
 

@@ -36,7 +36,6 @@ import dataclasses
 import hashlib
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -48,7 +47,7 @@ from jaxembed import choices, models
 from jaxembed.errors import UserError
 from jaxembed.models import dropout
 from jaxembed.models.layers import layer_dropout_key
-from jaxembed.runs.rundir import NAMES, RunDir, rundir
+from jaxembed.runs.rundir import NAMES, RunDir
 
 #: the variable type of the adapter weights: the trainable parameters of a LoRA run
 TRAINABLE = nnx.LoRAParam
@@ -303,13 +302,12 @@ def base_fingerprint(model) -> str:
     return h.hexdigest()[:32]
 
 
-def check_base(workdir: Path | RunDir, fingerprint: str, source: str) -> None:
+def check_base(rd: RunDir, fingerprint: str, source: str) -> None:
     """``<workdir>/lora_base.json``: written by the run's first start; on a later start (a resume, an export from
     the workdir) the base weights must be the ones the adapters were trained on. A checkpoint holds the adapters
     only, so other base weights would silently give another model: a UserError."""
     from jaxembed import atomic_files
 
-    rd = rundir(workdir)
     path = rd.lora_base_json
     if path.exists():
         try:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
-from jaxembed.runs.rundir import RunDir, rundir
+from jaxembed.runs.rundir import RunDir
 
 
 def _task_meta(entry: str, eval_tasks) -> dict:
@@ -68,22 +67,22 @@ def eval_rows(metrics: dict[str, float], eval_tasks=()) -> list[dict]:
     return rows
 
 
-def final_eval(workdir: Path | RunDir, summary: dict | None) -> dict | None:
+def final_eval(rd: RunDir, summary: dict | None) -> dict | None:
     """The last evaluation of a run: ``summary['eval']`` ({"step", "metrics"}), else the last ``eval`` record of
     metrics.jsonl (the latest step; on a tie, the one written last)."""
     if summary and isinstance(summary.get("eval"), dict) and summary["eval"].get("metrics"):
         return summary["eval"]
     best = None
-    for r in eval_records(workdir):
+    for r in eval_records(rd):
         if best is None or r["step"] >= best["step"]:
             best = r
     return best
 
 
-def eval_at(workdir: Path | RunDir, step: int) -> dict | None:
+def eval_at(rd: RunDir, step: int) -> dict | None:
     """The dev evaluation of ``step`` in metrics.jsonl ({"step", "metrics"}; the one written last), or None. Step 0
     is the model the run started from, evaluated before training (``eval.before``)."""
-    return _record_at(eval_records(workdir), step)
+    return _record_at(eval_records(rd), step)
 
 
 def _record_at(records: list[dict], step: int) -> dict | None:
@@ -91,10 +90,10 @@ def _record_at(records: list[dict], step: int) -> dict | None:
     return next((r for r in reversed(records) if r["step"] == step), None)
 
 
-def eval_records(workdir: Path | RunDir) -> list[dict]:
+def eval_records(rd: RunDir) -> list[dict]:
     """The ``eval`` records of metrics.jsonl, in order, as {"step", "metrics"}."""
     try:
-        lines = rundir(workdir).metrics_jsonl.read_text(encoding="utf-8").splitlines()
+        lines = rd.metrics_jsonl.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
         return []
     out = []
@@ -122,11 +121,11 @@ def skipped_note(skipped: int, steps: int) -> str:
             "model.dtype=float32, or check the data of the steps that skipped)")
 
 
-def export_line(out_dir: str | os.PathLike, step: int, workdir: str | os.PathLike | RunDir, metric: str = "") -> str:
+def export_line(out_dir: str | os.PathLike, step: int, rd: RunDir, metric: str = "") -> str:
     """The end-of-run line: the step the export holds and its dev score (``metric``, else each task's main
     score), beside the starting model's when it was evaluated (step 0, ``eval.before``)."""
     line = f"export: step {step} in {out_dir}"
-    records = eval_records(workdir)
+    records = eval_records(rd)
     if not records:
         return line
     at, start = _record_at(records, step), _record_at(records, 0) if step else None
@@ -141,7 +140,7 @@ def export_line(out_dir: str | os.PathLike, step: int, workdir: str | os.PathLik
     return line + (f"; dev {', '.join(shown)}" if shown else "")
 
 
-def summary_facts(workdir: str | os.PathLike | RunDir, t_begin: float) -> dict:
+def summary_facts(rd: RunDir, t_begin: float) -> dict:
     """What summary.json records for the card, at the end of ``jaxembed train`` (process 0):
 
     - ``time``: ``this_run_s`` (this invocation, wall clock), ``total_s`` and ``invocations`` (every invocation on
@@ -152,7 +151,6 @@ def summary_facts(workdir: str | os.PathLike | RunDir, t_begin: float) -> dict:
 
     import jax
 
-    rd = rundir(workdir)
     now = time.time() - t_begin
     prev: dict = {}
     try:

@@ -21,6 +21,7 @@ import pytest
 
 from jaxembed import config as cfglib
 from jaxembed.errors import UserError
+from jaxembed.runs.rundir import RunDir
 
 HEAD = "import ml_collections as mc\n\n\n"
 RETURNS_ARG = "    return mc.ConfigDict({'arg': repr(arg), 'datasets': []})\n"
@@ -257,7 +258,7 @@ def _run_config_json(folder: Path) -> Path:
     with c.unlocked():
         c.curriculum_dir = "runs/x/curriculum"  # a recipe's own top-level key
     folder.mkdir(exist_ok=True)
-    cfglib.write_resolved(c, folder)
+    cfglib.write_resolved(c, RunDir(folder))
     return folder / "config.json"
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from jaxembed import config as cfglib
 from jaxembed.errors import UserError
+from jaxembed.runs.rundir import RunDir
 
 
 def _config(data: Path):
@@ -35,7 +36,7 @@ def test_a_changed_config_is_refused_naming_each_key_with_both_values(tmp_path):
 
     wd = tmp_path / "run"
     wd.mkdir()
-    cfglib.write_resolved(_config(tmp_path / "w.jsonl"), wd)
+    cfglib.write_resolved(_config(tmp_path / "w.jsonl"), RunDir(wd))
     new = _config(tmp_path / "w.jsonl")
     new.optim.lr = 0.01
     new.loss.temperature = 0.1

@@ -15,6 +15,7 @@ import pytest
 
 from jaxembed import atomic_files, pod
 from jaxembed.errors import UserError
+from jaxembed.runs.rundir import RunDir
 from jaxembed.runs.workdir_lock import WorkdirLock
 
 
@@ -203,14 +204,14 @@ def test_compile_cache_follows_the_run_unless_the_user_set_one(tmp_path):
     from jaxembed.runs import compile_cache
 
     suite = jax.config.jax_compilation_cache_dir
-    assert suite and compile_cache.use_for_run(tmp_path / "a", True) == Path(suite)  # the user's: kept
-    assert compile_cache.use_for_run(tmp_path / "a", False) == Path(suite)
+    assert suite and compile_cache.use_for_run(RunDir(tmp_path / "a"), True) == Path(suite)  # the user's: kept
+    assert compile_cache.use_for_run(RunDir(tmp_path / "a"), False) == Path(suite)
     min_time = jax.config.jax_persistent_cache_min_compile_time_secs
     try:
         jax.config.update("jax_compilation_cache_dir", None)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         cc.reset_cache()
-        assert compile_cache.use_for_run(tmp_path / "a", True) == (tmp_path / "a" / "jax_cache").absolute()
+        assert compile_cache.use_for_run(RunDir(tmp_path / "a"), True) == (tmp_path / "a" / "jax_cache").absolute()
         f = lambda x: jnp.sin(x) * 3.0 + 1.0  # noqa: E731
         jax.jit(f)(jnp.arange(7.0)).block_until_ready()
         assert any((tmp_path / "a" / "jax_cache").iterdir())
@@ -218,9 +219,9 @@ def test_compile_cache_follows_the_run_unless_the_user_set_one(tmp_path):
         jax.clear_caches()  # the in-memory cache: the next call goes to the persistent one
         jax.jit(f)(jnp.arange(7.0)).block_until_ready()
         assert compile_cache.hits() > hits  # f (and arange) loaded from WORKDIR/jax_cache
-        assert compile_cache.use_for_run(tmp_path / "b", True) == (tmp_path / "b" / "jax_cache").absolute()
+        assert compile_cache.use_for_run(RunDir(tmp_path / "b"), True) == (tmp_path / "b" / "jax_cache").absolute()
         assert jax.config.jax_compilation_cache_dir == str((tmp_path / "b" / "jax_cache").absolute())
-        assert compile_cache.use_for_run(tmp_path / "c", False) is None
+        assert compile_cache.use_for_run(RunDir(tmp_path / "c"), False) is None
         assert not jax.config.jax_compilation_cache_dir and not (tmp_path / "c").exists()
     finally:
         jax.config.update("jax_compilation_cache_dir", suite)

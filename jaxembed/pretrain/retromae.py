@@ -132,7 +132,7 @@ def _encoder(c, notes: list) -> tuple[Any, Tokenizer, dict, dict | None]:
     return config, tok, hf_cfg, None
 
 
-def setup(config, workdir: str | Path | RunDir, *, progress: bool | None = None,
+def setup(config, rd: RunDir, *, progress: bool | None = None,
           lock: Any = None) -> Run:
     """Validate, read and tokenize the texts, build the model and the optimizer; then (``lock`` taken first: one
     run per run directory) write the run's config. Nothing is written before every check has passed."""
@@ -140,7 +140,6 @@ def setup(config, workdir: str | Path | RunDir, *, progress: bool | None = None,
 
     pod.single_host_only("jaxembed pretrain retromae")  # before any JAX call: one line, no hang
     validate(config)
-    rd = rundir(workdir)  # the run directory's layout, derived once and passed on
     workdir = rd.root
     _check_workdir(config, rd)
     if config.export.at_end:

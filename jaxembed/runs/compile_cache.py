@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jax
 
-from jaxembed.runs.rundir import NAMES, RunDir, rundir
+from jaxembed.runs.rundir import NAMES, RunDir
 
 DIRNAME = NAMES["jax_cache"]
 
@@ -38,7 +38,7 @@ def hits() -> int:
     return _hits
 
 
-def use_for_run(workdir: str | Path | RunDir, enabled: bool = True) -> Path | None:
+def use_for_run(rd: RunDir, enabled: bool = True) -> Path | None:
     """Make JAX's persistent compilation cache ``workdir/jax_cache`` (``enabled``), unless the user configured one,
     which stays; returns the cache folder in use, or None. Call before the run compiles its step: the cache is
     re-initialised, so programs compiled earlier in the process do not matter. A later run in the same process
@@ -54,7 +54,7 @@ def use_for_run(workdir: str | Path | RunDir, enabled: bool = True) -> Path | No
         if current:  # ours, from an earlier run of this process
             _set(None)
         return None
-    where = str(rundir(workdir).jax_cache.absolute())
+    where = str(rd.jax_cache.absolute())
     if current != where:
         _set(where)
     return Path(where)

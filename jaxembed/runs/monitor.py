@@ -272,7 +272,7 @@ WANDB_EXTRA = "pip install 'jaxembed[wandb]'"
 WANDB_ID_FILE = NAMES["wandb_json"]
 
 
-def start_wandb(workdir: Path | RunDir, settings, run_config: dict):
+def start_wandb(rd: RunDir, settings, run_config: dict):
     """``wandb.init`` for the run in ``workdir`` (process 0 only): the run id of ``<workdir>/wandb.json``, created
     (and written atomically) on the first start, so a restart resumes the same W&B run. Any failure is one
     UserError line."""
@@ -284,7 +284,6 @@ def start_wandb(workdir: Path | RunDir, settings, run_config: dict):
     except ImportError:
         raise UserError(f"config.train.wandb.enabled = True needs the wandb package (fix: {WANDB_EXTRA}, or "
                         "--config.train.wandb.enabled=False)") from None
-    rd = rundir(workdir)
     id_file = rd.wandb_json
     run_id = None
     if id_file.is_file():

@@ -41,11 +41,11 @@ def dev_eval_due(step: int, every: int, total: int) -> bool:
     return bool((every and step % every == 0) or step == total)
 
 
-def _eval_logged(workdir: Path | RunDir, step: int) -> bool:
+def _eval_logged(rd: RunDir, step: int) -> bool:
     """Whether metrics.jsonl holds the dev evaluation of ``step`` (a stop during it leaves none)."""
     from jaxembed.run_facts import eval_records
 
-    return any(r["step"] == step for r in eval_records(workdir))
+    return any(r["step"] == step for r in eval_records(rd))
 
 
 def train(config, workdir: str | Path | RunDir) -> dict:
@@ -253,7 +253,7 @@ def _train(config, rd: RunDir, lock: WorkdirLock, t_begin: float) -> dict:
                 try:
                     pod.main_first("export", write_export)
                     summary["export"] = str(out_dir)
-                    monitor.message(export_line(out_dir, at, workdir, metric))
+                    monitor.message(export_line(out_dir, at, rd, metric))
                 except Interrupted as e:
                     summary["status"] = "preempted"
                     monitor.message(f"signal {e.signum} during the export: stopped, nothing half-written (the "

@@ -14,8 +14,6 @@ from jaxembed import flops as flopslib
 from jaxembed.train import encode as train_encode
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from jaxembed.runs.rundir import RunDir
     from jaxembed.train.run import Run
 
@@ -65,7 +63,7 @@ def step_flops(run: Run, host_batch: dict) -> float:
                                      run.loaded.model.dim, bool(run.config.train.gradcache_chunk))
 
 
-def dev_scores(workdir: Path | RunDir, metric: str) -> dict[int, float]:
+def dev_scores(rd: RunDir, metric: str) -> dict[int, float]:
     """{step: value of ``metric``} of the dev evaluations in ``<workdir>/metrics.jsonl``, over every invocation of
     the run (step 0: the model before training, ``eval.before``); non-finite values are left out."""
     import math
@@ -73,7 +71,7 @@ def dev_scores(workdir: Path | RunDir, metric: str) -> dict[int, float]:
     from jaxembed.run_facts import eval_records
 
     out: dict[int, float] = {}
-    for r in eval_records(workdir):
+    for r in eval_records(rd):
         v = r["metrics"].get(metric)
         if isinstance(v, (int, float)) and math.isfinite(v):
             out[r["step"]] = float(v)

@@ -113,7 +113,7 @@ def _same_config_as_main(config, main_config: str) -> None:
                         "every process with the same --config and --config.KEY=VALUE overrides)")
 
 
-def prepare_store(config, workdir: Path | RunDir):
+def prepare_store(config, rd: RunDir):
     """The dataset store: ``data.store``, or ``<workdir>/store``, written once: process 0 decides whether it is
     needed; then every process of a pod writes its share of the datasets (``write_store``: one temporary folder,
     renamed into place by process 0, ``jaxembed.data.store_pod``); all open it when it is complete."""
@@ -122,7 +122,6 @@ def prepare_store(config, workdir: Path | RunDir):
 
     if config.data.store:
         return Store.open(config.data.store)
-    rd = rundir(workdir)
     store_dir = rd.store
 
     def needed() -> bool:
@@ -297,9 +296,9 @@ def setup(config, workdir: str | Path | RunDir, lock: WorkdirLock | None = None,
                base if lora_spec is not None else "", rd)
 
 
-def export_dir(config, workdir: Path | RunDir) -> Path:
+def export_dir(config, rd: RunDir) -> Path:
     """Where the run's export goes: ``export.dir``, or ``<workdir>/export``."""
-    return rundir(workdir).export_dir(config.export.dir)
+    return rd.export_dir(config.export.dir)
 
 
 def init_source(config, workdir: str | Path | RunDir) -> str:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from jaxembed import atomic_files
 from jaxembed import config as cfglib
 from jaxembed.errors import UserError
-from jaxembed.runs.rundir import RunDir, rundir
+from jaxembed.runs.rundir import RunDir
 
 
 def plan_inputs_of(config, store) -> dict:
@@ -46,12 +46,12 @@ def check_saved(path: Path, build: Callable[[Path], Any]) -> None:
                         "plan config changed); fix: use a new --workdir")
 
 
-def read_only_plan(config, store, workdir: Path | RunDir, build: Callable[[], Any]):
+def read_only_plan(config, store, rd: RunDir, build: Callable[[], Any]):
     """The plan of a run read but not written (an export): its saved plan when it records the config's inputs,
     else ``build()`` (the config's plan, in memory)."""
     from jaxembed.data.plan import Plan
 
-    path = rundir(workdir).plan
+    path = rd.plan
     if path.exists() and saved_inputs(path).get("fingerprint") == plan_inputs_of(config, store)["fingerprint"]:
         return Plan.load(path)
     return build()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -10,7 +9,7 @@ from flax import nnx
 
 from jaxembed import config as cfglib
 from jaxembed import loading, lora, pod
-from jaxembed.runs.rundir import RunDir, rundir
+from jaxembed.runs.rundir import RunDir
 
 
 def say(text: str) -> None:
@@ -40,13 +39,13 @@ def describe_model(loaded: loading.Loaded, source: str, config, mesh) -> str:
     return f"model: {source} ({arch}); {', '.join(extra)}; devices: {where} (mesh {dict(mesh.shape)})"
 
 
-def describe_store(store, config, workdir: Path | RunDir) -> str:
+def describe_store(store, config, rd: RunDir) -> str:
     """One line: the datasets with their sizes and task types, and where the store is."""
     ds = store.datasets
     shown = ", ".join(f"{d.name} {d.size:,} ({d.task_type})" for d in ds[:8])
     more = f" and {len(ds) - 8} more" if len(ds) > 8 else ""
     total = sum(d.size for d in ds)
-    where = config.data.store or rundir(workdir).store
+    where = config.data.store or rd.store
     return (f"data: {count(len(ds), 'dataset')}, {count(total, 'example')}: {shown}{more} "
             f"(store {where})")
 
