@@ -24,7 +24,7 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     step, marker, rest = int(argv[0]), Path(argv[1]), argv[2:]
-    from jaxembed.train import monitor
+    from jaxembed.runs import monitor
     from jaxembed.cli import main as jaxembed_main
 
     log = monitor.Monitor.log
