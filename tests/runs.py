@@ -222,13 +222,13 @@ def get_config(arg=None):
 '''
 
 
-def tiny_model(out: Path, tokenizer_dir: Path) -> Path:
-    """A 2-layer, 32-wide random BERT with MiniLM's tokenizer, as a sentence-transformers folder."""
+def tiny_model(out: Path, tokenizer_dir: Path, layers: int = 2) -> Path:
+    """A ``layers``-layer, 32-wide random BERT with MiniLM's tokenizer, as a sentence-transformers folder."""
     from jaxembed import export, models
     from jaxembed.models.embedding import EmbeddingModel, HeadConfig
     from jaxembed.tokenizer import Tokenizer
 
-    cfg = models.config_from_hf(dict(model_type="bert", vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+    cfg = models.config_from_hf(dict(model_type="bert", vocab_size=30522, hidden_size=32, num_hidden_layers=layers,
                                      num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
                                      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
     export.export(EmbeddingModel.init(cfg, HeadConfig("mean"), seed=0), Tokenizer.from_folder(tokenizer_dir, 64), out)

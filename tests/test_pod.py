@@ -1,17 +1,18 @@
 """A pod on one shared workdir (docs/design.md, Architecture; docs/reliability.md): two real `jaxembed train`
 processes (2 CPU devices each, gloo collectives, JAXEMBED_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID) started at
-the same moment.
+the same moment, on a 1-layer tiny BERT (what is checked -- files, checkpoints, signals, resume -- does not depend on
+the depth; each process compiles half as much).
 
 - They finish, on a slow shared disk (tests/faults slow_writes: the first write to each run file stalls half-way,
   so a process that read a file before its writer was done would see half of it, e.g. a JSONDecodeError on
   config.json), and their export equals a
   single process on the same 4 devices (<= 1e-5).
-- Both killed (-9) while the async save of step 6 is in flight (its final rename held, tests/faults hold_save)
-  and started again: they say so, resume from the previous complete checkpoint (3) and end bitwise equal to the
-  uninterrupted pod run.
-- Stopped by SIGTERM after step 6 (JAX's preemption sync: both processes save step 6 and exit 143), the run
-  resumes on other layouts, 1 process x 4 devices and 1 x 2, with the defaults (packed rows, dropout on): each logs
-  the uninterrupted one-process run's losses and ends with its parameters.
+- One interrupted pod run (the ``interrupted`` fixture) for the two faults: both processes killed (-9) while the
+  async save of step 6 is in flight (its final rename held, tests/faults hold_save) and started again: they say
+  so, resume from the previous complete checkpoint (3) and save step 6 bitwise equal to the uninterrupted pod
+  run's; that resumed pod is stopped by SIGTERM after step 6 (JAX's preemption sync: both processes save step 6
+  and exit 143), and the run resumes on other layouts, 1 process x 4 devices and 1 x 2, with the defaults (packed
+  rows, dropout on): each logs the uninterrupted one-process run's losses and ends with its parameters.
 - Commands that run on one host only refuse a multi-host environment with one line.
 """
 
@@ -33,7 +34,7 @@ def pod(tmp_path_factory, shared_data, minilm_dir):
     """The uninterrupted pod run (shared by the tests below), and beside it the same run in one process on the
     same total device count (4)."""
     root = tmp_path_factory.mktemp("pod")
-    cfg = runs.tiny_config(root / "tiny_train.py", runs.tiny_model(root / "model", minilm_dir), shared_data)
+    cfg = runs.tiny_config(root / "tiny_train.py", runs.tiny_model(root / "model", minilm_dir, layers=1), shared_data)
     wd, single = root / "pod", root / "single"
     procs = runs.start_pod(2, 2, ["train", "--config", str(cfg), "--workdir", str(wd)], root / "pod",
                            fault="slow_writes=0.5")
@@ -63,47 +64,62 @@ def test_pod_started_at_once_on_one_workdir_equals_one_process(pod):
                                load_encoder(str(single / "export")).encode(texts), rtol=0, atol=1e-5)
 
 
-def test_pod_killed_during_async_save_resumes_bitwise(pod):
+@pytest.fixture(scope="module")
+def interrupted(pod):
+    """One pod run interrupted twice: killed (-9) while the async save of step 6 is in flight, then started again
+    (it resumes from step 3) and stopped by SIGTERM after logging step 6. The pod pauses there
+    (tests/signal_pause.py) until the SIGTERM sent to both processes has reached JAX's preemption sync, so it stops
+    at 6 however loaded the machine. -> the facts seen after each interruption."""
     root = pod["root"]
-    wd, marker = root / "killed", root / "hold.marker"
+    wd, held, paused = root / "interrupted", root / "hold.marker", root / "sigterm.marker"
     args = ["train", "--config", str(pod["config"]), "--workdir", str(wd)]
-    procs = runs.start_pod(2, 2, args, root / "killed", fault="hold_save=6", marker=marker)
-    runs.wait_for(marker, procs)  # step 6's checkpoint is written but not yet renamed into place
+    procs = runs.start_pod(2, 2, args, root / "killed", fault="hold_save=6", marker=held)
+    runs.wait_for(held, procs)  # step 6's checkpoint is written but not yet renamed into place
     for p in procs:
         p.kill9()
-    assert runs.steps_of(wd) == [3]
-    assert [p.name for p in (wd / "checkpoints").iterdir() if "tmp" in p.name] == ["6.orbax-checkpoint-tmp"]
-    procs = runs.start_pod(2, 2, args, root / "resumed")
-    out = runs.wait_all(procs)[0]
-    assert "removed 1 unfinished save(s) of a stopped run (6.orbax-checkpoint-tmp)" in out, out[-2000:]
-    assert "resuming at step 3 of 8" in out
-    assert runs.steps_of(wd) == [6, 8] and runs.leftovers(wd) == []
-    runs.assert_bitwise_equal(runs.params_at(wd, 8)[1], runs.params_at(pod["wd"], 8)[1])
-    a, b = runs.export_tensors(wd / "export"), runs.export_tensors(pod["wd"] / "export")
-    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-
-
-def _train_losses(workdir) -> dict[int, float]:
-    lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return {x["step"]: x["loss"] for x in lines if x["split"] == "train"}
-
-
-def test_pod_stopped_by_sigterm_resumes_on_other_layouts(pod):
-    """The pod pauses after logging step 6 (tests/signal_pause.py) until the SIGTERM sent to both processes has
-    reached JAX's preemption sync, so it stops at 6 however loaded the machine. A layout with another device
-    count packs the texts of steps 7-8 into other rows; each text's dropout masks are its own (its id in the
-    step, its positions: jaxembed.models.dropout), so the run continues as the uninterrupted one."""
-    root, single = pod["root"], pod["single"]
-    wd, marker = root / "sigterm", root / "sigterm.marker"
-    args = ["train", "--config", str(pod["config"]), "--workdir", str(wd)]
-    procs = runs.start_pod(2, 2, args, root / "sigterm", pause=(6, marker))
-    runs.wait_for(marker, procs)
+    killed = {"steps": runs.steps_of(wd),
+              "tmp": [p.name for p in (wd / "checkpoints").iterdir() if "tmp" in p.name]}
+    procs = runs.start_pod(2, 2, args, root / "resumed", pause=(6, paused))
+    runs.wait_for(paused, procs)
     for p in procs:
         p.signal(signal.SIGTERM)
     outs = runs.wait_ended(procs, timeout=300)
-    assert [p.returncode for p in procs] == [143, 143], runs.describe(procs)
-    assert "signal 15: checkpoint saved at step 6" in outs[0], outs[0][-2000:]
-    assert runs.steps_of(wd) == [3, 6] and runs.leftovers(wd) == []
+    return {"wd": wd, "killed": killed, "outs": outs, "returncodes": [p.returncode for p in procs],
+            "describe": runs.describe(procs), "steps": runs.steps_of(wd), "leftovers": runs.leftovers(wd)}
+
+
+def test_pod_killed_during_async_save_resumes_bitwise(pod, interrupted):
+    """The restarted pod removes the unfinished save, resumes from step 3 and saves step 6 (the SIGTERM's) bitwise
+    equal to the uninterrupted pod's step 6: the 3 steps trained after the resume are the uninterrupted ones."""
+    assert interrupted["killed"]["steps"] == [3]
+    assert interrupted["killed"]["tmp"] == ["6.orbax-checkpoint-tmp"]
+    out = interrupted["outs"][0]
+    assert "removed 1 unfinished save(s) of a stopped run (6.orbax-checkpoint-tmp)" in out, out[-2000:]
+    assert "resuming at step 3 of 8" in out
+    assert interrupted["steps"] == [3, 6] and interrupted["leftovers"] == []
+    assert runs.steps_of(pod["wd"]) == [6, 8]
+    runs.assert_bitwise_equal(runs.params_at(interrupted["wd"], 6)[1], runs.params_at(pod["wd"], 6)[1])
+
+
+def _train_losses(workdir) -> dict[int, float]:
+    """Each logged train step's loss as first logged: a run resumed between two log steps (the interrupted pod, from
+    step 3) logs the next one (4) again, averaged over the steps since the resume only."""
+    lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    out: dict[int, float] = {}
+    for x in lines:
+        if x["split"] == "train":
+            out.setdefault(x["step"], x["loss"])
+    return out
+
+
+def test_pod_stopped_by_sigterm_resumes_on_other_layouts(pod, interrupted):
+    """A layout with another device count packs the texts of steps 7-8 into other rows; each text's dropout masks
+    are its own (its id in the step, its positions: jaxembed.models.dropout), so the run continues as the
+    uninterrupted one."""
+    root, single, wd = pod["root"], pod["single"], interrupted["wd"]
+    assert interrupted["returncodes"] == [143, 143], interrupted["describe"]
+    assert "signal 15: checkpoint saved at step 6" in interrupted["outs"][0], interrupted["outs"][0][-2000:]
+    assert interrupted["steps"] == [3, 6] and interrupted["leftovers"] == []
     want = _train_losses(single)
     assert sorted(want) == [2, 4, 6, 8]
     resumed = {}
