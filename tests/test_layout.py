@@ -14,6 +14,9 @@ are left out.
   the function runs.
 - A file under jaxembed/ over ``MAX_LINES`` lines states why at the top of its docstring (a paragraph
   ``Size: ... because ...``), or is in ``NOT_YET_SPLIT`` with the reason it is not split yet.
+- No function under jaxembed/train/ is over ``MAX_FUNCTION_LINES`` lines (from its ``def``, or its first decorator,
+  to its last line, nested functions included), so a trainer reads top to bottom as named steps;
+  ``LONG_FUNCTIONS_LEFT`` lists the ones not split yet, each with its length.
 - benchmarks/ (scripts that import each other by bare name, with their folder and benchmarks/ on sys.path): no
   import cycle, module level and in functions alike, and no module over ``BENCH_MAX_LINES`` lines.
 - No module imports a private name (``_name``) of another module of this repository: a name another module needs
@@ -37,6 +40,10 @@ PACKAGE = ROOT / "jaxembed"
 MAX_LINES = 500
 #: files over MAX_LINES that are not split yet, and why: the only exceptions. Remove an entry when its file is split.
 NOT_YET_SPLIT: dict[str, str] = {}
+MAX_FUNCTION_LINES = 60
+FUNCTION_LENGTH_DIRS = ("jaxembed/train",)
+#: functions over MAX_FUNCTION_LINES in FUNCTION_LENGTH_DIRS not split yet: "path::name" -> its length in lines.
+LONG_FUNCTIONS_LEFT: dict[str, int] = {"jaxembed/train/run.py::setup": 95}
 
 
 @lru_cache(maxsize=None)
@@ -181,6 +188,35 @@ def oversized(package: Path = PACKAGE) -> list[str]:
     return out
 
 
+def function_lengths(path: Path, root: Path = ROOT) -> dict[str, int]:
+    """'path::name' (nested: 'path::outer.inner') -> lines from its def (or first decorator) to its last line."""
+    rel = path.relative_to(root).as_posix()
+    out = {}
+
+    def walk(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                out[f"{rel}::{prefix}{child.name}"] = child.end_lineno - first + 1
+                walk(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                walk(child, f"{prefix}{child.name}.")
+            else:
+                walk(child, prefix)
+
+    walk(parse(path), "")
+    return out
+
+
+def long_functions(root: Path = ROOT, dirs=FUNCTION_LENGTH_DIRS, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """Every function over ``limit`` lines in the files under ``dirs``: 'path::name' -> its length."""
+    found = {}
+    for d in dirs:
+        for path in sorted((root / d).rglob("*.py")):
+            found.update({k: n for k, n in function_lengths(path, root).items() if n > limit})
+    return found
+
+
 # ----------------------------------------------------------------------------------------------------- tests
 
 
@@ -233,6 +269,31 @@ def test_not_yet_split_entries_are_current():
         n = len(path.read_text().splitlines())
         assert n > MAX_LINES and not stated_size_reason(path), (
             f"{rel} ({n} lines) no longer needs its NOT_YET_SPLIT entry: remove it from tests/test_layout.py")
+
+
+def test_long_functions_are_found(tmp_path):
+    """The length check on a small file: a decorated function counts from its decorator, a method and a nested
+    function by their dotted names."""
+    (tmp_path / "pkg").mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(5))
+    inner = body.replace("    ", "        ")
+    (tmp_path / "pkg" / "m.py").write_text(f"@dec\ndef f():\n{body}\n    def g():\n{inner}\n\n\n"
+                                           "class C:\n    def h(self):\n        pass\n")
+    lengths = function_lengths(tmp_path / "pkg" / "m.py", tmp_path)
+    assert lengths == {"pkg/m.py::f": 13, "pkg/m.py::f.g": 6, "pkg/m.py::C.h": 2}
+    assert long_functions(tmp_path, ("pkg",), limit=6) == {"pkg/m.py::f": 13}
+
+
+def test_trainer_functions_fit_on_one_screen():
+    """No function in jaxembed/train/ over MAX_FUNCTION_LINES lines, but those LONG_FUNCTIONS_LEFT names with their
+    current length (an entry goes, or its length follows, when the function changes)."""
+    found = long_functions()
+    new = {k: n for k, n in found.items() if k not in LONG_FUNCTIONS_LEFT}
+    assert not new, (f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps):\n  "
+                     + "\n  ".join(f"{k}: {n} lines" for k, n in sorted(new.items())))
+    stale = {k: (n, found.get(k)) for k, n in LONG_FUNCTIONS_LEFT.items() if found.get(k) != n}
+    assert not stale, ("LONG_FUNCTIONS_LEFT entries that are not current (listed length, length now; None: split "
+                       "or gone):\n  " + "\n  ".join(f"{k}: {v}" for k, v in sorted(stale.items())))
 
 
 def test_evaluation_modules_import_one_way():
