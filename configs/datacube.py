@@ -57,7 +57,7 @@ from ml_collections import FieldReference
 
 from jaxembed import paths
 from jaxembed.config import default_config
-from jaxembed.config_io import recipe_spec
+from jaxembed.config.io import recipe_spec
 from jaxembed.data.shared_train import shared_train_config
 from jaxembed.errors import UserError
 

@@ -29,7 +29,7 @@ Every value below says where it comes from. "Paper" is the MoTE paper: section 4
 
 from jaxembed import mote, paths
 from jaxembed.config import default_config
-from jaxembed.config_io import recipe_spec
+from jaxembed.config.io import recipe_spec
 from jaxembed.data.clustering import shared_clustering_datasets
 from jaxembed.data.shared_train import shared_train_config
 from jaxembed.errors import UserError

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from jaxembed.choices import ATTENTION_KERNELS, DTYPES, POOLING_MODES
-from jaxembed.config_io import config_help
+from jaxembed.config.io import config_help
 from jaxembed.demo import DEMO_TASKS
 from jaxembed.errors import UserError
 
@@ -148,8 +148,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_recipes(args) -> int:
-    """The recipes that ship with jaxembed (jaxembed.config_io.recipe_list), or one recipe's documentation."""
-    from jaxembed.config_io import recipe_list
+    """The recipes that ship with jaxembed (jaxembed.config.io.recipe_list), or one recipe's documentation."""
+    from jaxembed.config.io import recipe_list
 
     recipes = recipe_list(args.name)
     if args.name:

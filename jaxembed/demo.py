@@ -38,7 +38,7 @@ def run_demo(workdir, *, tiny: bool = False, overrides: Sequence[str] = (), task
     from jaxembed.evaluate.runner import format_comparison
     from jaxembed.train import train
 
-    spec = "demo" + (":tiny" if tiny else "")  # the recipe, found from any folder (jaxembed.config_io)
+    spec = "demo" + (":tiny" if tiny else "")  # the recipe, found from any folder (jaxembed.config.io)
     cfg = cfglib.apply_overrides(cfglib.load_config_file(spec), list(overrides))
     tasks = tuple(tasks) if tasks else DEMO_TASKS
     rd = rundir(workdir)

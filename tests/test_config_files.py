@@ -1,5 +1,5 @@
-"""The one loader of config files (``jaxembed.config_io.load_config_file``): ``PATH[:VARIANT]`` as every ``--config``
-reads it. Two loaders with different rules existed before (``jaxembed.config_io`` for train / score / sweep /
+"""The one loader of config files (``jaxembed.config.io.load_config_file``): ``PATH[:VARIANT]`` as every ``--config``
+reads it. Two loaders with different rules existed before (``jaxembed.config.io`` for train / score / sweep /
 pretrain, ``jaxembed.data.config_file`` for ``data prepare`` / ``plan build``); each case below failed on one of
 them (or on both: the file as a module, None returned, a syntax error).
 
@@ -124,7 +124,7 @@ RECIPES = sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
 
 
 def _recipe_variants(name):
-    from jaxembed.config_io import load_config_module
+    from jaxembed.config.io import load_config_module
 
     module, _, _ = load_config_module(str(ROOT / "configs" / f"{name}.py"))
     return module.VARIANTS
@@ -135,7 +135,7 @@ def test_recipes_by_name_from_any_folder(files, capsys):
     declares; train / sweep / data prepare / score take NAME[:VARIANTS]; a file of the same name wins, a folder does
     not; an unknown name and a recipe's own error are one line each."""
     from jaxembed.cli import build_parser, main
-    from jaxembed.config_io import portable_spec
+    from jaxembed.config.io import portable_spec
     from jaxembed.sweep.expand import load_hyper
 
     assert RECIPES == ["datacube", "demo", "kalm", "mote", "peg", "retromae"]

@@ -1,4 +1,4 @@
-"""Values that cannot train are refused before any work (jaxembed/config_scale.py, jaxembed.config.validate): a
+"""Values that cannot train are refused before any work (jaxembed/config/scale.py, jaxembed.config.validate): a
 temperature or scale whose logit scale the compute dtype's gradients cannot hold (``loss.temperature=1e-30`` used
 to train with every update skipped, exit 0); and a wrong-type ``--config.KEY=VALUE`` names the key, the type it
 takes and an example (it was ml_collections' raw cast message)."""
@@ -56,7 +56,7 @@ def test_a_scale_or_rate_that_cannot_train_is_refused(valid_config, key, value, 
 
 
 def test_the_bound_of_the_train_dtypes_leaves_usual_values_alone(valid_config):
-    from jaxembed.config_scale import max_logit_scale
+    from jaxembed.config.scale import max_logit_scale
 
     assert max_logit_scale("float32") == max_logit_scale("bfloat16") == pytest.approx(2.81475e14, rel=1e-4)
     c = valid_config()

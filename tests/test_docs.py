@@ -251,7 +251,7 @@ def _parse_jaxembed(args: list[str]):
 
 def check_jaxembed(args: list[str]) -> None:
     from jaxembed import config as cfglib
-    from jaxembed.config_io import split_config_spec
+    from jaxembed.config.io import split_config_spec
 
     ns, overrides = _parse_jaxembed(args)
     overrides += list(getattr(ns, "set", None) or []) if ns.command in ("sweep", "pretrain") else []

@@ -1,5 +1,5 @@
 """A run directory resumed with another config, and a finished run trained on (jaxembed/train/run.py
-``check_workdir``, jaxembed/config_io.py ``config_differences``): the refusal names each differing key with the
+``check_workdir``, jaxembed/config/io.py ``config_differences``): the refusal names each differing key with the
 run's value and the command's, and its fix is a command that works (the run's config.json, read as data); only
 plan.steps may grow, and the run then continues from its last step. The end of a run: a line with the exported
 step and its dev score, and a warning (stdout, summary.json, the model card) when updates were skipped."""
@@ -64,7 +64,7 @@ def test_a_changed_config_is_refused_naming_each_key_with_both_values(tmp_path):
 
 
 def test_long_values_and_many_differences_stay_one_line():
-    from jaxembed.config_io import changed_config_message, config_differences
+    from jaxembed.config.io import changed_config_message, config_differences
 
     old = {"data": {"datasets": [{"name": "a", "path": "x" * 200}]}, "optim": {f"k{i}": i for i in range(12)}}
     new = {"data": {"datasets": [{"name": "a", "path": "y" * 200}, {"name": "b"}]},

@@ -30,7 +30,7 @@ NOT_RUN_FILES = {
     ("jaxembed/train/run.py", "prev.export", "config.json"),  # a previous stage's export
     ("jaxembed/train/run.py", "out", "config.json"),  # the model folder exported into init_from/
     ("jaxembed/losses/parts/gist.py", "p", "config.json"),
-    ("jaxembed/config_lengths.py", "p", "config.json"),
+    ("jaxembed/config/lengths.py", "p", "config.json"),
     ("jaxembed/evaluate/prompts.py", "p", "config.json"),
     ("jaxembed/curriculum/score.py", "Path(out)", "store"),
 }

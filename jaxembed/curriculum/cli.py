@@ -68,7 +68,7 @@ def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 def add_parsers(subparsers) -> None:
     """Add ``score``, ``curriculum`` and ``mine`` to an argparse sub-parsers object."""
-    from jaxembed.config_io import config_help
+    from jaxembed.config.io import config_help
 
     p = subparsers.add_parser(
         "score", help="reference-model scores for a store: task similarity (Data-CUBE Eq. 4-5) and instance "

@@ -30,7 +30,7 @@ from jaxembed.data.validate import check_paths, summary_line, validate_file
 
 def add_parsers(subparsers) -> None:
     """Add ``data validate`` and ``data prepare`` to an argparse sub-parsers object."""
-    from jaxembed.config_io import config_help
+    from jaxembed.config.io import config_help
 
     p = subparsers.add_parser("data", help="validate training files; prepare the dataset store",
                               description="Validate training files and prepare the random-access dataset store.")

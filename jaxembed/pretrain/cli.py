@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 def add_parsers(subparsers) -> None:
-    from jaxembed.config_io import config_help
+    from jaxembed.config.io import config_help
 
     p = subparsers.add_parser("pretrain", help="pre-training stages (RetroMAE)",
                               description="Pre-train an encoder before contrastive fine-tuning.")

@@ -36,7 +36,7 @@ LAYOUT: tuple[Entry, ...] = (
     Entry("lock", "run.lock", "process 0, an exclusive flock held for the whole run; the holder's pid, host and "
           "command inside (jaxembed.runs.workdir_lock)", "a second run on the same folder, which stops"),
     Entry("config_json", "config.json", "process 0 at the start: the resolved config, written whole "
-          "(jaxembed.config_io.write_resolved)", "a resumed run (its config must match), jaxembed export, sweeps, the "
+          "(jaxembed.config.io.write_resolved)", "a resumed run (its config must match), jaxembed export, sweeps, the "
           "model card"),
     Entry("config_txt", "config.txt", "with config.json: the same config as Python text", "people"),
     Entry("lora_base_json", "lora_base.json", "process 0 at the first start of a LoRA run: the base model's "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from jaxembed.config_io import config_help
+from jaxembed.config.io import config_help
 from jaxembed.errors import UserError
 from jaxembed.sweep.expand import MANIFEST, Sweep, plan_sweep
 from jaxembed.sweep.report import REPORT, collect, format_report, write_report

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxembed import config as cfglib
-from jaxembed.config_io import load_config_module
+from jaxembed.config.io import load_config_module
 from jaxembed.errors import UserError
 
 MANIFEST = "sweep.json"

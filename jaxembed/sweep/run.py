@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxembed import paths
-from jaxembed.config_io import portable_spec
+from jaxembed.config.io import portable_spec
 from jaxembed.errors import UserError
 from jaxembed.runs.rundir import NAMES, RunDir, rundir
 from jaxembed.runs.signals import StopSignals

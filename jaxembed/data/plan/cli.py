@@ -25,7 +25,7 @@ from jaxembed.errors import UserError
 
 def add_parsers(subparsers) -> None:
     """Add ``plan build`` and ``plan show`` to an argparse sub-parsers object."""
-    from jaxembed.config_io import config_help
+    from jaxembed.config.io import config_help
 
     p = subparsers.add_parser("plan", help="build and inspect batch plans",
                               description="Batch plans: the global batch of every training step, saved to disk.")

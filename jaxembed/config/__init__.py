@@ -4,7 +4,7 @@ work starts. A bad value raises a UserError naming the key, the value and the al
 A config file is a Python file with ``get_config(arg=None) -> ConfigDict`` (big_vision style: ``file.py:tiny``
 passes ``"tiny"``). It starts from ``default_config()`` and changes what its recipe needs. Command-line overrides
 ``--config.a.b=VALUE`` are applied on top. The resolved config is written to the run directory. Loading the files,
-the overrides and config.json are ``jaxembed.config_io`` (re-exported here).
+the overrides and config.json are ``jaxembed.config.io`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import ml_collections as mc
 from ml_collections import config_dict
 
 from jaxembed.choices import ATTENTION_KERNELS, POOLING_MODES, TRAIN_DTYPES
-from jaxembed import config_io
-from jaxembed.config_io import (apply_overrides, override_error, to_json, to_plain,  # noqa: F401 (re-exported)
+from jaxembed.config import io as config_io
+from jaxembed.config.io import (apply_overrides, override_error, to_json, to_plain,  # noqa: F401 (re-exported)
                                 write_resolved)
 from jaxembed.data.config import CONTRASTIVE_LOSSES, LOSSES, SCORED_LOSSES  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError
@@ -269,7 +269,7 @@ def validate(c: mc.ConfigDict) -> None:
         raise _err("data.store", c.data.store, "a folder written by `jaxembed data prepare` (manifest.json missing)")
     else:
         _check_store_task_types(c.data.store)
-    from jaxembed.config_lengths import check_lengths
+    from jaxembed.config.lengths import check_lengths
 
     check_lengths(c)
     if "mote" in c.model and c.model.mote.enabled:
@@ -286,7 +286,7 @@ def validate(c: mc.ConfigDict) -> None:
     from jaxembed.data.loss_checks import check_dataset_losses
 
     check_dataset_losses(c)  # each dataset's loss: its data (scores, teacher scores) and the run's settings
-    from jaxembed.config_scale import check_logit_scales  # after the loss checks: loss.scored_scale > 0
+    from jaxembed.config.scale import check_logit_scales  # after the loss checks: loss.scored_scale > 0
 
     check_logit_scales(c)
     _positive(c, "optim.lr")
@@ -384,7 +384,7 @@ def _check_store_task_types(store: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------- run directory
-# (config files and overrides: jaxembed.config_io, re-exported above; a run's config.json as a config: below)
+# (config files and overrides: jaxembed.config.io, re-exported above; a run's config.json as a config: below)
 
 
 def load_config_file(spec: str, also: str = "") -> mc.ConfigDict:
