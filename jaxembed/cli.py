@@ -56,7 +56,7 @@ def _load(args, task: str | None = None):
 
 def cmd_encode(args) -> int:
     from jaxembed.encode import Encoder, checked_texts, encode_file
-    from jaxembed.outputs import check_output
+    from jaxembed.runs.outputs import check_output
 
     if args.batch_size <= 0:
         raise UserError(f"--batch-size must be positive, got {args.batch_size}")
@@ -82,7 +82,7 @@ def cmd_export(args) -> int:
         raise UserError("export: give exactly one of --model (a model folder / hub id) or --workdir (a run)")
     if args.task is not None and args.average_experts:
         raise UserError("export: give --task or --average-experts, not both")
-    from jaxembed.outputs import check_output
+    from jaxembed.runs.outputs import check_output
 
     check_output(args.out, "folder", "--out")
     export.check_target(args.out, "--out", workdir=args.workdir, source=args.model)
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         # the disk filled up, a file system turned read-only, or a path is not readable or writable for this user,
         # during the work (the outputs were checked writable before it began): one line instead of a traceback.
-        # Writers replace their files through temporary ones (jaxembed.atomic_files), so a file being written is
+        # Writers replace their files through temporary ones (jaxembed.runs.atomic_files), so a file being written is
         # left as it was.
         fix = _DISK_FIXES.get(e.errno)
         if fix is None:
@@ -346,7 +346,7 @@ def _main(argv: list[str] | None, name: list[str]) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        from jaxembed.outputs import check_cli_outputs
+        from jaxembed.runs.outputs import check_cli_outputs
 
         check_cli_outputs(args)  # every output path is writable before any work starts
         return args.func(args)

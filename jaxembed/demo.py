@@ -8,7 +8,7 @@ import json
 import time
 from typing import Sequence
 
-from jaxembed import atomic_files
+from jaxembed.runs import atomic_files
 from jaxembed.runs.rundir import rundir
 
 DEMO_SENTENCES = [

@@ -335,7 +335,7 @@ def encode_file(encoder: Encoder, texts: Iterable[str], out, *, total: int | Non
     in the input's length. The file is written under a temporary name that replaces ``out`` when complete (an
     interrupted or failed encode leaves the earlier ``out``, or none). total: the number of texts, for the
     progress bar; kw: ``Encoder.encode``'s options. -> the matrix's shape (N, D)."""
-    from jaxembed import atomic_files
+    from jaxembed.runs import atomic_files
 
     width = kw.get("dim") or encoder.model.dim
     shape = []

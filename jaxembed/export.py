@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxembed import __version__, atomic_files, base_model, models
+from jaxembed import __version__, base_model, models
+from jaxembed.runs import atomic_files
 from jaxembed.data import leftovers
 from jaxembed.errors import UserError
 from jaxembed.runs.rundir import RunDir

@@ -306,7 +306,7 @@ def check_base(rd: RunDir, fingerprint: str, source: str) -> None:
     """``<workdir>/lora_base.json``: written by the run's first start; on a later start (a resume, an export from
     the workdir) the base weights must be the ones the adapters were trained on. A checkpoint holds the adapters
     only, so other base weights would silently give another model: a UserError."""
-    from jaxembed import atomic_files
+    from jaxembed.runs import atomic_files
 
     path = rd.lora_base_json
     if path.exists():

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from jaxembed.base_model import base_license_of, base_model_of, hub_id, hub_license, jaxembed_base, license_of
 from jaxembed.losses import table as loss_table
-from jaxembed.run_facts import eval_at, eval_rows, final_eval, skipped_note
+from jaxembed.runs.facts import eval_at, eval_rows, final_eval, skipped_note
 from jaxembed.runs.rundir import RunDir, rundir
 
 def front_matter(*, name: str, base_model: str | None = None, datasets: list[str] | None = None,

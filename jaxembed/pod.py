@@ -18,7 +18,7 @@ in a single process.
 - ``single_host_only(command)``: a command that runs on one host refuses a pod in one line.
 Names must be the same on every process and called in the same order (a counter per name makes each use
 unique). The wait is ``JAXEMBED_SYNC_TIMEOUT_S`` seconds at most (default 7200: a process may be preparing a large
-dataset of the store). How a file is written whole: jaxembed.atomic_files.
+dataset of the store). How a file is written whole: jaxembed.runs.atomic_files.
 """
 
 from __future__ import annotations

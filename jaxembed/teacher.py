@@ -127,7 +127,7 @@ def score_file(model, input, out, *, batch_size: int = 64, prompt: str | None = 
 
     from jaxembed import loading
     from jaxembed.encode import Encoder
-    from jaxembed.outputs import check_output
+    from jaxembed.runs.outputs import check_output
 
     if batch_size <= 0:
         raise UserError(f"--batch-size must be positive, got {batch_size}")

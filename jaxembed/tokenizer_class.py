@@ -22,12 +22,15 @@ import logging
 import os
 from pathlib import Path
 
-from jaxembed import atomic_files
+from jaxembed.runs import atomic_files
 
 log = logging.getLogger(__name__)
 
 #: files whose bytes do not take part in the choice of class (weights: named and sized only, never read)
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt", ".gguf", ".onnx", ".npz")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt", ".gguf", ".onnx", ".npz",
+                    ".ot")
+#: a file larger than this is named and sized only, whatever its name (no tokenizer file comes near it)
+_READ_LIMIT = 256 << 20
 
 
 def cache_dir() -> Path:
@@ -45,8 +48,9 @@ def folder_key(folder: str | os.PathLike) -> str:
         if not path.is_file():
             h.update(f"dir {path.name}\n".encode())
             continue
-        h.update(f"file {path.name} {path.stat().st_size}\n".encode())
-        if not path.name.endswith(_WEIGHT_SUFFIXES):
+        size = path.stat().st_size
+        h.update(f"file {path.name} {size}\n".encode())
+        if size <= _READ_LIMIT and not path.name.endswith(_WEIGHT_SUFFIXES):
             h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
 

@@ -185,7 +185,7 @@ def export_tensors(folder: Path) -> dict:
 
 
 def leftovers(folder: Path) -> list[str]:
-    """Temporary files / folders left anywhere under ``folder`` (jaxembed.atomic_files' and Orbax's naming)."""
+    """Temporary files / folders left anywhere under ``folder`` (jaxembed.runs.atomic_files' and Orbax's naming)."""
     return sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*")
                   if ".tmp" in p.name or "orbax-checkpoint-tmp" in p.name)
 

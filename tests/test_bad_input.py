@@ -511,7 +511,7 @@ def test_next_prepare_removes_the_folders_of_killed_writers_of_this_host(tmp_pat
     line, and leaves alone what may be a live writer's: another host's folder, a running pid's, a locked one."""
     import fcntl
 
-    from jaxembed import atomic_files
+    from jaxembed.runs import atomic_files
 
     data = _write(tmp_path / "d.jsonl", [GOOD])
     cfg = _config_file(tmp_path, [data])

@@ -138,7 +138,7 @@ def test_prepare_replaces_only_its_own_unchanged_store(tmp_path, capsys):
     """The export's replace rule (jaxembed_export.json lists what was written): a file the user added to a store,
     or a store file changed since, is refused in one line naming it, before any work, and nothing is deleted; a
     model folder is not taken for a store, nor a store for an export folder."""
-    from jaxembed import atomic_files
+    from jaxembed.runs import atomic_files
 
     t = _write(tmp_path / "t.jsonl", TRIPLETS)
     cfg = tmp_path / "cfg.py"

@@ -73,7 +73,7 @@ def test_next_export_removes_the_folders_of_killed_exports(tmp_path, caplog):
     """kill -9 during an export leaves its temporary folder (partial weights) beside --out; the next export there
     removes it in one log line (the rule of jaxembed.data.leftovers: this host, a pid that is gone, no lock) and
     leaves a live writer's folder alone."""
-    from jaxembed import atomic_files
+    from jaxembed.runs import atomic_files
     from jaxembed.cli import main
     from jaxembed.models.tiny import tiny_model_dir
 

@@ -1,4 +1,4 @@
-"""Run-directory files written by several writers at once (jaxembed/atomic_files.py, jaxembed/pod.py): unique
+"""Run-directory files written by several writers at once (jaxembed/runs/atomic_files.py, jaxembed/pod.py): unique
 temporary names, atomic replacement, whole-folder exports, one-line write errors; the plan and the length table
 through them; one run per run directory (jaxembed/runs/workdir_lock.py)."""
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxembed import atomic_files, pod
+from jaxembed import pod
+from jaxembed.runs import atomic_files
 from jaxembed.errors import UserError
 from jaxembed.runs.rundir import RunDir
 from jaxembed.runs.workdir_lock import WorkdirLock

@@ -186,7 +186,7 @@ def test_mteb_task_results_carry_mteb_dataset_and_revision():
     import mteb
 
     from jaxembed.model_card import front_matter
-    from jaxembed.run_facts import eval_rows
+    from jaxembed.runs.facts import eval_rows
 
     rows = eval_rows({"mteb:STSBenchmark/main_score": 81.5, "mteb:STSBenchmark/cosine_spearman": 81.5,
                       "mteb:STSBenchmark/cosine_pearson": 80.25}, ("mteb:STSBenchmark",))

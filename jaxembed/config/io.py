@@ -408,7 +408,7 @@ def to_text(c: mc.ConfigDict) -> str:
 def write_resolved(c: mc.ConfigDict, rd: RunDir) -> None:
     """config.json (machine-readable) and config.txt (``to_text``: one ``key: value`` line per value) in the run
     directory."""
-    from jaxembed import atomic_files
+    from jaxembed.runs import atomic_files
 
     atomic_files.write_text(rd.config_json, to_json(c) + "\n")  # atomic: a reader never sees half a file
     atomic_files.write_text(rd.config_txt, to_text(c))

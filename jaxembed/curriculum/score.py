@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxembed import atomic_files
+from jaxembed.runs import atomic_files
 from jaxembed.errors import UserError
 
 SCORE_FILES = ("task_similarity.npz", "task_similarity.png", "scores.npz", "score_summary.json")

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from jaxembed import atomic_files
+from jaxembed.runs import atomic_files
 from jaxembed.errors import UserError
 
 

@@ -125,7 +125,7 @@ def write_clustering_file(src, out, *, instruction: str, num_negatives: int = 4,
                           extra_fields: Sequence[str] = (), on_error: str = "stop") -> dict:
     """Read the classification file ``src``, write the clustering triplets file ``out`` (JSON Lines, atomic) and
     ``out`` with suffix .report.json. -> the report: read / written / left out (with reasons), labels, settings."""
-    from jaxembed import atomic_files
+    from jaxembed.runs import atomic_files
 
     if not instruction.strip():
         raise UserError("--instruction: a clustering instruction is needed (e.g. 'Identify the topic or theme of "

@@ -2,7 +2,7 @@
 their removal.
 
 ``atomic_dir`` here builds a store (``write_store``) or an export in ``.{name}.tmp-{host}-{pid}-{random}`` beside
-the output folder (``jaxembed.atomic_files.unique_tmp``) and renames it into place; an older folder is first moved
+the output folder (``jaxembed.runs.atomic_files.unique_tmp``) and renames it into place; an older folder is first moved
 to such a name ending in ``.old``, then removed. A writer killed before it is done (kill -9, out of memory, a lost
 machine) leaves its folder behind. ``remove_dead(out)``, called when a store or an export is written, removes the
 ones whose writer is certainly gone:
@@ -27,7 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
-from jaxembed import atomic_files
+from jaxembed.runs import atomic_files
 
 try:
     import fcntl
@@ -133,7 +133,7 @@ def remove_dead(out: Path, who: str = "data prepare") -> list[str]:
 
 @contextlib.contextmanager
 def atomic_dir(out: str | os.PathLike, who: str = "export", **kw: Any) -> Iterator[Path]:
-    """``jaxembed.atomic_files.atomic_dir(out, **kw)`` (a folder written whole), under this module's rule: its
+    """``jaxembed.runs.atomic_files.atomic_dir(out, **kw)`` (a folder written whole), under this module's rule: its
     temporary folder is locked while written (``hold``), and the ones that killed writers left beside ``out`` are
     removed (``remove_dead``) once the write is allowed."""
     with atomic_files.atomic_dir(out, **kw) as tmp:

@@ -418,7 +418,7 @@ def cached_step_table(store, plan: Plan, tokenizer: Tokenizer, cache: str | os.P
     else:
         table = step_pack_table(store, plan, tokenizer, packing, seed=seed, negatives=negatives, tables=tables)
     log.info("length table for %d steps in %.1fs", plan.steps, time.time() - t0)
-    from jaxembed import atomic_files
+    from jaxembed.runs import atomic_files
 
     # a temporary name unique across hosts (a pid alone repeats across containers), renamed into place
     atomic_files.write_with(cache, lambda t: np.savez(t, key=np.array(key), **table), suffix=".npz")

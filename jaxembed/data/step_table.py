@@ -316,7 +316,7 @@ class StepTable:
         if f is None or not self.write:
             return
         z = {**raw, "key": np.array(self.key()), "window": np.array(w)}
-        from jaxembed import atomic_files
+        from jaxembed.runs import atomic_files
 
         atomic_files.write_with(f, lambda t: np.savez(t, **z), suffix=".npz")
 

@@ -18,7 +18,7 @@ with the report of what was written; the record formats, the on_error policy and
 The store is written to a temporary folder beside ``out_dir`` (``.{name}.tmp-{host}-{pid}-{random}``) and renamed
 into place, so a crash never leaves a folder that opens as a store; the folders that killed writers of this host
 left behind are removed when the next store is written (``jaxembed.data.leftovers``). It replaces only a store
-jaxembed wrote, unchanged since: the export's rule (``jaxembed.atomic_files.atomic_dir``; ``jaxembed_export.json``
+jaxembed wrote, unchanged since: the export's rule (``jaxembed.runs.atomic_files.atomic_dir``; ``jaxembed_export.json``
 lists every file written), so a file a user added to the folder, or changed, is never deleted. On a pod, the
 processes share the datasets: ``jaxembed.data.store_pod``. Writing streams: records go to
 the ArrayRecord file as they are read; what is kept per record is a 4-byte label index, hashes (~40 bytes for the
@@ -39,7 +39,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
 
-from jaxembed import atomic_files
+from jaxembed.runs import atomic_files
 from jaxembed.data import config as dc
 from jaxembed.data import leftovers
 from jaxembed.data.formats import ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset, source_size
@@ -219,10 +219,10 @@ def _float(v):
 
 
 def check_out_dir(out) -> Path:
-    """The store folder ``out`` can be written (see ``jaxembed.outputs.check_output``) and is new, empty or a store
+    """The store folder ``out`` can be written (see ``jaxembed.runs.outputs.check_output``) and is new, empty or a store
     that jaxembed wrote, unchanged since (which is replaced: the export's rule, ``atomic_files.replace_refusal``);
     else a UserError naming it, the files that are not the store's, and the fix."""
-    from jaxembed.outputs import check_output
+    from jaxembed.runs.outputs import check_output
 
     out = Path(out)
     if out.exists() and not out.is_dir():

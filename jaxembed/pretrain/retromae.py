@@ -37,7 +37,8 @@ import optax
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import atomic_files, loading, models, parallel
+from jaxembed import loading, models, parallel
+from jaxembed.runs import atomic_files
 from jaxembed.config import io as config_io
 from jaxembed.runs import compile_cache, optim
 from jaxembed.runs.checkpoints import Checkpointer

@@ -31,7 +31,8 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from jaxembed import atomic_files, pod
+from jaxembed import pod
+from jaxembed.runs import atomic_files
 from jaxembed.errors import UserError
 from jaxembed.runs.rundir import NAMES
 

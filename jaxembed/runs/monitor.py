@@ -152,7 +152,7 @@ class Monitor:
             self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
             self._jsonl.flush()
         except OSError as e:
-            from jaxembed import atomic_files
+            from jaxembed.runs import atomic_files
 
             raise atomic_files.write_failed("writing the metrics", self.rundir.metrics_jsonl, e) from None
         if self._tb is not None:
@@ -276,7 +276,7 @@ def start_wandb(rd: RunDir, settings, run_config: dict):
     """``wandb.init`` for the run in ``workdir`` (process 0 only): the run id of ``<workdir>/wandb.json``, created
     (and written atomically) on the first start, so a restart resumes the same W&B run. Any failure is one
     UserError line."""
-    from jaxembed import atomic_files
+    from jaxembed.runs import atomic_files
     from jaxembed.errors import UserError
 
     try:

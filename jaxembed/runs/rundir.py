@@ -7,7 +7,7 @@ spells a run file's name (tests/test_rundir.py checks that).
 
 On a pod every process opens the same run directory; each file has one writer (process 0, unless the row says
 otherwise) and the other processes wait for its outcome (jaxembed.pod). Files are written whole
-(jaxembed.atomic_files: a temporary name, then a rename) unless the row says otherwise, so a reader never sees half
+(jaxembed.runs.atomic_files: a temporary name, then a rename) unless the row says otherwise, so a reader never sees half
 a file.
 """
 
@@ -60,7 +60,7 @@ LAYOUT: tuple[Entry, ...] = (
           "(jaxembed.runs.compile_cache)", "JAX, in a resumed run"),
     Entry("metrics_jsonl", "metrics.jsonl", "process 0 (jaxembed.runs.monitor): one JSON line per log step, "
           "appended and flushed; a line torn by a kill is cut when the run resumes", "sweep reports, the model "
-          "card (jaxembed.run_facts)"),
+          "card (jaxembed.runs.facts)"),
     Entry("tensorboard", "tensorboard/", "process 0 (jaxembed.runs.monitor): TensorBoard event files",
           "TensorBoard"),
     Entry("wandb_json", "wandb.json", "process 0 (jaxembed.runs.monitor): the W&B run id, written whole",

@@ -12,7 +12,7 @@ import sys
 import time
 
 from jaxembed.errors import UserError
-from jaxembed.atomic_files import describe_os_error
+from jaxembed.runs.atomic_files import describe_os_error
 from jaxembed.runs.rundir import NAMES, RunDir, rundir
 
 log = logging.getLogger(__name__)

@@ -22,13 +22,14 @@ import jax
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import atomic_files, parallel, pod
+from jaxembed import parallel, pod
+from jaxembed.runs import atomic_files
 from jaxembed.runs import compile_cache
 from jaxembed.errors import UserError
 from jaxembed.runs.checkpoints import Checkpointer
 from jaxembed.train.export import export_params, host_params
 from jaxembed.train.metrics import best_step, dev_scores, host_metrics, step_flops
-from jaxembed.run_facts import export_line, skipped_note
+from jaxembed.runs.facts import export_line, skipped_note
 from jaxembed.runs.monitor import Monitor, batch_shapes
 from jaxembed.train.run import Run, export_dir, params_at, setup
 from jaxembed.train.state import init_state, step_table
@@ -52,7 +53,7 @@ def dev_eval_due(step: int, every: int, total: int) -> bool:
 
 def _eval_logged(rd: RunDir, step: int) -> bool:
     """Whether metrics.jsonl holds the dev evaluation of ``step`` (a stop during it leaves none)."""
-    from jaxembed.run_facts import eval_records
+    from jaxembed.runs.facts import eval_records
 
     return any(r["step"] == step for r in eval_records(rd))
 
@@ -395,7 +396,7 @@ def end_summary(p: Parts, ls: LoopState, t_begin: float) -> dict:
         if worse:
             p.monitor.message(worse + f" (export it: jaxembed export --workdir {p.rd.root} --step best --out DIR)")
     if pod.is_main():  # training time (every run on this workdir), devices, the last dev evaluation (for the card)
-        from jaxembed.run_facts import summary_facts
+        from jaxembed.runs.facts import summary_facts
 
         summary.update(summary_facts(p.rd, t_begin))
     return summary

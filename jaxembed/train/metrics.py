@@ -68,7 +68,7 @@ def dev_scores(rd: RunDir, metric: str) -> dict[int, float]:
     the run (step 0: the model before training, ``eval.before``); non-finite values are left out."""
     import math
 
-    from jaxembed.run_facts import eval_records
+    from jaxembed.runs.facts import eval_records
 
     out: dict[int, float] = {}
     for r in eval_records(rd):

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from jaxembed import atomic_files
+from jaxembed.runs import atomic_files
 from jaxembed import config as cfglib
 from jaxembed.errors import UserError
 from jaxembed.runs.rundir import RunDir

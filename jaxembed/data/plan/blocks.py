@@ -268,7 +268,7 @@ def _sliding_dedupe(rows: Rows, steps: np.ndarray, block: int, dedupe: Callable,
 
 def scratch_folder(path: Path) -> Path:
     """A new scratch folder beside ``path`` (on the same disk as the plan it builds)."""
-    from jaxembed import atomic_files
+    from jaxembed.runs import atomic_files
 
     folder = atomic_files.unique_tmp(path, ".blocks")
     folder.mkdir(parents=True)

@@ -115,7 +115,7 @@ def cmd_build(args) -> int:
     from jaxembed.data.plan.summary import format_summary, summarize
     from jaxembed.data.store import Store
 
-    from jaxembed.outputs import check_output
+    from jaxembed.runs.outputs import check_output
 
     t0 = time.time()
     out = check_output(args.out, "file", "--out", ".npz")  # before any work (also its .json sidecar's folder)

@@ -114,7 +114,7 @@ class Plan:
         path = Path(path)
         if path.suffix != ".npz":
             raise UserError(f"{path}: a plan file must end in .npz")
-        from jaxembed import atomic_files
+        from jaxembed.runs import atomic_files
 
         side = {"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint(), "steps": self.steps,
                 "global_batch_size": self.global_batch_size, "seed": self.seed,

@@ -130,7 +130,7 @@ def save_instance_orders(path, orders: Mapping[str, np.ndarray], dataset_names: 
     order) to ``path`` (.npz, atomic): ``units`` [U] and ``offsets`` int64 [U + 1] (unit k's rows are
     offsets[k]:offsets[k + 1]), ``dataset_names`` [D], ``dataset_ids`` int32 [N], ``example_ids`` int64 [N].
     Stored uncompressed: ``load_instance_orders`` maps the two long arrays and reads one unit's rows at a time."""
-    from jaxembed import atomic_files
+    from jaxembed.runs import atomic_files
 
     units = list(orders)
     sizes = [int(np.asarray(orders[u]).shape[0]) for u in units]
