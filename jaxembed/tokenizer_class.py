@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt", ".gguf", ".onnx", ".npz",
                     ".ot")
 #: a file larger than this is named and sized only, whatever its name (no tokenizer file comes near it)
-_READ_LIMIT = 256 << 20
+READ_LIMIT = 256 << 20
 
 
 def cache_dir() -> Path:
@@ -50,7 +50,7 @@ def folder_key(folder: str | os.PathLike) -> str:
             continue
         size = path.stat().st_size
         h.update(f"file {path.name} {size}\n".encode())
-        if size <= _READ_LIMIT and not path.name.endswith(_WEIGHT_SUFFIXES):
+        if size <= READ_LIMIT and not path.name.endswith(_WEIGHT_SUFFIXES):
             h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
 

@@ -90,12 +90,16 @@ def test_remembered_class_loads_autotokenizers_tokenizer(arch, minilm_dir, token
 
 def test_a_changed_folder_is_chosen_for_again(minilm_dir, tmp_path, cache, monkeypatch):
     """Editing a tokenizer file changes the folder's key (AutoTokenizer chooses again, and the edit shows); a
-    weight file is keyed by its name and size only."""
+    weight file, or any file over READ_LIMIT bytes, is keyed by its name and size only (never read)."""
     folder = _folder(tmp_path, "bert", minilm_dir)
-    (folder / "model.safetensors").write_bytes(b"a" * 8)
+    monkeypatch.setattr(tokenizer_class, "READ_LIMIT", 1 << 20)
+    big = [folder / "model.safetensors", folder / "rust_model.ot", folder / "weights.dat"]
+    for f in big:
+        f.write_bytes(b"a" * (8 if f.suffix != ".dat" else (1 << 20) + 1))
     key = tokenizer_class.folder_key(folder)
     tokenizer_class.load_as_auto(folder)
-    (folder / "model.safetensors").write_bytes(b"b" * 8)
+    for f in big:
+        f.write_bytes(f.read_bytes().replace(b"a", b"b"))
     assert tokenizer_class.folder_key(folder) == key
     cfg = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "model_max_length": 77}))
