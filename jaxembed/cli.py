@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from jaxembed.data.cli import add_parsers as add_data_parsers
     from jaxembed.data.plan.cli import add_parsers as add_plan_parsers
-    from jaxembed.eval_cli import add_parsers as add_eval_parsers
+    from jaxembed.evaluate.cli import add_parsers as add_eval_parsers
 
     add_data_parsers(sub)
     add_plan_parsers(sub)

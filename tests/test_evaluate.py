@@ -397,7 +397,7 @@ def test_local_scores_equal_mteb(shared_data):
 
 
 def _cli(argv):
-    from jaxembed import eval_cli
+    from jaxembed.evaluate import cli as eval_cli
 
     p = argparse.ArgumentParser(prog="jaxembed")
     eval_cli.add_parsers(p.add_subparsers(dest="command", required=True))

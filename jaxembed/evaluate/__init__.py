@@ -1,6 +1,8 @@
 """Evaluation: the local task registry, fast local evaluators (``evaluate``) and the mteb side (an mteb v2
 encoder around a jaxembed model, and the local sets as offline mteb custom tasks).
 
+``cli`` is the ``jaxembed eval`` command (its arguments; the work is ``report``).
+
 The mteb names (``MTEBEncoder``, ``mteb_task``, ``mteb_tasks``, ``run_mteb``) import mteb on first use only.
 """
 

@@ -1,4 +1,4 @@
-"""What ``jaxembed eval`` runs and prints (``jaxembed/eval_cli.py`` parses the arguments and calls
+"""What ``jaxembed eval`` runs and prints (``jaxembed/evaluate/cli.py`` parses the arguments and calls
 ``evaluate_and_report``): the model loaded, the entries selected and checked before it loads, the local evaluators
 and ``mteb:NAME`` tasks scored with a table on stdout (per-task lines on stderr), or ``mteb.evaluate`` with its own
 table; the scores written as JSON.
