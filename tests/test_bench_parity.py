@@ -9,10 +9,20 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-torch = pytest.importorskip("torch")
-pytest.importorskip("sentence_transformers")
 
-import quality_parity as qp  # noqa: E402
+# torch, sentence-transformers and the benchmark are imported by the tests that run, not at collection (each test
+# process collects every file: these imports cost ~7 CPU-s there)
+torch = qp = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _st_side():
+    global torch, qp
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("sentence_transformers")
+    import quality_parity
+
+    qp = quality_parity
 
 
 def _labels_and_hashes(B, K, rng):
