@@ -1,5 +1,5 @@
 """The names the command line and the run config accept for a model's runtime settings, declared once: argparse's
-``choices`` (``jaxembed.cli``, ``eval_cli``, ``teacher_cli``, ``curriculum.cli``), the config checks
+``choices`` (``jaxembed.cli``, ``evaluate.cli``, ``teacher.cli``, ``curriculum.cli``), the config checks
 (``jaxembed.config``, ``jaxembed.pretrain.config``) and the modules that implement them (``jaxembed.pooling``,
 ``jaxembed.models.layers``, ``jaxembed.models.attention``) read these. It imports nothing, so the command line is
 parsed without JAX."""

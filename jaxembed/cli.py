@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_synth_parsers(sub)
     add_pretrain_parsers(sub)
-    from jaxembed.teacher_cli import add_parser as add_teacher_parser
+    from jaxembed.teacher.cli import add_parser as add_teacher_parser
 
     add_teacher_parser(sub)
 

@@ -1,4 +1,4 @@
-"""The teacher-score job (``jaxembed teacher-score``, parsed in ``jaxembed/teacher_cli.py``): a teacher embedding
+"""The teacher-score job (``jaxembed teacher-score``, parsed in ``jaxembed/teacher/cli.py``): a teacher embedding
 model's scores of each (query, candidate) pair of a triplets file, written as FlagEmbedding's ``pos_scores`` /
 ``neg_scores`` (what ``loss.distill`` trains on, docs/losses.md)::
 
