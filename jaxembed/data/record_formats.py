@@ -4,13 +4,15 @@ config's checks (``jaxembed.data.config``, ``jaxembed.data.loss_checks``), the s
 (``jaxembed.data.store``) and the command line (``data validate --format``, ``mine --format``: ``FORMAT_CHOICES``,
 ``format_help``) read it; none of them names a format of their own.
 
-Adding a format: its parser in ``jaxembed.data.records`` (``parse_<name>(obj, fields, id, RecordContext) ->
-Example``, raising ``BadRecord`` / ``FilteredRecord`` / ``BadConfig``) and one ``RecordFormat`` entry here;
-docs/architecture.md walks through an example.
+Adding a format: its parser (``parse_<name>(obj, fields, id, RecordContext) -> Example``, with the public checks of
+``jaxembed.data.records``, raising ``BadRecord`` / ``FilteredRecord`` / ``BadConfig``) in ``jaxembed.data.records``
+and one ``RecordFormat`` entry here (``register`` adds one at run time); docs/architecture.md walks through an
+example.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
@@ -97,9 +99,64 @@ FORMAT_TABLE: dict[str, RecordFormat] = {f.name: f for f in (
         texts_by_position=True, pair_score=lambda obj, fields: fields["score"] in obj or fields["label"] in obj),
 )}
 
+#: the fields that ``register`` added to ``records.DEFAULT_FIELDS`` for a format (taken out again by ``unregister``)
+_ADDED_FIELDS: dict[str, tuple[str, ...]] = {}
+
+
+def register(fmt: RecordFormat) -> None:
+    """Add a record format after the others: its fields that no format had yet join ``records.DEFAULT_FIELDS``
+    (read under their own names unless a dataset's ``columns`` maps them)."""
+    if fmt.name in FORMAT_TABLE:
+        raise ValueError(f"a record format named {fmt.name!r} is already registered")
+    if any(f.detect_rank == fmt.detect_rank for f in FORMAT_TABLE.values()):
+        raise ValueError(f"{fmt.name}: detect_rank {fmt.detect_rank} is another format's (use {len(FORMAT_TABLE)})")
+    added = tuple(k for k in fmt.fields if k not in records.DEFAULT_FIELDS)
+    records.DEFAULT_FIELDS.update((k, k) for k in added)
+    _ADDED_FIELDS[fmt.name] = added
+    FORMAT_TABLE[fmt.name] = fmt
+
+
+def unregister(name: str) -> None:
+    FORMAT_TABLE.pop(name, None)
+    for k in _ADDED_FIELDS.pop(name, ()):
+        records.DEFAULT_FIELDS.pop(k, None)
+
+
+class _Names(Sequence):
+    """The formats' names between ``head`` and ``tail``, read from FORMAT_TABLE when used (a registered format is
+    in them); ``+`` with a tuple gives another such view, so a list built from it stays current."""
+
+    def __init__(self, head: tuple[str, ...] = (), tail: tuple[str, ...] = ()):
+        self._head, self._tail = head, tail
+
+    def _names(self) -> tuple[str, ...]:
+        return (*self._head, *FORMAT_TABLE, *self._tail)
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __add__(self, other: tuple) -> "_Names":
+        return _Names(self._head, self._tail + tuple(other))
+
+    def __radd__(self, other: tuple) -> "_Names":
+        return _Names(tuple(other) + self._head, self._tail)
+
+    def __eq__(self, other) -> bool:
+        return self._names() == (tuple(other) if isinstance(other, (tuple, _Names)) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
 #: the record formats' names, and what ``--format`` / ``format`` accept for a file (``auto``: from the first record)
-RECORD_FORMATS = tuple(FORMAT_TABLE)
-FORMAT_CHOICES = ("auto",) + RECORD_FORMATS
+RECORD_FORMATS: Sequence[str] = _Names()
+FORMAT_CHOICES: Sequence[str] = ("auto",) + RECORD_FORMATS
 
 
 def format_help() -> str:

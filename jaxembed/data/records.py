@@ -1,8 +1,11 @@
 """One record of a dataset -> an ``Example`` or the reason it is not one (``Skip``): the checks of each field and
 the parsers of the formats (triplets / BGE, scored pairs, labelled pairs, classification, sentence-transformers
-rows), each ``parse_*(obj, fields, id, RecordContext) -> Example``. The table of the formats (their fields,
-parsers, detection and help) is ``jaxembed.data.record_formats``; the formats are described in
-``jaxembed.data.formats``, which reads files with them and re-exports every name here."""
+rows), each ``parse_*(obj, fields, id, RecordContext) -> Example``. A parser's contract, in public names (a format
+added outside this module uses the same): ``get_field`` (a required key), ``check_text`` / ``check_text_list``,
+``label_str``, ``keep_by_score`` / ``keep_by_label`` (a pair kept or ``FilteredRecord``), raising ``BadRecord``
+(the record is invalid), ``FilteredRecord`` (a rule leaves it out) or ``BadConfig`` (the dataset config cannot read
+it). The table of the formats (their fields, parsers, detection and help) is ``jaxembed.data.record_formats``; the
+formats are described in ``jaxembed.data.formats``, which reads files with them and re-exports every name here."""
 
 from __future__ import annotations
 
@@ -96,7 +99,8 @@ class FilteredRecord(Exception):
 
 # ------------------------------------------------------------------------------------------------ field checks
 
-def _check_text(v: Any, key: str) -> str:
+def check_text(v: Any, key: str) -> str:
+    """``v`` when it is a text with something to tokenise, else BadRecord naming ``key``."""
     if not isinstance(v, str):
         raise BadRecord(key, f"expected a string, got {_type(v)}", "store the text as a JSON string")
     empty = empty_text(v)
@@ -110,7 +114,7 @@ def _check_text(v: Any, key: str) -> str:
     return v
 
 
-def _check_text_list(v: Any, key: str, min_len: int, one_text: bool = False) -> list[str]:
+def check_text_list(v: Any, key: str, min_len: int, one_text: bool = False) -> list[str]:
     """A list of non-empty texts; ``one_text``: a single string is accepted as a list of one (a renamed column of a
     sentence-transformers / Hugging Face dataset holds one text per row)."""
     if one_text and isinstance(v, str):
@@ -119,7 +123,7 @@ def _check_text_list(v: Any, key: str, min_len: int, one_text: bool = False) -> 
         raise BadRecord(key, f"expected a list of strings, got {_type(v)}", f'write "{key}": ["text", ...]')
     if len(v) < min_len:
         raise BadRecord(key, "empty list: at least one positive is needed", "give the query a positive or remove it")
-    return [_check_text(x, f"{key}[{j}]") for j, x in enumerate(v)]
+    return [check_text(x, f"{key}[{j}]") for j, x in enumerate(v)]
 
 
 def _type(v: Any) -> str:
@@ -147,7 +151,8 @@ def closest(key: str, known) -> str | None:
     return m[0] if m else None
 
 
-def _get(obj: dict, key: str):
+def get_field(obj: dict, key: str):
+    """``obj[key]``; a missing key is BadRecord listing the keys present (and the likely typo)."""
     if key not in obj:
         keys = ", ".join(sorted(obj)) or "none"
         typo = closest(key, obj)
@@ -240,9 +245,9 @@ def record_id(obj: dict, f: dict, default: str) -> str:
 def parse_triplet(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     """query / pos / neg (+ BGE prompt / type / category) -> Example."""
     opts, info, where = r.opts, r.info, r.where
-    ex = {"id": rid, "query": _check_text(_get(obj, f["query"]), f["query"]),
-          "pos": _check_text_list(_get(obj, f["pos"]), f["pos"], 1, one_text=_renamed(f, "pos")),
-          "neg": _check_text_list(obj[f["neg"]], f["neg"], 0, one_text=_renamed(f, "neg")) if f["neg"] in obj
+    ex = {"id": rid, "query": check_text(get_field(obj, f["query"]), f["query"]),
+          "pos": check_text_list(get_field(obj, f["pos"]), f["pos"], 1, one_text=_renamed(f, "pos")),
+          "neg": check_text_list(obj[f["neg"]], f["neg"], 0, one_text=_renamed(f, "neg")) if f["neg"] in obj
           else []}
     if opts.use_type and f["type"] in obj:
         t = obj[f["type"]]
@@ -302,17 +307,17 @@ def _short(s: str, n: int = 40) -> str:
 def parse_scored_pair(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     """sentence1 / sentence2 / score -> Example when score >= threshold (else FilteredRecord)."""
     opts = r.opts
-    s1 = _check_text(_get(obj, f["sentence1"]), f["sentence1"])
-    s2 = _check_text(_get(obj, f["sentence2"]), f["sentence2"])
-    sc = _get(obj, f["score"])
-    _keep_by_score(sc, f["score"], opts)
+    s1 = check_text(get_field(obj, f["sentence1"]), f["sentence1"])
+    s2 = check_text(get_field(obj, f["sentence2"]), f["sentence2"])
+    sc = get_field(obj, f["score"])
+    keep_by_score(sc, f["score"], opts)
     ex = {"id": rid, "query": s1, "pos": [s2], "neg": []}
     if opts.keep_scores:
         ex["score"] = float(sc)
     return ex
 
 
-def _keep_by_score(sc: Any, key: str, opts: ReadOptions) -> None:
+def keep_by_score(sc: Any, key: str, opts: ReadOptions) -> None:
     """A pair's score: a finite number (else BadRecord); below ``score_threshold``: FilteredRecord."""
     if isinstance(sc, bool) or not isinstance(sc, (int, float)):
         eg = f" ({sc}, not {json.dumps(sc)})" if isinstance(sc, str) and _is_number(sc) else ""
@@ -328,13 +333,13 @@ _POSITIVE_LABELS = {1: True, 0: False, "1": True, "0": False}
 
 def parse_labelled_pair(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     """sentence1 / sentence2 / label -> Example for label 1 (label 0: FilteredRecord 'negative pair')."""
-    s1 = _check_text(_get(obj, f["sentence1"]), f["sentence1"])
-    s2 = _check_text(_get(obj, f["sentence2"]), f["sentence2"])
-    _keep_by_label(_get(obj, f["label"]), f["label"])
+    s1 = check_text(get_field(obj, f["sentence1"]), f["sentence1"])
+    s2 = check_text(get_field(obj, f["sentence2"]), f["sentence2"])
+    keep_by_label(get_field(obj, f["label"]), f["label"])
     return {"id": rid, "query": s1, "pos": [s2], "neg": []}
 
 
-def _keep_by_label(lab: Any, key: str, st: bool = False) -> None:
+def keep_by_label(lab: Any, key: str, st: bool = False) -> None:
     """A pair's label: 1 (kept) or 0 (FilteredRecord 'negative pair'); anything else is BadRecord."""
     if isinstance(lab, float) and lab in (0.0, 1.0):
         lab = int(lab)
@@ -365,7 +370,7 @@ def parse_st(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     skip = {f["id"], *label_keys, *opts.extra_fields}
     texts = [(k, v) for k, v in obj.items() if k not in skip]
     for k, v in texts:
-        _check_text(v, k)
+        check_text(v, k)
     if not label_keys:
         if opts.keep_scores:
             raise BadConfig(None, f"a scored-pair loss ({titles(SCORED_LOSSES)}) needs a score column, these rows have "
@@ -388,20 +393,20 @@ def parse_st(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
         if opts.score_threshold is None and opts.need_threshold and not opts.keep_scores:
             raise BadConfig(key, f"scored pairs need score_threshold (pairs with {key} >= threshold are positives)",
                             "set score_threshold in the dataset config, e.g. 0.8 for scores in [0, 1]")
-        _keep_by_score(obj[key], key, opts)
+        keep_by_score(obj[key], key, opts)
         ex = {"id": rid, "query": texts[0][1], "pos": [texts[1][1]], "neg": []}
         if opts.keep_scores:
             ex["score"] = float(obj[key])
         return ex
-    _keep_by_label(obj[key], key, st=True)
+    keep_by_label(obj[key], key, st=True)
     return {"id": rid, "query": texts[0][1], "pos": [texts[1][1]], "neg": []}
 
 
 def parse_classification(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:
     """text / label -> Example(query=text, pos=[desc(label)], neg=[desc(other labels)], label)."""
     desc, order = r.desc, r.order
-    text = _check_text(_get(obj, f["text"]), f["text"])
-    lab = label_str(_get(obj, f["label"]), f["label"])
+    text = check_text(get_field(obj, f["text"]), f["text"])
+    lab = label_str(get_field(obj, f["label"]), f["label"])
     if lab not in desc:
         known = ", ".join(repr(x) for x in order[:20]) + (", ..." if len(order) > 20 else "")
         raise BadRecord(f["label"], f"{lab!r} is not in label_descriptions (known: {known})",
