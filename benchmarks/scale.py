@@ -44,6 +44,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import socket
 import subprocess
@@ -355,7 +356,7 @@ def summarise(args, sha: str, results: list[dict]) -> dict:
         extrap["prepare_s_split_over_pod"] = extrap["prepare_s"]["value"] / args.pod
     growth = {k: (ys[-1] / ys[0] - 1.0) if len(ys) > 1 and ys[0] and ys[-1] is not None else None
               for k, ys in figures.items()}
-    cmd = "python benchmarks/scale.py " + " ".join(sys.argv[1:])
+    cmd = "python benchmarks/scale.py " + shlex.join(sys.argv[1:])
     result = {"benchmark": "scale", "label": args.label, "code": sha, "device": f"cpu ({os.cpu_count()} cores)",
               "platform": platform.platform(), "batch": args.batch, "hosts": args.hosts,
               "pod": "jax.distributed (jaxembed.parallel.initialize), one CPU device a process" if args.hosts > 1
@@ -432,7 +433,7 @@ def count_shapes(args, work: Path, code_dir: str | None, sha: str, tok: str) -> 
     finally:
         if code_dir:
             shutil.rmtree(code_dir, ignore_errors=True)
-    cmd = "python benchmarks/scale.py " + " ".join(sys.argv[1:])
+    cmd = "python benchmarks/scale.py " + shlex.join(sys.argv[1:])
     save_result(args.name + "_shapes", {"benchmark": "scale_shapes", "code": sha, "records": n, "batch": args.batch,
                                         **res, "load_average": os.getloadavg()[0], "command": cmd.strip()})
     line = (f"| {time.strftime('%Y-%m-%d')} | scale shapes | cpu ({os.cpu_count()} cores) | code {sha}: the packed "
