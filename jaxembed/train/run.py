@@ -211,10 +211,33 @@ def setup(config, workdir: str | Path | RunDir, lock: WorkdirLock | None = None,
     cfglib.validate(config)
     parallel.initialize()  # before any other JAX call: every process of a pod joins here
     rd = rundir(workdir)  # the run directory's layout, derived once and passed on
-    workdir = rd.root
     lora_spec = lora.spec_from_config(config)
     if lora_spec is not None:  # a target regex that matches no layer: a one-line error before anything is written
         lora.check_targets(config)
+    _checks_before_writing(config, rd, read_only)
+    if lock is not None:
+        pod.main_first("workdir-lock", lock.acquire)
+    mesh = parallel.make_mesh(config.train.mesh_data, config.train.mesh_fsdp)
+    kw = model_kwargs(config)
+    source = init_source(config, rd)
+    loaded = load_model(config, source=source, **kw)
+    say(describe_model(loaded, source, config, mesh))
+    if lora_spec is not None and not (read_only and not rd.lora_base_json.exists()):
+        # the adapters apply to these base weights only: a resume on others is an error
+        pod.main_first("lora-base", lambda: lora.check_base(rd, lora.base_fingerprint(loaded.model), source))
+    store, plan = _store_plan_and_config(config, rd, read_only)
+    K = 1 + max(int(d.num_negatives) for d in store.datasets)
+    spec = getattr(loaded.model.config, "mote", None)
+    routes = None if spec is None else mote_routes(spec, store, plan)
+    graphdef, rest, tx, sched = _trainable(config, loaded, lora_spec, mesh, plan.steps, routed=spec is not None)
+    packing = _packing(config, store, plan, loaded, mesh, routes, K) if cfglib.packing_enabled(config) else None
+    base = source if not Path(os.path.expanduser(str(source))).is_dir() else str(Path(source).expanduser().resolve())
+    return Run(config, rd.root, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes, packing, lora_spec,
+               base if lora_spec is not None else "", rd)
+
+
+def _checks_before_writing(config, rd: RunDir, read_only: bool) -> None:
+    """setup's read-only checks on process 0, then every process's config against process 0's."""
 
     def read_only_checks():  # on process 0; the others stop with its error
         n = pod.process_count()
@@ -231,17 +254,10 @@ def setup(config, workdir: str | Path | RunDir, lock: WorkdirLock | None = None,
     pod.main_first("workdir-check", read_only_checks)
     main_config = pod.broadcast("config", cfglib.to_json(config) if pod.is_main() else None)
     pod.all_agree("config-check", lambda: _same_config_as_main(config, main_config))
-    if lock is not None:
-        pod.main_first("workdir-lock", lock.acquire)
-    mesh = parallel.make_mesh(config.train.mesh_data, config.train.mesh_fsdp)
-    kw = model_kwargs(config)
-    source = init_source(config, rd)
-    loaded = load_model(config, source=source, **kw)
-    say(describe_model(loaded, source, config, mesh))
-    if lora_spec is not None and not (read_only and not rd.lora_base_json.exists()):
-        # the adapters apply to these base weights only: a resume on others is an error
-        pod.main_first("lora-base", lambda: lora.check_base(rd, lora.base_fingerprint(loaded.model),
-                                                                 source))
+
+
+def _store_plan_and_config(config, rd: RunDir, read_only: bool):
+    """(store, plan) of the run, each described; then process 0 writes the run's config (every check passed)."""
     store = prepare_store(config, rd)
     say(describe_store(store, config, rd))
     if read_only:
@@ -258,42 +274,46 @@ def setup(config, workdir: str | Path | RunDir, lock: WorkdirLock | None = None,
 
     if not read_only:
         pod.main_first("config", write_config)  # every check passed: process 0 writes the run's config
-    K = 1 + max(int(d.num_negatives) for d in store.datasets)
-    spec = getattr(loaded.model.config, "mote", None)
-    routes = None
-    if spec is not None:
-        from jaxembed import mote
+    return store, plan
 
-        task_types = {}
-        for d in store.datasets:
-            task_types.setdefault(d.task, d.task_type)
-        routes = mote.routing_tables(spec, list(plan.task_names), task_types)
+
+def mote_routes(spec, store, plan):
+    """MoTE: the routing tables of the plan's tasks (each task's type: its first dataset's)."""
+    from jaxembed import mote
+
+    task_types = {}
+    for d in store.datasets:
+        task_types.setdefault(d.task, d.task_type)
+    return mote.routing_tables(spec, list(plan.task_names), task_types)
+
+
+def _trainable(config, loaded, lora_spec, mesh, total: int, routed: bool):
+    """(graphdef, the rest of the model, optimizer, schedule): the trainable parameters (LoRA: the adapters) split
+    from the rest; LoRA's frozen base weights placed on the mesh."""
     graphdef, params, rest = nnx.split(loaded.model, lora.TRAINABLE if lora_spec is not None else nnx.Param, ...)
     if lora_spec is not None:  # the frozen base weights: an input of the step, placed (FSDP-sharded) once here
         rest = jax.device_put(rest, shardings(mesh, config.train.param_sharding, rest, pure=False))
     pure = nnx.to_pure_dict(params)
-    total = plan.steps
     warmup = config.optim.warmup_steps if config.optim.warmup_steps >= 0 else int(config.optim.warmup_ratio * total)
     tx, sched = optim.make_optimizer(
         pure, lr=config.optim.lr, total_steps=total, warmup_steps=warmup, schedule_kind=config.optim.schedule,
         weight_decay=config.optim.weight_decay, b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps,
         grad_clip=config.optim.grad_clip, freeze=tuple(config.optim.freeze), end_factor=config.optim.end_factor,
-        routed=spec is not None)
-    packing = None
-    if cfglib.packing_enabled(config):
-        from jaxembed import flops as flopslib
-        from jaxembed.data.pipeline import packing_for
+        routed=routed)
+    return graphdef, rest, tx, sched
 
-        # queries and candidates in one pack, unless MoTE routes some task's queries and documents to different
-        # experts (then two packs keep one expert per encode call, jaxembed.mote)
-        combined = routes is None or bool(np.array_equal(routes[0], routes[1]))
-        packing = packing_for(store, plan, loaded.tokenizer, shards=train_encode.row_shards(mesh), combined=combined,
-                              model_config=loaded.model.config, platform=jax.default_backend(),
-                              peak_flops=flopslib.peak_flops_per_device(),
-                              gradcache_chunk=config.train.gradcache_chunk, num_candidates=K)
-    base = source if not Path(os.path.expanduser(str(source))).is_dir() else str(Path(source).expanduser().resolve())
-    return Run(config, workdir, mesh, loaded, store, plan, graphdef, rest, tx, sched, K, routes, packing, lora_spec,
-               base if lora_spec is not None else "", rd)
+
+def _packing(config, store, plan, loaded, mesh, routes, K: int):
+    """The run's packing (data.packing): queries and candidates in one pack, unless MoTE routes some task's queries
+    and documents to different experts (then two packs keep one expert per encode call, jaxembed.mote)."""
+    from jaxembed import flops as flopslib
+    from jaxembed.data.pipeline import packing_for
+
+    combined = routes is None or bool(np.array_equal(routes[0], routes[1]))
+    return packing_for(store, plan, loaded.tokenizer, shards=train_encode.row_shards(mesh), combined=combined,
+                       model_config=loaded.model.config, platform=jax.default_backend(),
+                       peak_flops=flopslib.peak_flops_per_device(),
+                       gradcache_chunk=config.train.gradcache_chunk, num_candidates=K)
 
 
 def export_dir(config, rd: RunDir) -> Path:
