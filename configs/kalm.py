@@ -178,7 +178,7 @@ def get_config(arg=None):
         c.model.lora.rank = 16
         c.model.lora.alpha = 32.0
         c.model.lora.dropout = 0.05                 # acts with train.dropout (on by default)
-        c.model.lora.target = ""                    # q/k/v/o_proj, gate/up/down_proj (jaxembed.lora.DEFAULT_TARGETS)
+        c.model.lora.target = ""                    # q/k/v/o_proj, gate/up/down_proj (jaxembed.lora.default_target)
         c.model.lora.export = "both"                # export/: merged weights; export/adapter/: the PEFT folder
         c.optim.lr = 2e-4                           # adapters take a larger rate (LoRA paper, App. D: 2e-4 on GPT-2)
 

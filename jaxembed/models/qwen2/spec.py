@@ -4,6 +4,7 @@ from jaxembed.models import decoder
 from jaxembed.models.architecture import Architecture, TinySize, layer_attention_cost
 from jaxembed.models.qwen2.model import Qwen2Config, Qwen2Model
 from jaxembed.models.qwen2.params import IGNORE, PREFIXES, adapt, rules
+from jaxembed.models.qwen2.tokenizer import TINY_TOKENIZER
 
 
 def tiny(size: TinySize) -> dict:
@@ -16,5 +17,5 @@ ARCH = Architecture(
     model_types=tuple(Qwen2Config.ARCHITECTURES),
     config=Qwen2Config, model=Qwen2Model, rules=rules, prefixes=PREFIXES, ignore=IGNORE, adapt=adapt,
     matrix_params=decoder.matrix_params, attention_width=decoder.attention_width, lora_target=decoder.LORA_TARGET,
-    tiny={"qwen2": tiny}, packing_cost=layer_attention_cost,
+    tiny={"qwen2": tiny}, packing_cost=layer_attention_cost, tiny_tokenizer=TINY_TOKENIZER,
 )
