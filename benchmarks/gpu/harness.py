@@ -36,7 +36,7 @@ QWEN2_7B = dict(QWEN2_05B, vocab_size=152064, hidden_size=3584, num_hidden_layer
 REAL_CONFIGS = {"bert-base": BERT_BASE, "bert-large": BERT_LARGE, "qwen2-0.5b": QWEN2_05B, "qwen2-1.5b": QWEN2_15B,
                 "qwen2-7b": QWEN2_7B}
 #: name -> what the folder holds (tokenizer: all-MiniLM-L6-v2's WordPiece for the BERTs; for Qwen2 the byte-level
-#: BPE of jaxembed.models.tiny.qwen2_tokenizer, in Qwen2's layout: Qwen2's own cannot be fetched offline)
+#: BPE of jaxembed.models.qwen2.tokenizer.qwen2_tokenizer, in Qwen2's layout: Qwen2's own cannot be fetched offline)
 MODEL_NOTES = {
     "minilm": "all-MiniLM-L6-v2's config (6 x 384), random weights",
     "bert-base": "BERT-base config (12 x 768, 110M parameters), random weights",
