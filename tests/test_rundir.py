@@ -16,10 +16,10 @@ HOME = "jaxembed/runs/rundir.py"
 #: a path joined with one of the names that is no run directory's file: (module, the left operand, name). A model
 #: folder's config.json (Hugging Face's), and the curriculum scorer's own output folder.
 NOT_RUN_FILES = {
-    ("jaxembed/export.py", "out", "config.json"),
-    ("jaxembed/export.py", "out / '1_Pooling'", "config.json"),
-    ("jaxembed/export.py", "sub", "config.json"),
-    ("jaxembed/export.py", "folder", "config.json"),
+    ("jaxembed/export/__init__.py", "out", "config.json"),
+    ("jaxembed/export/__init__.py", "out / '1_Pooling'", "config.json"),
+    ("jaxembed/export/__init__.py", "sub", "config.json"),
+    ("jaxembed/export/__init__.py", "folder", "config.json"),
     ("jaxembed/hub.py", "folder", "config.json"),
     ("jaxembed/loading.py", "sub", "config.json"),
     ("jaxembed/loading.py", "tdir", "config.json"),

@@ -168,7 +168,7 @@ def test_card_leaves_an_evaluation_of_another_step_out_of_the_metadata(run):
     """An export of a step that was not evaluated shows the last evaluation as such, not as the model's results."""
     from types import SimpleNamespace
 
-    from jaxembed import model_card
+    from jaxembed.export import card as model_card
     from jaxembed.models.embedding import HeadConfig
 
     wd = run[0]
@@ -185,7 +185,7 @@ def test_mteb_task_results_carry_mteb_dataset_and_revision():
     pytest.importorskip("mteb")
     import mteb
 
-    from jaxembed.model_card import front_matter
+    from jaxembed.export.card import front_matter
     from jaxembed.runs.facts import eval_rows
 
     rows = eval_rows({"mteb:STSBenchmark/main_score": 81.5, "mteb:STSBenchmark/cosine_spearman": 81.5,

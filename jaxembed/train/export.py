@@ -35,7 +35,7 @@ def task_prompts(store) -> dict[str, str]:
 def export_params(run: Run, params, out_dir: Path, *, summary: dict | None = None, step: int | None = None,
                   name: str | None = None, lora_export: str | None = None) -> Path:
     """Write the export of ``params`` (host arrays, or arrays on this process's devices) to ``out_dir``, with the
-    run's model card (``jaxembed.model_card.run_card``: ``summary`` of this run, else the run directory's
+    run's model card (``jaxembed.export.card.run_card``: ``summary`` of this run, else the run directory's
     summary.json; ``step``: the exported checkpoint; ``name``: the hub id it will be pushed to). LoRA runs:
     ``model.lora.export`` (or ``lora_export``): merged weights, the PEFT adapter, or both
     (``jaxembed.export.export_lora``)."""
@@ -70,8 +70,8 @@ def host_model(run: Run, params):
 
 
 def run_card(run: Run, model, prompts: dict, **kw) -> str:
-    """The model card of an export of ``run`` (``jaxembed.model_card.run_card`` on its run directory)."""
-    from jaxembed import model_card
+    """The model card of an export of ``run`` (``jaxembed.export.card.run_card`` on its run directory)."""
+    from jaxembed.export import card as model_card
 
     return model_card.run_card(run.rundir, cfglib.to_plain(run.config), model, prompts=prompts,
                                max_length=run.loaded.tokenizer.max_length,

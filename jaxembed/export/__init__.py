@@ -183,9 +183,9 @@ def _write_dense(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, hf_c
 
 def export_loaded(loaded, out_dir: str | os.PathLike, *, name: str | None = None) -> Path:
     """Export what ``jaxembed.loading.load`` returned (keeps its prompts and original config fields), with the card of a
-    conversion (``jaxembed.model_card.plain_card``: the source, no training claims; ``name``: the hub id it will be
+    conversion (``jaxembed.export.card.plain_card``: the source, no training claims; ``name``: the hub id it will be
     pushed to)."""
-    from jaxembed import model_card
+    from jaxembed.export import card as model_card
 
     model = loaded.model
     card = model_card.plain_card(model.config, model.head, loaded.st.prompts, source=str(loaded.source), name=name,
@@ -206,8 +206,8 @@ def _transformers_version() -> str:
 
 
 def _card(config, head, prompts, note: str = "", max_length: int | None = None, path=None) -> str:
-    """The card of a folder written without a run directory (``jaxembed.model_card.plain_card``), to ``path``."""
-    from jaxembed import model_card
+    """The card of a folder written without a run directory (``jaxembed.export.card.plain_card``), to ``path``."""
+    from jaxembed.export import card as model_card
 
     return model_card.plain_card(config, head, prompts, note=note, max_length=max_length, path=path)
 
@@ -278,7 +278,7 @@ def export_averaged(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | 
 
 def _mote_card(model: EmbeddingModel, spec, path) -> str:
     """The card of a full MoTE export written without a run directory, to ``path``."""
-    from jaxembed import model_card
+    from jaxembed.export import card as model_card
 
     return model_card.plain_card(model.config, model.head, None, mote_spec=spec, path=path)
 
@@ -416,7 +416,7 @@ def export_lora(model: EmbeddingModel, tokenizer: Tokenizer, out_dir: str | os.P
 
     A MoTE model whose experts share their base weights (up-cycled from a dense model) gets one adapter folder per
     expert, ``DIR/adapter/<expert>/``. ``model_card`` (in ``kw``) is the merged folder's README.md,
-    ``adapter_card`` the adapter folder's (default: ``jaxembed.model_card.adapter_card``). ``name``: the hub id
+    ``adapter_card`` the adapter folder's (default: ``jaxembed.export.card.adapter_card``). ``name``: the hub id
     the adapter will be pushed to (its config then names the base by hub id: ``base_model.adapter_base``)."""
     from jaxembed import lora
 
@@ -484,7 +484,8 @@ def _write_adapter(model: EmbeddingModel, tokenizer: Tokenizer, out: Path, *, sp
                    similarity_fn_name: str = "cosine") -> None:
     """One PEFT adapter folder (see ``export_lora``), written to ``out`` (its final place: ``path``); ``expert``: a
     MoTE expert's index; ``config_base``: the base adapter_config.json names (``base_model.adapter_base``)."""
-    from jaxembed import lora, model_card
+    from jaxembed import lora
+    from jaxembed.export import card as model_card
 
     out.mkdir(parents=True, exist_ok=True)
     tensors, picked, every = lora.peft_tensors(model, expert)
