@@ -19,6 +19,8 @@ are left out.
   ``LONG_FUNCTIONS_LEFT`` lists the ones not split yet, each with its length.
 - benchmarks/ (scripts that import each other by bare name, with their folder and benchmarks/ on sys.path): no
   import cycle, module level and in functions alike, and no module over ``BENCH_MAX_LINES`` lines.
+- At most ``MAX_FLAT_MODULES`` modules lie flat in jaxembed/ (``__init__.py`` included): the others are grouped
+  in packages by what they do (``config/``, ``export/``, ``runs/``, ``evaluate/``, ``teacher/``, ...).
 - No module imports a private name (``_name``) of another module of this repository: a name another module needs
   is an interface with a public name. ``UNDERSCORE_IMPORTS_LEFT`` lists the imports not yet changed.
 - Nothing under jaxembed/, tests/, configs/, docs/, benchmarks/, launch/ or in README.md points outside the
@@ -44,6 +46,7 @@ MAX_FUNCTION_LINES = 60
 FUNCTION_LENGTH_DIRS = ("jaxembed/train",)
 #: functions over MAX_FUNCTION_LINES in FUNCTION_LENGTH_DIRS not split yet: "path::name" -> its length in lines.
 LONG_FUNCTIONS_LEFT: dict[str, int] = {}
+MAX_FLAT_MODULES = 20
 
 
 @lru_cache(maxsize=None)
@@ -258,6 +261,18 @@ def test_modules_fit_in_one_head():
     found = oversized()
     assert not found, (f"files over {MAX_LINES} lines with no stated reason (split them by responsibility, or "
                        "open the module docstring with a paragraph 'Size: ... because ...'):\n  " + "\n  ".join(found))
+
+
+def flat_modules(package: Path = PACKAGE) -> list[str]:
+    """The modules that lie directly in ``package`` (not in a sub-package)."""
+    return sorted(p.name for p in package.glob("*.py"))
+
+
+def test_few_modules_lie_flat_in_the_package():
+    found = flat_modules()
+    assert len(found) <= MAX_FLAT_MODULES, (
+        f"{len(found)} modules flat in jaxembed/, over {MAX_FLAT_MODULES}: move the new one into the package of "
+        "what it does (config/, export/, runs/, evaluate/, ...):\n  " + "\n  ".join(found))
 
 
 def test_not_yet_split_entries_are_current():
