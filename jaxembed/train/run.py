@@ -24,7 +24,8 @@ import numpy as np
 from flax import nnx
 
 from jaxembed import config as cfglib
-from jaxembed import atomic_files, loading, lora, parallel, pod
+from jaxembed import loading, lora, parallel, pod
+from jaxembed.runs import atomic_files
 from jaxembed.runs import optim
 from jaxembed.train import encode as train_encode, saved_plan
 from jaxembed.runs.checkpoints import Checkpointer
@@ -69,7 +70,7 @@ class Run:
 def check_workdir(config, workdir: Path | RunDir) -> bool:
     """Refuse a resume with another config (naming each differing key); True when the config only grows
     plan.steps (the run is trained on: its plan is built again for the new total)."""
-    from jaxembed import config_io
+    from jaxembed.config import io as config_io
 
     rd = rundir(workdir)
     prev = rd.config_json
@@ -102,7 +103,7 @@ def _same_config_as_main(config, main_config: str) -> None:
     the same --config and overrides)."""
     if pod.is_main():
         return
-    from jaxembed import config_io
+    from jaxembed.config import io as config_io
 
     written = json.loads(main_config)
     mine = json.loads(cfglib.to_json(config))
