@@ -65,6 +65,20 @@ def _pass_one(rng: np.random.Generator, d: int, size: int, e: float):
     return np.full(ex.size, d, np.int32), ex
 
 
+def _first_not_in(row: np.ndarray, held: np.ndarray, added: set[int], block: int = 256) -> int:
+    """The first position of ``row`` whose value is neither in ``held`` (sorted) nor in ``added``, or -1. Looked
+    up a block of the row at a time (binary search), stopping at the first block that has one: a repeat's swap
+    costs O(block log G), not an array of every value the batch holds (O(G) per repeat, O(G^2) for a batch at an
+    epoch's seam, where thousands of repeats meet)."""
+    for s in range(0, row.size, block):
+        blk = row[s:s + block]
+        pos = np.minimum(np.searchsorted(held, blk), held.size - 1)
+        for q in np.flatnonzero(held[pos] != blk).tolist():
+            if int(blk[q]) not in added:
+                return s + q
+    return -1
+
+
 def _dedupe_batches(ds: np.ndarray, ex: np.ndarray, window: int = 64, start: int = 0, stop: int | None = None) -> int:
     """In place, on [n, G] arrays: swap a repeated example out of its batch with an example of a nearby batch
     (later first, then earlier) such that neither batch then holds a repeat. Keeps the multiset of examples.
@@ -83,6 +97,7 @@ def _dedupe_batches(ds: np.ndarray, ex: np.ndarray, window: int = 64, start: int
         bad_rows.extend((r0 + np.flatnonzero(np.any(srt[:, 1:] == srt[:, :-1], axis=1))).tolist())
     unresolved = 0
     for i in bad_rows:
+        held = np.unique(key[i])  # the examples batch i holds, sorted; swapped-in ones go to `seen` too
         seen: set[int] = set()
         dup_pos = []
         for p in range(G):
@@ -91,6 +106,7 @@ def _dedupe_batches(ds: np.ndarray, ex: np.ndarray, window: int = 64, start: int
                 dup_pos.append(p)
             else:
                 seen.add(k)
+        added: set[int] = set()
         for p in dup_pos:
             k = int(key[i, p])
             done = False
@@ -99,16 +115,16 @@ def _dedupe_batches(ds: np.ndarray, ex: np.ndarray, window: int = 64, start: int
                 row_j = key[j]
                 if np.any(row_j == k):
                     continue
-                ok = np.flatnonzero(~np.isin(row_j, list(seen)))
-                if ok.size == 0:
+                q = _first_not_in(row_j, held, added)  # the first example of batch j that batch i does not hold
+                if q < 0:
                     continue
-                q = int(ok[0])
                 x = int(row_j[q])
                 # swap (i, p) <-> (j, q)
                 key[i, p], key[j, q] = x, k
                 ds[i, p], ds[j, q] = ds[j, q], ds[i, p]
                 ex[i, p], ex[j, q] = ex[j, q], ex[i, p]
                 seen.add(x)
+                added.add(x)
                 done = True
                 break
             if not done:
