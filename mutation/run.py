@@ -65,8 +65,8 @@ MODULES = {
         timeout=300,
     ),
     "plan": dict(
-        files={"jaxembed/data/plan/curriculum.py": ["walk_order", "_compressed_batches", "_build_curriculum"],
-               "jaxembed/data/plan/units.py": ["_check_unit_size"]},
+        files={"jaxembed/data/plan/curriculum.py": ["walk_order", "_compressed_batches", "build_curriculum"],
+               "jaxembed/data/plan/units.py": ["check_unit_size"]},
         tests=["tests/test_plan.py"],
         new_tests=["tests/test_mutants_plan.py"],
         k="curriculum or walk",

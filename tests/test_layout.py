@@ -22,7 +22,7 @@ are left out.
 - At most ``MAX_FLAT_MODULES`` modules lie flat in jaxembed/ (``__init__.py`` included): the others are grouped
   in packages by what they do (``config/``, ``export/``, ``runs/``, ``evaluate/``, ``teacher/``, ...).
 - No module imports a private name (``_name``) of another module of this repository: a name another module needs
-  is an interface with a public name. ``UNDERSCORE_IMPORTS_LEFT`` lists the imports not yet changed.
+  is an interface with a public name (``UNDERSCORE_IMPORTS_LEFT`` is empty).
 - Nothing under jaxembed/, tests/, configs/, docs/, benchmarks/, launch/ or in README.md points outside the
   repository (``OUTSIDE``): not at the design brief or the papers (docs/design.md holds the design and cites the
   papers), not at a sibling folder other than the shared data folder, not at one machine's absolute paths
@@ -531,62 +531,10 @@ def test_benchmark_modules_fit_in_one_head():
 # ------------------------------------------------------------------------------------ private names stay home
 
 #: ``from module import _name`` of a project module (jaxembed's or a benchmark's) not yet given a public name, as
-#: 'importing file:name'. A private name is its module's own business; a name another module needs is an interface
-#: and gets a public name. Remove an entry when its import goes (a later step shrinks this to nothing). Private
-#: names of other packages (huggingface_hub, jaxlib) are not counted: this repository cannot rename them.
-UNDERSCORE_IMPORTS_LEFT: frozenset[str] = frozenset({
-    "benchmarks/_harness/recipe.py:_Tables",
-    "benchmarks/_harness/recipe.py:_fetch",
-    "benchmarks/_harness/recipe.py:_row_items",
-    "jaxembed/data/loss_checks.py:_get",
-    "jaxembed/data/pack_shapes.py:_Tables",
-    "jaxembed/data/pack_shapes.py:_step_text_lengths",
-    "jaxembed/data/pipeline.py:_M64",
-    "jaxembed/data/pipeline.py:_SEED_SALT",
-    "jaxembed/data/pipeline.py:_Tables",
-    "jaxembed/data/pipeline.py:_fetch",
-    "jaxembed/data/pipeline.py:_row_items",
-    "jaxembed/data/pipeline.py:_splitmix",
-    "jaxembed/data/pipeline.py:_step_text_lengths",
-    "jaxembed/data/pipeline.py:_tokenize_unique",
-    "jaxembed/data/pipeline.py:_tokenizer_id",
-    "jaxembed/data/plan/blocks.py:_R_SEMI",
-    "jaxembed/data/plan/blocks.py:_rng",
-    "jaxembed/data/plan/build.py:_bad",
-    "jaxembed/data/plan/build.py:_build_curriculum",
-    "jaxembed/data/plan/build.py:_build_sampled",
-    "jaxembed/data/plan/build.py:_config_dict",
-    "jaxembed/data/plan/build.py:_dedupe_batches",
-    "jaxembed/data/plan/build.py:_infos",
-    "jaxembed/data/plan/build.py:_merged_config",
-    "jaxembed/data/plan/build.py:_sampled_epochs",
-    "jaxembed/data/plan/build.py:_validate_plan",
-    "jaxembed/data/plan/cli.py:_config_dict",
-    "jaxembed/data/plan/curriculum.py:_R_CURR",
-    "jaxembed/data/plan/curriculum.py:_R_FRAC",
-    "jaxembed/data/plan/curriculum.py:_R_SHORT",
-    "jaxembed/data/plan/curriculum.py:_Unit",
-    "jaxembed/data/plan/curriculum.py:_bad",
-    "jaxembed/data/plan/curriculum.py:_check_unit_size",
-    "jaxembed/data/plan/curriculum.py:_key",
-    "jaxembed/data/plan/curriculum.py:_rng",
-    "jaxembed/data/plan/file.py:_infos",
-    "jaxembed/data/plan/identity.py:_config_dict",
-    "jaxembed/data/plan/identity.py:_infos",
-    "jaxembed/data/plan/identity.py:_merged_config",
-    "jaxembed/data/plan/sampling.py:_R_FILL",
-    "jaxembed/data/plan/sampling.py:_R_ORDER",
-    "jaxembed/data/plan/sampling.py:_R_POOL",
-    "jaxembed/data/plan/sampling.py:_R_SEMI",
-    "jaxembed/data/plan/sampling.py:_R_STEPS",
-    "jaxembed/data/plan/sampling.py:_Unit",
-    "jaxembed/data/plan/sampling.py:_bad",
-    "jaxembed/data/plan/sampling.py:_check_unit_size",
-    "jaxembed/data/plan/sampling.py:_key",
-    "jaxembed/data/plan/sampling.py:_rng",
-    "jaxembed/data/plan/summary.py:_key",
-    "jaxembed/data/store_split.py:_Labels",
-})
+#: 'importing file:name': empty, and kept empty. A private name is its module's own business; a name another module
+#: needs is an interface and gets a public name. Private names of other packages (huggingface_hub, jaxlib) are not
+#: counted: this repository cannot rename them.
+UNDERSCORE_IMPORTS_LEFT: frozenset[str] = frozenset()
 
 
 def _project_module(rel: str, node: ast.ImportFrom, bench: dict[str, Path]) -> bool:

@@ -10,7 +10,7 @@ from data_fakes import make_store
 from jaxembed.data import plan as P
 from jaxembed.data.plan import build_plan, summarize
 from jaxembed.data.plan.curriculum import _compressed_batches
-from jaxembed.data.plan.units import _check_unit_size, _Unit
+from jaxembed.data.plan.units import check_unit_size, Unit
 from jaxembed.errors import UserError
 
 
@@ -61,16 +61,16 @@ def test_compressed_batches_by_hand():
 
 
 def test_unit_size_boundaries():
-    """_check_unit_size: `0 < n < G` -> `0 < n <= G` (a unit of exactly one batch is fine) and -> `0 <= n < G` (an
+    """check_unit_size: `0 < n < G` -> `0 < n <= G` (a unit of exactly one batch is fine) and -> `0 <= n < G` (an
     empty unit is no error); in a plan the check runs in the first round (`elif r == 0` -> `r == 1`)."""
     infos = make_store([("a", "A", 8, {})]).datasets
-    unit = _Unit("A", "curriculum", [0])
-    _check_unit_size(unit, 8, 8, infos, "curriculum unit")
-    _check_unit_size(unit, 0, 8, infos, "curriculum unit")
+    unit = Unit("A", "curriculum", [0])
+    check_unit_size(unit, 8, 8, infos, "curriculum unit")
+    check_unit_size(unit, 0, 8, infos, "curriculum unit")
     with pytest.raises(UserError, match="1 examples per pass"):  # `0 < n` -> `1 < n`
-        _check_unit_size(unit, 1, 8, infos, "curriculum unit")
+        check_unit_size(unit, 1, 8, infos, "curriculum unit")
     with pytest.raises(UserError, match="curriculum unit 'A'.*7 examples per pass, fewer than global_batch_size 8"):
-        _check_unit_size(unit, 7, 8, infos, "curriculum unit")
+        check_unit_size(unit, 7, 8, infos, "curriculum unit")
     store = make_store([("a", "A", 16, {}), ("b", "B", 6, {})])
     with pytest.raises(UserError, match="curriculum unit 'B'"):
         build_plan(store, {"global_batch_size": 8, "curriculum": _cur()}, task_order=["A", "B"])

@@ -135,7 +135,7 @@ def test_length_table_cache_tmp_names_are_unique(tmp_path, monkeypatch):
         K, max_q, max_d, q_instr, d_instr = 1, 8, 8, (), ()
 
     plan = _tiny_plan()
-    monkeypatch.setattr(pipeline, "_tokenizer_id", lambda tok: "tok")
+    monkeypatch.setattr(pipeline, "tokenizer_id", lambda tok: "tok")
     q, d = pipeline.cached_step_lengths(None, plan, None, tmp_path / "plan_lengths.npz", tables=Tables())
     assert q.tolist() == [1, 1, 1] and seen and f"-{os.getpid()}-" in seen[0] and ".tmp-" in seen[0]
     assert [p.name for p in tmp_path.iterdir()] == ["plan_lengths.npz"]

@@ -35,9 +35,9 @@ def loader_tables(store, plan, tok, num_candidates: int | None = None):
     the datasets' own) of the plan's datasets."""
     import numpy as np
 
-    from jaxembed.data.pipeline import _Tables
+    from jaxembed.data.pipeline import StepTables
 
-    return _Tables(store.datasets, tok, np.unique(plan.dataset_ids).tolist(), num_candidates)
+    return StepTables(store.datasets, tok, np.unique(plan.dataset_ids).tolist(), num_candidates)
 
 
 def step_items(tables, store, plan, s: int):
@@ -45,10 +45,10 @@ def step_items(tables, store, plan, s: int):
     empty slot), _, the documents' raw texts), exactly as jaxembed's loader chooses them."""
     import numpy as np
 
-    from jaxembed.data.pipeline import _fetch, _row_items
+    from jaxembed.data.pipeline import fetch_examples, row_items
 
     ds, ex = plan.dataset_ids[s], plan.example_ids[s]
-    return _row_items(tables, _fetch(store, ds, ex), ds, np.arange(plan.global_batch_size), s, plan.seed,
+    return row_items(tables, fetch_examples(store, ds, ex), ds, np.arange(plan.global_batch_size), s, plan.seed,
                       plan.config.get("negatives", "first"))
 
 

@@ -211,7 +211,7 @@ def default_data_config() -> ml_collections.ConfigDict:
 
 # ----------------------------------------------------------------------------------------------- validation
 
-def _get(c, key, default=None):
+def config_get(c, key, default=None):
     try:
         return c[key]
     except (KeyError, AttributeError):
@@ -267,9 +267,9 @@ def dataset_paths(ds) -> list[str]:
     """``path`` as a list of strings (a single string becomes a one-element list); for files, a glob pattern
     (``data/train-*.parquet``) becomes the sorted files it matches (none: the pattern itself, which then does not
     exist)."""
-    p = _get(ds, "path")
+    p = config_get(ds, "path")
     paths = [p] if isinstance(p, str) else list(p)
-    if _get(ds, "format", "auto") in SOURCE_FORMATS:
+    if config_get(ds, "format", "auto") in SOURCE_FORMATS:
         return paths
     out = []
     for x in paths:
@@ -280,8 +280,8 @@ def dataset_paths(ds) -> list[str]:
 
 def effective_record_format(ds) -> str:
     """The record format of a dataset: ``format``, or ``record_format`` for hf / tfds sources."""
-    fmt = _get(ds, "format", "auto")
-    return _get(ds, "record_format", "auto") if fmt in SOURCE_FORMATS else fmt
+    fmt = config_get(ds, "format", "auto")
+    return config_get(ds, "record_format", "auto") if fmt in SOURCE_FORMATS else fmt
 
 
 def _validate_dataset(ds, w: str, names: set[str]) -> None:
@@ -291,7 +291,7 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
     if unknown:
         raise UserError(f"{w}.{unknown[0]}: unknown key{_did_you_mean(unknown[0], DATASET_KEYS)} "
                         f"(known: {', '.join(DATASET_KEYS)})")
-    name = _get(ds, "name")
+    name = config_get(ds, "name")
     if not isinstance(name, str) or not name:
         raise UserError(f"{w}.name: required, a non-empty string")
     if not _NAME_RE.match(name) or name in _RESERVED_NAMES:
@@ -300,27 +300,27 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
     if name in names:
         raise UserError(f"{w}.name: {name!r} is used by another dataset (names must be unique)")
     names.add(name)
-    fmt = _get(ds, "format", "auto")
+    fmt = config_get(ds, "format", "auto")
     _one_of(f"{w}.format", fmt, FORMATS)
-    rfmt = _get(ds, "record_format", "auto")
+    rfmt = config_get(ds, "record_format", "auto")
     _one_of(f"{w}.record_format", rfmt, ("auto",) + RECORD_FORMATS)
     if rfmt != "auto" and fmt not in SOURCE_FORMATS:
         raise UserError(f"{w}.record_format: only used with format hf or tfds (format is {fmt!r}); "
                         "set format to the record format instead")
-    split = _get(ds, "split", "train")
+    split = config_get(ds, "split", "train")
     if not isinstance(split, str) or not split:
         raise UserError(f"{w}.split: expected a non-empty string, got {split!r}")
-    subset = _get(ds, "subset")
+    subset = config_get(ds, "subset")
     if subset is not None and (not isinstance(subset, str) or not subset):
         raise UserError(f"{w}.subset: expected a non-empty string (or None), got {subset!r}")
-    streaming = _get(ds, "streaming", False)
+    streaming = config_get(ds, "streaming", False)
     if not isinstance(streaming, bool):
         raise UserError(f"{w}.streaming: expected True or False, got {streaming!r}")
     if (subset is not None or streaming) and fmt != "hf":
         raise UserError(f"{w}.{'subset' if subset is not None else 'streaming'}: only used with format hf "
                         f"(datasets.load_dataset), format is {fmt!r} (fix: format='hf', record_format={fmt!r})")
     # paths
-    p = _get(ds, "path")
+    p = config_get(ds, "path")
     if isinstance(p, str):
         paths = [p]
     elif isinstance(p, (list, tuple)) and p and all(isinstance(x, str) for x in p):
@@ -352,10 +352,10 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
     if fmt in SOURCE_FORMATS and len(paths) != 1:
         raise UserError(f"{w}.path: format {fmt} reads one dataset, got {len(paths)} paths")
     # task
-    task = _get(ds, "task")
+    task = config_get(ds, "task")
     if task is not None and (not isinstance(task, str) or not task.strip()):
         raise UserError(f"{w}.task: expected a non-empty string (or None = the dataset name), got {task!r}")
-    tt = _get(ds, "task_type")
+    tt = config_get(ds, "task_type")
     rec = effective_record_format(ds)
     if tt is None:
         if rec != "auto" and not FORMAT_TABLE[rec].task_type_in_records:
@@ -364,49 +364,49 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
     else:
         _one_of(f"{w}.task_type", tt, TASK_TYPES)
     for k in ("query_instruction", "doc_instruction"):
-        v = _get(ds, k)
+        v = config_get(ds, k)
         if v is not None and not isinstance(v, str):
             raise UserError(f"{w}.{k}: expected a string (or None for the default), got {type(v).__name__}")
-    t = _get(ds, "temperature")
+    t = config_get(ds, "temperature")
     if t is not None and (not _is_num(t) or t <= 0):
         raise UserError(f"{w}.temperature: {t!r} must be a number > 0 (or None for the run's default)")
-    b = _get(ds, "batching")
+    b = config_get(ds, "batching")
     if b is not None:
         _one_of(f"{w}.batching", b, BATCHING)
-    n = _get(ds, "num_negatives", 1)
+    n = config_get(ds, "num_negatives", 1)
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise UserError(f"{w}.num_negatives: {n!r} must be an integer >= 0")
     for k in ("weight", "epochs"):
-        v = _get(ds, k)
+        v = config_get(ds, k)
         if v is not None and (not _is_num(v) or v <= 0):
             raise UserError(f"{w}.{k}: {v!r} must be a number > 0 (or None)")
-    if _get(ds, "weight") is not None and _get(ds, "epochs") is not None:
+    if config_get(ds, "weight") is not None and config_get(ds, "epochs") is not None:
         raise UserError(f"{w}: set weight or epochs, not both")
     for k in ("max_query_length", "max_doc_length"):
-        v = _get(ds, k)
+        v = config_get(ds, k)
         if v is not None:
             # the rule of every max length (at least the special tokens); training adds the model's position table
             # as its upper bound. Imported here: jaxembed.loading brings jax, which a data config check needs not.
             from jaxembed.loading import check_max_length
 
             check_max_length(v, f"{w}.{k}", None, "")
-    thr = _get(ds, "score_threshold")
+    thr = config_get(ds, "score_threshold")
     if thr is not None:
         if not _is_num(thr):
             raise UserError(f"{w}.score_threshold: {thr!r} must be a number")
         if rec != "auto" and not FORMAT_TABLE[rec].scored:
             raise UserError(f"{w}.score_threshold: only used by {' and '.join(names_where(lambda f: f.scored))} "
                             f"pairs (this dataset is {rec})")
-    elif rec != "auto" and FORMAT_TABLE[rec].threshold_required and _get(ds, "loss") not in SCORED_LOSSES:
+    elif rec != "auto" and FORMAT_TABLE[rec].threshold_required and config_get(ds, "loss") not in SCORED_LOSSES:
         raise UserError(f"{w}.score_threshold: required for scored_pairs (pairs with score >= threshold "
                         "become positives)")
     for k in ("text_field", "label_field"):
-        v = _get(ds, k)
+        v = config_get(ds, k)
         if v is not None and (not isinstance(v, str) or not v):
             raise UserError(f"{w}.{k}: expected a non-empty string (or None), got {v!r}")
         if v is not None and rec != "auto" and not FORMAT_TABLE[rec].label_descriptions:
             raise UserError(f"{w}.{k}: only used by {_labelled()} (this dataset is {rec}); use columns")
-    cols = _get(ds, "columns")
+    cols = config_get(ds, "columns")
     if cols is not None:
         for k, _ in pairs_of(cols, f"{w}.columns"):
             if k not in _FIELD_NAMES:
@@ -417,16 +417,16 @@ def _validate_dataset(ds, w: str, names: set[str]) -> None:
                                 f"names; columns can only name its {', '.join(FORMAT_TABLE[rec].fields)} columns "
                                 "(fix: reorder the columns, or use format triplets with columns={'query': ..., "
                                 "'pos': ...})")
-    loss = _get(ds, "loss")
+    loss = config_get(ds, "loss")
     if loss is not None:
         _one_of(f"{w}.loss", loss, LOSSES)
-    ld = _get(ds, "label_descriptions")
+    ld = config_get(ds, "label_descriptions")
     if ld is not None:
         if rec != "auto" and not FORMAT_TABLE[rec].label_descriptions:
             raise UserError(f"{w}.label_descriptions: only used by {_labelled()} (this dataset is {rec})")
         if len(pairs_of(ld, f"{w}.label_descriptions")) < 2:
             raise UserError(f"{w}.label_descriptions: needs at least 2 labels (the others are the negatives)")
-    ef = _get(ds, "extra_fields")
+    ef = config_get(ds, "extra_fields")
     if ef is not None:
         if isinstance(ef, str) or not isinstance(ef, (list, tuple)) or not all(
                 isinstance(x, str) and x for x in ef):
@@ -480,7 +480,7 @@ def validate_data_config(cfg, where: str = "config") -> None:
     if unknown:
         raise UserError(f"{where}.{unknown[0]}: unknown key{_did_you_mean(unknown[0], TOP_KEYS)} "
                         f"(known: {', '.join(TOP_KEYS)})")
-    dss = _get(cfg, "datasets")
+    dss = config_get(cfg, "datasets")
     if _is_mapping(dss):
         raise UserError(f"{where}.datasets: a mapping name -> dataset (the sentence-transformers form) goes through "
                         "datasets_from_dict (fix: data.datasets = jaxembed.data.config.datasets_from_dict({...}))")
@@ -489,16 +489,17 @@ def validate_data_config(cfg, where: str = "config") -> None:
     names: set[str] = set()
     for i, ds in enumerate(dss):
         _validate_dataset(ds, f"{where}.datasets[{i}]", names)
-    _one_of(f"{where}.on_error", _get(cfg, "on_error", "stop"), ON_ERROR)
-    _one_of(f"{where}.sampling", _get(cfg, "sampling", "size"), SAMPLING)
-    st = _get(cfg, "sampling_temperature", 1.0)
+    _one_of(f"{where}.on_error", config_get(cfg, "on_error", "stop"), ON_ERROR)
+    _one_of(f"{where}.sampling", config_get(cfg, "sampling", "size"), SAMPLING)
+    st = config_get(cfg, "sampling_temperature", 1.0)
     if not _is_num(st) or st <= 0:
         raise UserError(f"{where}.sampling_temperature: {st!r} must be a number > 0")
-    seed = _get(cfg, "seed", 0)
+    seed = config_get(cfg, "seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise UserError(f"{where}.seed: {seed!r} must be an integer >= 0 (fix: e.g. seed=0)")
-    check_task_types([(f"{where}.datasets[{i}]", _get(ds, "name"), _get(ds, "task") or _get(ds, "name"),
-                       _get(ds, "task_type")) for i, ds in enumerate(dss)])
+    check_task_types([(f"{where}.datasets[{i}]", config_get(ds, "name"),
+                       config_get(ds, "task") or config_get(ds, "name"), config_get(ds, "task_type"))
+                      for i, ds in enumerate(dss)])
 
 
 def check_task_types(entries) -> None:

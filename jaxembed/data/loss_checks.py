@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from jaxembed.data import formats, sources
-from jaxembed.data.config import (CONTRASTIVE_LOSSES, SCORED_LOSSES, SOURCE_FORMATS, _get, dataset_paths,
+from jaxembed.data.config import (CONTRASTIVE_LOSSES, SCORED_LOSSES, SOURCE_FORMATS, config_get, dataset_paths,
                                   effective_record_format)
 from jaxembed.data.record_formats import FORMAT_TABLE
 from jaxembed.errors import UserError
@@ -43,8 +43,8 @@ def check_dataset_losses(run_config, store_dir=None) -> None:
             return  # an unreadable manifest is reported by the store checks
     else:
         for i, d in enumerate(run_config.data.datasets):
-            entries.append((f"config.data.datasets[{i}]", _get(d, "name"), _get(d, "loss") or run_loss,
-                            effective_record_format(d), _get(d, "score_threshold"), d, None))
+            entries.append((f"config.data.datasets[{i}]", config_get(d, "name"), config_get(d, "loss") or run_loss,
+                            effective_record_format(d), config_get(d, "score_threshold"), d, None))
     contrastive = [e for e in entries if e[2] in CONTRASTIVE_LOSSES]
     for w, name, loss, rec, thr, ds, counts in entries:
         if loss in SCORED_LOSSES:
@@ -111,14 +111,14 @@ def _format_has(rec: str, prop: str) -> bool:
 def _first_record(ds) -> tuple[str, dict] | None:
     """(``file:line``, the first JSON object) of a dataset's first file, when it is a local file (JSON Lines,
     Parquet, CSV / TSV, a save_to_disk folder); None otherwise (hub and TFDS datasets are checked in the store)."""
-    if _get(ds, "format", "auto") in SOURCE_FORMATS:
+    if config_get(ds, "format", "auto") in SOURCE_FORMATS:
         return None
     paths = dataset_paths(ds)
     try:
         kind = sources.source_kind(paths[0])
         if kind == "folder":
             return None
-        for line, obj in formats._file_rows(paths[0], kind, formats.DEFAULT_FIELDS, _get(ds, "split", "train")):
+        for line, obj in formats._file_rows(paths[0], kind, formats.DEFAULT_FIELDS, config_get(ds, "split", "train")):
             if isinstance(obj, dict):
                 return f"{paths[0]}:{line}", obj
             break

@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxembed import packing as packlib
 from jaxembed.data.plan import Plan
-from jaxembed.data.step_rows import _step_text_lengths, _Tables
+from jaxembed.data.step_rows import step_text_lengths, StepTables
 from jaxembed.errors import UserError
 from jaxembed.tokenizer import Tokenizer
 
@@ -132,7 +132,7 @@ def packing_for(store, plan: Plan, tokenizer: Tokenizer, *, shards: int, combine
     sub-batches of as many token slots as that many padded queries (chunk / shards x the longest query length) and
     their candidates (x K x the longest document length) take per shard: the padded sub-batch's memory bound, spent
     on real tokens."""
-    t = _Tables(store.datasets, tokenizer, plan.used_dataset_ids(), num_candidates)
+    t = StepTables(store.datasets, tokenizer, plan.used_dataset_ids(), num_candidates)
     per_shard = -(-int(gradcache_chunk) // int(shards)) if gradcache_chunk else 0
     q, d = per_shard * t.Lq_max, per_shard * t.K * t.Ld_max
     cost = 0.0
@@ -190,7 +190,7 @@ def choose_rows(table: dict[str, np.ndarray], packing: Packing, compile_steps: i
 
 
 def step_pack_table(store, plan: Plan, tokenizer: Tokenizer, packing: Packing, *, seed: int | None = None,
-                    negatives: str | None = None, chunk_steps: int = 256, tables: _Tables | None = None,
+                    negatives: str | None = None, chunk_steps: int = 256, tables: StepTables | None = None,
                     start_step: int = 0, end_step: int | None = None, text_lengths=None) -> dict[str, np.ndarray]:
     """The packed shapes of every step of the plan, or of steps [start_step, end_step), over the whole global
     batch (module docstring), int32 [steps] each: row_length (L, one for the steps: of the candidates
@@ -201,7 +201,7 @@ def step_pack_table(store, plan: Plan, tokenizer: Tokenizer, packing: Packing, *
     candidate lengths) when already known (``step_rows.split_steps``), else tokenized here."""
     seed = plan.seed if seed is None else seed
     negatives = negatives or plan.config.get("negatives", "first")
-    tables = tables or _Tables(store.datasets, tokenizer, plan.used_dataset_ids())
+    tables = tables or StepTables(store.datasets, tokenizer, plan.used_dataset_ids())
     G, S = plan.global_batch_size, packing.shards
     end_step = plan.steps if end_step is None else int(end_step)
     n = end_step - start_step
@@ -214,7 +214,7 @@ def step_pack_table(store, plan: Plan, tokenizer: Tokenizer, packing: Packing, *
     rows = np.full((len(cands), len(names), n), -1, np.int64)  # -1: L is below the step's longest text
     out = {k: np.zeros(n, np.int32) for k in ("row_length", "query_len", "doc_len")}
     if text_lengths is None:
-        text_lengths = _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, start_step, end_step,
+        text_lengths = step_text_lengths(store, plan, tokenizer, tables, seed, negatives, start_step, end_step,
                                           chunk_steps)
     for s, q, d in text_lengths:
         s -= start_step

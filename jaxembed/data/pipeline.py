@@ -94,12 +94,12 @@ from jaxembed import packing as packlib
 from jaxembed.data.pack_shapes import (COMPILE_STEPS, MAX_SHAPES, MIN_ROW_LENGTH,  # noqa: F401 (re-exported)
                                        ROW_LENGTH_SPAN, Packing, choose_rows, compile_cost_slots, packing_for,
                                        step_pack_table, sub_batches, sub_rows)
-from jaxembed.data.step_rows import (_M64, _SEED_SALT, _fetch, _row_items, _splitmix,  # noqa: F401 (re-exported)
-                                     _step_text_lengths, _Tables, _tokenize_unique, choose_docs, choose_indices,
+from jaxembed.data.step_rows import (M64, SEED_SALT, fetch_examples, row_items, splitmix,  # noqa: F401 (re-exported)
+                                     step_text_lengths, StepTables, tokenize_unique, choose_docs, choose_indices,
                                      row_key, row_scores, step_lengths, text_hash)
 from jaxembed.data.plan import Plan
 from jaxembed.data.plan.file import read_steps
-from jaxembed.data.step_table import StepTable, _tokenizer_id  # noqa: F401 (re-exported)
+from jaxembed.data.step_table import StepTable, tokenizer_id  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError
 from jaxembed.tokenizer import Tokenizer
 
@@ -113,7 +113,7 @@ class StepBatcher:
     must be picklable; ``jaxembed.data.store.Store`` re-opens its files there)."""
 
     def __init__(self, store, plan: Plan, tokenizer: Tokenizer, *, process_index: int, process_count: int,
-                 seed: int, negatives: str, tables: _Tables, table: StepTable, first_step: int, end_step: int,
+                 seed: int, negatives: str, tables: StepTables, table: StepTable, first_step: int, end_step: int,
                  packing: Packing | None = None, table_file: str | os.PathLike | None = None):
         G = plan.global_batch_size
         b = G // process_count
@@ -170,12 +170,12 @@ class StepBatcher:
             raise UserError(f"step {step} is outside the loader's range [{self.first_step}, {self.end_step})")
         b, K, tok, t = self.b, self.K, self.tokenizer, self.tables
         ds, ex, weight = self.rows_of(step)
-        examples = _fetch(self.store, ds, ex)
+        examples = fetch_examples(self.store, ds, ex)
         rows = self.row0 + np.arange(b)
-        q_items, d_items, q_raw, d_raw = _row_items(t, examples, ds, rows, step, self.seed, self.negatives)
-        q_ids = _tokenize_unique(tok, q_items)
+        q_items, d_items, q_raw, d_raw = row_items(t, examples, ds, rows, step, self.seed, self.negatives)
+        q_ids = tokenize_unique(tok, q_items)
         valid = np.array([x is not None for x in d_items], bool)
-        d_tok = _tokenize_unique(tok, [x for x in d_items if x is not None])
+        d_tok = tokenize_unique(tok, [x for x in d_items if x is not None])
         it = iter(d_tok)
         d_ids = [next(it) if v else self.empty_doc for v in valid]
         row_ds = np.repeat(ds, K)
@@ -343,7 +343,7 @@ def make_loader(store, plan: Plan, tokenizer: Tokenizer, *, process_index: int =
             raise UserError("step_table was made for another plan or packing (fix: make it with this loader's plan "
                             "and packing)")
     else:
-        tables = _Tables(store.datasets, tokenizer, plan.used_dataset_ids(), num_candidates)
+        tables = StepTables(store.datasets, tokenizer, plan.used_dataset_ids(), num_candidates)
         table = _given_table(store, plan, tokenizer, tables, packing, seed, lengths, lengths_cache, pack_table)
     batcher = StepBatcher(store, plan, tokenizer, process_index=process_index, process_count=process_count,
                           seed=seed, negatives=negatives, tables=tables, table=table, first_step=start_step,
@@ -351,7 +351,7 @@ def make_loader(store, plan: Plan, tokenizer: Tokenizer, *, process_index: int =
     return Loader(batcher, start_step, end_step, workers, threads, buffer, worker_tokenizer_parallelism)
 
 
-def _given_table(store, plan: Plan, tokenizer: Tokenizer, tables: _Tables, packing: Packing | None, seed: int,
+def _given_table(store, plan: Plan, tokenizer: Tokenizer, tables: StepTables, packing: Packing | None, seed: int,
                  lengths, lengths_cache, pack_table) -> StepTable:
     """make_loader's table: the whole plan's when given (pack_table / lengths) or cached (lengths_cache, computed
     there once for the whole plan); otherwise computed in windows as the loader goes (``StepTable``)."""
@@ -376,7 +376,7 @@ def _given_table(store, plan: Plan, tokenizer: Tokenizer, tables: _Tables, packi
 
 
 def cached_step_lengths(store, plan: Plan, tokenizer: Tokenizer, cache: str | os.PathLike, *,
-                        seed: int | None = None, tables: _Tables | None = None) -> tuple[np.ndarray, np.ndarray]:
+                        seed: int | None = None, tables: StepTables | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``step_lengths`` of the whole plan, read from ``cache`` (.npz) when it was written for the same plan,
     tokenizer and settings, else computed and written there (atomically). Every host may share one file."""
     t = cached_step_table(store, plan, tokenizer, cache, seed=seed, tables=tables)
@@ -389,7 +389,7 @@ STEP_TABLE_FILE = "plan_lengths.npz"
 
 
 def cached_step_table(store, plan: Plan, tokenizer: Tokenizer, cache: str | os.PathLike, *,
-                      packing: Packing | None = None, seed: int | None = None, tables: _Tables | None = None,
+                      packing: Packing | None = None, seed: int | None = None, tables: StepTables | None = None,
                       num_candidates: int | None = None) -> dict[str, np.ndarray]:
     """The length table of the whole plan (``step_lengths`` as query_len / doc_len; with ``packing``,
     ``step_pack_table``), read from ``cache`` (.npz) when it was written for the same plan, tokenizer and settings,
@@ -397,8 +397,8 @@ def cached_step_table(store, plan: Plan, tokenizer: Tokenizer, cache: str | os.P
     ``make_loader``; packing counts the empty candidate slots)."""
     seed = plan.seed if seed is None else int(seed)
     negatives = plan.config.get("negatives", "first")
-    tables = tables or _Tables(store.datasets, tokenizer, plan.used_dataset_ids(), num_candidates)
-    key = hashlib.sha256(json.dumps([plan.fingerprint(), _tokenizer_id(tokenizer), seed, negatives, tables.K,
+    tables = tables or StepTables(store.datasets, tokenizer, plan.used_dataset_ids(), num_candidates)
+    key = hashlib.sha256(json.dumps([plan.fingerprint(), tokenizer_id(tokenizer), seed, negatives, tables.K,
                                      tables.max_q, tables.max_d, tables.q_instr, tables.d_instr]
                                     + ([] if packing is None else [packing.key()])).encode()
                          ).hexdigest()[:16]

@@ -15,20 +15,20 @@ from jaxembed.data.plan.file import read_steps
 from jaxembed.errors import UserError
 from jaxembed.tokenizer import Tokenizer, length_buckets
 
-_M64 = (1 << 64) - 1
-_SEED_SALT = 0x6A61_7865_6D62  # "jaxemb": the loader's stream differs from the plan's
+M64 = (1 << 64) - 1
+SEED_SALT = 0x6A61_7865_6D62  # "jaxemb": the loader's stream differs from the plan's
 
 
-def _splitmix(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+def splitmix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
     return x ^ (x >> 31)
 
 
 def row_key(seed: int, step: int, row: int) -> int:
     """A 64-bit key from (seed, step, global row): drives the choice of positive and sampled negatives."""
-    return _splitmix(_splitmix(_splitmix(int(seed) ^ _SEED_SALT) ^ int(step)) ^ int(row))
+    return splitmix(splitmix(splitmix(int(seed) ^ SEED_SALT) ^ int(step)) ^ int(row))
 
 
 def text_hash(text: str) -> tuple[int, int]:
@@ -60,10 +60,10 @@ def choose_indices(example: dict, num_negatives: int, key: int, negatives: str =
     return pi, [int(i) for i in np.random.default_rng(key).choice(n_neg, n, replace=False)]
 
 
-def row_scores(tables: "_Tables", examples: list[dict], ds: np.ndarray, rows: np.ndarray, step: int, seed: int,
+def row_scores(tables: "StepTables", examples: list[dict], ds: np.ndarray, rows: np.ndarray, step: int, seed: int,
                negatives: str) -> tuple[np.ndarray, np.ndarray]:
     """(teacher_score float32 [len*K], pair_score float32 [len]) of the rows (module docstring): the teacher scores
-    of the very candidates ``_row_items`` chose (same keys), NaN where an example has none."""
+    of the very candidates ``row_items`` chose (same keys), NaN where an example has none."""
     K = tables.K
     teacher = np.full((len(examples), K), np.nan, np.float32)
     pair = np.full(len(examples), np.nan, np.float32)
@@ -81,7 +81,7 @@ def row_scores(tables: "_Tables", examples: list[dict], ds: np.ndarray, rows: np
     return teacher.reshape(-1), pair
 
 
-class _Tables:
+class StepTables:
     """Per-dataset constants (instructions, prompt lengths, max lengths, negatives) the batcher needs."""
 
     def __init__(self, infos, tokenizer: Tokenizer, dataset_ids: Sequence[int], num_candidates: int | None = None):
@@ -117,7 +117,7 @@ class _Tables:
             self.K = int(num_candidates)
 
 
-def _fetch(store, ds: np.ndarray, ex: np.ndarray) -> list[dict]:
+def fetch_examples(store, ds: np.ndarray, ex: np.ndarray) -> list[dict]:
     """Examples of rows (ds[r], ex[r]), in row order; one store call per dataset."""
     out: list[dict | None] = [None] * len(ds)
     for d in np.unique(ds):
@@ -128,7 +128,7 @@ def _fetch(store, ds: np.ndarray, ex: np.ndarray) -> list[dict]:
     return out  # type: ignore[return-value]
 
 
-def _tokenize_unique(tokenizer: Tokenizer, items: Sequence[tuple[str, int]]) -> list[list[int]]:
+def tokenize_unique(tokenizer: Tokenizer, items: Sequence[tuple[str, int]]) -> list[list[int]]:
     """items: (text, max_length) -> token ids of each, each distinct pair tokenized once."""
     uniq: dict[tuple[str, int], int] = {}
     for it in items:
@@ -145,7 +145,7 @@ def _tokenize_unique(tokenizer: Tokenizer, items: Sequence[tuple[str, int]]) -> 
     return [ids[uniq[it]] for it in items]  # type: ignore[misc]
 
 
-def _row_items(tables: _Tables, examples: list[dict], ds: np.ndarray, rows: np.ndarray, step: int, seed: int,
+def row_items(tables: StepTables, examples: list[dict], ds: np.ndarray, rows: np.ndarray, step: int, seed: int,
                negatives: str):
     """Query items [(text, max_len)], doc items [(text, max_len) or None for an empty slot] of length len*K,
     plus the raw query / doc texts (for the hashes)."""
@@ -172,7 +172,7 @@ def share_bounds(n: int, index: int, count: int) -> tuple[int, int]:
     return index * n // count, (index + 1) * n // count
 
 
-def rows_text_lengths(store, plan: Plan, tokenizer: Tokenizer, tables: _Tables, seed: int, negatives: str,
+def rows_text_lengths(store, plan: Plan, tokenizer: Tokenizer, tables: StepTables, seed: int, negatives: str,
                       start_step: int, end_step: int, lo: int = 0, hi: int | None = None
                       ) -> tuple[np.ndarray, np.ndarray]:
     """Token lengths of the rows at positions [lo, hi) of steps [start_step, end_step), position p being global
@@ -188,18 +188,18 @@ def rows_text_lengths(store, plan: Plan, tokenizer: Tokenizer, tables: _Tables, 
     ex = read_steps(plan.example_ids, s0, s1).reshape(-1)[cut]
     key = ds.astype(np.int64) * (1 << 40) + ex
     _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    uniq_ex = _fetch(store, ds[first], ex[first])
+    uniq_ex = fetch_examples(store, ds[first], ex[first])
     examples = [uniq_ex[k] for k in inv.reshape(-1)]
     pos = np.arange(lo, hi) + (start_step - s0) * G  # positions from step s0's first row
     q_all, d_all = [], []
     bounds = np.searchsorted(pos // G, np.arange(s1 - s0 + 1))  # positions are in order: each step's run of them
     for i, s in enumerate(range(s0, s1)):
         sel = slice(bounds[i], bounds[i + 1])
-        q, d, _, _ = _row_items(tables, examples[sel], ds[sel], pos[sel] % G, s, seed, negatives)
+        q, d, _, _ = row_items(tables, examples[sel], ds[sel], pos[sel] % G, s, seed, negatives)
         q_all += q
         d_all += d
-    q_ids = _tokenize_unique(tokenizer, q_all)
-    d_ids = _tokenize_unique(tokenizer, [x for x in d_all if x is not None])
+    q_ids = tokenize_unique(tokenizer, q_all)
+    d_ids = tokenize_unique(tokenizer, [x for x in d_all if x is not None])
     real = np.array([x is not None for x in d_all], bool)
     d_len = np.full(len(d_all), -1, np.int64)
     d_len[real] = [len(t) for t in d_ids]
@@ -214,7 +214,7 @@ def split_steps(q_len: np.ndarray, d_len: np.ndarray, start_step: int, G: int):
         yield start_step + i, q_len[i * G:(i + 1) * G], d_len[i * G * K:(i + 1) * G * K]
 
 
-def _step_text_lengths(store, plan: Plan, tokenizer: Tokenizer, tables: _Tables, seed: int, negatives: str,
+def step_text_lengths(store, plan: Plan, tokenizer: Tokenizer, tables: StepTables, seed: int, negatives: str,
                        start_step: int, end_step: int, chunk_steps: int):
     """Yield (step, query lengths int64 [G], candidate lengths int64 [G*K]) of every step in [start_step, end_step)
     over the whole global batch: tokens of each tokenized text (instruction included), -1 for an empty candidate
@@ -227,19 +227,19 @@ def _step_text_lengths(store, plan: Plan, tokenizer: Tokenizer, tables: _Tables,
 
 def step_lengths(store, plan: Plan, tokenizer: Tokenizer, *, seed: int | None = None, negatives: str | None = None,
                  start_step: int = 0, end_step: int | None = None, chunk_steps: int = 256,
-                 tables: _Tables | None = None, text_lengths=None) -> tuple[np.ndarray, np.ndarray]:
+                 tables: StepTables | None = None, text_lengths=None) -> tuple[np.ndarray, np.ndarray]:
     """Longest tokenized query and document of every step over the whole global batch:
     -> (query_len int32 [S], doc_len int32 [S]) (0 outside [start_step, end_step)). text_lengths: the steps'
     (step, query lengths, candidate lengths) when already known (``split_steps``: gathered from the processes
     of a pod), else tokenized here."""
     seed = plan.seed if seed is None else seed
     negatives = negatives or plan.config.get("negatives", "first")
-    tables = tables or _Tables(store.datasets, tokenizer, plan.used_dataset_ids())
+    tables = tables or StepTables(store.datasets, tokenizer, plan.used_dataset_ids())
     end_step = plan.steps if end_step is None else end_step
     qlen = np.zeros(plan.steps, np.int32)
     dlen = np.zeros(plan.steps, np.int32)
     if text_lengths is None:
-        text_lengths = _step_text_lengths(store, plan, tokenizer, tables, seed, negatives, start_step, end_step,
+        text_lengths = step_text_lengths(store, plan, tokenizer, tables, seed, negatives, start_step, end_step,
                                           chunk_steps)
     for s, q, d in text_lengths:
         qlen[s] = max(int(q.max(initial=0)), 1)

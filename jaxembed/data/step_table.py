@@ -60,7 +60,7 @@ KEEP_WINDOWS = 8
 _instances: collections.Counter = collections.Counter()
 
 
-def _tokenizer_id(tokenizer: Tokenizer) -> str:
+def tokenizer_id(tokenizer: Tokenizer) -> str:
     h = hashlib.sha256()
     try:
         h.update(tokenizer.hf.backend_tokenizer.to_str().encode())
@@ -96,11 +96,11 @@ class StepTable:
     ``tables``. round_lengths: 'pow2' rounds the padded lengths up to powers of two first."""
 
     def __init__(self, store, plan: Plan, tokenizer: Tokenizer, *, packing: Packing | None = None,
-                 tables: step_rows._Tables | None = None, seed: int | None = None, negatives: str | None = None,
+                 tables: step_rows.StepTables | None = None, seed: int | None = None, negatives: str | None = None,
                  num_candidates: int | None = None, cache: str | os.PathLike | None = None,
                  round_lengths: str | None = None, window: int | None = None, write: bool = True):
         self.store, self.plan, self.tokenizer, self.packing = store, plan, tokenizer, packing
-        self.tables = tables or step_rows._Tables(store.datasets, tokenizer, plan.used_dataset_ids(),
+        self.tables = tables or step_rows.StepTables(store.datasets, tokenizer, plan.used_dataset_ids(),
                                                   num_candidates)
         self.seed = plan.seed if seed is None else int(seed)
         self.negatives = negatives or plan.config.get("negatives", "first")
@@ -119,7 +119,7 @@ class StepTable:
             _instances[self.key()] += 1
 
     @classmethod
-    def of_arrays(cls, plan: Plan, table: dict[str, np.ndarray], tables: step_rows._Tables,
+    def of_arrays(cls, plan: Plan, table: dict[str, np.ndarray], tables: step_rows.StepTables,
                   packing: Packing | None = None, source: str | os.PathLike | None = None) -> "StepTable":
         """A table computed for the whole plan (``step_pack_table`` with packing, else query_len / doc_len),
         as one window."""
@@ -276,7 +276,7 @@ class StepTable:
     def key(self) -> str:
         if self._key is None:
             t = self.tables
-            parts = [self.plan.fingerprint(), _tokenizer_id(self.tokenizer), self.seed, self.negatives, t.K, t.max_q,
+            parts = [self.plan.fingerprint(), tokenizer_id(self.tokenizer), self.seed, self.negatives, t.K, t.max_q,
                      t.max_d, t.q_instr, t.d_instr, "windows", self.window_steps]
             parts += [] if self.packing is None else [self.packing.key()]
             self._key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]

@@ -242,7 +242,7 @@ def _sources(ds) -> str:
     return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
 
 
-class _Labels:
+class Labels:
     """Per-example labels as 4-byte indices into the distinct labels (bounded memory, whatever the size)."""
 
     def __init__(self):
@@ -297,7 +297,7 @@ class ExampleCounts:
     their labels, negatives and positives per example (min / max), examples with fewer negatives than asked, with
     a pair score and with teacher scores."""
 
-    labels: _Labels = field(default_factory=_Labels)
+    labels: Labels = field(default_factory=Labels)
     neg_min: int | None = None
     neg_max: int = 0
     pos_max: int = 0

@@ -45,7 +45,7 @@ from jaxembed.data.formats import (FORMAT_TABLE, ReadInfo, Skip, Tally, apply_po
                                    read_records)
 from jaxembed.data.hashindex import HashLog
 from jaxembed.data.jsonl import BadLine, parse_object
-from jaxembed.data.store import (SKIPPED_IN_MEMORY, ExampleCounts, Store, _Labels, dataset_entry, no_examples,
+from jaxembed.data.store import (SKIPPED_IN_MEMORY, ExampleCounts, Store, Labels, dataset_entry, no_examples,
                                  record_writer, write_examples, write_one)
 from jaxembed.errors import UserError
 
@@ -376,7 +376,7 @@ def _merged_counts(metas: list[dict], stems: list[str]) -> ExampleCounts:
     c.pos_max = max(m["counts"]["pos_max"] for m in metas)
     for k in ("few_neg", "scores", "teacher"):
         setattr(c, k, sum(m["counts"][k] for m in metas))
-    labels = _Labels()
+    labels = Labels()
     for m, s in zip(metas, stems):
         remap = np.array([labels.names.setdefault(x, len(labels.names)) for x in m["labels"]] + [-1], np.int32)
         local = np.fromfile(s + ".labels", dtype=np.int32)

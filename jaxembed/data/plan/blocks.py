@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxembed.data.plan.units import _R_SEMI, _rng
+from jaxembed.data.plan.units import R_SEMI, seeded_rng
 
 #: examples per block of steps when a plan is built in blocks (~4 MB of dataset and example ids)
 BLOCK_EXAMPLES = 1 << 18
@@ -174,14 +174,14 @@ def semi_swap(rows: Rows, owner: np.ndarray, semi_units: list[int], m: int, seed
               dedupe: Callable) -> int:
     """KaLM's semi-homogeneous mixing on the written rows: m random positions of every semi-homogeneous batch
     are pulled out, shuffled across all those batches and put back; then in-batch repeats are swapped out
-    (``dedupe``: ``sampling._dedupe_batches``) along the semi-homogeneous batches, a window at a time. The random
+    (``dedupe``: ``sampling.dedupe_batches``) along the semi-homogeneous batches, a window at a time. The random
     streams are drawn in the order of the in-memory build, so the result is the same. Holds the pulled rows (m of
     G per batch: dataset and example ids, their shuffle and positions, ~30 bytes each). Returns the repeats left."""
     steps = np.flatnonzero(np.isin(owner, semi_units))
     R, G = steps.size, rows.G
     if not (m and R > 1):
         return 0
-    rng = _rng(seed, _R_SEMI)
+    rng = seeded_rng(seed, R_SEMI)
     pos = np.empty((R, m), np.int32)  # the pulled positions of each semi-homogeneous batch
     for r0 in range(0, R, step_block):  # the stream of one rng.random((R, G)), drawn a block at a time
         r1 = min(R, r0 + step_block)

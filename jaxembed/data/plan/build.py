@@ -12,12 +12,12 @@ import numpy as np
 
 from jaxembed.data.plan import blocks
 from jaxembed.data.plan.config import (
-    SAMPLING, _bad, _config_dict, _merged_config, validate_data_defaults, validate_plan_config,
+    SAMPLING, config_error, as_plain_dict, merged_config, validate_data_defaults, validate_plan_config,
 )
-from jaxembed.data.plan.curriculum import _build_curriculum
-from jaxembed.data.plan.file import Plan, _validate_plan
-from jaxembed.data.plan.inputs import _infos, instance_mask, load_scores
-from jaxembed.data.plan.sampling import _build_sampled, _dedupe_batches, _sampled_epochs
+from jaxembed.data.plan.curriculum import build_curriculum
+from jaxembed.data.plan.file import Plan, validate_plan
+from jaxembed.data.plan.inputs import dataset_infos, instance_mask, load_scores
+from jaxembed.data.plan.sampling import build_sampled, dedupe_batches, sampled_epochs
 from jaxembed.errors import UserError
 
 
@@ -64,7 +64,7 @@ def build_plan(datasets, config=None, *, scores=None, task_order=None, instance_
     ``load_scores`` etc.). data_config: the data config, for the defaults of sampling, sampling_temperature and
     seed. Pure: the same inputs give the same plan."""
     plan = _build(datasets, config, scores, task_order, instance_orders, data_config, None)
-    _validate_plan(plan, "built plan")
+    validate_plan(plan, "built plan")
     return plan
 
 
@@ -78,7 +78,7 @@ def build_plan_file(path, datasets, config=None, *, scores=None, task_order=None
     folder = blocks.scratch_folder(path)
     try:
         plan = _build(datasets, config, scores, task_order, instance_orders, data_config, folder)
-        plan.save(path, sidecar=sidecar)  # checked on the way (``_validate_plan``) by Plan.load below
+        plan.save(path, sidecar=sidecar)  # checked on the way (``validate_plan``) by Plan.load below
         del plan
     finally:
         blocks.remove_scratch(folder)
@@ -87,7 +87,7 @@ def build_plan_file(path, datasets, config=None, *, scores=None, task_order=None
 
 def _inputs(datasets, config, scores, task_order, instance_orders, data_config) -> dict:
     """The checked config and the tables the builders read (everything but the batches)."""
-    cfg = _merged_config(config)
+    cfg = merged_config(config)
     # inputs given as arguments stand in for the config's file names (recorded as such in plan.config)
     if scores is not None:
         cfg["scores"] = "(given to build_plan)"
@@ -96,11 +96,11 @@ def _inputs(datasets, config, scores, task_order, instance_orders, data_config) 
     if instance_orders is not None:
         cfg["curriculum"]["instance_orders"] = "(given to build_plan)"
     validate_plan_config(cfg)
-    infos = _infos(datasets)
+    infos = dataset_infos(datasets)
     if not infos:
         raise UserError("the store has no datasets (fix: add datasets to the data config)")
     if data_config is not None:
-        dc = _config_dict(data_config)
+        dc = as_plain_dict(data_config)
         validate_data_defaults(dc, "the data config")
     else:  # a store remembers its data config's sampling and seed
         mf = getattr(datasets, "manifest", None) or {}
@@ -108,7 +108,7 @@ def _inputs(datasets, config, scores, task_order, instance_orders, data_config) 
         validate_data_defaults(dc, f"{getattr(datasets, 'path', 'the store')}/manifest.json")
     sampling = cfg["sampling"] or dc.get("sampling") or "size"
     if sampling not in SAMPLING:
-        raise _bad("sampling", f"unknown value {sampling!r}", f"one of {', '.join(SAMPLING)}")
+        raise config_error("sampling", f"unknown value {sampling!r}", f"one of {', '.join(SAMPLING)}")
     temp = cfg["sampling_temperature"] if cfg["sampling_temperature"] is not None else dc.get("sampling_temperature")
     temp = float(temp) if temp not in (None, 0) else None
     seed = cfg["seed"] if cfg["seed"] is not None else int(dc.get("seed", 0) or 0)
@@ -135,7 +135,7 @@ def _inputs(datasets, config, scores, task_order, instance_orders, data_config) 
     explicit = np.array([getattr(i, "epochs", None) is not None for i in infos])
     configured = epochs.copy()
     if not cfg["curriculum"]["enabled"] and int(cfg["steps"]) == 0:
-        epochs = _sampled_epochs(sizes, epochs, explicit, dweights, sampling, temp, float(cfg["epochs"]))
+        epochs = sampled_epochs(sizes, epochs, explicit, dweights, sampling, temp, float(cfg["epochs"]))
 
     # scores & mask
     score_map = None
@@ -161,11 +161,11 @@ def _build(datasets, config, scores, task_order, instance_orders, data_config, f
     parts = blocks.Parts(G, folder)
     try:
         if cfg["curriculum"]["enabled"]:
-            owner, idx, info = _build_curriculum(cfg, infos, x["task_names"], x["dataset_tasks"], x["sizes"],
+            owner, idx, info = build_curriculum(cfg, infos, x["task_names"], x["dataset_tasks"], x["sizes"],
                                                  x["epochs"], x["score_map"], task_order, instance_orders, seed, G,
                                                  parts)
         else:
-            owner, idx, info = _build_sampled(cfg, infos, x["task_names"], x["dataset_tasks"], x["sizes"],
+            owner, idx, info = build_sampled(cfg, infos, x["task_names"], x["dataset_tasks"], x["sizes"],
                                               x["epochs"], x["dweights"], x["sampling"], x["temp"], seed, G, parts)
         S = int(owner.size)
         block = blocks.block_steps(G) if folder is not None else max(S, 1)
@@ -182,7 +182,7 @@ def _build(datasets, config, scores, task_order, instance_orders, data_config, f
         semi = info.pop("_semi", None)
         if semi is not None:
             info["unresolved_in_batch_repeats"] += blocks.semi_swap(rows, owner, semi[0], semi[1], seed, block,
-                                                                    _dedupe_batches)
+                                                                    dedupe_batches)
         meta.update(info)
         task_ids, temperatures, masked = _weights_and_meta(rows, x, block)
     finally:

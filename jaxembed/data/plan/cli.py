@@ -85,7 +85,7 @@ def apply_overrides(cfg: dict, items: list[str]) -> dict:
 
 def load_plan_config(spec: str | None):
     """(plan config as a plain dict, data config or None) from ``--config``."""
-    from jaxembed.data.plan.config import _config_dict
+    from jaxembed.data.plan.config import as_plain_dict
 
     if spec is None:
         return {}, None
@@ -103,9 +103,9 @@ def load_plan_config(spec: str | None):
     keys = set(cfg.keys()) if hasattr(cfg, "keys") else set()
     data = cfg["data"] if "data" in keys else None
     if "plan" in keys:
-        return _config_dict(cfg["plan"]), data
+        return as_plain_dict(cfg["plan"]), data
     if "global_batch_size" in keys:
-        return _config_dict(cfg), data
+        return as_plain_dict(cfg), data
     raise UserError(f"{spec}: get_config() returned no 'plan' field (fix: add config.plan = "
                     "jaxembed.data.plan.default_plan_config() and set its fields)")
 

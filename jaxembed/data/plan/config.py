@@ -69,7 +69,7 @@ def default_plan_config():
     return c
 
 
-def _bad(key: str, msg: str, fix: str) -> UserError:
+def config_error(key: str, msg: str, fix: str) -> UserError:
     return UserError(f"plan config '{key}': {msg} (fix: {fix})")
 
 
@@ -85,66 +85,68 @@ def validate_plan_config(cfg) -> None:
     """Raise UserError naming the field and the fix for any bad value. Accepts a ConfigDict or a plain dict."""
     g = _get(cfg, "global_batch_size")
     if not isinstance(g, (int, np.integer)) or isinstance(g, bool) or g <= 0:
-        raise _bad("global_batch_size", f"must be a positive integer, got {g!r}", "e.g. global_batch_size=64")
+        raise config_error("global_batch_size", f"must be a positive integer, got {g!r}", "e.g. global_batch_size=64")
     s = _get(cfg, "steps", 0)
     if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 0:
-        raise _bad("steps", f"must be an integer >= 0, got {s!r}", "0 = epoch mode, > 0 = step mode")
+        raise config_error("steps", f"must be an integer >= 0, got {s!r}", "0 = epoch mode, > 0 = step mode")
     e = _get(cfg, "epochs", 1.0)
     if not isinstance(e, (int, float)) or isinstance(e, bool) or not math.isfinite(e) or e <= 0:
-        raise _bad("epochs", f"must be a positive number, got {e!r}", "e.g. epochs=1")
+        raise config_error("epochs", f"must be a positive number, got {e!r}", "e.g. epochs=1")
     smp = _get(cfg, "sampling")
     if smp is not None and smp not in SAMPLING:
-        raise _bad("sampling", f"unknown value {smp!r}", f"one of {', '.join(SAMPLING)}")
+        raise config_error("sampling", f"unknown value {smp!r}", f"one of {', '.join(SAMPLING)}")
     t = _get(cfg, "sampling_temperature")
     if t is not None and (not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
-        raise _bad("sampling_temperature", f"must be a positive number, got {t!r}", "e.g. 2.0")
+        raise config_error("sampling_temperature", f"must be a positive number, got {t!r}", "e.g. 2.0")
     st = _get(cfg, "strategy")
     if st is not None and st not in STRATEGIES:
-        raise _bad("strategy", f"unknown strategy {st!r}", f"one of {', '.join(STRATEGIES)}")
+        raise config_error("strategy", f"unknown strategy {st!r}", f"one of {', '.join(STRATEGIES)}")
     ts = _get(cfg, "task_strategies", {}) or {}
     for task, v in dict(ts).items():
         if v not in STRATEGIES:
-            raise _bad(f"task_strategies.{task}", f"unknown strategy {v!r}", f"one of {', '.join(STRATEGIES)}")
+            raise config_error(f"task_strategies.{task}", f"unknown strategy {v!r}", f"one of {', '.join(STRATEGIES)}")
     p = _get(cfg, "semi_homogeneous_proportion", 0.25)
     if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p <= 1.0:
-        raise _bad("semi_homogeneous_proportion", f"must be in [0, 1], got {p!r}", "e.g. 0.25")
+        raise config_error("semi_homogeneous_proportion", f"must be in [0, 1], got {p!r}", "e.g. 0.25")
     if not isinstance(_get(cfg, "drop_remainder", True), bool):
-        raise _bad("drop_remainder", "must be true or false", "drop_remainder=True")
+        raise config_error("drop_remainder", "must be true or false", "drop_remainder=True")
     neg = _get(cfg, "negatives", "first")
     if neg not in NEGATIVES:
-        raise _bad("negatives", f"unknown value {neg!r}", f"one of {', '.join(NEGATIVES)}")
+        raise config_error("negatives", f"unknown value {neg!r}", f"one of {', '.join(NEGATIVES)}")
     seed = _get(cfg, "seed")
     if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0):
-        raise _bad("seed", f"must be an integer >= 0, got {seed!r}", "e.g. seed=0")
+        raise config_error("seed", f"must be an integer >= 0, got {seed!r}", "e.g. seed=0")
     mask = _get(cfg, "mask", {}) or {}
     delta = _get(mask, "delta")
     if delta is not None and (not isinstance(delta, (int, float)) or not math.isfinite(delta)):
-        raise _bad("mask.delta", f"must be a number or None, got {delta!r}", "e.g. mask.delta=0.0, or None = off")
+        raise config_error("mask.delta", f"must be a number or None, got {delta!r}",
+                           "e.g. mask.delta=0.0, or None = off")
     if _get(mask, "direction", "text") not in MASK_DIRECTIONS:
-        raise _bad("mask.direction", f"unknown value {_get(mask, 'direction')!r}", "'text' or 'printed'")
+        raise config_error("mask.direction", f"unknown value {_get(mask, 'direction')!r}", "'text' or 'printed'")
     if delta is not None and not _get(cfg, "scores"):
-        raise _bad("mask.delta", "the mask needs per-example scores", "set scores=<file> or mask.delta=None")
+        raise config_error("mask.delta", "the mask needs per-example scores", "set scores=<file> or mask.delta=None")
     cur = _get(cfg, "curriculum", {}) or {}
     if _get(cur, "enabled", False):
         if _get(cur, "unit", "dataset") not in CURRICULUM_UNITS:
-            raise _bad("curriculum.unit", f"unknown value {_get(cur, 'unit')!r}", "'dataset' or 'task'")
+            raise config_error("curriculum.unit", f"unknown value {_get(cur, 'unit')!r}", "'dataset' or 'task'")
         if _get(cur, "walk", "cyclic") not in WALKS:
-            raise _bad("curriculum.walk", f"unknown value {_get(cur, 'walk')!r}",
+            raise config_error("curriculum.walk", f"unknown value {_get(cur, 'walk')!r}",
                        "'cyclic' (Algorithm 1) or 'balanced'")
         io = _get(cur, "instance_order", "e2d")
         if io not in INSTANCE_ORDERS:
-            raise _bad("curriculum.instance_order", f"unknown value {io!r}", f"one of {', '.join(INSTANCE_ORDERS)}")
+            raise config_error("curriculum.instance_order", f"unknown value {io!r}",
+                               f"one of {', '.join(INSTANCE_ORDERS)}")
         if io == "given" and not _get(cur, "instance_orders"):
-            raise _bad("curriculum.instance_orders", "instance_order='given' needs an orders file",
+            raise config_error("curriculum.instance_orders", "instance_order='given' needs an orders file",
                        "set curriculum.instance_orders=<file> or another instance_order")
         if io in ("e2d", "d2e") and not _get(cfg, "scores"):
-            raise _bad("scores", f"curriculum.instance_order={io!r} sorts instances by their scores",
+            raise config_error("scores", f"curriculum.instance_order={io!r} sorts instances by their scores",
                        "set scores=<file> (Data-CUBE phi per example) or instance_order='random'")
         if not _get(cur, "task_order"):
-            raise _bad("curriculum.task_order", "the curriculum needs a task order",
+            raise config_error("curriculum.task_order", "the curriculum needs a task order",
                        "set curriculum.task_order=<.json/.npy/.txt file> from the task-order step")
         if _get(cfg, "strategy") is not None or dict(_get(cfg, "task_strategies", {}) or {}):
-            raise _bad("strategy", "a curriculum plan has one task per batch; strategy overrides do not apply",
+            raise config_error("strategy", "a curriculum plan has one task per batch; strategy overrides do not apply",
                        "unset strategy / task_strategies, or disable the curriculum")
 
 
@@ -163,26 +165,26 @@ def validate_data_defaults(dc: Mapping, where: str) -> None:
         raise UserError(f"{where}: seed {seed!r} must be an integer >= 0 (fix: {fix})")
 
 
-def _config_dict(cfg) -> dict:
+def as_plain_dict(cfg) -> dict:
     if cfg is None:
         return {}
     if hasattr(cfg, "to_dict"):
         return cfg.to_dict()
-    return {k: (_config_dict(v) if isinstance(v, Mapping) else v) for k, v in dict(cfg).items()}
+    return {k: (as_plain_dict(v) if isinstance(v, Mapping) else v) for k, v in dict(cfg).items()}
 
 
-def _merged_config(cfg) -> dict:
+def merged_config(cfg) -> dict:
     """Defaults + given fields, as a plain dict (unknown keys are an error)."""
     base = default_plan_config().to_dict()
-    given = _config_dict(cfg)
+    given = as_plain_dict(cfg)
 
     def merge(b, g, prefix):
         for k, v in g.items():
             if k not in b:
-                raise _bad(prefix + k, "unknown field", f"known fields: {', '.join(sorted(b))}")
+                raise config_error(prefix + k, "unknown field", f"known fields: {', '.join(sorted(b))}")
             if isinstance(b[k], dict) and k != "task_strategies":
                 if not isinstance(v, Mapping):
-                    raise _bad(prefix + k, f"expected a mapping, got {v!r}", "see default_plan_config()")
+                    raise config_error(prefix + k, f"expected a mapping, got {v!r}", "see default_plan_config()")
                 merge(b[k], dict(v), prefix + k + ".")
             else:
                 b[k] = dict(v) if isinstance(v, Mapping) else v

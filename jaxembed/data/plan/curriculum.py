@@ -9,9 +9,9 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxembed.data.plan.config import WALKS, _bad
+from jaxembed.data.plan.config import WALKS, config_error
 from jaxembed.data.plan.inputs import load_instance_orders, load_task_order
-from jaxembed.data.plan.units import _R_CURR, _R_FRAC, _R_SHORT, _Unit, _check_unit_size, _key, _rng
+from jaxembed.data.plan.units import R_CURR, R_FRAC, R_SHORT, Unit, check_unit_size, pair_key, seeded_rng
 from jaxembed.errors import UserError
 
 
@@ -40,7 +40,7 @@ def walk_order(batches: Sequence[int], walk: str = "cyclic") -> tuple[np.ndarray
     within 1 of L, so |c_k - L n_k / R| < 1 + n_k / R; summing, |W - L N / R| < U + N / R; combine the two."""
     n = np.asarray(batches, np.int64).reshape(-1)
     if walk not in WALKS:
-        raise _bad("curriculum.walk", f"unknown value {walk!r}", "'cyclic' (Algorithm 1) or 'balanced'")
+        raise config_error("curriculum.walk", f"unknown value {walk!r}", "'cyclic' (Algorithm 1) or 'balanced'")
     if n.size == 0 or n.sum() == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     pos = np.repeat(np.arange(n.size, dtype=np.int64), n)
@@ -66,7 +66,7 @@ def _compressed_batches(rows: np.ndarray, steps: int, G: int) -> np.ndarray | No
     return n
 
 
-def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, score_map, task_order,
+def build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, score_map, task_order,
                       instance_orders, seed, G, parts):
     """-> (owner, idx, info): step s is batch idx[s] of part owner[s] of ``parts`` (a ``blocks.Parts``: one part
     per unit and round; the units' instance orders are kept there too, one unit in memory at a time)."""
@@ -97,7 +97,7 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
         ds = np.concatenate([np.full(sizes[d], d, np.int32) for d in members])
         ex = np.concatenate([np.arange(sizes[d], dtype=np.int64) for d in members])
         if io == "random":
-            perm = _rng(seed, _R_CURR, unit_names.index(u)).permutation(ds.size)
+            perm = seeded_rng(seed, R_CURR, unit_names.index(u)).permutation(ds.size)
             return ds[perm], ex[perm]
         sc = np.concatenate([score_map[infos[d].name] for d in members])
         # E2D: phi descending; ties broken by (dataset, index) -- lexsort's last key is the primary one
@@ -121,7 +121,7 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
                 keep[sel] = True
             elif rr == full:
                 extra = int(round((epochs[d] - full) * sizes[d]))
-                keep[sel[np.sort(_rng(seed, _R_FRAC, d, r).permutation(sel.size)[:extra])]] = True
+                keep[sel[np.sort(seeded_rng(seed, R_FRAC, d, r).permutation(sel.size)[:extra])]] = True
         return ds[keep], ex[keep]
 
     # step mode with fewer steps than the first pass: the whole curriculum, compressed. Unit u gets n_u batches
@@ -141,16 +141,16 @@ def _build_curriculum(cfg, infos, task_names, dataset_tasks, sizes, epochs, scor
         for pos, u in enumerate(order):
             ds, ex = round_rows(u, r)
             if quota is not None:
-                pick = np.sort(_rng(seed, _R_SHORT, unit_names.index(u)).permutation(ds.size)[:quota[pos] * G])
+                pick = np.sort(seeded_rng(seed, R_SHORT, unit_names.index(u)).permutation(ds.size)[:quota[pos] * G])
                 ds, ex = ds[pick], ex[pick]
             elif r == 0:
-                _check_unit_size(_Unit(u, "curriculum", units[u]), ds.size, G, infos, "curriculum unit")
+                check_unit_size(Unit(u, "curriculum", units[u]), ds.size, G, infos, "curriculum unit")
             nb, rem = divmod(ds.size, G)
             if rem and not cfg["drop_remainder"]:
                 # fill the last batch with the unit's first (easiest) instances not already in it
-                have = set(_key(ds[nb * G:], ex[nb * G:]).tolist())
+                have = set(pair_key(ds[nb * G:], ex[nb * G:]).tolist())
                 d0, e0 = parts.load(base[u])
-                ok = np.flatnonzero(~np.isin(_key(d0, e0), list(have)))[:G - rem]
+                ok = np.flatnonzero(~np.isin(pair_key(d0, e0), list(have)))[:G - rem]
                 np.add.at(filled, d0[ok], 1)
                 ds, ex = np.concatenate([ds, d0[ok]]), np.concatenate([ex, e0[ok]])
                 nb += 1

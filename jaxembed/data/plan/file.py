@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxembed.data.plan.inputs import _infos
+from jaxembed.data.plan.inputs import dataset_infos
 from jaxembed.data.plan.npz import mapped_npz, write_npz
 from jaxembed.errors import UserError
 
@@ -95,7 +95,7 @@ class Plan:
 
     def check_datasets(self, datasets, where: str = "the store") -> None:
         """Raise UserError unless ``datasets`` (a store or a list of DatasetInfo) has this plan's names and sizes."""
-        infos = _infos(datasets)
+        infos = dataset_infos(datasets)
         names = tuple(i.name for i in infos)
         if names != self.dataset_names:
             raise UserError(f"the plan was built for datasets {list(self.dataset_names)}, but {where} has "
@@ -167,7 +167,7 @@ class Plan:
                    arrays["dataset_tasks"], arrays["dataset_sizes"], side.get("config", {}), int(side["seed"]),
                    side.get("meta", {}), arrays["dropped"], arrays["unit_ids"])
         plan.source = path
-        _validate_plan(plan, str(path))
+        validate_plan(plan, str(path))
         fingerprint = plan.fingerprint()
         if side.get("fingerprint") != fingerprint:
             raise UserError(f"{path}: the arrays do not match {side_path.name} (fingerprint "
@@ -230,7 +230,7 @@ def _json_default(o):
     raise TypeError(type(o).__name__)
 
 
-def _validate_plan(plan: Plan, where: str) -> None:
+def validate_plan(plan: Plan, where: str) -> None:
     S, G = plan.dataset_ids.shape
     D, T = len(plan.dataset_names), len(plan.task_names)
     if plan.example_ids.shape != (S, G) or plan.weights.shape != (S, G):

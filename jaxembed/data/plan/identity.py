@@ -9,9 +9,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from jaxembed.data.plan.config import _config_dict, _merged_config
+from jaxembed.data.plan.config import as_plain_dict, merged_config
 from jaxembed.data.plan.file import VERSION
-from jaxembed.data.plan.inputs import _infos
+from jaxembed.data.plan.inputs import dataset_infos
 
 #: the dataset fields a plan reads
 _FIELDS = ("name", "task", "size", "batching", "epochs", "weight", "temperature")
@@ -46,14 +46,14 @@ def plan_inputs(datasets, config=None, data_config=None) -> dict:
     row per dataset: its fields the plan reads, and its record file's bytes) and their ``datasets_digest``,
     ``config`` and ``data`` (digests of the plan config and of the data config's sampling defaults), ``files``
     ({config field: digest}) and ``fingerprint`` (of all of it)."""
-    cfg = _merged_config(config)
+    cfg = merged_config(config)
     if data_config is not None:
-        dc = _config_dict(data_config)
+        dc = as_plain_dict(data_config)
     else:
         dc = getattr(datasets, "manifest", None) or {}
     data = {k: dc.get(k) for k in ("sampling", "sampling_temperature", "seed")}
     rows = [[getattr(i, f, None) for f in _FIELDS] + [_record_bytes(datasets, k)]
-            for k, i in enumerate(_infos(datasets))]
+            for k, i in enumerate(dataset_infos(datasets))]
     named = {"scores": cfg.get("scores"), "curriculum.task_order": cfg["curriculum"].get("task_order"),
              "curriculum.instance_orders": cfg["curriculum"].get("instance_orders")}
     files = {k: _file_digest(v) for k, v in named.items() if isinstance(v, str) and v}

@@ -15,7 +15,7 @@ import numpy as np
 from jaxembed.errors import UserError
 
 
-def _infos(datasets) -> list:
+def dataset_infos(datasets) -> list:
     return list(datasets.datasets) if hasattr(datasets, "datasets") else list(datasets)
 
 
@@ -49,7 +49,7 @@ def load_scores(source, datasets) -> dict[str, np.ndarray]:
     source: a mapping {dataset name: array}, a flat array (all datasets concatenated in store order), or a file:
     .npz (one array per dataset name), .json ({name: [..]} or a flat list), .npy (flat, store order).
     Datasets may be missing from a mapping; sizes and finiteness are checked."""
-    infos = _infos(datasets)
+    infos = dataset_infos(datasets)
     where = str(source) if isinstance(source, (str, os.PathLike)) else "scores"
     obj = _read_named_arrays(Path(source), "scores") if isinstance(source, (str, os.PathLike)) else source
     sizes = {i.name: int(i.size) for i in infos}
@@ -223,7 +223,7 @@ def load_instance_orders(source, datasets, units: Mapping[str, Sequence[int]]) -
     .npz {unit: int64 [n, 2]} or .json {unit: [[dataset name or id, example index], ...]}. Each unit's order must
     list each of its examples exactly once; every unit must have one (checked here), and each unit's order is
     checked when it is read."""
-    infos = _infos(datasets)
+    infos = dataset_infos(datasets)
     where = str(source) if isinstance(source, (str, os.PathLike)) else "instance orders"
     obj = _orders_source(source, infos, where)
     if not isinstance(obj, Mapping):

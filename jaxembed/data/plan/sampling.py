@@ -10,9 +10,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxembed.data.plan.config import STRATEGIES, _bad
+from jaxembed.data.plan.config import STRATEGIES, config_error
 from jaxembed.data.plan.units import (
-    _R_FILL, _R_ORDER, _R_POOL, _R_SEMI, _R_STEPS, _Unit, _check_unit_size, _key, _rng,
+    R_FILL, R_ORDER, R_POOL, R_SEMI, R_STEPS, Unit, check_unit_size, pair_key, seeded_rng,
 )
 from jaxembed.errors import UserError
 
@@ -79,7 +79,7 @@ def _first_not_in(row: np.ndarray, held: np.ndarray, added: set[int], block: int
     return -1
 
 
-def _dedupe_batches(ds: np.ndarray, ex: np.ndarray, window: int = 64, start: int = 0, stop: int | None = None) -> int:
+def dedupe_batches(ds: np.ndarray, ex: np.ndarray, window: int = 64, start: int = 0, stop: int | None = None) -> int:
     """In place, on [n, G] arrays: swap a repeated example out of its batch with an example of a nearby batch
     (later first, then earlier) such that neither batch then holds a repeat. Keeps the multiset of examples.
     Returns the number of repeats that could not be resolved (tiny datasets). Only the batches [start, stop) are
@@ -89,7 +89,7 @@ def _dedupe_batches(ds: np.ndarray, ex: np.ndarray, window: int = 64, start: int
     if n == 0 or G < 2:
         return 0
     stop = n if stop is None else stop
-    key = _key(ds, ex)
+    key = pair_key(ds, ex)
     bad_rows = []
     chunk = max(1, (1 << 16) // G)
     for r0 in range(start, stop, chunk):  # sorted a chunk of rows at a time
@@ -138,7 +138,7 @@ def _resolve_units(infos, cfg: dict, task_names: list[str], dataset_tasks: np.nd
     overrides = dict(cfg.get("task_strategies") or {})
     unknown = [t for t in overrides if t not in task_names]
     if unknown:
-        raise _bad("task_strategies", f"unknown tasks {unknown} (tasks: {task_names})", "use the data config's "
+        raise config_error("task_strategies", f"unknown tasks {unknown} (tasks: {task_names})", "use the data config's "
                    "task names")
     for t, tname in enumerate(task_names):
         members = [d for d in range(len(infos)) if dataset_tasks[d] == t]
@@ -156,20 +156,20 @@ def _resolve_units(infos, cfg: dict, task_names: list[str], dataset_tasks: np.nd
                 raise UserError(f"dataset '{members and infos[members[0]].name}': unknown batching {s!r} "
                                 f"(fix: one of {', '.join(STRATEGIES)})")
             strategies[tname] = s
-    units: list[_Unit] = []
+    units: list[Unit] = []
     mixed = None
     for t, tname in enumerate(task_names):
         members = [d for d in range(len(infos)) if dataset_tasks[d] == t]
         s = strategies[tname]
         if s == "random":
             if mixed is None:
-                mixed = _Unit("mixed", "random", [])
+                mixed = Unit("mixed", "random", [])
                 units.append(mixed)
             mixed.members.extend(members)
         elif s == "heterogeneous":
-            units.append(_Unit(tname, s, members))
+            units.append(Unit(tname, s, members))
         else:
-            units.extend(_Unit(infos[d].name, s, [d]) for d in members)
+            units.extend(Unit(infos[d].name, s, [d]) for d in members)
     return strategies, units
 
 
@@ -182,13 +182,13 @@ def _dataset_probs(n_d: np.ndarray, weights: np.ndarray, sampling: str, temp: fl
     if sampling == "weights":
         return weights.astype(np.float64) * (n_d > 0)
     if temp is None:
-        raise _bad("sampling_temperature", "sampling='temperature' needs a temperature",
+        raise config_error("sampling_temperature", "sampling='temperature' needs a temperature",
                    "set plan sampling_temperature (or the data config's), e.g. 2.0")
     q = n_d / max(n_d.sum(), 1.0)
     return np.where(q > 0, q ** (1.0 / temp), 0.0)
 
 
-def _sampled_epochs(sizes, epochs, explicit, weights, sampling: str, temp: float | None, plan_epochs: float):
+def sampled_epochs(sizes, epochs, explicit, weights, sampling: str, temp: float | None, plan_epochs: float):
     """Epoch mode with weights / temperature sampling: the datasets without an explicit ``epochs`` share the
     budget of one pass over them (x plan.epochs) in proportion to their sampling probability; their effective
     epochs follow (fractional: full passes + a random subset). Datasets with explicit epochs keep them."""
@@ -204,7 +204,7 @@ def _sampled_epochs(sizes, epochs, explicit, weights, sampling: str, temp: float
     return out
 
 
-def _sampling_probs(units: list[_Unit], sizes, epochs, weights, sampling: str, temp: float | None, infos):
+def _sampling_probs(units: list[Unit], sizes, epochs, weights, sampling: str, temp: float | None, infos):
     p_d = _dataset_probs(sizes.astype(np.float64) * epochs, weights, sampling, temp)
     p_u = np.array([p_d[u.members].sum() for u in units])
     if p_u.sum() <= 0:
@@ -212,14 +212,14 @@ def _sampling_probs(units: list[_Unit], sizes, epochs, weights, sampling: str, t
     return p_u / p_u.sum(), p_d / p_d.sum()
 
 
-def _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweights, sampling, temp, seed, G, parts):
+def build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweights, sampling, temp, seed, G, parts):
     """-> (owner, idx, info): step s is batch idx[s] of unit owner[s], whose batches are part owner[s] of
     ``parts`` (a ``blocks.Parts``). The semi-homogeneous mixing is left to the caller (info["_semi"])."""
     strategies, units = _resolve_units(infos, cfg, task_names, dataset_tasks)
     n_pass = [int(sum(int(round((epochs[d] - math.floor(epochs[d] + 1e-9)) * sizes[d]))
                       + int(math.floor(epochs[d] + 1e-9)) * int(sizes[d]) for d in u.members)) for u in units]
     for u, n in zip(units, n_pass):
-        _check_unit_size(u, n, G, infos, "unit")
+        check_unit_size(u, n, G, infos, "unit")
     keep = [k for k, n in enumerate(n_pass) if n > 0]
     units = [units[k] for k in keep]
     n_pass = [n_pass[k] for k in keep]
@@ -238,13 +238,13 @@ def _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweight
     unresolved = 0
     if steps == 0:
         for k, u in enumerate(units):
-            ds, ex = _pass(_rng(seed, _R_POOL, k, 0), u.members, sizes, epochs)
+            ds, ex = _pass(seeded_rng(seed, R_POOL, k, 0), u.members, sizes, epochs)
             nb, r = divmod(ds.size, G)
             if r and not cfg["drop_remainder"]:
                 # fill the last batch from the unit's next pass, skipping examples already in that batch
-                ds2, ex2 = _pass(_rng(seed, _R_FILL, k, 1), u.members, sizes, epochs)
-                have = set(_key(ds[nb * G:], ex[nb * G:]).tolist())
-                ok = ~np.isin(_key(ds2, ex2), list(have))
+                ds2, ex2 = _pass(seeded_rng(seed, R_FILL, k, 1), u.members, sizes, epochs)
+                have = set(pair_key(ds[nb * G:], ex[nb * G:]).tolist())
+                ok = ~np.isin(pair_key(ds2, ex2), list(have))
                 take = np.flatnonzero(ok)[:G - r]
                 ds = np.concatenate([ds, ds2[take]])
                 ex = np.concatenate([ex, ex2[take]])
@@ -254,12 +254,12 @@ def _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweight
                 dropped.append(np.stack([ds[nb * G:], ex[nb * G:]], 1))
             # views of the pass (changed in place by the de-duplication; the dropped rows were copied out)
             bd, be = ds[:nb * G].reshape(nb, G), ex[:nb * G].reshape(nb, G)
-            unresolved += _dedupe_batches(bd, be)
+            unresolved += dedupe_batches(bd, be)
             parts.add(bd, be)
             del bd, be, ds, ex
         # order: an even interleave -- batch j of a unit with n batches sits at a random point of [j/n, (j+1)/n)
         times, owner, idx = [], [], []
-        rng = _rng(seed, _R_ORDER)
+        rng = seeded_rng(seed, R_ORDER)
         for k in range(len(units)):
             n = parts.batches(k)
             times.append((np.arange(n) + rng.random(n)) / n)
@@ -269,7 +269,7 @@ def _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweight
         order = np.argsort(times, kind="stable")
         owner, idx = owner[order], idx[order]
     else:
-        owner = _rng(seed, _R_STEPS).choice(len(units), size=steps, p=p_u)
+        owner = seeded_rng(seed, R_STEPS).choice(len(units), size=steps, p=p_u)
         idx = np.zeros(steps, np.int64)
         for k, u in enumerate(units):
             sel = np.flatnonzero(owner == k)
@@ -277,14 +277,14 @@ def _build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweight
             need = sel.size * G
             parts_d, parts_e, have, p = [], [], 0, 0
             while have < need + G:  # one batch of slack for the de-duplication swaps
-                d_, e_ = _pass(_rng(seed, _R_POOL, k, p), u.members, sizes, epochs)
+                d_, e_ = _pass(seeded_rng(seed, R_POOL, k, p), u.members, sizes, epochs)
                 parts_d.append(d_)
                 parts_e.append(e_)
                 have += d_.size
                 p += 1
             ds = np.concatenate(parts_d)[:need + G].reshape(-1, G).copy()
             ex = np.concatenate(parts_e)[:need + G].reshape(-1, G).copy()
-            unresolved += _dedupe_batches(ds, ex)
+            unresolved += dedupe_batches(ds, ex)
             parts.add(ds[:sel.size], ex[:sel.size])
             del ds, ex, parts_d, parts_e
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from jaxembed.data.plan.file import Plan
-from jaxembed.data.plan.units import _key
+from jaxembed.data.plan.units import pair_key
 
 
 def summarize(plan: Plan) -> dict:
@@ -45,7 +45,7 @@ def summarize(plan: Plan) -> dict:
             "dropped": drop_n, "filled": int(meta.get("filled", {}).get(name, 0)),
             "masked_rows": int((plan.weights[sel] == 0).sum()),
         }
-    key = _key(plan.dataset_ids, plan.example_ids)
+    key = pair_key(plan.dataset_ids, plan.example_ids)
     srt = np.sort(key, axis=1)
     in_batch = int((srt[:, 1:] == srt[:, :-1]).sum()) if S else 0
     out = {"steps": S, "global_batch_size": G, "seed": plan.seed, "mode": meta.get("mode"),

@@ -11,25 +11,25 @@ import numpy as np
 from jaxembed.errors import UserError
 
 # rng purposes: independent streams derived from (seed, purpose, ...)
-_R_POOL, _R_ORDER, _R_STEPS, _R_SEMI, _R_FRAC, _R_FILL, _R_CURR, _R_SHORT = 11, 12, 13, 14, 15, 16, 17, 18
+R_POOL, R_ORDER, R_STEPS, R_SEMI, R_FRAC, R_FILL, R_CURR, R_SHORT = 11, 12, 13, 14, 15, 16, 17, 18
 
 
 @dataclasses.dataclass
-class _Unit:
+class Unit:
     name: str
     strategy: str           # one of STRATEGIES or "curriculum"
     members: list[int]      # dataset ids
 
 
-def _rng(seed: int, *keys: int) -> np.random.Generator:
+def seeded_rng(seed: int, *keys: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), *[int(k) for k in keys]])
 
 
-def _key(ds: np.ndarray, ex: np.ndarray) -> np.ndarray:
+def pair_key(ds: np.ndarray, ex: np.ndarray) -> np.ndarray:
     return ds.astype(np.int64) * (1 << 40) + ex.astype(np.int64)
 
 
-def _check_unit_size(unit: _Unit, n: int, G: int, infos, what: str):
+def check_unit_size(unit: Unit, n: int, G: int, infos, what: str):
     if 0 < n < G:
         names = [infos[d].name for d in unit.members]
         raise UserError(f"{what} '{unit.name}' (datasets {names}) has {n} examples per pass, fewer than "
