@@ -40,6 +40,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections as mc
 import numpy as np
 from flax import nnx
 
@@ -66,9 +67,12 @@ def default_target(model_type: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class LoRASpec:
-    """``model.lora``: rank r, alpha (scale alpha / r), dropout on the adapter's input, target (regex; '' = the
-    architecture's default), export (merged / adapter / both), base_dtype (the frozen base weights' storage dtype:
-    float32 / bfloat16; the adapters stay in the model's parameter dtype)."""
+    """``model.lora``: rank r, alpha (scale alpha / r), dropout on the adapter's input (in train mode: needs
+    ``train.dropout``), target (regex searched in the linear layers' paths; '' = the architecture's default), export
+    (merged: W0 + scale A B | adapter: the PEFT folder alone, in adapter/ | both: the merged folder with adapter/
+    inside), base_dtype (the frozen base weights' storage dtype: float32 / bfloat16; the adapters stay in the model's
+    parameter dtype). The config's ``model.lora`` section is ``section()`` (``enabled`` then these fields), checked
+    by ``validate_config``; a run's is read by ``from_config``; the model card's LoRA row is ``card_row``."""
 
     rank: int = 8
     alpha: float = 16.0
@@ -84,14 +88,39 @@ class LoRASpec:
     def target_for(self, model_type: str) -> str:
         return self.target or default_target(model_type)
 
+    @classmethod
+    def section(cls) -> mc.ConfigDict:
+        """The config's ``model.lora`` section with its defaults: ``enabled`` (off), then the fields."""
+        return mc.ConfigDict(dict(enabled=False, **dataclasses.asdict(cls())))
+
+    @classmethod
+    def from_config(cls, m) -> LoRASpec:
+        """The settings of a run's ``model.lora`` section; a key it lacks (an older config.json) takes its
+        default."""
+        return cls(**{f.name: type(f.default)(m.get(f.name, f.default)) for f in dataclasses.fields(cls)})
+
+    @staticmethod
+    def card_row(lora: dict, export: str | None) -> tuple[str, str] | None:
+        """The model card's LoRA row of a run's ``model.lora`` section (a plain dict; None when LoRA is off);
+        export: what this export holds."""
+        if not lora.get("enabled"):
+            return None
+        return ("LoRA", f"rank {lora.get('rank')}, alpha {_num(lora.get('alpha'))}, dropout "
+                        f"{_num(lora.get('dropout'))}, target `{lora.get('target') or 'attention + MLP'}` "
+                        f"(base weights frozen; this export: {export})")
+
+
+def _num(x) -> str:
+    """A number as the model card writes it (``jaxembed.export.card``): floats to 4 significant digits."""
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
 
 def spec_from_config(config) -> LoRASpec | None:
     """The run's ``LoRASpec`` (``config.model.lora``), or None when LoRA is off."""
     c = config.model.get("lora") if "lora" in config.model else None
     if c is None or not c.enabled:
         return None
-    return LoRASpec(int(c.rank), float(c.alpha), float(c.dropout), str(c.target), str(c.export),
-                    str(c.get("base_dtype", "float32")))
+    return LoRASpec.from_config(c)
 
 
 def validate_config(c, train_dropout: bool) -> None:

@@ -58,25 +58,13 @@ def default_config() -> mc.ConfigDict:
         init_from="",           # start from a previous stage: a run's workdir (its export/, else its latest
                                 # checkpoint) or a model folder; '' = model.name. Chains stages (KaLM 1 -> 2).
     ))
-    from jaxembed import mote
+    from jaxembed.lora import LoRASpec
+    from jaxembed.mote.settings import MoTESettings
 
-    c.model.mote = mc.ConfigDict(dict(   # MoTE task experts (docs/design.md, MoTE; jaxembed/mote/)
-        enabled=False,          # up-cycle the dense model's feed-forward blocks into task experts
-        experts=mote.DEFAULT_EXPERTS,     # expert names (MoTE App. D.1: four instruction types)
-        placement="every",      # 'every' block (EB) | 'every_other' block (EOB: blocks 1, 3, 5, ...)
-        routing=mc.ConfigDict(dict(mote.DEFAULT_ROUTING)),  # task type -> (query expert, document expert)
-        default=mote.DEFAULT_EXPERT,      # the expert for inputs with no task
-    ))
-    c.model.lora = mc.ConfigDict(dict(  # LoRA adapters (jaxembed/lora.py, docs/lora.md); the base stays frozen
-        enabled=False,
-        rank=8,                 # r
-        alpha=16.0,             # the adapter's scale is alpha / rank
-        dropout=0.0,            # on the adapter's input, in train mode (needs train.dropout=True)
-        target="",              # regex searched in the linear layers' paths; '' = attention q/k/v/o + feed-forward
-        export="merged",        # 'merged' (W0 + scale A B) | 'adapter' (the PEFT folder alone, in adapter/) | 'both'
-                                # (the merged folder with adapter/ inside)
-        base_dtype="float32",   # the frozen base weights' storage; 'bfloat16' halves it (adapters stay float32)
-    ))
+    # training features declare their sections beside their code: MoTE task experts (jaxembed/mote/settings.py,
+    # docs/mote.md) and LoRA adapters (jaxembed/lora.py, docs/lora.md; the base stays frozen)
+    c.model.mote = MoTESettings.section()
+    c.model.lora = LoRASpec.section()
     c.data = default_data_config()
     c.data.store = ""           # an existing store (jaxembed data prepare); '' = prepare into <workdir>/store
     c.data.packing = True       # pack several texts per row (no compute on padding); False = pad one text per row

@@ -75,8 +75,9 @@ def describe_model(config, head, max_length: int | None = None, mote_spec=None) 
     if max_length:
         rows.append(("max sequence length", f"{max_length} tokens"))
     if mote_spec is not None:
-        rows.append(("task experts (MoTE)", f"{', '.join(f'`{e}`' for e in mote_spec.experts)} in layers "
-                                            f"{list(mote_spec.layers)}; default `{mote_spec.default}`"))
+        from jaxembed.mote.settings import MoTESettings
+
+        rows.append(MoTESettings.card_row(mote_spec))
     return _table(("", ""), rows)
 
 
@@ -197,8 +198,10 @@ def _and(names: list[str]) -> str:
 
 
 def _routing(spec) -> list[str]:
+    from jaxembed.mote.settings import MoTESettings
+
     return (["## Routing (task type -> experts)", ""]
-            + [f"- `{t}`: queries `{q}`, documents `{d}`" for t, q, d in spec.routing] + [""]
+            + MoTESettings.card_routing(spec) + [""]
             + ["`transformers.AutoModel` on this folder gives the default expert's dense model.", ""])
 
 
@@ -341,11 +344,11 @@ def run_card(workdir: str | os.PathLike | RunDir, config: dict, model, *, summar
              ("hardware", hw)]
     if tcfg.get("gradcache_chunk"):
         trows.insert(3, ("gradient cache", f"sub-batches of {_n(tcfg['gradcache_chunk'], 'row')}"))
-    lora = mcfg.get("lora") or {}
-    if lora.get("enabled"):
-        trows.insert(1, ("LoRA", f"rank {lora.get('rank')}, alpha {_num(lora.get('alpha'))}, dropout "
-                                 f"{_num(lora.get('dropout'))}, target `{lora.get('target') or 'attention + MLP'}` "
-                                 f"(base weights frozen; this export: {lora_export})"))
+    from jaxembed.lora import LoRASpec
+
+    lora_row = LoRASpec.card_row(mcfg.get("lora") or {}, lora_export)
+    if lora_row:
+        trows.insert(1, lora_row)
     lines += ["## Training", ""] + _table(("", ""), trows)
 
     # evaluation

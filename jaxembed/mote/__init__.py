@@ -9,7 +9,9 @@ listed above it:
   one expert per call, per row or per token) and the expert-stack parameter paths; what an expert is, and what
   each routing path costs.
 - ``spec``: ``MoTESpec``: the experts, the MoTE layers and the routing (task type -> query expert, document
-  expert); the run config's ``model.mote`` section; the trainer's per-task routing tables.
+  expert); the trainer's per-task routing tables.
+- ``settings``: ``MoTESettings``, the run config's ``model.mote`` section (keys, defaults, checks, the card's
+  MoTE row), declared here and assembled into the config by ``jaxembed.config``.
 - ``tacl``: TA-CL (MoTE 3.2, App. D.2): each task type's batching strategy and contrastive temperature.
 - ``upcycling``: up-cycling a dense model (MoTE 3.1.1), and the way back to dense models: one expert's model,
   expert averaging (App. B); a MoTE model with some of its experts.
@@ -26,15 +28,16 @@ from jaxembed.mote.block import (
 from jaxembed.mote.export import from_hf_experts, hf_expert_tensors, read_spec
 from jaxembed.mote.spec import (
     CONFIG_FILE, DEFAULT_EXPERT, DEFAULT_EXPERTS, DEFAULT_ROUTING, FORMAT, PLACEMENTS, WEIGHTS_FILE, MoTESpec,
-    check_experts, check_routing, mote_layers, routing_tables, spec_from_config, validate_config,
+    check_experts, check_routing, mote_layers, routing_tables,
 )
+from jaxembed.mote.settings import MoTESettings, spec_from_config, validate_config
 from jaxembed.mote.tacl import STATIC, TA_CL, ta_cl
 from jaxembed.mote.upcycling import average_experts, extract_expert, get_spec, select_experts, split_model, upcycle
 
 __all__ = [
     "CONFIG_FILE", "DEFAULT_EXPERT", "DEFAULT_EXPERTS", "DEFAULT_ROUTING", "FORMAT", "PLACEMENTS", "STATIC", "TA_CL",
-    "WEIGHTS_FILE", "MoTEFeedForward", "MoTESpec", "active_experts", "average_experts", "check_experts",
+    "WEIGHTS_FILE", "MoTEFeedForward", "MoTESettings", "MoTESpec", "active_experts", "average_experts", "check_experts",
     "check_routing", "dense_path", "extract_expert", "from_hf_experts", "get_spec", "hf_expert_tensors",
-    "is_expert_path", "make_route", "mote_layers", "read_spec", "routing_tables", "select_experts",
-    "spec_from_config", "split_model", "stack_module", "ta_cl", "upcycle", "validate_config",
+    "is_expert_path", "make_route", "mote_layers", "read_spec", "routing_tables", "select_experts", "spec_from_config",
+    "split_model", "stack_module", "ta_cl", "upcycle", "validate_config",
 ]

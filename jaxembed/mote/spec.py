@@ -8,7 +8,7 @@ documents of one retrieval batch go through different experts (search query / se
   every block or every other one), the routing (task type -> (query expert, document expert)) and the default
   expert; ``expert_name`` / ``expert_for`` (task, side) are R. Its ``feed_forward`` and ``route`` are what the
   model layer calls (``jaxembed.models.layers``), so the model layer never imports this package.
-- The run config's ``model.mote`` section: ``spec_from_config``, ``validate_config``.
+- The run config's ``model.mote`` section: ``jaxembed.mote.settings``.
 - ``routing_tables``: each plan task's query and document expert, for the trainer.
 - ``MoTESpec.to_json`` / ``from_json``: the ``mote_config.json`` of a full export (``jaxembed.mote.export``).
 """
@@ -225,31 +225,6 @@ def check_routing(routing: Mapping[str, Sequence[str]], experts: Sequence[str], 
             if e not in experts:
                 raise UserError(f"{where}.{t} = {tuple(v)!r}: unknown expert {e!r} (experts: {', '.join(experts)}; "
                                 "fix: use one of them, or add it to model.mote.experts)")
-
-
-def spec_from_config(m, num_layers: int) -> MoTESpec:
-    """The spec of a run config's ``model.mote`` section for a backbone with ``num_layers`` blocks."""
-    routing = {str(k): tuple(v) for k, v in dict(m.routing).items()}
-    return MoTESpec.build(num_layers, tuple(m.experts), m.placement, routing, m.default)
-
-
-def validate_config(m, task_types: Iterable[tuple[str, str]] = (), where: str = "config.model.mote") -> None:
-    """Check a run config's ``model.mote`` section, and that every (dataset, task type) of the data config has
-    a routing entry. Raises UserError naming the key and the fix."""
-    experts = tuple(m.experts)
-    check_experts(experts, f"{where}.experts")
-    if m.placement not in PLACEMENTS:
-        raise UserError(f"{where}.placement = {m.placement!r} is not valid: allowed: {', '.join(PLACEMENTS)}")
-    routing = dict(m.routing)
-    check_routing(routing, experts, f"{where}.routing")
-    if m.default not in experts:
-        raise UserError(f"{where}.default = {m.default!r} is not one of the experts ({', '.join(experts)})")
-    spec = MoTESpec(experts, (), tuple((str(t), v[0], v[1]) for t, v in routing.items()), m.default)
-    for name, ttype in task_types:
-        if ttype and spec._route(ttype) is None:
-            raise UserError(f"{where}.routing: dataset {name!r} has task type {ttype!r}, which routes to no "
-                            f"expert (fix: set {where}.routing.{ttype} = (query expert, document expert), e.g. "
-                            f"{DEFAULT_ROUTING.get(ttype, (experts[0], experts[0]))})")
 
 
 def routing_tables(spec: MoTESpec, task_names: Sequence[str], task_types: Mapping[str, str]
