@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from jaxembed.data.record_formats import RecordFormat
-from jaxembed.data.records import Example, RecordContext, check_text, get_field
+from jaxembed.data.formats import RecordFormat
+from jaxembed.data.parsers import Example, RecordContext, check_text, get_field
 
 
 def parse_qa_pair(obj: dict, f: dict, rid: str, r: RecordContext) -> Example:

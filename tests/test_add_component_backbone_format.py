@@ -18,15 +18,15 @@ def added():
     from added_format import FORMAT
 
     from jaxembed import models
-    from jaxembed.data import record_formats
+    from jaxembed.data import formats
 
     arch = models.register("added_backbone")  # the folder
-    record_formats.register(FORMAT)  # the one table entry
+    formats.register(FORMAT)  # the one table entry
     try:
         yield arch, FORMAT
     finally:
         models.unregister("added_backbone")
-        record_formats.unregister(FORMAT.name)
+        formats.unregister(FORMAT.name)
 
 
 def _qa_file(path, n: int = 16, shared=None, extra: str = "") -> None:
@@ -48,9 +48,9 @@ def test_an_added_record_format_is_read_detected_and_checked(added, tmp_path):
     format is gone again."""
     from jaxembed.cli import build_parser
     from jaxembed.data import config as data_config
-    from jaxembed.data import record_formats
-    from jaxembed.data.formats import ReadInfo, read_files
-    from jaxembed.data.records import DEFAULT_FIELDS
+    from jaxembed.data import formats
+    from jaxembed.data.readers import ReadInfo, read_files
+    from jaxembed.data.parsers import DEFAULT_FIELDS
 
     _, fmt = added
     p = tmp_path / "qa.jsonl"
@@ -65,18 +65,18 @@ def test_an_added_record_format_is_read_detected_and_checked(added, tmp_path):
     p.write_text('{"question": "why?", "answer": "because"}\n{"question": "how?"}\n')
     bad = list(read_files(p))[1]
     assert (bad.line, bad.field, bad.reason) == (2, "answer", "missing (keys present: question)")
-    assert "qa_pairs" in record_formats.FORMAT_CHOICES and "qa_pairs (question, answer)" in record_formats.format_help()
+    assert "qa_pairs" in formats.FORMAT_CHOICES and "qa_pairs (question, answer)" in formats.format_help()
     assert "qa_pairs" in data_config.FORMATS and DEFAULT_FIELDS["question"] == "question"
     data = data_config.default_data_config()
     data.datasets = [data_config.dataset_config(name="qa", path=str(p), format="qa_pairs", task_type="retrieval")]
     data_config.validate_data_config(data, "data")
     parser = build_parser()
     assert parser.parse_args(["data", "validate", str(p), "--format", "qa_pairs"]).format == "qa_pairs"
-    record_formats.unregister(fmt.name)
-    assert "qa_pairs" not in record_formats.FORMAT_CHOICES and "question" not in DEFAULT_FIELDS
+    formats.unregister(fmt.name)
+    assert "qa_pairs" not in formats.FORMAT_CHOICES and "question" not in DEFAULT_FIELDS
     with pytest.raises(UserError, match=r"^data\.datasets\[0\]\.format: 'qa_pairs' is not one of auto, triplets, "):
         data_config.validate_data_config(data, "data")
-    record_formats.register(fmt)
+    formats.register(fmt)
 
 
 def test_an_added_backbone_has_all_its_facts(added):

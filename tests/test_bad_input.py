@@ -19,7 +19,7 @@ import pytest
 from data_fakes import run_data_cli
 from jaxembed.data import config as dc
 from jaxembed.data import jsonl
-from jaxembed.data.formats import ReadOptions, Tally, apply_policy, read_jsonl
+from jaxembed.data.readers import ReadOptions, Tally, apply_policy, read_jsonl
 from jaxembed.errors import InputError, UserError
 
 GOOD = '{"query": "q", "pos": ["p"], "neg": ["n"]}'

@@ -11,7 +11,7 @@ import pytest
 
 from jaxembed.data import config as dc
 from data_fakes import run_data_cli as _cli
-from jaxembed.data.formats import (DEFAULT_FIELDS, ReadInfo, ReadOptions, Skip, Tally, apply_policy, read_dataset,
+from jaxembed.data.readers import (DEFAULT_FIELDS, ReadInfo, ReadOptions, Skip, Tally, apply_policy, read_dataset,
                                    read_hf, read_jsonl, read_tfds)
 from jaxembed.data.shared_train import shared_train_config
 from jaxembed.errors import InputError, UserError

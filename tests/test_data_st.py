@@ -15,7 +15,7 @@ import pytest
 
 from data_fakes import run_data_cli as _cli
 from jaxembed.data import config as dc
-from jaxembed.data.formats import ReadOptions, Tally, apply_policy, read_dataset, read_files
+from jaxembed.data.readers import ReadOptions, Tally, apply_policy, read_dataset, read_files
 from jaxembed.data.hashindex import HashIndex, key_of
 from jaxembed.data.store import Store, write_store
 from jaxembed.errors import InputError, UserError
@@ -246,7 +246,7 @@ def test_optional_packages_are_one_line_errors_and_the_core_imports_without_them
         "import sys; sys.modules['datasets'] = None; sys.modules['pyarrow'] = None\n"
         "sys.modules['pyarrow.parquet'] = None\n"
         "import jaxembed.config, jaxembed.data.store, jaxembed.data.cli, jaxembed.evaluate.dev\n"
-        "from jaxembed.data.formats import read_files, read_hf\n"
+        "from jaxembed.data.readers import read_files, read_hf\n"
         "from jaxembed.errors import UserError\n"
         "for f in (lambda: read_files(sys.argv[1]), lambda: read_hf(sys.argv[2])):\n"
         "    try:\n"

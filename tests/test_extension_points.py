@@ -55,25 +55,25 @@ def test_literal_copies_finds_tuples_lists_sets_and_dict_keys(tmp_path):
 # --------------------------------------------------------------------------------------------- record formats
 
 def test_every_record_format_has_all_its_parts():
-    from jaxembed.data import records
-    from jaxembed.data.record_formats import FORMAT_CHOICES, FORMAT_TABLE, format_help
+    from jaxembed.data import parsers
+    from jaxembed.data.formats import FORMAT_CHOICES, FORMAT_TABLE, format_help
 
     ranks = [f.detect_rank for f in FORMAT_TABLE.values()]
     assert sorted(ranks) == list(range(len(FORMAT_TABLE))), "detect_rank: each format its own place"
     for name, f in FORMAT_TABLE.items():
         assert f.name == name and f.keys and f.detect and "id" in f.fields, name
-        assert callable(f.parse) and f.parse.__module__ == records.__name__, name
+        assert callable(f.parse) and f.parse.__module__ == parsers.__name__, name
         assert "{src}" in f.no_task_type and f.no_task_type.format(src="x.jsonl"), name
         assert f"{name} ({f.keys})" in format_help(), name
-        assert set(f.fields) <= set(records.DEFAULT_FIELDS), name
+        assert set(f.fields) <= set(parsers.DEFAULT_FIELDS), name
     assert FORMAT_CHOICES == ("auto", *FORMAT_TABLE)
 
 
 def test_record_format_names_are_not_copied():
-    from jaxembed.data.record_formats import FORMAT_TABLE
+    from jaxembed.data.formats import FORMAT_TABLE
 
-    found = literal_copies(FORMAT_TABLE, {"jaxembed/data/record_formats.py"})
-    assert not found, ("a list of record formats outside jaxembed/data/record_formats.py (derive it from "
+    found = literal_copies(FORMAT_TABLE, {"jaxembed/data/formats.py"})
+    assert not found, ("a list of record formats outside jaxembed/data/formats.py (derive it from "
                        "FORMAT_TABLE):\n  " + "\n  ".join(found))
 
 
@@ -91,7 +91,7 @@ def _choices(parser, *path):
 def test_format_options_offer_every_record_format(command):
     """``data validate --format`` and ``mine --format`` offer the table's formats (mine's missed ``st``)."""
     from jaxembed.cli import build_parser
-    from jaxembed.data.record_formats import FORMAT_CHOICES
+    from jaxembed.data.formats import FORMAT_CHOICES
 
     assert tuple(_choices(build_parser(), *command)) == FORMAT_CHOICES
 

@@ -26,8 +26,8 @@ def _fe_file(path, kind):
 
 
 def _examples(path, **kw):
-    from jaxembed.data.formats import read_dataset
-    from jaxembed.data.records import Skip
+    from jaxembed.data.readers import read_dataset
+    from jaxembed.data.parsers import Skip
 
     return [x for x in read_dataset(_data_config(path, **kw).datasets[0]) if not isinstance(x, Skip)]
 
@@ -44,9 +44,9 @@ def test_a_no_in_batch_neg_folder_is_named_in_one_warning(tmp_path, caplog):
     from jaxembed.data.store import write_store
 
     data = _fe_file(tmp_path / "classification-no_in_batch_neg" / "train.jsonl", "symmetric_class")
-    with caplog.at_level(logging.WARNING, logger="jaxembed.data.formats"):
+    with caplog.at_level(logging.WARNING, logger="jaxembed.data.readers"):
         write_store(_data_config(data, num_negatives=1), tmp_path / "store")
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "jaxembed.data.formats"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "jaxembed.data.readers"]
     assert line == (f"{data}: 'no_in_batch_neg' in the path turns off in-batch negatives in FlagEmbedding; jaxembed "
                     "keeps them (every query is contrasted with all the candidates of its batch), so dataset 'fe' "
                     "trains with them")

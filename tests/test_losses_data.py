@@ -169,7 +169,7 @@ def test_store_checks_for_prepared_stores(tmp_path, minilm_dir):
 
 
 def test_bad_teacher_scores_are_record_errors(tmp_path):
-    from jaxembed.data.formats import ReadOptions, read_files
+    from jaxembed.data.readers import ReadOptions, read_files
 
     rows = [dict(TRIPLETS[0]), dict(TRIPLETS[1], neg_scores=[0.1, 0.2]), dict(TRIPLETS[2], pos_scores=["high", 1])]
     items = list(read_files(str(_jsonl(tmp_path / "t.jsonl", rows)), ReadOptions(name="t")))
@@ -227,7 +227,7 @@ def test_teacher_score_writes_cosines_atomically_and_resumes(tmp_path, monkeypat
         d = unit(enc.encode(rows[i]["pos"] + rows[i]["neg"]))
         np.testing.assert_allclose(got[i]["pos_scores"] + got[i]["neg_scores"], d @ q[i], atol=1e-5)
     # the scored file trains with distillation: its first record has the teacher scores
-    from jaxembed.data.formats import ReadOptions, read_files
+    from jaxembed.data.readers import ReadOptions, read_files
 
     ex = next(iter(read_files(str(out), ReadOptions(name="x", extra_fields=frozenset({"extra"})))))
     assert len(ex["pos_scores"]) == 2 and len(ex["neg_scores"]) == 4

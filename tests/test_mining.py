@@ -285,7 +285,7 @@ def test_mine_with_an_encoder_dedups_corpus_and_queries_and_checks_config():
 
 
 def test_instruction_prompt_round_trip():
-    from jaxembed.data.formats import kalm_instruction
+    from jaxembed.data.readers import kalm_instruction
 
     p = "Given a question, retrieve Wikipedia sentences that answer it."
     assert mining.instruction_prompt(kalm_instruction(p)) == p

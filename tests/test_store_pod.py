@@ -119,7 +119,7 @@ def test_shares_balance_input_bytes(tmp_path):
 
 
 def test_tally_restored_from_its_state_reads_as_the_original():
-    from jaxembed.data.records import Skip
+    from jaxembed.data.parsers import Skip
     from jaxembed.data.tally import Tally, apply_policy
 
     t = Tally("d", keep_ids=False)

@@ -38,7 +38,7 @@ from jaxembed.choices import DTYPES, POOLING_MODES
 from jaxembed.curriculum.build import format_curriculum, plan_set_args, run_curriculum  # noqa: F401 (re-exported)
 from jaxembed.curriculum.score import (SCORE_FILES, config_store, config_unit, format_score,  # noqa: F401
                                        load_run_config, run_score)
-from jaxembed.data.record_formats import FORMAT_CHOICES
+from jaxembed.data.formats import FORMAT_CHOICES
 from jaxembed.data.task_types import TASK_TYPES
 from jaxembed.errors import UserError
 from jaxembed.mining.encoding import limit, load_encoder, model_key

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from jaxembed.data.record_formats import FORMAT_CHOICES, format_help
+from jaxembed.data.formats import FORMAT_CHOICES, format_help
 from jaxembed.data.validate import check_paths, summary_line, validate_file
 
 

@@ -106,8 +106,8 @@ def clustering_triplets(texts: Sequence[str], labels: Sequence[str], *, num_nega
 def read_labelled(src, *, text_field: str | None = None, label_field: str | None = None,
                   extra_fields: Sequence[str] = (), on_error: str = "stop") -> tuple[list[str], list[str], dict]:
     """(texts, labels, tally dict) of a classification file, every record checked by the classification reader
-    (``jaxembed.data.formats``); on_error 'skip' counts bad records instead of stopping at the first."""
-    from jaxembed.data.formats import DEFAULT_FIELDS, ReadOptions, Tally, apply_policy, read_files
+    (``jaxembed.data.readers``); on_error 'skip' counts bad records instead of stopping at the first."""
+    from jaxembed.data.readers import DEFAULT_FIELDS, ReadOptions, Tally, apply_policy, read_files
 
     fields = dict(DEFAULT_FIELDS, text=text_field or "text", label=label_field or "label")
     opts = ReadOptions(name=Path(src).stem, format="classification", fields=fields, use_type=False,

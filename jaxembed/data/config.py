@@ -79,7 +79,7 @@ from typing import Any, Iterable
 
 import ml_collections
 
-from jaxembed.data.record_formats import FORMAT_TABLE, RECORD_FORMATS, ST_TASK_TYPE_FIX, names_where
+from jaxembed.data.formats import FORMAT_TABLE, RECORD_FORMATS, ST_TASK_TYPE_FIX, names_where
 from jaxembed.data.task_types import KALM_TEMPLATE, SYMMETRIC_TASK_TYPES, TASK_TYPES  # noqa: F401 (re-exported)
 from jaxembed.errors import UserError
 from jaxembed.losses.table import CONTRASTIVE_LOSSES, LOSSES, SCORED_LOSSES  # noqa: F401 (a dataset's loss)

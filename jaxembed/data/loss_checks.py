@@ -2,7 +2,7 @@
 (``jaxembed.config.validate``, reading the first record of local files) and by the trainer on the prepared store
 (``jaxembed.train.loss``, its pair / teacher score counts).
 
-It reads records (``jaxembed.data.formats``), so it sits above ``jaxembed.data.config``, which only knows the
+It reads records (``jaxembed.data.readers``), so it sits above ``jaxembed.data.config``, which only knows the
 config's fields.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jaxembed.data import formats, sources
+from jaxembed.data import readers, sources
 from jaxembed.data.config import (CONTRASTIVE_LOSSES, SCORED_LOSSES, SOURCE_FORMATS, config_get, dataset_paths,
                                   effective_record_format)
-from jaxembed.data.record_formats import FORMAT_TABLE
+from jaxembed.data.formats import FORMAT_TABLE
 from jaxembed.errors import UserError
 from jaxembed.losses.table import quoted
 
@@ -91,8 +91,8 @@ def _check_scored_record(first: tuple[str, dict], w: str, name, loss: str, rec: 
     """The first record of a dataset trained by a scored-pair loss is a scored pair (or an st pair with a score /
     label column)."""
     where, obj = first
-    fields = formats.read_options(ds).fields
-    fmt = formats.detect_format(obj, fields) if rec == "auto" else rec
+    fields = readers.read_options(ds).fields
+    fmt = readers.detect_format(obj, fields) if rec == "auto" else rec
     spec = FORMAT_TABLE.get(fmt) if fmt is not None else None
     if spec is None or spec.pair_score is None or not spec.pair_score(obj, fields):
         without = " without a score column" if spec is not None and spec.scored else ""
@@ -118,7 +118,7 @@ def _first_record(ds) -> tuple[str, dict] | None:
         kind = sources.source_kind(paths[0])
         if kind == "folder":
             return None
-        for line, obj in formats._file_rows(paths[0], kind, formats.DEFAULT_FIELDS, config_get(ds, "split", "train")):
+        for line, obj in readers._file_rows(paths[0], kind, readers.DEFAULT_FIELDS, config_get(ds, "split", "train")):
             if isinstance(obj, dict):
                 return f"{paths[0]}:{line}", obj
             break

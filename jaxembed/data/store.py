@@ -12,8 +12,8 @@
                                    file:line, field and reason
 
 Size: one module because the store's file layout is written (``write_store``) and read (``Store``) in one place,
-with the report of what was written; the record formats, the on_error policy and the counts are in
-``jaxembed.data.formats`` / ``records`` / ``tally``.
+with the report of what was written; the file readers, the record parsers, the on_error policy and the counts are
+in ``jaxembed.data.readers`` / ``parsers`` / ``tally``.
 
 The store is written to a temporary folder beside ``out_dir`` (``.{name}.tmp-{host}-{pid}-{random}``) and renamed
 into place, so a crash never leaves a folder that opens as a store; the folders that killed writers of this host
@@ -42,8 +42,8 @@ from typing import Sequence
 from jaxembed.runs import atomic_files
 from jaxembed.data import config as dc
 from jaxembed.data import leftovers
-from jaxembed.data.formats import ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset, source_size
-from jaxembed.data.record_formats import FORMAT_TABLE
+from jaxembed.data.readers import ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset, source_size
+from jaxembed.data.formats import FORMAT_TABLE
 from jaxembed.errors import UserError
 
 STORE_FORMAT = "jaxembed-store"

@@ -36,7 +36,7 @@ from pathlib import Path
 from jaxembed import pod
 from jaxembed.data import config as dc
 from jaxembed.data import leftovers, store_split
-from jaxembed.data.records import Skip
+from jaxembed.data.parsers import Skip
 from jaxembed.data.store import (SKIPPED_IN_MEMORY, DatasetInfo, PrepareReport, check_out_dir, finish,
                                  store_folder, write_one, write_store)
 from jaxembed.data.store_split import Part

@@ -41,7 +41,7 @@ import numpy as np
 from jaxembed import pod
 from jaxembed.data import config as dc
 from jaxembed.data import jsonl, sources
-from jaxembed.data.formats import (FORMAT_TABLE, ReadInfo, Skip, Tally, apply_policy, detect_format, read_options,
+from jaxembed.data.readers import (FORMAT_TABLE, ReadInfo, Skip, Tally, apply_policy, detect_format, read_options,
                                    read_records)
 from jaxembed.data.hashindex import HashLog
 from jaxembed.data.jsonl import BadLine, parse_object
@@ -52,7 +52,7 @@ from jaxembed.errors import UserError
 #: the smallest dataset (bytes of input) that is split; every process of a pod must see the same value
 MIN_BYTES_VAR = "JAXEMBED_SPLIT_MIN_BYTES"
 DEFAULT_MIN_BYTES = 16 << 20
-#: the phrases of the errors that compare a BGE record with the dataset's first (``jaxembed.data.records``)
+#: the phrases of the errors that compare a BGE record with the dataset's first (``jaxembed.data.parsers``)
 _TYPE_PHRASE, _PROMPT_PHRASE = " means task type ", " differs from the prompt "
 
 
@@ -145,7 +145,7 @@ def parts(ds, i: int, n: int, fmt: str) -> list[Part]:
 # ------------------------------------------------------------------------------------------------ writing a part
 
 def _objects(path: str, start: int, end: int | None, first_line: int) -> Iterator[tuple[int, dict | Skip]]:
-    """``formats.iter_json_objects`` over the bytes ``start`` .. ``end`` of a file, whose first line is
+    """``readers.iter_json_objects`` over the bytes ``start`` .. ``end`` of a file, whose first line is
     ``first_line``."""
     for i, line in jsonl.iter_text_lines(path, start, end, first_line):
         if isinstance(line, BadLine):

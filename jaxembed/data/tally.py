@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from jaxembed.data.hashindex import HashLog, example_hash
-from jaxembed.data.records import Example, Item, Skip
+from jaxembed.data.parsers import Example, Item, Skip
 from jaxembed.errors import UserError
 
 # ---------------------------------------------------------------------------------------------------- policy

@@ -1,5 +1,5 @@
 """The task types a dataset may have and KaLM's instruction template: the names the data config, the record
-parsers (``jaxembed.data.records``) and the record-format table (``jaxembed.data.record_formats``) share. It
+parsers (``jaxembed.data.parsers``) and the record-format table (``jaxembed.data.formats``) share. It
 imports nothing, so every module of ``jaxembed.data`` can read it."""
 
 TASK_TYPES = ("retrieval", "reranking", "sts", "pair_classification", "classification", "clustering", "nli")

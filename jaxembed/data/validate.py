@@ -26,7 +26,7 @@ def check_paths(files) -> None:
 def validate_file(path: str, fmt: str = "auto", text_field: str | None = None, label_field: str | None = None,
                   score_threshold: float | None = None, extra_fields=()):
     """(Tally, ReadInfo, whole-file error or None) of one file, every record read with the 'skip' policy."""
-    from jaxembed.data.formats import DEFAULT_FIELDS, ReadInfo, ReadOptions, Tally, apply_policy, read_files
+    from jaxembed.data.readers import DEFAULT_FIELDS, ReadInfo, ReadOptions, Tally, apply_policy, read_files
 
     fields = dict(DEFAULT_FIELDS)
     if text_field:

@@ -2,7 +2,7 @@
 (``PARTS``, in order): a ``Loss`` (name, title, kind, its settings, its hook, the data it needs) or a ``Feature``
 (its settings), declared beside its code in ``jaxembed/losses/parts/``. The config's ``loss`` section and its checks
 (``section_defaults``, ``check_section``: ``jaxembed.config``), each run's settings (``section_settings``:
-``jaxembed.train.loss``), the readers (``jaxembed.data.formats``: which datasets keep every pair with its score),
+``jaxembed.train.loss``), the readers (``jaxembed.data.readers``: which datasets keep every pair with its score),
 the data checks (``jaxembed.data.loss_checks``), the objective (``jaxembed.losses.objective``: each loss's hook)
 and the model card (``card_text``) read it; none of them names a loss of its own. It imports nothing of JAX, so the
 data layer reads it too.

@@ -17,7 +17,7 @@ from jaxembed.mining.negatives import MineConfig, mine
 def instruction_prompt(instruction: str) -> str | None:
     """The BGE ``prompt`` whose KaLM form (``Instruct: {prompt} \\n Query: ``) is ``instruction`` ('' for no
     instruction), or None when the instruction is not of that form."""
-    from jaxembed.data.formats import kalm_instruction
+    from jaxembed.data.readers import kalm_instruction
 
     if instruction == "":
         return ""
@@ -116,7 +116,7 @@ class MineInput:
 
 def read_input(path, *, format: str = "auto", score_threshold: float | None = None, on_error: str = "stop"):
     """The examples of a dataset file (any jaxembed record format). -> (examples, ReadInfo, Tally)."""
-    from jaxembed.data.formats import ReadInfo, ReadOptions, Tally, apply_policy, read_jsonl
+    from jaxembed.data.readers import ReadInfo, ReadOptions, Tally, apply_policy, read_jsonl
 
     info = ReadInfo()
     opts = ReadOptions(name=Path(path).stem, format=format, score_threshold=score_threshold)
@@ -134,7 +134,7 @@ def input_from_file(path, *, format: str = "auto", score_threshold: float | None
     """A dataset file to mine; instructions not given: the KaLM form of the records' BGE prompt (else none), and
     none for documents; the task type not given: the records' BGE type."""
     examples, rinfo, tally = read_input(path, format=format, score_threshold=score_threshold, on_error=on_error)
-    from jaxembed.data.formats import kalm_instruction
+    from jaxembed.data.readers import kalm_instruction
 
     qi = query_instruction if query_instruction is not None else (
         kalm_instruction(rinfo.prompt) if rinfo.prompt is not None else "")

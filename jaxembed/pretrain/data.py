@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxembed.data.formats import Skip, iter_json_objects, iter_raw_lines
+from jaxembed.data.readers import Skip, iter_json_objects, iter_raw_lines
 from jaxembed.data.jsonl import is_empty_text
 from jaxembed.errors import UserError
 from jaxembed.tokenizer import Tokenizer, bucket_for, length_buckets

@@ -41,7 +41,7 @@ CHUNK_RECORDS = 512  # records scored and appended to the partial file at a time
 def read_triplets(path: str) -> list[dict]:
     """Every record of a triplets JSON Lines file, checked: ``query`` a text, ``pos`` a non-empty list of texts,
     ``neg`` (optional) a list of texts. The first bad record is an InputError naming file, line and field."""
-    from jaxembed.data.formats import Skip, iter_json_objects
+    from jaxembed.data.readers import Skip, iter_json_objects
     from jaxembed.data.jsonl import check_input_file
 
     check_input_file(path)

@@ -1,11 +1,11 @@
-"""One record of a dataset -> an ``Example`` or the reason it is not one (``Skip``): the checks of each field and
-the parsers of the formats (triplets / BGE, scored pairs, labelled pairs, classification, sentence-transformers
-rows), each ``parse_*(obj, fields, id, RecordContext) -> Example``. A parser's contract, in public names (a format
+"""The per-format parsers of one record: a record of a dataset -> an ``Example`` or the reason it is not one
+(``Skip``): the checks of each field and the parsers of the formats (triplets / BGE, scored pairs, labelled pairs,
+classification, sentence-transformers rows), each ``parse_*(obj, fields, id, RecordContext) -> Example``. A parser's contract, in public names (a format
 added outside this module uses the same): ``get_field`` (a required key), ``check_text`` / ``check_text_list``,
 ``label_str``, ``keep_by_score`` / ``keep_by_label`` (a pair kept or ``FilteredRecord``), raising ``BadRecord``
 (the record is invalid), ``FilteredRecord`` (a rule leaves it out) or ``BadConfig`` (the dataset config cannot read
-it). The table of the formats (their fields, parsers, detection and help) is ``jaxembed.data.record_formats``; the
-formats are described in ``jaxembed.data.formats``, which reads files with them and re-exports every name here."""
+it). The table of the formats (their fields, parsers, detection and help) is ``jaxembed.data.formats``; the
+formats are described in ``jaxembed.data.readers``, which reads files with them and re-exports every name here."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ BGE_TYPES = {
 TEACHER_FIELDS = ("pos_scores", "neg_scores")
 
 
-BGE_IGNORED = TEACHER_FIELDS  # the same fields under a second name (re-exported by jaxembed.data.formats)
+BGE_IGNORED = TEACHER_FIELDS  # the same fields under a second name (re-exported by jaxembed.data.readers)
 
 
 DEFAULT_FIELDS = {
