@@ -118,7 +118,7 @@ def _first_record(ds) -> tuple[str, dict] | None:
         kind = sources.source_kind(paths[0])
         if kind == "folder":
             return None
-        for line, obj in readers._file_rows(paths[0], kind, readers.DEFAULT_FIELDS, config_get(ds, "split", "train")):
+        for line, obj in readers.file_rows(paths[0], kind, readers.DEFAULT_FIELDS, config_get(ds, "split", "train")):
             if isinstance(obj, dict):
                 return f"{paths[0]}:{line}", obj
             break

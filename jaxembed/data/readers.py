@@ -103,7 +103,7 @@ def _empty(path) -> InputError:
                       "check the file (an interrupted download or export?), or remove it from the dataset")
 
 
-def _file_rows(path: str, kind: str, fields: dict, split: str = "train") -> Iterator[tuple[int, dict | Skip]]:
+def file_rows(path: str, kind: str, fields: dict, split: str = "train") -> Iterator[tuple[int, dict | Skip]]:
     """(line / row number, object or Skip) of one file of any kind (``jaxembed.data.sources.source_kind``);
     ``split``: the split of a save_to_disk DatasetDict."""
     if kind == "jsonl":
@@ -128,7 +128,7 @@ def _records_files(paths: list[str], kinds: list[str], fields: dict, split: str 
     multi = len(paths) > 1
     for k, (p, kind) in enumerate(zip(paths, kinds)):
         i = 0
-        for i, obj in _file_rows(p, kind, fields, split):
+        for i, obj in file_rows(p, kind, fields, split):
             yield str(p), i, (f"{k}:{i}" if multi else str(i)), obj
         if i == 0:
             raise _empty(p)
