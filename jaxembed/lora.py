@@ -234,11 +234,11 @@ def check_targets(config) -> None:
         if isinstance(e, UserError):
             raise
         raise UserError(f"{st.transformer_dir / 'config.json'}: cannot read the model config ({e})") from None
-    m = config.model.get("mote") if "mote" in config.model else None
-    if m is not None and m.enabled:
-        from jaxembed import mote
+    from jaxembed.mote.settings import MoTESettings
 
-        cfg = dataclasses.replace(cfg, mote=mote.spec_from_config(m, cfg.num_layers))
+    mote = MoTESettings.from_config(config.model.get("mote") or {})
+    if mote.enabled:
+        cfg = dataclasses.replace(cfg, mote=mote.spec(cfg.num_layers))
     backbone = models.abstract_model(cfg)
     paths = ["backbone." + _dotted(p) for p, n in nnx.iter_graph(backbone) if isinstance(n, nnx.Linear)]
     select(paths, spec.target, cfg.model_type)

@@ -29,8 +29,9 @@ def describe_model(loaded: loading.Loaded, source: str, config, mesh) -> str:
     arch = ", ".join(x for x in (getattr(mc, "model_type", ""), f"{getattr(mc, 'num_layers', '?')} layers",
                                  f"hidden {getattr(mc, 'hidden_size', '?')}", f"{n / 1e6:.1f}M parameters") if x)
     extra = [f"max length {loaded.tokenizer.max_length}", f"compute {config.model.dtype}"]
-    if lora.spec_from_config(config) is not None:
-        extra.append(f"LoRA rank {config.model.lora.rank}, base frozen")
+    lora_spec = lora.spec_from_config(config)
+    if lora_spec is not None:
+        extra.append(f"LoRA rank {lora_spec.rank}, base frozen")
     if getattr(mc, "mote", None) is not None:
         extra.append(f"MoTE {len(mc.mote.experts)} experts")
     devices = jax.devices()
