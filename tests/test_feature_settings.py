@@ -145,3 +145,28 @@ def test_mote_settings_are_declared_beside_mote():
     assert MoTESettings.card_row(spec) == (
         "task experts (MoTE)", "`classification`, `clustering`, `search_query`, `search_document` in layers "
         "[0, 1, 2, 3]; default `classification`")
+
+
+@pytest.mark.parametrize("value,message", [
+    (-1, "config.train.gradcache_chunk = -1 is not valid: a non-negative integer"),
+    (2.5, "config.train.gradcache_chunk = 2.5 is not valid: a non-negative integer"),
+    (True, "config.train.gradcache_chunk = True is not valid: a non-negative integer"),
+    (3, "config.train.gradcache_chunk = 3 is not valid: a divisor of plan.global_batch_size (8)"),
+])
+def test_the_gradient_cache_setting_is_declared_beside_it(value, message):
+    """``train.gradcache_chunk``: its default in the train section, its checks (the texts they had) and its card
+    row come from ``jaxembed.train.gradcache.GradCacheSettings``."""
+    from jaxembed.config import default_config
+    from jaxembed.train.gradcache import GradCacheSettings
+
+    train = default_config().train
+    assert train.gradcache_chunk == 0 and type(train.gradcache_chunk) is int
+    GradCacheSettings.check(train, 8)
+    assert GradCacheSettings.from_config(train.to_dict()).card_row() is None
+    assert GradCacheSettings.from_config({"gradcache_chunk": 4}).card_row() == ("gradient cache",
+                                                                              "sub-batches of 4 rows")
+    with train.ignore_type():
+        train.gradcache_chunk = value
+    with pytest.raises(UserError) as e:
+        GradCacheSettings.check(train, 8)
+    assert str(e.value) == message

@@ -78,9 +78,11 @@ def default_config() -> mc.ConfigDict:
         weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0,
         freeze=(),              # regexes of parameter paths that are not trained, e.g. ('backbone.embeddings',)
     ))
+    from jaxembed.train.gradcache import GradCacheSettings
+
     c.train = mc.ConfigDict(dict(
         seed=0,
-        gradcache_chunk=0,      # > 0: encode in sub-batches of this many rows (gradient cache); 0 = off
+        **GradCacheSettings.defaults(),  # gradcache_chunk: > 0 encodes in sub-batches of this many rows; 0 = off
         dropout=True,           # use the model's dropout while training
         log_every=10,
         checkpoint_every=100,   # steps; 0 = only at the end
@@ -297,8 +299,11 @@ def validate(c: mc.ConfigDict) -> None:
             raise _err(f"optim.freeze[{i}]", pat, f"a regular expression ({e})") from None
     for key in ("train.log_every",):
         _positive(c, key, integer=True)
-    for key in ("train.gradcache_chunk", "train.checkpoint_every", "train.loader_workers", "train.max_nonfinite",
-                "eval.every", "eval.max_examples"):
+    from jaxembed.train.gradcache import GradCacheSettings
+
+    GradCacheSettings.check(c.train, c.plan.global_batch_size)  # a non-negative divisor of the global batch
+    for key in ("train.checkpoint_every", "train.loader_workers", "train.max_nonfinite", "eval.every",
+                "eval.max_examples"):
         _positive(c, key, allow_zero=True, integer=True)
     _positive(c, "train.keep_checkpoints", integer=True)
     _integer(c, "train.seed", 0)
@@ -309,9 +314,6 @@ def validate(c: mc.ConfigDict) -> None:
     _choice(c, "train.length_buckets", ("pow2", "fine"))
     _check_wandb(c)
     _check_base_model(c)
-    gcc = c.train.gradcache_chunk
-    if gcc and c.plan.global_batch_size % gcc:
-        raise _err("train.gradcache_chunk", gcc, f"a divisor of plan.global_batch_size ({c.plan.global_batch_size})")
     _choice(c, "eval.best_mode", ("max", "min"))
     if c.eval.best_metric and "/" not in c.eval.best_metric:
         raise _err("eval.best_metric", c.eval.best_metric, "'TaskName/metric', e.g. 'STSBenchmark-dev/main_score'")

@@ -342,8 +342,11 @@ def run_card(workdir: str | os.PathLike | RunDir, config: dict, model, *, summar
                  f" over {time_['invocations']} runs of `jaxembed train`" if (time_.get("invocations") or 1) > 1
                  else "")),
              ("hardware", hw)]
-    if tcfg.get("gradcache_chunk"):
-        trows.insert(3, ("gradient cache", f"sub-batches of {_n(tcfg['gradcache_chunk'], 'row')}"))
+    from jaxembed.train.gradcache import GradCacheSettings
+
+    gradcache_row = GradCacheSettings.from_config(tcfg).card_row()
+    if gradcache_row:
+        trows.insert(3, gradcache_row)
     from jaxembed.lora import LoRASpec
 
     lora_row = LoRASpec.card_row(mcfg.get("lora") or {}, lora_export)

@@ -17,10 +17,50 @@ order (a text takes the values of its row's sub-batch), which then goes through 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+
+from jaxembed.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class GradCacheSettings:
+    """``train.gradcache_chunk`` (``chunk``): > 0 encodes the global batch in sub-batches of this many rows (the
+    gradient cache); 0 = off. ``jaxembed.config`` takes the key's default from ``defaults()`` and checks it with
+    ``check``; the model card's row is ``card_row``."""
+
+    chunk: int = 0
+
+    @classmethod
+    def defaults(cls) -> dict[str, int]:
+        """This feature's share of the config's ``train`` section."""
+        return {"gradcache_chunk": cls().chunk}
+
+    @staticmethod
+    def check(train, global_batch_size: int) -> None:
+        """A non-negative integer that divides ``plan.global_batch_size``; raises UserError (one line)."""
+        v = train.gradcache_chunk
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        if not (ok and float(v).is_integer()):
+            raise UserError(f"config.train.gradcache_chunk = {v!r} is not valid: a non-negative integer")
+        if v and global_batch_size % v:
+            raise UserError(f"config.train.gradcache_chunk = {v!r} is not valid: a divisor of "
+                            f"plan.global_batch_size ({global_batch_size})")
+
+    @classmethod
+    def from_config(cls, train) -> GradCacheSettings:
+        """The settings of a run's ``train`` section (a plain dict or a ConfigDict; 0 when the key is missing)."""
+        return cls(int(train.get("gradcache_chunk") or 0))
+
+    def card_row(self) -> tuple[str, str] | None:
+        """The model card's training row (None when off)."""
+        if not self.chunk:
+            return None
+        return ("gradient cache", f"sub-batches of {self.chunk} {'row' if self.chunk == 1 else 'rows'}")
 
 
 def encode_chunked(encode_fn: Callable[[Any, dict, jax.Array | None], jax.Array], params: Any, inputs: dict,
