@@ -60,10 +60,34 @@ position conventions; here the whole list of a step is known, so the packer sort
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 from typing import Sequence
 
 import numpy as np
+
+from jaxembed.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class PackingSettings:
+    """``data.packing`` (``enabled``): pack several texts per row (no compute on padding); False pads one text per
+    row. ``jaxembed.config`` takes the key's default from here and checks it with ``check``; ``from_config`` reads
+    a run's data section (a config file that replaced ``config.data`` without the key packs: the default)."""
+
+    enabled: bool = True
+
+    @staticmethod
+    def check(data) -> None:
+        """A bool; raises UserError (one line)."""
+        v = data.get("packing", True)
+        if not isinstance(v, bool):
+            raise UserError(f"config.data.packing = {v!r} is not valid: True (pack several texts per row) or False "
+                            "(pad one per row)")
+
+    @classmethod
+    def from_config(cls, data) -> PackingSettings:
+        return cls(bool(data.get("packing", cls().enabled)))
 
 TEXT_KEYS = ("text_row", "text_start", "text_len", "text_prompt", "text_segment", "text_valid", "text_truncated")
 ROW_KEYS = ("input_ids", "segment_ids", "positions", "token_text")

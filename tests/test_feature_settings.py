@@ -170,3 +170,21 @@ def test_the_gradient_cache_setting_is_declared_beside_it(value, message):
     with pytest.raises(UserError) as e:
         GradCacheSettings.check(train, 8)
     assert str(e.value) == message
+
+
+def test_the_packing_setting_is_declared_beside_packing():
+    """``data.packing``: its default, its check (the text it had) and its reader (a data section without the key
+    packs) come from ``jaxembed.packing.PackingSettings``."""
+    from jaxembed.config import default_config, packing_enabled
+    from jaxembed.packing import PackingSettings
+
+    c = default_config()
+    assert c.data.packing is True and packing_enabled(c)
+    PackingSettings.check(c.data)
+    assert PackingSettings.from_config({}).enabled and not PackingSettings.from_config({"packing": False}).enabled
+    with c.data.ignore_type():
+        c.data.packing = "yes"
+    with pytest.raises(UserError) as e:
+        PackingSettings.check(c.data)
+    assert str(e.value) == ("config.data.packing = 'yes' is not valid: True (pack several texts per row) or False "
+                            "(pad one per row)")

@@ -29,6 +29,7 @@ from jaxembed.errors import UserError
 from jaxembed.runs.rundir import RunDir
 from jaxembed.losses import table as loss_table
 from jaxembed.losses.parts import contrastive as contrastive_part, distill as distill_part, gist as gist_part
+from jaxembed.packing import PackingSettings
 
 
 DISTILL = distill_part.KINDS  # the loss section's own choices, declared with their settings (jaxembed/losses/parts/)
@@ -67,7 +68,7 @@ def default_config() -> mc.ConfigDict:
     c.model.lora = LoRASpec.section()
     c.data = default_data_config()
     c.data.store = ""           # an existing store (jaxembed data prepare); '' = prepare into <workdir>/store
-    c.data.packing = True       # pack several texts per row (no compute on padding); False = pad one text per row
+    c.data.packing = PackingSettings().enabled  # pack several texts per row; False = pad one (jaxembed/packing.py)
     c.plan = default_plan_config()
     # loss.type: 'infonce' | 'peg' | 'cosent' | 'angle' (a dataset's `loss` overrides it for its rows,
     # docs/losses.md); loss.temperature: the default tau (a dataset's `temperature` overrides it); then the settings
@@ -160,7 +161,7 @@ def load_data_config(spec: str):
 
 def packing_enabled(c: mc.ConfigDict) -> bool:
     """``data.packing`` (True when a config file replaced ``config.data`` without it)."""
-    return bool(c.data.get("packing", True))
+    return PackingSettings.from_config(c.data).enabled
 
 
 def _err(key: str, value: Any, allowed: str) -> UserError:
@@ -251,8 +252,7 @@ def validate(c: mc.ConfigDict) -> None:
         from jaxembed.loading import check_max_length
 
         check_max_length(ml, "config.model.max_length", None, "")  # the position table: _check_lengths
-    if not isinstance(c.data.get("packing", True), bool):
-        raise _err("data.packing", c.data.packing, "True (pack several texts per row) or False (pad one per row)")
+    PackingSettings.check(c.data)
     if not c.data.store:
         validate_data_config(data_section(c), where="config.data")  # incl. one task type per task (MoTE routing)
     elif not (Path(c.data.store) / "manifest.json").exists():
