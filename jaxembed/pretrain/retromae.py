@@ -134,11 +134,14 @@ def _encoder(c, notes: list) -> tuple[Any, Tokenizer, dict, dict | None]:
     return config, tok, hf_cfg, None
 
 
-def setup(config, rd: RunDir, *, progress: bool | None = None,
+def setup(config, rd: str | Path | RunDir, *, progress: bool | None = None,
           lock: Any = None) -> Run:
     """Validate, read and tokenize the texts, build the model and the optimizer; then (``lock`` taken first: one
-    run per run directory) write the run's config. Nothing is written before every check has passed."""
+    run per run directory) write the run's config. Nothing is written before every check has passed. ``rd``: the
+    run directory, as a path or its RunDir."""
     from jaxembed import pod
+
+    rd = rundir(rd)
 
     pod.single_host_only("jaxembed pretrain retromae")  # before any JAX call: one line, no hang
     validate(config)

@@ -59,7 +59,7 @@ class Run:
     rundir: RunDir | None = None  # the layout of workdir (jaxembed.runs.rundir); None: derived from workdir
 
     def __post_init__(self):
-        if self.rundir is None:
+        if self.rundir is None and self.workdir is not None:  # no workdir: a run that is only compiled (memory)
             self.rundir = RunDir(self.workdir)
 
     @property
