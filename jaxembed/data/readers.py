@@ -83,17 +83,18 @@ def iter_json_objects(path: str) -> Iterator[tuple[int, dict | Skip]]:
     JSON object (bad bytes, too long, invalid or too deeply nested JSON, huge integers, a key twice, not an
     object) is a Skip naming the line."""
     for i, line in iter_raw_lines(path):
-        if isinstance(line, Skip):
-            yield i, line
-            continue
-        obj = parse_object(line, i)
-        if isinstance(obj, BadLine):
-            fix = obj.fix
-            if obj.reason.startswith("expected a JSON object"):
-                fix = 'write one object per line, e.g. {"query": "...", "pos": ["..."]}'
-            yield i, Skip(str(path), i, obj.field, obj.reason, fix)
-            continue
-        yield i, obj
+        yield i, (line if isinstance(line, Skip) else object_or_skip(str(path), i, line))
+
+
+def object_or_skip(path: str, i: int, line) -> dict | Skip:
+    """Line ``i`` of a JSON Lines file -> its JSON object, or the Skip that names the line and the fix."""
+    obj = parse_object(line, i)
+    if not isinstance(obj, BadLine):
+        return obj
+    fix = obj.fix
+    if obj.reason.startswith("expected a JSON object"):
+        fix = 'write one object per line, e.g. {"query": "...", "pos": ["..."]}'
+    return Skip(path, i, obj.field, obj.reason, fix)
 
 
 # ------------------------------------------------------------------------------------------------ readers

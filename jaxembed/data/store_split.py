@@ -40,11 +40,11 @@ import numpy as np
 
 from jaxembed import pod
 from jaxembed.data import config as dc
-from jaxembed.data import jsonl, sources
+from jaxembed.data import jsonl, readers, sources
 from jaxembed.data.readers import (FORMAT_TABLE, ReadInfo, Skip, Tally, apply_policy, detect_format, read_options,
                                    read_records)
 from jaxembed.data.hashindex import HashLog
-from jaxembed.data.jsonl import BadLine, parse_object
+from jaxembed.data.jsonl import BadLine
 from jaxembed.data.store import (SKIPPED_IN_MEMORY, ExampleCounts, Store, Labels, dataset_entry, no_examples,
                                  record_writer, write_examples, write_one)
 from jaxembed.errors import UserError
@@ -151,14 +151,7 @@ def _objects(path: str, start: int, end: int | None, first_line: int) -> Iterato
         if isinstance(line, BadLine):
             yield i, Skip(path, i, line.field, line.reason, line.fix)
             continue
-        obj = parse_object(line, i)
-        if isinstance(obj, BadLine):
-            fix = obj.fix
-            if obj.reason.startswith("expected a JSON object"):
-                fix = 'write one object per line, e.g. {"query": "...", "pos": ["..."]}'
-            yield i, Skip(path, i, obj.field, obj.reason, fix)
-            continue
-        yield i, obj
+        yield i, readers.object_or_skip(path, i, line)
 
 
 def _hash(text: str) -> bytes:
