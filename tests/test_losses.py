@@ -175,8 +175,11 @@ def test_peg_three_queries_hand_computed():
     # query 2: inactive (0.6 < sigma): a = 1 for every negative
     l2 = -math.log(math.exp(0.6 / tau) / (math.exp(0.6 / tau) + 2 * math.exp(0.0)))
     expected = (w[0] * l0 + w[1] * l1 + w[2] * l2) / 3
-    loss, m = contrastive_loss(jnp.asarray(q), jnp.asarray(c), layout_pos_index(3, 1), temperature=tau,
-                               opts=LossOptions(peg=True), peg_t_prev=t_prev, peg_alpha=alpha, peg_beta=beta)
+    # the loss, its metrics and its gradient from one compiled program (op by op, each operation compiles its own)
+    (loss, m), g = jax.jit(jax.value_and_grad(
+        lambda q, c: contrastive_loss(q, c, layout_pos_index(3, 1), temperature=tau, opts=LossOptions(peg=True),
+                                      peg_t_prev=t_prev, peg_alpha=alpha, peg_beta=beta),
+        argnums=(0, 1), has_aux=True))(jnp.asarray(q), jnp.asarray(c))
     assert float(loss) == pytest.approx(expected, rel=1e-6)
     assert float(m["peg_t"]) == pytest.approx(t, abs=1e-7)
     assert float(m["peg_sigma"]) == pytest.approx(sigma, abs=1e-7)
@@ -184,9 +187,6 @@ def test_peg_three_queries_hand_computed():
     np.testing.assert_allclose(st.w, w, rtol=1e-6)
     # PEG's weights are constants for the gradient: the gradient equals that of the loss with w, a_n frozen
     # (float64 central differences of the reference at these w and a_n)
-    g = jax.grad(lambda q, c: contrastive_loss(q, c, layout_pos_index(3, 1), temperature=tau,
-                                               opts=LossOptions(peg=True), peg_t_prev=t_prev, peg_alpha=alpha,
-                                               peg_beta=beta)[0], argnums=(0, 1))(jnp.asarray(q), jnp.asarray(c))
     ref = reference_grad(q, c, np.arange(3), tau, peg=(t_prev, alpha, beta))
     for a, r in zip(g, ref):
         np.testing.assert_allclose(np.asarray(a), r, atol=1e-4)
@@ -197,16 +197,15 @@ def test_masked_query_still_serves_as_negative():
     qi, ci = _infos(b)
     w = jnp.asarray(b["weights"])
     assert float(w[2]) == 0.0
-    f = lambda c: contrastive_loss(jnp.asarray(b["q"]), c, jnp.asarray(b["pos"]), temperature=0.05, weights=w,
-                                   qi=qi, ci=ci)[0]
-    g = jax.grad(f)(jnp.asarray(b["c"]))
+    # one compiled program per function (op-by-op, each operation compiles its own kernel)
+    loss = jax.jit(lambda q, c: contrastive_loss(q, c, jnp.asarray(b["pos"]), temperature=0.05, weights=w, qi=qi,
+                                                 ci=ci)[0])
+    q, c = jnp.asarray(b["q"]), jnp.asarray(b["c"])
+    g = jax.jit(jax.grad(loss, argnums=1))(q, c)
     # query 2's positive gets a gradient only as a negative of the others: non-zero
     assert float(jnp.abs(g[b["pos"][2]]).sum()) > 0
     # and query 2's own term contributes nothing: changing q[2] does not change the loss
-    q2 = jnp.asarray(b["q"]).at[2].add(1.0)
-    l1 = contrastive_loss(q2, jnp.asarray(b["c"]), jnp.asarray(b["pos"]), temperature=0.05, weights=w, qi=qi,
-                          ci=ci)[0]
-    assert float(l1) == pytest.approx(float(f(jnp.asarray(b["c"]))), abs=1e-6)
+    assert float(loss(q.at[2].add(1.0), c)) == pytest.approx(float(loss(q, c)), abs=1e-6)
 
 
 def test_duplicate_of_own_positive_is_masked_not_a_negative():
