@@ -427,8 +427,8 @@ def test_diag_kernel_summary_sums_device_kernels_by_name(tmp_path):
     assert (tmp_path / "trace.json.gz").is_file()
 
 
-def test_two_calls_of_a_session_are_recorded_as_one_comparison(tmp_path):
-    """A session that measured sentence-transformers' arms in one call and jaxembed's in the next (the H200 of
+def test_two_runs_on_one_machine_are_recorded_as_one_comparison(tmp_path):
+    """sentence-transformers' arms measured in one run and jaxembed's in the next on the same machine (the H200 of
     2026-11-28): --record DIR1 DIR2 merges them arm by arm (each arm says its call), computes the split and the
     targets over the merged arms, and the README line names both calls' commands."""
     sys.path.insert(0, str(GPU_BENCH))
@@ -465,7 +465,7 @@ def test_two_calls_of_a_session_are_recorded_as_one_comparison(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     (line,) = (tmp_path / "README.md").read_text().splitlines()
-    assert "2 calls of one session merged" in line and "| NVIDIA H200 |" in line
+    assert "2 runs on one machine merged" in line and "| NVIDIA H200 |" in line
     assert ("`bash benchmarks/gpu/run.sh $OUT --parts 2`; then `bash benchmarks/gpu/run.sh $OUT --parts 2 "
             "--st-settings none`") in line
     assert "packed vs ST natural 5.00x = 3.20x slots saved x 1.56x speed per computed slot" in line

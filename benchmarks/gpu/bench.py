@@ -3,7 +3,7 @@
     bash benchmarks/gpu/run.sh $OUT --parts 2 --budget 400   # on the device machine (benchmarks/gpu/README.md)
     python benchmarks/gpu/bench.py --out DIR --dry-run   # the same code on the CPU, tiny sizes (the test)
     python benchmarks/gpu/bench.py --record DIR     # here, afterwards: DIR's JSONs -> benchmarks/results/ + README
-    python benchmarks/gpu/bench.py --record DIR1 DIR2   # two calls of one session (one part split): merged
+    python benchmarks/gpu/bench.py --record DIR1 DIR2   # two runs on one machine (one part split): merged
 
 Parts (--parts, run in the order given, by default 2,5,6,3,4,1; a smoke step first checks that jaxembed runs at
 all, and falls back to the flax / optax / orbax versions jaxembed is tested with, carried in .whl/pins, when it
@@ -78,8 +78,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="folder for the JSON files (on the GPU machine: the run's output folder)")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes (the CPU test): the same code paths")
-    ap.add_argument("--parts", default="2,5,6,3,4,1", help="the parts, in the order to run them (README: the two "
-                                                              "calls of a session)")
+    ap.add_argument("--parts", default="2,5,6,3,4,1", help="the parts, in the order to run them")
     ap.add_argument("--budget", type=float, help="seconds for the whole run (default 530; dry run 3600)")
     ap.add_argument("--models", help="part 2: name:global_batch,... (minilm, bert-base, bert-large, qwen2-0.5b, "
                                      "tiny-bert, tiny-qwen2)")
@@ -100,8 +99,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--jax-settings", help="part 2: jaxembed's settings, comma-separated (default fixed,packed,padded; "
                                            "'none': no jaxembed worker)")
     ap.add_argument("--st-settings", help="part 2: sentence-transformers' settings, comma-separated (default "
-                                          "fixed,natural,flat; 'none': no ST worker, e.g. when an earlier call of "
-                                          "the session measured it)")
+                                          "fixed,natural,flat; 'none': no ST worker, e.g. when an earlier run on "
+                                          "the machine measured it)")
     ap.add_argument("--own-processes", action="store_true",
                     help="the dry run: a process per job, as on a device (default: one shared process)")
     ap.add_argument("--peak-flops", type=float, default=None,
@@ -109,8 +108,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--root", default="/tmp/gpu_bench", help="scratch: model folders, stores, worker logs")
     ap.add_argument("--no-smoke", action="store_true")
     ap.add_argument("--record", metavar="DIR", nargs="+",
-                    help="record DIR's results in benchmarks/results/ and the README (several DIRs: calls of one "
-                         "session, merged arm by arm into one record)")
+                    help="record DIR's results in benchmarks/results/ and the README (several DIRs: runs on one "
+                         "machine, merged arm by arm into one record)")
     ap.add_argument("--results-dir", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--readme", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_worker", nargs=2, help=argparse.SUPPRESS)

@@ -3,9 +3,9 @@ benchmarks/README.md: one result file per part, named by part and device (``gpu_
 benchmarks/_record.py), and one README line per part.
 
     python benchmarks/gpu/bench.py --record DIR     # DIR: a call's --out folder (summary.json, part*.json)
-    python benchmarks/gpu/bench.py --record DIR1 DIR2   # calls of one session on one device kind: one record
+    python benchmarks/gpu/bench.py --record DIR1 DIR2   # runs on one device kind: one record
 
-Several folders (calls of one session that split the work: sentence-transformers' arms in one, jaxembed's in the
+Several folders (runs on one machine that split the work: sentence-transformers' arms in one, jaxembed's in the
 next) are merged arm by arm (``merge``): each measured arm comes from the last call that measured it and says which
 (``call``), the ratios and targets are computed again over the merged arms, and the summary lists the calls.
 """
@@ -274,7 +274,7 @@ def _record(summary: dict, parts: dict, results_dir, readme) -> list[str]:
             result += "; " + line_train_compare(r)
         result = result.replace("|", "/")  # a table cell
         if len(summary.get("calls") or []) > 1:
-            setting += (f" ({len(summary['calls'])} calls of one session merged, each arm from the call that "
+            setting += (f" ({len(summary['calls'])} runs on one machine merged, each arm from the run that "
                         "measured it)")
         line = f"| {summary.get('date')} | gpu {part} | {name} | {setting} | {result} | {command_of(summary)} |"
         lines.append(record_line(line, readme=Path(readme) if readme else None))
