@@ -6,8 +6,8 @@ steps, the optimised HLO of the first variant, and a profiler trace (perfetto JS
 
 Every figure goes to OUT/diag.json as soon as it is measured; with --trace, the trace's kernels summed by name
 (OUT/kernels.json: the 60 costliest, with the HLO fusion each came from) and the perfetto trace itself, flat
-(OUT/trace.json.gz: the device call returns no deeply nested folder). Run with benchmarks/gpu/run.sh's
-environment (PYTHONPATH with the carried wheels; benchmarks/gpu/README.md has the call); on the CPU with
+(OUT/trace.json.gz: one file to copy back). Run with benchmarks/gpu/run.sh's
+environment (PYTHONPATH with the carried wheels; benchmarks/gpu/README.md has the command); on the CPU with
 --model tiny-bert --batch 16 (tests/test_gpu_bench.py). ``--record DIR`` files a returned DIR under
 benchmarks/results/ (gpu_diag_<device>_<date>_<time>.json) with a line in benchmarks/README.md.
 """

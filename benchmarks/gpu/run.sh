@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benchmark's entry on the device machine (benchmarks/gpu/README.md has the call):
+# The GPU benchmark's entry on the device machine (benchmarks/gpu/README.md has the command):
 #   bash benchmarks/gpu/run.sh OUT [bench.py arguments]
 #   bash benchmarks/gpu/run.sh OUT --diag [diag.py arguments]   (the step-time diagnosis, benchmarks/gpu/diag.py)
 # Installs the carried wheels (.whl: jaxembed's dependencies missing from the image) into /tmp/site, puts them, the
