@@ -30,26 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from _record import record_line, save_result  # noqa: E402  (benchmarks/ is on sys.path)
+from scale import write_data  # noqa: E402  (the simulation's synthetic triplets)
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def write_data(path: Path, n: int, seed: int = 0) -> None:
-    """n triplet records: query ~10 words, positive and negative ~70 words, from a 5,000-word vocabulary of
-    syllable words (several word pieces each, as real text has)."""
-    rng = np.random.default_rng(seed)
-    syl = ["ka", "to", "ri", "men", "sul", "pa", "de", "lo", "vin", "gar", "tes", "mo", "ban", "el", "qua", "ny"]
-    vocab = np.array(["".join(rng.choice(syl, k)) for k in rng.integers(1, 4, 5000)])
-    zipf = 1.0 / np.arange(1, len(vocab) + 1)
-    qn, dn = 4 + rng.poisson(6, n), 20 + rng.poisson(50, (n, 2))
-    words = vocab[rng.choice(len(vocab), int(qn.sum() + dn.sum()), p=zipf / zipf.sum())]
-    at, lines = 0, []
-    for i in range(n):
-        q, p, g = (" ".join(words[a:b]) for a, b in ((at, at + qn[i]), (at + qn[i], at + qn[i] + dn[i, 0]),
-                                                        (at + qn[i] + dn[i, 0], at + qn[i] + dn[i].sum())))
-        at += qn[i] + dn[i].sum()
-        lines.append(json.dumps({"query": f"{i} {q}", "pos": [p], "neg": [g]}))
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def setup(work: Path, records: int, batch: int):
