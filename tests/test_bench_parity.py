@@ -18,8 +18,10 @@ torch = qp = None
 @pytest.fixture(scope="module", autouse=True)
 def _st_side():
     global torch, qp
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("sentence_transformers")
+    import sentence_transformers  # noqa: F401  (the test extra installs it, and torch)
+    import torch as torch_module
+
+    torch = torch_module
     import quality_parity
 
     qp = quality_parity
