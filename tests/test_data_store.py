@@ -11,7 +11,8 @@ import pytest
 
 from jaxembed.data import config as dc
 from data_fakes import run_data_cli as _cli
-from jaxembed.data.store import STORE_VERSION, DatasetInfo, PrepareReport, Store, write_store
+from jaxembed.data.prepare_report import PrepareReport
+from jaxembed.data.store import STORE_VERSION, DatasetInfo, Store, write_store
 from jaxembed.errors import InputError, UserError
 
 

@@ -13,7 +13,8 @@ import runs
 from jaxembed.config import load_data_config
 from jaxembed.data import config as dc
 from jaxembed.data import jsonl, store_pod, store_split
-from jaxembed.data.store import PrepareReport, finish, store_folder, write_store
+from jaxembed.data.prepare_report import PrepareReport
+from jaxembed.data.store import finish, store_folder, write_store
 from jaxembed.errors import UserError
 from test_store_pod import _content
 

@@ -11,9 +11,9 @@
     out_dir/report.json, report.txt  records read / written / skipped per dataset, every skipped record with its
                                    file:line, field and reason
 
-Size: one module because the store's file layout is written (``write_store``) and read (``Store``) in one place,
-with the report of what was written; the file readers, the record parsers, the on_error policy and the counts are
-in ``jaxembed.data.readers`` / ``parsers`` / ``tally``.
+Size: one module because the store's file layout is written (``write_store``) and read (``Store``) in one place;
+the report of what was written is ``jaxembed.data.prepare_report``; the file readers, the record parsers, the
+on_error policy and the counts are in ``jaxembed.data.readers`` / ``parsers`` / ``tally``.
 
 The store is written to a temporary folder beside ``out_dir`` (``.{name}.tmp-{host}-{pid}-{random}``) and renamed
 into place, so a crash never leaves a folder that opens as a store; the folders that killed writers of this host
@@ -44,6 +44,7 @@ from jaxembed.data import config as dc
 from jaxembed.data import leftovers
 from jaxembed.data.readers import ReadInfo, Tally, apply_policy, kalm_instruction, read_dataset, source_size
 from jaxembed.data.formats import FORMAT_TABLE
+from jaxembed.data.prepare_report import PrepareReport
 from jaxembed.errors import UserError
 
 STORE_FORMAT = "jaxembed-store"
@@ -89,93 +90,6 @@ class DatasetInfo:
         kw = {f.name: d[f.name] if f.default is MISSING else d.get(f.name, f.default) for f in fields(cls)}
         kw["source"] = tuple(kw["source"])
         return cls(**kw)
-
-
-# ------------------------------------------------------------------------------------------------------ report
-
-@dataclass
-class PrepareReport:
-    """What ``write_store`` read, wrote and skipped, per dataset (``Tally``: read, written, invalid, filtered,
-    skipped records), plus per-dataset notes (e.g. examples with fewer negatives than num_negatives)."""
-
-    out_dir: str
-    on_error: str
-    datasets: list[Tally] = field(default_factory=list)
-    notes: dict[str, list[str]] = field(default_factory=dict)
-
-    @property
-    def read(self) -> int:
-        return sum(t.read for t in self.datasets)
-
-    @property
-    def written(self) -> int:
-        return sum(t.written for t in self.datasets)
-
-    @property
-    def invalid(self) -> int:
-        return sum(t.invalid for t in self.datasets)
-
-    @property
-    def filtered(self) -> int:
-        return sum(t.filtered for t in self.datasets)
-
-    def tally(self, name: str) -> Tally:
-        for t in self.datasets:
-            if t.name == name:
-                return t
-        raise KeyError(name)
-
-    def to_dict(self) -> dict:
-        return {"out_dir": self.out_dir, "on_error": self.on_error, "read": self.read, "written": self.written,
-                "invalid": self.invalid, "filtered": self.filtered,
-                "datasets": [dict(t.to_dict(), notes=self.notes.get(t.name, [])) for t in self.datasets]}
-
-    def summary(self) -> str:
-        """A table of counts per dataset with the skip reasons (no per-record lines)."""
-        w = max([len(t.name) for t in self.datasets] + [7])
-        lines = [f"{'dataset':<{w}}  {'read':>8}  {'written':>8}  {'invalid':>8}  {'filtered':>8}  reasons"]
-        for t in self.datasets:
-            reasons = "; ".join(f"{r}: {n}" for r, n in t.reasons().items())
-            lines.append(f"{t.name:<{w}}  {t.read:>8}  {t.written:>8}  {t.invalid:>8}  {t.filtered:>8}  {reasons}")
-        lines.append(f"{'total':<{w}}  {self.read:>8}  {self.written:>8}  {self.invalid:>8}  {self.filtered:>8}")
-        for name, notes in self.notes.items():
-            for n in notes:
-                lines.append(f"note: {name}: {n}")
-        return "\n".join(lines)
-
-    def _text_lines(self):
-        head = (f"jaxembed data prepare -> {self.out_dir} (on_error={self.on_error}): {self.read} records read, "
-                f"{self.written} written, {self.invalid} invalid and skipped, {self.filtered} left out by a rule")
-        yield from [head, "", self.summary()]
-        for t in self.datasets:
-            if t.n_skipped:
-                yield from ["", f"skipped records of {t.name} ({t.n_skipped}):"]
-                for s in t.iter_skipped():
-                    yield f"  {s}"
-
-    def to_text(self) -> str:
-        """The summary, then every skipped record, one per line."""
-        return "\n".join(self._text_lines()) + "\n"
-
-    def write(self, folder: Path) -> None:
-        """report.json and report.txt in ``folder``, streamed: the skipped records are never all in memory."""
-        with open(folder / "report.txt", "w", encoding="utf-8") as f:
-            for line in self._text_lines():
-                f.write(line + "\n")
-        with open(folder / "report.json", "w", encoding="utf-8") as f:
-            head = {k: v for k, v in self.to_dict_head().items()}
-            f.write(json.dumps(head, ensure_ascii=False)[:-1] + ', "datasets": [')
-            for i, t in enumerate(self.datasets):
-                d = dict(t.summary_dict(), notes=self.notes.get(t.name, []))
-                f.write(("," if i else "") + "\n " + json.dumps(d, ensure_ascii=False)[:-1] + ', "skipped": [')
-                for j, s in enumerate(t.iter_skipped()):
-                    f.write(("," if j else "") + "\n  " + json.dumps(s.to_dict(), ensure_ascii=False))
-                f.write("]}")
-            f.write("\n]}\n")
-
-    def to_dict_head(self) -> dict:
-        return {"out_dir": self.out_dir, "on_error": self.on_error, "read": self.read, "written": self.written,
-                "invalid": self.invalid, "filtered": self.filtered}
 
 
 # ------------------------------------------------------------------------------------------------------ writing

@@ -37,7 +37,8 @@ from jaxembed import pod
 from jaxembed.data import config as dc
 from jaxembed.data import leftovers, store_split
 from jaxembed.data.parsers import Skip
-from jaxembed.data.store import (SKIPPED_IN_MEMORY, DatasetInfo, PrepareReport, check_out_dir, finish,
+from jaxembed.data.prepare_report import PrepareReport
+from jaxembed.data.store import (SKIPPED_IN_MEMORY, DatasetInfo, check_out_dir, finish,
                                  store_folder, write_one, write_store)
 from jaxembed.data.store_split import Part
 from jaxembed.data.tally import Tally
