@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
+from jaxembed.choices import LiveNames
 from jaxembed.data import parsers
 from jaxembed.data.parsers import TEACHER_FIELDS, ReadOptions
 from jaxembed.data.task_types import TASK_TYPES
@@ -122,40 +123,13 @@ def unregister(name: str) -> None:
         parsers.DEFAULT_FIELDS.pop(k, None)
 
 
-class _Names(Sequence):
-    """The formats' names between ``head`` and ``tail``, read from FORMAT_TABLE when used (a registered format is
-    in them); ``+`` with a tuple gives another such view, so a list built from it stays current."""
-
-    def __init__(self, head: tuple[str, ...] = (), tail: tuple[str, ...] = ()):
-        self._head, self._tail = head, tail
-
-    def _names(self) -> tuple[str, ...]:
-        return (*self._head, *FORMAT_TABLE, *self._tail)
-
-    def __getitem__(self, i):
-        return self._names()[i]
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    def __add__(self, other: tuple) -> "_Names":
-        return _Names(self._head, self._tail + tuple(other))
-
-    def __radd__(self, other: tuple) -> "_Names":
-        return _Names(tuple(other) + self._head, self._tail)
-
-    def __eq__(self, other) -> bool:
-        return self._names() == (tuple(other) if isinstance(other, (tuple, _Names)) else other)
-
-    def __hash__(self) -> int:
-        return hash(self._names())
-
-    def __repr__(self) -> str:
-        return repr(self._names())
+def format_names() -> tuple[str, ...]:
+    """The record formats' names, as FORMAT_TABLE holds them now."""
+    return tuple(FORMAT_TABLE)
 
 
 #: the record formats' names, and what ``--format`` / ``format`` accept for a file (``auto``: from the first record)
-RECORD_FORMATS: Sequence[str] = _Names()
+RECORD_FORMATS: Sequence[str] = LiveNames(format_names)
 FORMAT_CHOICES: Sequence[str] = ("auto",) + RECORD_FORMATS
 
 

@@ -14,8 +14,10 @@ Adding a loss: one file in ``jaxembed/losses/parts/`` (its settings, its hook) a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
+from jaxembed.choices import LiveNames
 from jaxembed.losses.parts import angle, contrastive, cosent, distill, gist, infonce, matryoshka, peg
 from jaxembed.losses.parts.base import CONTRASTIVE, SCORED, Feature, Loss, Settings, positive  # noqa: F401
 
@@ -56,35 +58,15 @@ def unregister(name: str) -> None:
 _index()
 
 
-class _Names(Sequence):
-    """The names of the losses (of one kind), read from LOSS_TABLE when used: a registered loss is in them."""
-
-    def __init__(self, kind: str | None = None):
-        self._kind = kind
-
-    def _names(self) -> tuple[str, ...]:
-        return tuple(n for n, x in LOSS_TABLE.items() if self._kind is None or x.kind == self._kind)
-
-    def __getitem__(self, i):
-        return self._names()[i]
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    def __eq__(self, other) -> bool:
-        return tuple(self) == (tuple(other) if isinstance(other, (tuple, _Names)) else other)
-
-    def __hash__(self) -> int:
-        return hash(self._names())
-
-    def __repr__(self) -> str:
-        return repr(self._names())
+def names_of_kind(kind: str | None) -> tuple[str, ...]:
+    """The losses of ``kind`` (None: every loss), in table order, as LOSS_TABLE holds them now."""
+    return tuple(n for n, x in LOSS_TABLE.items() if kind is None or x.kind == kind)
 
 
 #: every loss, and those of each kind, in table order (a row's loss kind index is its place in LOSSES)
-LOSSES: Sequence[str] = _Names()
-CONTRASTIVE_LOSSES: Sequence[str] = _Names(CONTRASTIVE)
-SCORED_LOSSES: Sequence[str] = _Names(SCORED)
+LOSSES: Sequence[str] = LiveNames(partial(names_of_kind, None))
+CONTRASTIVE_LOSSES: Sequence[str] = LiveNames(partial(names_of_kind, CONTRASTIVE))
+SCORED_LOSSES: Sequence[str] = LiveNames(partial(names_of_kind, SCORED))
 
 #: the section's own keys, before the parts': the run's loss and the default temperature (a dataset's
 #: ``temperature`` overrides it for its batches)

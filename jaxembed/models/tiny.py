@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jaxembed import models
-from jaxembed.choices import POOLING_MODES
+from jaxembed.choices import POOLING_MODES, LiveNames
 from jaxembed.errors import UserError
 from jaxembed.models.architecture import Architecture, TinySize
 
@@ -47,31 +47,13 @@ def tiny_arch(name: str) -> Architecture:
     raise UserError(f"tiny_model_dir: arch={name!r} is not one of {', '.join(ARCHS)}")
 
 
-class _TinyNames(Sequence):
-    """The tiny model names of every architecture folder, read from ``jaxembed.models.FOLDERS`` when used (a
-    registered folder's are in them)."""
-
-    def _names(self) -> tuple[str, ...]:
-        return tuple(n for arch in models.FOLDERS.values() for n in arch.tiny)
-
-    def __getitem__(self, i):
-        return self._names()[i]
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    def __eq__(self, other) -> bool:
-        return self._names() == (tuple(other) if isinstance(other, (tuple, _TinyNames)) else other)
-
-    def __hash__(self) -> int:
-        return hash(self._names())
-
-    def __repr__(self) -> str:
-        return repr(self._names())
+def tiny_names() -> tuple[str, ...]:
+    """The tiny model names of every architecture folder, as ``jaxembed.models.FOLDERS`` holds them now."""
+    return tuple(n for arch in models.FOLDERS.values() for n in arch.tiny)
 
 
 #: the tiny model names (each architecture folder's ``tiny``: name -> its Hugging Face config fields for a TinySize)
-ARCHS: Sequence[str] = _TinyNames()
+ARCHS: Sequence[str] = LiveNames(tiny_names)
 TINY_WINDOW = 16  # the tiny Mistral / Gemma sliding window: shorter than the tiny runs' rows, so it matters
 POOLINGS = POOLING_MODES
 MARKER = "jaxembed_tiny.json"
