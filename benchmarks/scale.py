@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 
 from _harness.scale_steps import FIRST_STEP, PLAN, PREPARE, SHAPES  # noqa: E402  (benchmarks/ is on sys.path)
+from _harness.triplets import write_triplets  # noqa: E402
 from _record import record_line, save_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,33 +69,12 @@ def tokenizer_dir() -> Path:
 
 def write_data(path: Path, n: int, seed: int = 0) -> dict:
     """n triplet records: query ~10 words, positive and negative ~70 words, from a 5,000-word vocabulary of
-    syllable words (several word pieces each, as real text has)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    syl = ["ka", "to", "ri", "men", "sul", "pa", "de", "lo", "vin", "gar", "tes", "mo", "ban", "el", "qua", "ny"]
-    vocab = np.array(["".join(rng.choice(syl, k)) for k in rng.integers(1, 4, 5000)])
-    zipf = 1.0 / np.arange(1, len(vocab) + 1)
-    zipf /= zipf.sum()
-    chunk = 20_000
-    with open(path, "w", encoding="utf-8") as f:
-        for c0 in range(0, n, chunk):
-            m = min(chunk, n - c0)
-            qn = 4 + rng.poisson(6, m)
-            dn = 20 + rng.poisson(50, (m, 2))
-            words = vocab[rng.choice(len(vocab), int(qn.sum() + dn.sum()), p=zipf)]
-            at = 0
-            lines = []
-            for i in range(m):
-                q = " ".join(words[at:at + qn[i]])
-                at += qn[i]
-                p = " ".join(words[at:at + dn[i, 0]])
-                at += dn[i, 0]
-                g = " ".join(words[at:at + dn[i, 1]])
-                at += dn[i, 1]
-                lines.append(json.dumps({"query": f"{c0 + i} {q}", "pos": [p], "neg": [g]}))
-            f.write("\n".join(lines) + "\n")
-    return {"records": n, "bytes": path.stat().st_size}
+    syllable words (several word pieces each, as real text has); ``_harness/triplets.py`` writes them a block of
+    records at a time (~8 µs of CPU a record here), into ``path`` + ``.part`` first: a file at ``path`` is whole."""
+    part = path.with_name(path.name + ".part")
+    meta = write_triplets(part, n, seed)
+    part.replace(path)
+    return meta
 
 
 def child_env(pythonpath: str | None, **extra) -> dict:
