@@ -80,6 +80,32 @@ class Parts:
             self._at.append(self._append(ds, ex))
         return k
 
+    def begin(self) -> int:
+        """Start a part whose batches come in pieces (``extend``, then ``end``); returns its number."""
+        k = len(self._n)
+        self._n.append(0)
+        if self.folder is None:
+            self._mem.append(([], []))
+        else:
+            self._at.append(self._rows)
+        return k
+
+    def extend(self, ds: np.ndarray, ex: np.ndarray) -> None:
+        """Append batches [n, G] to the part begun last (nothing else is stored between ``begin`` and ``end``)."""
+        self._n[-1] += int(ds.shape[0])
+        if self.folder is None:
+            self._mem[-1][0].append(ds)
+            self._mem[-1][1].append(ex)
+        else:
+            self._append(ds, ex)
+
+    def end(self) -> None:
+        if self.folder is None:
+            d, e = self._mem[-1]
+            G = self.G
+            self._mem[-1] = (np.concatenate(d) if d else np.zeros((0, G), np.int32),
+                             np.concatenate(e) if e else np.zeros((0, G), np.int64))
+
     def batches(self, k: int) -> int:
         return self._n[k]
 

@@ -5,64 +5,17 @@ and the two modes are described in ``jaxembed.data.plan``."""
 
 from __future__ import annotations
 
-import math
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
+from jaxembed.data.plan import blocks
 from jaxembed.data.plan.config import STRATEGIES, config_error
+from jaxembed.data.plan.passes import Feed, dedupe_stream, pass_size, sorted_pass
 from jaxembed.data.plan.units import (
-    R_FILL, R_ORDER, R_POOL, R_SEMI, R_STEPS, Unit, check_unit_size, pair_key, seeded_rng,
+    R_FILL, R_ORDER, R_POOL, R_STEPS, Unit, check_unit_size, pair_key, seeded_rng,
 )
 from jaxembed.errors import UserError
-
-
-def _pass(rng: np.random.Generator, members: Sequence[int], sizes: np.ndarray, epochs: np.ndarray):
-    """One pass over a unit: dataset d contributes epochs[d] copies of its examples (a fractional part: a random
-    subset). Copy c of dataset d gets random keys in [c/E_d, (c+1)/E_d): sorting spreads every dataset evenly
-    over the pass, and copies of one example never meet inside one copy. -> (ds int32 [n], ex int64 [n])."""
-    if len(members) == 1:
-        return _pass_one(rng, int(members[0]), int(sizes[members[0]]), float(epochs[members[0]]))
-    keys, ds, ex = [], [], []
-    for d in members:
-        size, e = int(sizes[d]), float(epochs[d])
-        if size == 0 or e <= 0:
-            continue
-        full = int(math.floor(e + 1e-9))
-        frac = e - full
-        for c in range(full):
-            keys.append((c + rng.random(size)) / e)
-            ex.append(np.arange(size, dtype=np.int64))
-            ds.append(np.full(size, d, np.int32))
-        extra = int(round(frac * size))
-        if extra > 0:
-            keys.append((full + rng.random(extra) * frac) / e)
-            ex.append(np.sort(rng.permutation(size)[:extra]).astype(np.int64))
-            ds.append(np.full(extra, d, np.int32))
-    if not keys:
-        return np.zeros(0, np.int32), np.zeros(0, np.int64)
-    order = np.argsort(np.concatenate(keys), kind="stable")
-    return np.concatenate(ds)[order], np.concatenate(ex)[order]
-
-
-def _pass_one(rng: np.random.Generator, d: int, size: int, e: float):
-    """``_pass`` over one dataset, sorted one copy at a time: copy c's keys all lie in [c/E, (c+1)/E] (a key that
-    rounds up to (c+1)/E is still the last of its copy under the stable sort), so the stable sort of all the keys
-    is the copies' own sorts one after the other. The same draws in the same order, the same result, with one
-    copy's keys in memory instead of every copy's."""
-    if size == 0 or e <= 0:
-        return np.zeros(0, np.int32), np.zeros(0, np.int64)
-    full = int(math.floor(e + 1e-9))
-    frac = e - full
-    extra = int(round(frac * size))
-    ex = np.empty(full * size + max(extra, 0), np.int64)
-    for c in range(full):
-        ex[c * size:(c + 1) * size] = np.argsort((c + rng.random(size)) / e, kind="stable")
-    if extra > 0:
-        keys = (full + rng.random(extra) * frac) / e
-        sub = np.sort(rng.permutation(size)[:extra]).astype(np.int64)
-        ex[full * size:] = sub[np.argsort(keys, kind="stable")]
-    return np.full(ex.size, d, np.int32), ex
 
 
 def _first_not_in(row: np.ndarray, held: np.ndarray, added: set[int], block: int = 256) -> int:
@@ -212,12 +165,100 @@ def _sampling_probs(units: list[Unit], sizes, epochs, weights, sampling: str, te
     return p_u / p_u.sum(), p_d / p_d.sum()
 
 
+def _rows_block(parts, G: int, R: int) -> int:
+    """Rows de-duplicated at a time: all of them in memory, a block of steps with a scratch folder."""
+    return R if parts.folder is None else blocks.block_steps(G)
+
+
+def _epoch_unit(k, members, n, seed, sizes, epochs, G, drop_remainder, parts, filled, dropped) -> int:
+    """Epoch mode, unit k: its pass (``R_POOL``) in batches; the remainder dropped (its rows to ``dropped``) or
+    the last batch filled from the unit's next pass (``R_FILL``), skipping examples already in that batch; then
+    de-duplicated and stored as one part. Returns the repeats left."""
+    folder = parts.folder
+    feed = Feed(sorted_pass(seeded_rng(seed, R_POOL, k, 0), members, sizes, epochs, folder))
+    nb, r = divmod(n, G)
+    fill = bool(r) and not drop_remainder
+    given = [0]
+
+    def pull(m):
+        a = min(m, nb - given[0])
+        d, e = feed.take(a * G)
+        given[0] += a
+        d, e = d.reshape(a, G), e.reshape(a, G)
+        if m > a:  # the filled last batch
+            rd, re_ = feed.take(r)
+            fd, fe = _fill(k, members, rd, re_, G - r, seed, sizes, epochs, folder, filled)
+            d = np.concatenate([d, np.concatenate([rd, fd])[None]])
+            e = np.concatenate([e, np.concatenate([re_, fe])[None]])
+        return d, e
+
+    parts.begin()
+    R = nb + fill
+    left = dedupe_stream(pull, R, parts.extend, _rows_block(parts, G, R), dedupe_batches)
+    parts.end()
+    if r and not fill:
+        rd, re_ = feed.take(r)
+        dropped.append(np.stack([rd.astype(np.int64), re_], 1))
+    feed.close()
+    return left
+
+
+def _fill(k, members, rd, re_, need, seed, sizes, epochs, folder, filled):
+    """The first ``need`` examples of unit k's next pass that the last batch (rows rd, re_) does not hold."""
+    have = list(set(pair_key(rd, re_).tolist()))
+    feed = Feed(sorted_pass(seeded_rng(seed, R_FILL, k, 1), members, sizes, epochs, folder))
+    got_d, got_e = [], []
+    while need > 0:
+        d2, e2 = feed.take(max(need, 1 << 16))
+        if d2.size == 0:
+            break
+        take = np.flatnonzero(~np.isin(pair_key(d2, e2), have))[:need]
+        got_d.append(d2[take])
+        got_e.append(e2[take])
+        need -= take.size
+    feed.close()
+    d, e = np.concatenate(got_d), np.concatenate(got_e)
+    np.add.at(filled, d, 1)
+    return d, e
+
+
+def _step_unit(k, members, nsel, seed, sizes, epochs, G, parts) -> int:
+    """Step mode, unit k: its passes (``R_POOL``, pass p) one after the other, cut into nsel batches and one of
+    slack for the de-duplication's swaps; the nsel batches stored as one part. Returns the repeats left."""
+    folder = parts.folder
+
+    def passes():
+        p = 0
+        while True:
+            yield from sorted_pass(seeded_rng(seed, R_POOL, k, p), members, sizes, epochs, folder)
+            p += 1
+
+    feed = Feed(passes())
+    kept = [0]
+
+    def pull(m):
+        d, e = feed.take(m * G)
+        return d.reshape(m, G), e.reshape(m, G)
+
+    def emit(d, e):
+        m = max(0, min(d.shape[0], nsel - kept[0]))
+        if m:
+            parts.extend(d[:m], e[:m])
+        kept[0] += m
+
+    parts.begin()
+    R = nsel + 1
+    left = dedupe_stream(pull, R, emit, _rows_block(parts, G, R), dedupe_batches)
+    parts.end()
+    feed.close()
+    return left
+
+
 def build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweights, sampling, temp, seed, G, parts):
     """-> (owner, idx, info): step s is batch idx[s] of unit owner[s], whose batches are part owner[s] of
     ``parts`` (a ``blocks.Parts``). The semi-homogeneous mixing is left to the caller (info["_semi"])."""
     strategies, units = _resolve_units(infos, cfg, task_names, dataset_tasks)
-    n_pass = [int(sum(int(round((epochs[d] - math.floor(epochs[d] + 1e-9)) * sizes[d]))
-                      + int(math.floor(epochs[d] + 1e-9)) * int(sizes[d]) for d in u.members)) for u in units]
+    n_pass = [pass_size(u.members, sizes, epochs) for u in units]
     for u, n in zip(units, n_pass):
         check_unit_size(u, n, G, infos, "unit")
     keep = [k for k, n in enumerate(n_pass) if n > 0]
@@ -238,25 +279,8 @@ def build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweights
     unresolved = 0
     if steps == 0:
         for k, u in enumerate(units):
-            ds, ex = _pass(seeded_rng(seed, R_POOL, k, 0), u.members, sizes, epochs)
-            nb, r = divmod(ds.size, G)
-            if r and not cfg["drop_remainder"]:
-                # fill the last batch from the unit's next pass, skipping examples already in that batch
-                ds2, ex2 = _pass(seeded_rng(seed, R_FILL, k, 1), u.members, sizes, epochs)
-                have = set(pair_key(ds[nb * G:], ex[nb * G:]).tolist())
-                ok = ~np.isin(pair_key(ds2, ex2), list(have))
-                take = np.flatnonzero(ok)[:G - r]
-                ds = np.concatenate([ds, ds2[take]])
-                ex = np.concatenate([ex, ex2[take]])
-                np.add.at(filled, ds2[take], 1)
-                nb += 1
-            elif r:
-                dropped.append(np.stack([ds[nb * G:], ex[nb * G:]], 1))
-            # views of the pass (changed in place by the de-duplication; the dropped rows were copied out)
-            bd, be = ds[:nb * G].reshape(nb, G), ex[:nb * G].reshape(nb, G)
-            unresolved += dedupe_batches(bd, be)
-            parts.add(bd, be)
-            del bd, be, ds, ex
+            unresolved += _epoch_unit(k, u.members, n_pass[k], seed, sizes, epochs, G, cfg["drop_remainder"],
+                                      parts, filled, dropped)
         # order: an even interleave -- batch j of a unit with n batches sits at a random point of [j/n, (j+1)/n)
         times, owner, idx = [], [], []
         rng = seeded_rng(seed, R_ORDER)
@@ -274,19 +298,7 @@ def build_sampled(cfg, infos, task_names, dataset_tasks, sizes, epochs, dweights
         for k, u in enumerate(units):
             sel = np.flatnonzero(owner == k)
             idx[sel] = np.arange(sel.size)
-            need = sel.size * G
-            parts_d, parts_e, have, p = [], [], 0, 0
-            while have < need + G:  # one batch of slack for the de-duplication swaps
-                d_, e_ = _pass(seeded_rng(seed, R_POOL, k, p), u.members, sizes, epochs)
-                parts_d.append(d_)
-                parts_e.append(e_)
-                have += d_.size
-                p += 1
-            ds = np.concatenate(parts_d)[:need + G].reshape(-1, G).copy()
-            ex = np.concatenate(parts_e)[:need + G].reshape(-1, G).copy()
-            unresolved += dedupe_batches(ds, ex)
-            parts.add(ds[:sel.size], ex[:sel.size])
-            del ds, ex, parts_d, parts_e
+            unresolved += _step_unit(k, u.members, sel.size, seed, sizes, epochs, G, parts)
 
     # semi-homogeneous: a proportion of every batch's rows is pulled, shuffled across batches and put back, on
     # the assembled plan (``blocks.semi_swap``)

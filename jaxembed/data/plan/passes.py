@@ -1,0 +1,172 @@
+"""A unit's shuffled pass in bounded memory. A pass gives every example of dataset d ``epochs[d]`` times (a
+fractional part: a random subset); copy c of d gets random keys in [c/E_d, (c+1)/E_d), and the pass is
+the stable sort of all the keys (``draws`` lists them in the order they are drawn). ``sorted_pass`` sorts them in
+memory, or, given a scratch folder and a pass over ``BUCKET`` examples, by an external bucket sort: the keys are
+drawn ``CHUNK`` at a time (a generator drawn in chunks gives the stream of one call), each chunk's (key, dataset,
+example) rows go to the bucket files of their key range, in the order drawn, and each bucket is then sorted
+stably on its own. The bucket is a function of the key, so equal keys share one, and the buckets one after the
+other are the stable sort of the whole pass: the same pass either way.
+
+``Feed`` hands a pass out n examples at a time; ``dedupe_stream`` runs the in-batch de-duplication over rows pulled
+a block at a time (a row's swaps reach ``window`` rows either side)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+
+#: keys drawn at a time
+CHUNK = 1 << 20
+#: examples per bucket of the external sort (~20 bytes each in memory while it is sorted)
+BUCKET = 1 << 21
+#: most bucket files of one pass (a larger pass gets larger buckets)
+MAX_BUCKETS = 512
+
+_REC = np.dtype([("k", "<f8"), ("d", "<i4"), ("e", "<i8")])
+
+
+def _copies(e: float) -> tuple[int, float]:
+    full = int(math.floor(e + 1e-9))
+    return full, e - full
+
+
+def pass_size(members: Sequence[int], sizes: np.ndarray, epochs: np.ndarray) -> int:
+    """The examples of one pass over a unit."""
+    n = 0
+    for d in members:
+        full, frac = _copies(float(epochs[d]))
+        if int(sizes[d]) and float(epochs[d]) > 0:
+            n += full * int(sizes[d]) + int(round(frac * int(sizes[d])))
+    return n
+
+
+def draws(rng: np.random.Generator, members: Sequence[int], sizes: np.ndarray, epochs: np.ndarray):
+    """The pass's (keys float64, dataset, examples int64) in the order drawn, ``CHUNK`` at a time: per dataset its
+    full copies (example order, key (c + u) / E), then its fractional part (keys in [full / E, 1], then a random
+    subset of that size)."""
+    for d in members:
+        size, e = int(sizes[d]), float(epochs[d])
+        if size == 0 or e <= 0:
+            continue
+        full, frac = _copies(e)
+        for c in range(full):
+            for a in range(0, size, CHUNK):
+                b = min(size, a + CHUNK)
+                yield (c + rng.random(b - a)) / e, d, np.arange(a, b, dtype=np.int64)
+        extra = int(round(frac * size))
+        if extra > 0:
+            keys = (full + rng.random(extra) * frac) / e
+            yield keys, d, np.sort(rng.permutation(size)[:extra]).astype(np.int64)
+
+
+def sorted_pass(rng: np.random.Generator, members: Sequence[int], sizes: np.ndarray, epochs: np.ndarray,
+                folder: Path | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """One pass over a unit in its order, as (dataset ids int32, example ids int64) chunks: sorted in memory, or,
+    with ``folder`` and over ``BUCKET`` examples, bucket by bucket through files in a new folder inside it."""
+    n = pass_size(members, sizes, epochs)
+    if folder is None or n <= BUCKET:
+        keys, ds, ex = [], [], []
+        for k, d, e in draws(rng, members, sizes, epochs):
+            keys.append(k)
+            ds.append(np.full(k.size, d, np.int32))
+            ex.append(e)
+        if keys:
+            order = np.argsort(np.concatenate(keys), kind="stable")
+            del keys
+            yield np.concatenate(ds)[order], np.concatenate(ex)[order]
+        return
+    yield from _bucket_sorted(draws(rng, members, sizes, epochs), n, Path(folder))
+
+
+def _bucket_sorted(chunks, n: int, folder: Path):
+    B = min(MAX_BUCKETS, -(-n // BUCKET))
+    where = Path(tempfile.mkdtemp(prefix="pass.", dir=folder))
+    try:
+        files = [where / f"b{b}" for b in range(B)]
+        for keys, d, ex in chunks:
+            # the bucket of a key (a function of the key alone: equal keys share a bucket, order kept)
+            b = np.minimum((keys * B).astype(np.int64), B - 1)
+            order = np.argsort(b, kind="stable")
+            rec = np.empty(keys.size, _REC)
+            rec["k"], rec["d"], rec["e"] = keys[order], d, ex[order]
+            bounds = np.searchsorted(b[order], np.arange(B + 1))
+            for j in np.flatnonzero(np.diff(bounds)).tolist():
+                with open(files[j], "ab") as f:
+                    rec[bounds[j]:bounds[j + 1]].tofile(f)
+            del rec, order, b
+        for f in files:
+            if not f.exists():
+                continue
+            rec = np.fromfile(f, _REC)
+            f.unlink()
+            order = np.argsort(rec["k"], kind="stable")
+            yield rec["d"][order].astype(np.int32), rec["e"][order].astype(np.int64)
+            del rec, order
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+class Feed:
+    """Examples from a stream of (dataset ids, example ids) chunks, handed out n at a time."""
+
+    def __init__(self, chunks: Iterator[tuple[np.ndarray, np.ndarray]]):
+        self._chunks = chunks
+        self._d: list[np.ndarray] = []
+        self._e: list[np.ndarray] = []
+        self._have = 0
+
+    def take(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next n examples (fewer when the stream ends)."""
+        while self._have < n:
+            nxt = next(self._chunks, None)
+            if nxt is None:
+                break
+            self._d.append(nxt[0])
+            self._e.append(nxt[1])
+            self._have += nxt[0].size
+        if not self._d:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        d = np.concatenate(self._d) if len(self._d) > 1 else self._d[0]
+        e = np.concatenate(self._e) if len(self._e) > 1 else self._e[0]
+        n = min(n, d.size)
+        self._d, self._e = ([d[n:]], [e[n:]]) if d.size > n else ([], [])
+        self._have = d.size - n
+        return d[:n], e[:n]
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def dedupe_stream(pull: Callable[[int], tuple[np.ndarray, np.ndarray]], R: int, emit: Callable, block: int,
+                  dedupe: Callable, window: int = 64) -> int:
+    """``dedupe`` (``sampling.dedupe_batches``) over R rows [., G] that ``pull(k)`` hands out k at a time, in
+    order, a block of rows at a time: the buffer holds the block with ``window`` rows before and after it, and
+    ``emit(ds, ex)`` gets each row once no later row can reach it. Equals the de-duplication of all R rows at
+    once. Returns the repeats left."""
+    if R <= 0:
+        return 0
+    block = max(1, int(block))
+    bd, be = pull(min(R, block + window))
+    lo, hi = 0, bd.shape[0]
+    unresolved = 0
+    for c0 in range(0, R, block):
+        c1 = min(R, c0 + block)
+        need = min(R, c1 + window)
+        if need > hi:
+            d, e = pull(need - hi)
+            bd, be, hi = np.concatenate([bd, d]), np.concatenate([be, e]), need
+        unresolved += dedupe(bd, be, window, c0 - lo, c1 - lo)
+        done = hi if c1 == R else max(lo, c1 - window)
+        if done > lo:
+            emit(bd[:done - lo], be[:done - lo])
+            bd, be, lo = bd[done - lo:], be[done - lo:], done
+    return unresolved
+

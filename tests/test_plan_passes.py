@@ -1,0 +1,86 @@
+"""A unit's pass, its fill, its de-duplication and step mode's passes in bounded memory (``plan.passes``): with tiny
+chunks, buckets and blocks forced, the plan written through a scratch folder is byte for byte the plan built in
+memory, for one dataset with a fractional epoch, the random strategy over several datasets, the fill of the last
+batch and step mode; and the building blocks agree with their all-at-once forms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from data_fakes import make_store
+from jaxembed.data.plan import blocks, build_plan, build_plan_file, file as plan_file, passes
+from jaxembed.data.plan.sampling import dedupe_batches
+
+
+def _tiny(monkeypatch, chunk=7, bucket=16, block=24):
+    monkeypatch.setattr(passes, "CHUNK", chunk)
+    monkeypatch.setattr(passes, "BUCKET", bucket)
+    monkeypatch.setattr(passes, "MAX_BUCKETS", 9)
+    monkeypatch.setattr(blocks, "BLOCK_EXAMPLES", block)
+    monkeypatch.setattr(plan_file, "_BLOCK_STEPS", 2)
+    calls = []
+    real = passes._bucket_sorted
+    monkeypatch.setattr(passes, "_bucket_sorted", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+def test_a_generator_drawn_in_chunks_gives_the_stream_of_one_call():
+    whole = np.random.default_rng([3, 11]).random(1000)
+    rng = np.random.default_rng([3, 11])
+    parts = np.concatenate([rng.random(n) for n in (1, 7, 300, 0, 692)])
+    np.testing.assert_array_equal(parts, whole)
+
+
+@pytest.mark.parametrize("members,epochs", [([0], [2.5]), ([0, 1, 2], [1.0, 2.0, 0.4])])
+def test_bucket_sorted_pass_equals_the_sort_in_memory(members, epochs, tmp_path, monkeypatch):
+    calls = _tiny(monkeypatch)
+    sizes, ep = np.array([50, 33, 20]), np.array(epochs + [0.0] * (3 - len(epochs)))
+    ref = list(passes.sorted_pass(np.random.default_rng(5), members, sizes, ep, None))
+    got = list(passes.sorted_pass(np.random.default_rng(5), members, sizes, ep, tmp_path))
+    assert len(ref) == 1 and len(got) > 3 and calls == [1]
+    for k in (0, 1):
+        np.testing.assert_array_equal(np.concatenate([g[k] for g in got]), ref[0][k])
+    assert ref[0][0].size == passes.pass_size(members, sizes, ep) and list(tmp_path.iterdir()) == []
+
+
+def test_dedupe_in_blocks_equals_all_at_once():
+    rng = np.random.default_rng(2)
+    ds, ex = np.zeros((40, 6), np.int32), rng.integers(0, 30, (40, 6))
+    ref_d, ref_e = ds.copy(), ex.copy()
+    left = dedupe_batches(ref_d, ref_e, window=4)
+    out_d, out_e, at = [], [], [0]
+
+    def pull(m):
+        at[0] += m
+        return ds[at[0] - m:at[0]].copy(), ex[at[0] - m:at[0]].copy()
+
+    got = passes.dedupe_stream(pull, 40, lambda d, e: (out_d.append(d), out_e.append(e)), 3, dedupe_batches, 4)
+    assert got == left and left < 40
+    np.testing.assert_array_equal(np.concatenate(out_d), ref_d)
+    np.testing.assert_array_equal(np.concatenate(out_e), ref_e)
+
+
+CASES = {
+    "one_dataset_fractional_fill": ([("a", "t", 90, dict(batching="homogeneous"))],
+                                    dict(global_batch_size=8, epochs=2.5, drop_remainder=False)),
+    "one_dataset_dropped": ([("a", "t", 93, dict(batching="homogeneous", epochs=1.5))], dict(global_batch_size=8)),
+    "random_several": ([("a", "t", 40, {}), ("b", "u", 35, dict(epochs=2)), ("c", "v", 27, dict(epochs=0.5))],
+                       dict(global_batch_size=8, strategy="random", drop_remainder=False)),
+    "steps": ([("a", "t", 30, dict(batching="homogeneous")), ("b", "u", 44, dict(batching="random")),
+               ("c", "u", 19, dict(batching="random", epochs=1.5))], dict(global_batch_size=8, steps=40)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_plan_built_through_buckets_equals_the_plan_in_memory(name, tmp_path, monkeypatch):
+    spec, cfg = CASES[name]
+    mem = build_plan(make_store(spec), cfg)
+    calls = _tiny(monkeypatch)
+    got = build_plan_file(tmp_path / "plan.npz", make_store(spec), cfg)
+    assert calls  # the passes went through bucket files
+    for k in ("dataset_ids", "example_ids", "weights", "task_ids", "temperatures", "unit_ids", "dropped"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, k)), getattr(mem, k), err_msg=k)
+    assert got.meta == mem.meta and got.fingerprint() == mem.fingerprint()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "plan.npz"]
+
