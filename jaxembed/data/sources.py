@@ -116,8 +116,10 @@ def parquet_rows(path) -> int | None:
         return None
 
 
-def iter_parquet(path) -> Iterator[tuple[int, dict]]:
-    """(row number from 1, row as a dict in column order) of a Parquet file, one Arrow batch at a time."""
+def iter_parquet(path, row_groups: tuple[int, int] | None = None) -> Iterator[tuple[int, dict]]:
+    """(row number from 1, row as a dict in column order) of a Parquet file, one Arrow batch at a time;
+    ``row_groups``: only the row groups ``a`` .. ``b - 1`` (a part read by one process of a pod,
+    ``jaxembed.data.split_plan``), their rows numbered as in the whole file."""
     pq = _pyarrow_parquet(path)
     check_input_file(path, "a .parquet file")
     try:
@@ -125,9 +127,12 @@ def iter_parquet(path) -> Iterator[tuple[int, dict]]:
     except Exception as e:  # noqa: BLE001 -- a broken or non-Parquet file is the user's to fix
         raise InputError(path, None, f"not a readable Parquet file ({type(e).__name__}: {e})",
                          "check the file (an interrupted download?), or export it again") from None
-    i = 0
+    i, groups = 0, None
+    if row_groups is not None:
+        groups = list(range(*row_groups))
+        i = sum(f.metadata.row_group(g).num_rows for g in range(row_groups[0]))
     try:
-        for batch in f.iter_batches(batch_size=_BATCH):
+        for batch in f.iter_batches(batch_size=_BATCH, row_groups=groups):
             for row in batch.to_pylist():
                 i += 1
                 yield i, row
@@ -166,12 +171,17 @@ class _CsvLines:
     ``jaxembed.data.jsonl.iter_byte_lines``, so a line over ``MAX_LINE_BYTES`` is never held (it raises
     ``_LongLine``; the next line follows), a byte-order mark at the start is removed, and gzip / bzip2 / xz files
     are decompressed. A line ends at ``\\n``, ``\\r\\n`` or ``\\r`` (as the csv module reads). ``line``: the number of
-    the last line returned or passed over."""
+    the last line returned or passed over; ``pos``: the byte offset after it in an uncompressed file read from
+    ``start`` (None after a line over the limit, whose length is not kept)."""
 
-    def __init__(self, path):
-        self._raw = jsonl.iter_byte_lines(path, keep_ends=True)
+    def __init__(self, path, start: int = 0, first_line: int = 1):
+        self._raw = jsonl.iter_byte_lines(path, keep_ends=True, start=start, first_line=first_line)
         self._pending: list[bytes] = []
-        self.line = 0
+        self.line = first_line - 1
+        self.pos: int | None = start
+        if start == 0 and jsonl.is_plain_file(path):
+            with open(path, "rb") as f:
+                self.pos = 3 if f.read(3) == b"\xef\xbb\xbf" else 0  # the byte-order mark that is removed
 
     def __iter__(self):
         return self
@@ -181,28 +191,27 @@ class _CsvLines:
             _, raw = next(self._raw)
             if isinstance(raw, BadLine):
                 self.line += 1
+                self.pos = None
                 raise _LongLine(self.line, raw)
             self._pending = raw.splitlines(keepends=True)[::-1]  # bytes: split at \n, \r\n and \r only
         self.line += 1
-        return self._pending.pop().decode("utf-8")  # a UnicodeDecodeError names self.line (iter_csv)
+        raw = self._pending.pop()
+        if self.pos is not None:
+            self.pos += len(raw)
+        return raw.decode("utf-8")  # a UnicodeDecodeError names self.line (iter_csv)
 
     def close(self) -> None:
         self._raw.close()
 
 
-def iter_csv(path, delimiter: str = ",", numeric: Iterable[str] = ()) -> Iterator[tuple[int, dict | BadLine]]:
-    """(line number of the row's first line, row dict keyed by the header, or a BadLine) of a CSV / TSV file with
-    a header line. Cells are strings; the columns named in ``numeric`` (scores, labels) are read as numbers when
-    they are ones. A row with another number of fields than the header, or a line longer than
-    ``jaxembed.data.jsonl.MAX_LINE_BYTES`` (never read into memory), is a BadLine. gzip / bzip2 / xz files are
-    decompressed (``jaxembed.data.jsonl.open_binary``)."""
-    numeric = set(numeric)
+def csv_header(path, delimiter: str = ",") -> tuple[list[str], int]:
+    """(the column names of a CSV / TSV file's header, the number of lines it takes); an InputError naming line 1
+    when it cannot be one."""
     csv.field_size_limit(jsonl.MAX_LINE_BYTES)
     lines = _CsvLines(path)
-    reader = csv.reader(lines, delimiter=delimiter)
     try:
         try:
-            header = next(reader, None)
+            header = next(csv.reader(lines, delimiter=delimiter), None)
         except _LongLine as e:
             raise InputError(path, e.line, f"unreadable header ({e.bad.reason})",
                              "the first line must name the columns") from None
@@ -219,30 +228,66 @@ def iter_csv(path, delimiter: str = ",", numeric: Iterable[str] = ()) -> Iterato
             if h in seen:
                 raise InputError(path, 1, f"column {h!r} appears twice in the header", "rename one of them")
             seen.add(h)
-        while True:
-            start = lines.line + 1
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except _LongLine as e:  # the row it was part of is this one bad record; reading goes on after it
-                yield e.line, e.bad
-                continue
-            except UnicodeDecodeError as e:
-                raise InputError(path, lines.line, f"not valid UTF-8 ({e.reason})",
-                                 "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-            except csv.Error as e:
-                raise InputError(path, start, f"unreadable CSV ({e})", "check the quoting of this row") from None
-            if not row:
-                yield start, BadLine("empty line", "remove blank lines: each line is one row")
-                continue
-            if len(row) != len(header):
-                yield start, BadLine(f"{len(row)} fields, the header has {len(header)}",
-                                     "quote fields that contain the delimiter, or fix the row")
-                continue
-            yield start, {h: (_number(v) if h in numeric else v) for h, v in zip(header, row)}
+        return header, lines.line
     finally:
         lines.close()
+
+
+def iter_csv(path, delimiter: str = ",", numeric: Iterable[str] = (), part: tuple | None = None,
+             bounds: dict | None = None) -> Iterator[tuple[int, dict | BadLine]]:
+    """(line number of the row's first line, row dict keyed by the header, or a BadLine) of a CSV / TSV file with
+    a header line. Cells are strings; the columns named in ``numeric`` (scores, labels) are read as numbers when
+    they are ones. A row with another number of fields than the header, or a line longer than
+    ``jaxembed.data.jsonl.MAX_LINE_BYTES`` (never read into memory), is a BadLine. gzip / bzip2 / xz files are
+    decompressed (``jaxembed.data.jsonl.open_binary``).
+
+    ``part``: (start byte, end byte, number of the line at start) of an uncompressed file, both at line starts
+    after the header: the rows that begin in these bytes (a part read by one process of a pod; the last may end
+    after ``end``); ``bounds`` is then given where the first row began (``first``) and where reading stopped
+    (``stop``: the end of the last row, None when unknown), for the merge to check that the parts meet."""
+    numeric = set(numeric)
+    header, header_lines = csv_header(path, delimiter)
+    start, end, first_line = (0, None, 1) if part is None else part
+    lines = _CsvLines(path, start, first_line)
+    reader = csv.reader(lines, delimiter=delimiter)
+    try:
+        if not start:
+            for _ in range(header_lines):
+                next(lines)
+        if bounds is not None:
+            bounds.update(first=lines.pos, stop=lines.pos)
+        yield from _csv_rows(path, lines, reader, header, numeric, end, bounds)
+    finally:
+        lines.close()
+
+
+def _csv_rows(path, lines: _CsvLines, reader, header: list[str], numeric: set, end: int | None,
+              bounds: dict | None) -> Iterator[tuple[int, dict | BadLine]]:
+    while end is None or (lines.pos is not None and lines.pos < end):
+        start = lines.line + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except _LongLine as e:  # the row it was part of is this one bad record; reading goes on after it
+            yield e.line, e.bad
+            continue
+        except UnicodeDecodeError as e:
+            raise InputError(path, lines.line, f"not valid UTF-8 ({e.reason})",
+                             "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        except csv.Error as e:
+            raise InputError(path, start, f"unreadable CSV ({e})", "check the quoting of this row") from None
+        finally:
+            if bounds is not None:
+                bounds["stop"] = lines.pos
+        if not row:
+            yield start, BadLine("empty line", "remove blank lines: each line is one row")
+            continue
+        if len(row) != len(header):
+            yield start, BadLine(f"{len(row)} fields, the header has {len(header)}",
+                                 "quote fields that contain the delimiter, or fix the row")
+            continue
+        yield start, {h: (_number(v) if h in numeric else v) for h, v in zip(header, row)}
 
 
 # ------------------------------------------------------------------------------------------ Hugging Face datasets

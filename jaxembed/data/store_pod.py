@@ -3,12 +3,13 @@ run's store preparation, started on every host; in one process it is ``store.wri
 
 The unit of work is a dataset, or a part of one: a dataset of ``JAXEMBED_SPLIT_MIN_BYTES`` or more (default
 16 MiB) that is larger than its share of the input (the total bytes over the processes), or any such dataset when
-there are fewer datasets than processes, is read in parts by every process, each part a byte range of its JSON
-Lines files cut at line starts, and merged by the process of its first part into exactly what one process writes
-(``jaxembed.data.store_split``: which datasets can be split, and how the checks that span a dataset stay exact).
-Every other dataset is read, checked and written whole by one process, into the store's one temporary folder,
-exactly as one process writes it. ``plan`` deals the datasets and parts out by the size of their input (the
-largest first, each to the process with the least so far), the same on every process. The steps, through the
+there are fewer datasets than processes, is read in parts, one per process (byte ranges of JSON Lines or CSV
+files, runs of Parquet row groups, rows of a saved Hugging Face dataset; whole files: one per file at most), and
+merged by the process of its first part into exactly what one process writes (``jaxembed.data.store_split``:
+which datasets can be split, and how the checks that span a dataset stay exact). Every other dataset is read,
+checked and written whole by one process, into the store's one temporary folder, exactly as one process writes
+it. ``plan`` deals the datasets and parts out by the size of their input (the largest first, each to the process
+with the least so far), the same on every process. The steps, through the
 coordinator (``jaxembed.pod``):
 
 1. process 0 checks the output and makes the temporary folder (``store.store_folder``), whose name the others
@@ -76,7 +77,7 @@ def plan(datasets, n: int) -> list[list[Part]]:
         if fmt is None:
             units.append((sizes[i], Part(i, 0, 1)))
         else:
-            units += [(sum(e - b for _, b, e in p.segments), p) for p in store_split.parts(ds, i, n, fmt)]
+            units += [(p.size, p) for p in store_split.parts(ds, i, n, fmt)]
     load, out = [0] * n, [[] for _ in range(n)]
     for size, part in sorted(units, key=lambda u: (-u[0], u[1].dataset, u[1].index)):
         p = min(range(n), key=lambda k: (load[k], k))

@@ -2,16 +2,16 @@
 (``jaxembed.data.store_pod`` splits a dataset larger than the others' share, or every one when there are fewer
 datasets than processes).
 
-What can be split (``split_format`` says why a dataset is read whole): JSON Lines files as they are (not
-compressed), ``JAXEMBED_SPLIT_MIN_BYTES`` or more in all (default 16 MiB), whose record format is known before
-reading (set, or told by the first record), and not classification records whose labels are first collected from
-the whole dataset (no ``label_descriptions``). Parquet, CSV / TSV and compressed files, Hugging Face datasets and
-TFDS are read whole by one process.
+What can be split, and where the parts are cut, is ``jaxembed.data.split_plan`` (re-exported here:
+``split_format``, ``parts``, ``Part``): JSON Lines and CSV / TSV files as they are (byte ranges cut at line
+starts), Parquet files (runs of row groups), ``datasets.save_to_disk`` folders (ranges of rows) and datasets of
+several files of any kind (whole files), ``JAXEMBED_SPLIT_MIN_BYTES`` or more in all (default 16 MiB), whose
+record format is known before reading (set, or told by the first record), and not classification records whose
+labels are first collected from the whole dataset (no ``label_descriptions``). A part numbers every record,
+skipped record and error as one process numbers it (its line in the file, or its row).
 
-A part is a byte range of the dataset's files cut at line starts (``parts``); its process counts the lines before
-it, so every record, skipped record and error keeps its line in the file. Each part is written into the store's
-temporary folder (``.part-{i}-{k}.*``: its ArrayRecord file, counts, skipped records, labels, and hashes of its
-ids and of its examples' content; ``write_part``). The process that wrote part 0 merges them (``settle``) into
+Each part is written into the store's temporary folder (``.part-{i}-{k}.*``: its ArrayRecord file, counts,
+skipped records, labels, and hashes of its ids and of its examples' content; ``write_part``). The process that wrote part 0 merges them (``settle``) into
 exactly what one process writes:
 
 - the records, in order, into the dataset's one ArrayRecord file; the counts; the reasons, in the order one
@@ -19,9 +19,10 @@ exactly what one process writes:
 - identical examples: found over the whole dataset's content hashes, the first five pairs named as one process
   names them;
 - what a part cannot tell alone is checked: an id written by two parts (a duplicate that one process skips or stops
-  at), and a BGE ``type`` / ``prompt`` that a later part met first or found differing (one process names the
-  dataset's first record). When either happens, the dataset is read again whole by the merging process: the store
-  and the error are one process's, only later;
+  at), a BGE ``type`` / ``prompt`` that a later part met first or found differing (one process names the
+  dataset's first record), and CSV parts that do not meet (a quoted field holding a line end across a cut: the
+  part before it read its row past the cut). When any happens, the dataset is read again whole by the merging
+  process: the store and the error are one process's, only later;
 - an error (``on_error='stop'``) is that of the first part that failed, once the parts before it are checked as
   above: the line one process stops at.
 """
@@ -32,19 +33,16 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from jaxembed import pod
-from jaxembed.data import config as dc
-from jaxembed.data import jsonl, readers, sources
-from jaxembed.data.readers import (FORMAT_TABLE, ReadInfo, Skip, Tally, apply_policy, detect_format, read_options,
-                                   read_records)
+from jaxembed.data import split_plan
+from jaxembed.data.readers import ReadInfo, Tally, apply_policy, read_options, read_records
 from jaxembed.data.hashindex import HashLog
-from jaxembed.data.jsonl import BadLine
+from jaxembed.data.split_plan import Part, parts, split_format  # noqa: F401 (re-exported)
 from jaxembed.data.store import (SKIPPED_IN_MEMORY, ExampleCounts, Store, Labels, dataset_entry, no_examples,
                                  record_writer, write_examples, write_one)
 from jaxembed.errors import UserError
@@ -66,94 +64,6 @@ def min_bytes() -> int:
         raise UserError(f"{MIN_BYTES_VAR}={text!r}: not a number of bytes (fix: e.g. {DEFAULT_MIN_BYTES})") from None
 
 
-@dataclass(frozen=True)
-class Part:
-    """Part ``index`` of ``count`` of dataset ``dataset``: ``segments`` (file index, start byte, end byte)."""
-
-    dataset: int
-    index: int
-    count: int
-    record_format: str = ""
-    segments: tuple = ()
-
-    @property
-    def name(self) -> str:
-        return f"part {self.index + 1} of {self.count}"
-
-
-# ------------------------------------------------------------------------------------------------ what is split
-
-def split_format(ds) -> tuple[str | None, str]:
-    """(record format, "") of a dataset that can be read in parts, else (None, why it is read whole). Reads the
-    files up to their first JSON object at most; never raises for the data (a whole read reports it)."""
-    if ds.get("format", "auto") in dc.SOURCE_FORMATS:
-        return None, "a Hugging Face or TFDS source"
-    paths = [str(p) for p in dc.dataset_paths(ds)]
-    for p in paths:
-        if sources.source_kind(p) != "jsonl":
-            return None, "not JSON Lines"
-        if not jsonl.is_plain_file(p) or os.path.getsize(p) == 0:
-            return None, "a compressed, empty or unreadable file"
-    opts = read_options(ds)
-    fmt = opts.format if opts.format != "auto" else _first_format(paths, opts.fields)
-    spec = FORMAT_TABLE.get(fmt)
-    if spec is None:
-        return None, "no record format told by the first record"
-    if spec.label_descriptions and not opts.label_descriptions:
-        return None, "classification labels are collected from the whole dataset first (no label_descriptions)"
-    if opts.format == "auto" and ((opts.keep_scores and not spec.scored) or (
-            spec.threshold_required and opts.need_threshold and opts.score_threshold is None
-            and not opts.keep_scores)):
-        return None, "the first record is an error for this dataset config"
-    return fmt, ""
-
-
-def _first_format(paths: list[str], fields: dict) -> str | None:
-    """The record format ``read_records`` detects: from the dataset's first JSON object (triplets without one)."""
-    for p in paths:
-        for _, obj in _objects(p, 0, None, 1):
-            if isinstance(obj, dict):
-                return detect_format(obj, fields)
-    return "triplets"
-
-
-def parts(ds, i: int, n: int, fmt: str) -> list[Part]:
-    """Dataset ``i`` cut into ``n`` parts of about equal bytes, each cut at the line start at or after its target
-    (a part may be empty)."""
-    paths = [str(p) for p in dc.dataset_paths(ds)]
-    sizes = [os.path.getsize(p) for p in paths]
-    offsets = [sum(sizes[:f]) for f in range(len(paths))]
-    total = sum(sizes)
-    cuts = [0]
-    for r in range(1, n):
-        target = r * total // n
-        f = max(k for k in range(len(paths)) if offsets[k] <= target)
-        cut = offsets[f] + jsonl.next_line_start(paths[f], target - offsets[f])
-        cuts.append(max(cut, cuts[-1]))
-    cuts.append(total)
-    out = []
-    for r in range(n):
-        segs = []
-        for f, (off, size) in enumerate(zip(offsets, sizes)):
-            lo, hi = max(cuts[r], off), min(cuts[r + 1], off + size)
-            if lo < hi:
-                segs.append((f, lo - off, hi - off))
-        out.append(Part(i, r, n, fmt, tuple(segs)))
-    return out
-
-
-# ------------------------------------------------------------------------------------------------ writing a part
-
-def _objects(path: str, start: int, end: int | None, first_line: int) -> Iterator[tuple[int, dict | Skip]]:
-    """``readers.iter_json_objects`` over the bytes ``start`` .. ``end`` of a file, whose first line is
-    ``first_line``."""
-    for i, line in jsonl.iter_text_lines(path, start, end, first_line):
-        if isinstance(line, BadLine):
-            yield i, Skip(path, i, line.field, line.reason, line.fix)
-            continue
-        yield i, readers.object_or_skip(path, i, line)
-
-
 def _hash(text: str) -> bytes:
     """A 64-bit hash that is the same in every process (Python's ``hash`` of a string is not)."""
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
@@ -170,17 +80,14 @@ def _suffixes() -> tuple[str, ...]:
 def write_part(ds, part: Part, tmp: Path, on_error: str, where: str) -> str | None:
     """Read and write one part into ``tmp`` (``.part-{i}-{k}.*``); an error stops it and is kept in its ``.json``
     for ``settle``. Returns the error's line, or None."""
-    paths = [str(p) for p in dc.dataset_paths(ds)]
-    multi = len(paths) > 1
     stem = _stem(tmp, part.dataset, part.index)
     tally = Tally(ds["name"], keep_ids=False, memory_limit=SKIPPED_IN_MEMORY, spool_dir=str(tmp))
     info = ReadInfo()
-    ids, content = bytearray(), bytearray()
+    ids, content, bounds = bytearray(), bytearray(), []
 
     def records():
-        for f, start, end in part.segments:
-            for line, obj in _objects(paths[f], start, end, jsonl.count_lines(paths[f], start) + 1):
-                yield paths[f], line, (f"{f}:{line}" if multi else str(line)), obj
+        bounds.clear()
+        return split_plan.part_records(ds, part, bounds)
 
     def note(ex):
         ids.extend(_hash(ex["id"]))
@@ -197,13 +104,14 @@ def write_part(ds, part: Part, tmp: Path, on_error: str, where: str) -> str | No
     finally:
         writer.close()
     try:
-        _save_part(stem, tally, counts, info, ids, content, error)
+        _save_part(stem, tally, counts, info, ids, content, error, bounds)
     finally:
         tally.close()
     return error
 
 
-def _save_part(stem: str, tally: Tally, counts: ExampleCounts, info: ReadInfo, ids, content, error) -> None:
+def _save_part(stem: str, tally: Tally, counts: ExampleCounts, info: ReadInfo, ids, content, error,
+               bounds: list) -> None:
     with open(stem + ".skipped.jsonl", "w", encoding="utf-8") as f:
         for s in tally.iter_skipped():
             f.write(json.dumps(s.to_dict(), ensure_ascii=False) + "\n")
@@ -217,7 +125,7 @@ def _save_part(stem: str, tally: Tally, counts: ExampleCounts, info: ReadInfo, i
             "labels": list(counts.labels.names), "labels_missing": counts.labels.missing,
             "info": {"format": info.format, "task_type": info.task_type, "prompt": info.prompt,
                      "labels": info.labels},
-            "mismatch": {"task_type": any(_TYPE_PHRASE in r for r in reasons),
+            "bounds": bounds, "mismatch": {"task_type": any(_TYPE_PHRASE in r for r in reasons),
                          "prompt": any(_PROMPT_PHRASE in r for r in reasons)}}
     Path(stem + ".json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
 
@@ -280,11 +188,21 @@ def _inexact(metas: list[dict], stems: list[str]) -> str | None:
         for m in metas[first + 1:]:
             if m["info"][key] not in (None, value) or m["mismatch"][key]:
                 return f"{what} that a later part compared with its own first record"
+    if not _parts_meet(metas):
+        return "a quoted field across the cut between two parts"
     seen = [np.unique(np.fromfile(s + ".ids", dtype=np.uint64)) for s in stems]
     every = np.concatenate(seen) if seen else np.zeros(0, np.uint64)
     if len(np.unique(every)) < len(every):
         return "an id in two parts"
     return None
+
+
+def _parts_meet(metas: list[dict]) -> bool:
+    """Whether each CSV part's reading of a file stopped where the next part of that file starts (a row that
+    ends after the cut began inside a quoted field that the next part read as rows of its own)."""
+    segs = sorted((f, start, b.get("stop")) for m in metas for f, start, b in m.get("bounds", []))
+    return all(stop is not None and (f != f2 or stop == start2)
+               for (f, _, stop), (f2, start2, _) in zip(segs, segs[1:]))
 
 
 def _remove(stems: list[str]) -> None:
