@@ -104,7 +104,7 @@ def test_csv_quoted_newline_across_a_cut_is_read_again_whole(tmp_path, capsys):
     assert text[:cut].count(b'"') % 2 == 1  # the cut is inside a quoted field
     one = _same(cfg, tmp_path, 2, "csv")
     assert [s.line for s in one.tally("big").skipped][:2] == [16, 277]  # two lines a row
-    assert "big: a quoted field across the cut between two parts: read again whole" in capsys.readouterr().err
+    assert "big: CSV parts that do not meet at their cut" in capsys.readouterr().err
 
 
 def test_csv_error_in_a_later_part_names_its_line(tmp_path):
@@ -162,3 +162,16 @@ def test_saved_hf_dataset_is_split_by_rows_and_a_hub_name_is_read_whole(tmp_path
     (files / "train.jsonl").write_text("\n".join(json.dumps(r) for r in _pq_rows(300)) + "\n")
     fmt, why = store_split.split_format(_config(str(files), fmt="hf").datasets[0])
     assert fmt is None and "datasets.load_dataset" in why
+
+
+def test_csv_line_over_the_limit_in_the_last_part_is_read_again_whole(tmp_path, monkeypatch, capsys):
+    from jaxembed.data import jsonl
+
+    monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 500)
+    text = _csv_text(900, False).split("\n")
+    text[850] = "a x," + "y" * 600 + ",z"  # its length is not kept: where the part stopped is unknown
+    path = tmp_path / "big.csv"
+    path.write_text("\n".join(text))
+    one = _same(_config(str(path)), tmp_path, 2, "csv")
+    assert 851 in [s.line for s in one.tally("big").skipped]
+    assert "big: CSV parts that do not meet at their cut" in capsys.readouterr().err

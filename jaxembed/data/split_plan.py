@@ -222,8 +222,8 @@ def _cut_rows(ds, i: int, n: int, fmt: str) -> list[Part]:
 
 def part_records(ds, part: Part, bounds: list | None) -> Iterator[tuple[str, int, str, dict | Skip]]:
     """(path, line / row, default-id suffix, object or Skip) of a part, as ``readers.read_files`` /
-    ``readers.read_hf`` yield them for the whole dataset; ``bounds`` (``csv``): gets each segment's (file, start,
-    first row's start, stop) (``jaxembed.data.sources.iter_csv``)."""
+    ``readers.read_hf`` yield them for the whole dataset; ``bounds`` (``csv``): gets each segment's [file, start,
+    end, {first row's start, stop}] (``jaxembed.data.sources.iter_csv``)."""
     paths = [str(p) for p in dc.dataset_paths(ds)]
     multi = len(paths) > 1
     fields = read_options(ds).fields
@@ -253,7 +253,7 @@ def _segment_rows(p: str, mode: str, f: int, start: int, end: int, fields: dict,
         rows = sources.iter_csv(p, "\t" if kind == "tsv" else ",", (fields["score"], fields["label"]),
                                 (start, end, count_csv_lines(p, start) + 1), b)
         if bounds is not None:
-            bounds.append([f, start, b])
+            bounds.append([f, start, end, b])
     i = 0
     for i, obj in rows:
         yield i, (Skip(p, i, obj.field, obj.reason, obj.fix) if isinstance(obj, jsonl.BadLine) else obj)

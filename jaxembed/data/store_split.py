@@ -11,8 +11,8 @@ labels are first collected from the whole dataset (no ``label_descriptions``). A
 skipped record and error as one process numbers it (its line in the file, or its row).
 
 Each part is written into the store's temporary folder (``.part-{i}-{k}.*``: its ArrayRecord file, counts,
-skipped records, labels, and hashes of its ids and of its examples' content; ``write_part``). The process that wrote part 0 merges them (``settle``) into
-exactly what one process writes:
+skipped records, labels, and hashes of its ids and of its examples' content; ``write_part``). The process that
+wrote part 0 merges them (``settle``) into exactly what one process writes:
 
 - the records, in order, into the dataset's one ArrayRecord file; the counts; the reasons, in the order one
   process meets them; the skipped records; the labels, numbered as one process numbers them;
@@ -21,7 +21,8 @@ exactly what one process writes:
 - what a part cannot tell alone is checked: an id written by two parts (a duplicate that one process skips or stops
   at), a BGE ``type`` / ``prompt`` that a later part met first or found differing (one process names the
   dataset's first record), and CSV parts that do not meet (a quoted field holding a line end across a cut: the
-  part before it read its row past the cut). When any happens, the dataset is read again whole by the merging
+  part before it read its row past the cut; or a line over the limit, after which a part cannot tell where it
+  stopped). When any happens, the dataset is read again whole by the merging
   process: the store and the error are one process's, only later;
 - an error (``on_error='stop'``) is that of the first part that failed, once the parts before it are checked as
   above: the line one process stops at.
@@ -189,7 +190,8 @@ def _inexact(metas: list[dict], stems: list[str]) -> str | None:
             if m["info"][key] not in (None, value) or m["mismatch"][key]:
                 return f"{what} that a later part compared with its own first record"
     if not _parts_meet(metas):
-        return "a quoted field across the cut between two parts"
+        return ("CSV parts that do not meet at their cut (a quoted field holding a line end, or a line over the "
+                "limit)")
     seen = [np.unique(np.fromfile(s + ".ids", dtype=np.uint64)) for s in stems]
     every = np.concatenate(seen) if seen else np.zeros(0, np.uint64)
     if len(np.unique(every)) < len(every):
@@ -198,11 +200,18 @@ def _inexact(metas: list[dict], stems: list[str]) -> str | None:
 
 
 def _parts_meet(metas: list[dict]) -> bool:
-    """Whether each CSV part's reading of a file stopped where the next part of that file starts (a row that
-    ends after the cut began inside a quoted field that the next part read as rows of its own)."""
-    segs = sorted((f, start, b.get("stop")) for m in metas for f, start, b in m.get("bounds", []))
-    return all(stop is not None and (f != f2 or stop == start2)
-               for (f, _, stop), (f2, start2, _) in zip(segs, segs[1:]))
+    """Whether each CSV part read its files to the end of its bytes (a line over the limit, whose length is not
+    kept, leaves that unknown) and stopped where the next part of that file starts: a row that ends after the cut
+    began inside a quoted field, which the next part read as rows of its own."""
+    segs = []
+    for m in metas:
+        for f, start, end, b in m.get("bounds", []):
+            stop = b.get("stop")
+            if stop is None or (m["error"] is None and stop < end):
+                return False
+            segs.append((f, start, stop))
+    segs.sort()
+    return all(f != f2 or stop == start2 for (f, _, stop), (f2, start2, _) in zip(segs, segs[1:]))
 
 
 def _remove(stems: list[str]) -> None:
