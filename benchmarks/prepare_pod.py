@@ -12,12 +12,17 @@ checked equal in content (the manifest's counts and a digest of every record, in
 the same records as one dataset are prepared too: every process reads a part of it (jaxembed.data.store_split), and
 the process of the first part merges them; with --datasets 1 that is the only arm.
 
+--format parquet / csv writes the same records as Parquet files (row groups of 10,000 rows: a part is a run of
+them) or CSV files (columns anchor, positive, negative: a part is a byte range cut at a line start, reading the
+header), and the single dataset as one such file.
+
 On a machine with C cores, N processes cannot go faster than min(N, C) times one; each pod process also pays for
 its start and the coordinator (a fixed cost in seconds). The record states the cores and the load average.
 
 Writes benchmarks/results/prepare_pod_<date>_<time>.json and appends a line to benchmarks/README.md.
 
     python benchmarks/prepare_pod.py [--records 400000] [--datasets 8] [--processes 1 4] [--single] [--keep DIR]
+                                     [--format jsonl|parquet|csv]
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from jaxembed.data import config as dc
 
 def get_config():
     c = dc.default_data_config()
-    c.datasets = [dc.dataset_config(name=f"d{{i}}", path=p, format="triplets", task_type="retrieval",
+    c.datasets = [dc.dataset_config(name=f"d{{i}}", path=p, format={fmt!r}, task_type="retrieval",
                                     num_negatives=1) for i, p in enumerate({paths!r})]
     return c
 '''
@@ -57,18 +62,43 @@ def _text(rng: random.Random, lo: int, hi: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
 
 
-def write_data(folder: Path, records: int, datasets: int) -> list[Path]:
+#: the record format each file format is read as (CSV rows: sentence-transformers' anchor, positive, negative)
+RECORD_FORMAT = {"jsonl": "triplets", "parquet": "triplets", "csv": "st"}
+ROW_GROUP = 10_000
+
+
+def write_data(folder: Path, records: int, datasets: int, fmt: str = "jsonl") -> list[Path]:
+    """``records`` synthetic triplets in ``datasets`` files of format ``fmt`` (the same records, in the same order,
+    whatever the number of files)."""
     rng = random.Random(0)
     per = records // datasets
     paths = []
     for d in range(datasets):
-        p = folder / f"part{d}.jsonl"
-        with open(p, "w", encoding="utf-8") as f:
-            for i in range(per):
-                f.write(json.dumps({"query": _text(rng, 6, 14), "pos": [_text(rng, 30, 90)],
-                                    "neg": [_text(rng, 30, 90)]}) + "\n")
+        rows = ((_text(rng, 6, 14), _text(rng, 30, 90), _text(rng, 30, 90)) for _ in range(per))
+        p = folder / f"part{d}.{fmt}"
+        if fmt == "parquet":
+            _write_parquet(p, list(rows))
+        else:
+            with open(p, "w", encoding="utf-8", newline="") as f:
+                if fmt == "csv":
+                    import csv
+
+                    w = csv.writer(f)
+                    w.writerow(["anchor", "positive", "negative"])
+                    w.writerows(rows)
+                else:
+                    for q, pos, neg in rows:
+                        f.write(json.dumps({"query": q, "pos": [pos], "neg": [neg]}) + "\n")
         paths.append(p)
     return paths
+
+
+def _write_parquet(path: Path, rows: list[tuple]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"query": [r[0] for r in rows], "pos": [[r[1]] for r in rows], "neg": [[r[2]] for r in rows]})
+    pq.write_table(table, str(path), row_group_size=ROW_GROUP)
 
 
 def _free_port() -> int:
@@ -146,6 +176,9 @@ def figures(r: dict) -> dict:
     return out
 
 
+_FORMAT_NAME = {"jsonl": "JSONL", "parquet": "Parquet", "csv": "CSV"}
+
+
 def readme_line(r: dict) -> str:
     lo, hi = r["processes"][0], r["processes"][-1]
     load = r["environment"]["at_save"]["load_average"][0] if "environment" in r else os.getloadavg()[0]
@@ -165,7 +198,8 @@ def readme_line(r: dict) -> str:
                  "the coordinator), "
                  f"{fixed['wall_s']} s wall for {hi} at once here")
     line = (f"| {r['run'][:10]} | prepare_pod | cpu ({r['cores']} cores, shared: load average {load:.1f}) | "
-            f"`data prepare`, {r['records']:,} synthetic triplets ({r['input_mib']:.0f} MiB JSONL), {lo} vs {hi} pod "
+            f"`data prepare`, {r['records']:,} synthetic triplets ({r['input_mib']:.0f} MiB "
+            f"{_FORMAT_NAME[r.get('format', 'jsonl')]}), {lo} vs {hi} pod "
             f"processes on one machine, stores equal in content | {'; '.join(parts)} | `{r['command'].strip()}` |")
     return line
 
@@ -176,6 +210,7 @@ def main() -> None:
     ap.add_argument("--datasets", type=int, default=8)
     ap.add_argument("--processes", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--single", action="store_true", help="also prepare the records as one dataset")
+    ap.add_argument("--format", choices=sorted(RECORD_FORMAT), default="jsonl", help="the files' format")
     ap.add_argument("--keep", default=None, help="work folder to keep (default: a temporary one, removed)")
     ap.add_argument("--no-readme", action="store_true")
     ap.add_argument("--line-from", default=None, metavar="RESULT",
@@ -197,20 +232,17 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     try:
         t0 = time.time()
-        paths = write_data(work, args.records, args.datasets)
+        paths = write_data(work, args.records, args.datasets, args.format)
         mib = sum(p.stat().st_size for p in paths) / 2**20
         print(f"data: {args.records} records in {args.datasets} files, {mib:.0f} MiB ({time.time() - t0:.0f}s)")
         layouts = {"split": paths}
-        if args.single:
-            one = work / "all.jsonl"
-            with open(one, "wb") as f:
-                for p in paths:
-                    f.write(p.read_bytes())
-            layouts["single"] = [one]
+        if args.single and args.datasets > 1:
+            (work / "all").mkdir(exist_ok=True)
+            layouts["single"] = write_data(work / "all", args.records, 1, args.format)
         runs, stores = {}, {}
         for layout, ps in layouts.items():
             cfg = work / f"{layout}.py"
-            cfg.write_text(CONFIG.format(paths=[str(p) for p in ps]))
+            cfg.write_text(CONFIG.format(paths=[str(p) for p in ps], fmt=RECORD_FORMAT[args.format]))
             for n in args.processes:
                 out = work / f"store_{layout}_{n}"
                 shutil.rmtree(out, ignore_errors=True)
@@ -225,12 +257,14 @@ def main() -> None:
         tiny = work / "tiny"
         tiny.mkdir(exist_ok=True)
         cfg = work / "tiny.py"
-        cfg.write_text(CONFIG.format(paths=[str(p) for p in write_data(tiny, 10 * args.datasets, args.datasets)]))
+        cfg.write_text(CONFIG.format(paths=[str(p) for p in write_data(tiny, 10 * args.datasets, args.datasets,
+                                                                      args.format)], fmt=RECORD_FORMAT[args.format]))
         fixed = {}
         for n in args.processes:
             fixed[n] = run_prepare(cfg, work / f"store_tiny_{n}", n, work / f"tiny_{n}")
             print(f"fixed cost, {n} process(es): {fixed[n]['wall_s']} s")
-        result = {"benchmark": "prepare_pod", "records": args.records, "datasets": args.datasets,
+        result = {"benchmark": "prepare_pod", "format": args.format, "records": args.records,
+                  "datasets": args.datasets,
                   "processes": args.processes, "input_mib": round(mib, 1), "cores": os.cpu_count(), "runs": runs,
                   "fixed_cost_runs": {str(n): r for n, r in fixed.items()}, "stores_equal_in_content": True,
                   "command": "python benchmarks/prepare_pod.py " + " ".join(sys.argv[1:])}
