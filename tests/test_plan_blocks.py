@@ -40,20 +40,21 @@ def _orders(store):
 
 UNITS = ["cb", "ra", "na", "rb", "sa", "ca"]
 # name: (plan config, inputs, (fingerprint, digest of meta + config + seed + dropped) of the plan jaxembed built
-# in memory, all at once, before plans were built in blocks)
+# in memory, all at once, before plans were built in blocks; the sampled plans' since a fractional epoch's subset
+# is drawn range by range (``passes.subset``), as every case's store has a dataset at 1.5 epochs)
 CASES = {
-    "epochs_mixed": (dict(global_batch_size=8), {}, ("e71913acb9feff0f", "c55c1cbef45b2f7b")),
+    "epochs_mixed": (dict(global_batch_size=8), {}, ("712988d2c91eae35", "7981c53bf2cdf835")),
     "epochs_keep_remainder": (dict(global_batch_size=8, drop_remainder=False, epochs=2.5), {},
-                              ("1c1ba5633234d872", "5db57d4e09daf627")),
+                              ("28836bc4d411800f", "5db57d4e09daf627")),
     "temperature": (dict(global_batch_size=8, sampling="temperature", sampling_temperature=2.0), {},
-                    ("282d3c1c904981b7", "e240fc0320ccbe44")),
-    "steps": (dict(global_batch_size=8, steps=60, sampling="weights"), {}, ("88e85501524054e5", "1df5e3d7427fe823")),
+                    ("d3d44cdd7e551cfb", "4953654d40f1ccd4")),
+    "steps": (dict(global_batch_size=8, steps=60, sampling="weights"), {}, ("efe402b2f4d3700b", "1df5e3d7427fe823")),
     "semi": (dict(global_batch_size=8, task_strategies={"ret": "semi_homogeneous", "cls": "semi_homogeneous"},
-                  semi_homogeneous_proportion=0.5), {}, ("4be4500bf922b7e0", "930b6875113bd27c")),
+                  semi_homogeneous_proportion=0.5), {}, ("bc1bb697d7d9efe8", "033e7c90ba5ce34c")),
     "semi_steps": (dict(global_batch_size=8, steps=50, strategy="semi_homogeneous"), {},
-                   ("fb97ca255ba9fbce", "a2c211c3cc85bc37")),
+                   ("8474739138bc9fc5", "a2c211c3cc85bc37")),
     "mask": (dict(global_batch_size=8, mask={"delta": 0.0}), {"scores": True},
-             ("6190fca22da46b00", "4b3bdf46789bbe04")),
+             ("22249e43cf764325", "a6fc818fa2c877d6")),
     "curriculum": (dict(global_batch_size=8, curriculum={"enabled": True, "instance_order": "e2d"}),
                    {"scores": True, "order": UNITS}, ("236d48dccda7b873", "249c109d2c3ddc8b")),
     "curriculum_balanced_epochs": (
@@ -209,6 +210,27 @@ def test_saved_plan_kept_checked_or_refused(tmp_path, monkeypatch):
     run.prepare_plan(_run_config(steps=7), store, tmp_path, replan=True)  # a run trained on: built anew
     assert Plan.load(tmp_path / "plan.npz").steps == 7
 
+
+def test_saved_plan_of_an_earlier_draw_resumed_as_saved(tmp_path, monkeypatch):
+    """A plan saved by a jaxembed that drew its passes otherwise (here: rows 0 and 1 swapped, as a fractional
+    epoch's earlier subset would differ) but records the config's inputs: a resume keeps it as saved, not built."""
+    import dataclasses
+
+    from jaxembed.train import run, saved_plan
+
+    cfg, store = _run_config(), _mixed()
+    path = tmp_path / "plan.npz"
+    first = run.prepare_plan(cfg, store, tmp_path)
+    swap = [1, 0, *range(2, first.steps)]
+    older = dataclasses.replace(first, **{k: np.asarray(getattr(first, k))[swap] for k in (
+        "dataset_ids", "example_ids", "task_ids", "weights", "temperatures", "unit_ids")})
+    older.save(tmp_path / "older.npz", sidecar={"inputs": saved_plan.saved_inputs(path)})
+    for suffix in (".npz", ".json"):
+        (tmp_path / f"older{suffix}").replace(path.with_suffix(suffix))
+    monkeypatch.setattr(run, "_build_plan", lambda *a, **k: pytest.fail("a saved plan with its inputs was rebuilt"))
+    again = run.prepare_plan(cfg, store, tmp_path)
+    assert again.fingerprint() == older.fingerprint() != first.fingerprint()
+    np.testing.assert_array_equal(again.example_ids[0], first.example_ids[1])
 
 def test_plan_inputs_name_what_differs():
     from jaxembed.data.plan import inputs_differences

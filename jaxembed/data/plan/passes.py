@@ -1,5 +1,5 @@
 """A unit's shuffled pass in bounded memory. A pass gives every example of dataset d ``epochs[d]`` times (a
-fractional part: a random subset); copy c of d gets random keys in [c/E_d, (c+1)/E_d), and the pass is
+fractional part: an exact-size uniform subset, ``subset``); copy c of d gets random keys in [c/E_d, (c+1)/E_d), and the pass is
 the stable sort of all the keys (``draws`` lists them in the order they are drawn). ``sorted_pass`` sorts them in
 memory, or, given a scratch folder and a pass over ``BUCKET`` examples, by an external bucket sort: the keys are
 drawn ``CHUNK`` at a time (a generator drawn in chunks gives the stream of one call), each chunk's (key, dataset,
@@ -20,13 +20,20 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from jaxembed.errors import UserError
+
 
 #: keys drawn at a time
 CHUNK = 1 << 20
 #: examples per bucket of the external sort (~20 bytes each in memory while it is sorted)
 BUCKET = 1 << 21
+#: the ranges a fractional epoch's subset is drawn in at the end (a part of what the plan is, not a tuning knob)
+SUBSET_LEAF = 1 << 16
 #: most bucket files of one pass (a larger pass gets larger buckets)
 MAX_BUCKETS = 512
+
+#: numpy's hypergeometric takes fewer than 10**9 good and 10**9 bad items
+_HYPER_MAX = 10 ** 9 - 1
 
 _REC = np.dtype([("k", "<f8"), ("d", "<i4"), ("e", "<i8")])
 
@@ -46,10 +53,32 @@ def pass_size(members: Sequence[int], sizes: np.ndarray, epochs: np.ndarray) -> 
     return n
 
 
+def subset(rng: np.random.Generator, n: int, k: int, lo: int = 0) -> Iterator[np.ndarray]:
+    """A uniform random k-subset of range(lo, lo + n), ascending, in pieces of at most ``SUBSET_LEAF`` indices of
+    the range: the range is halved, the left half's share drawn (hypergeometric), each half done the same way,
+    left first, down to ranges of ``SUBSET_LEAF`` (a choice without replacement)."""
+    if k <= 0:
+        return
+    if k >= n:
+        for a in range(lo, lo + n, SUBSET_LEAF):
+            yield np.arange(a, min(lo + n, a + SUBSET_LEAF), dtype=np.int64)
+        return
+    if n <= SUBSET_LEAF:
+        yield lo + np.sort(rng.choice(n, k, replace=False)).astype(np.int64)
+        return
+    left = n // 2
+    if max(left, n - left) > _HYPER_MAX:
+        raise UserError(f"a fractional epoch of a dataset of {n} examples: at most {2 * _HYPER_MAX} (fix: whole "
+                        "epochs for it, or split it into datasets)")
+    x = int(rng.hypergeometric(left, n - left, k))
+    yield from subset(rng, left, x, lo)
+    yield from subset(rng, n - left, k - x, lo + left)
+
+
 def draws(rng: np.random.Generator, members: Sequence[int], sizes: np.ndarray, epochs: np.ndarray):
     """The pass's (keys float64, dataset, examples int64) in the order drawn, ``CHUNK`` at a time: per dataset its
-    full copies (example order, key (c + u) / E), then its fractional part (keys in [full / E, 1], then a random
-    subset of that size)."""
+    full copies (example order, key (c + u) / E), then its fractional part (a ``subset`` drawn by a generator
+    seeded from the pass's stream, the i-th example of the subset with the i-th key in [full / E, 1])."""
     for d in members:
         size, e = int(sizes[d]), float(epochs[d])
         if size == 0 or e <= 0:
@@ -61,8 +90,9 @@ def draws(rng: np.random.Generator, members: Sequence[int], sizes: np.ndarray, e
                 yield (c + rng.random(b - a)) / e, d, np.arange(a, b, dtype=np.int64)
         extra = int(round(frac * size))
         if extra > 0:
-            keys = (full + rng.random(extra) * frac) / e
-            yield keys, d, np.sort(rng.permutation(size)[:extra]).astype(np.int64)
+            sub = np.random.default_rng(int(rng.integers(1 << 63)))
+            for idx in subset(sub, size, extra):
+                yield (full + rng.random(idx.size) * frac) / e, d, idx
 
 
 def sorted_pass(rng: np.random.Generator, members: Sequence[int], sizes: np.ndarray, epochs: np.ndarray,
