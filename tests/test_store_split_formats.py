@@ -161,7 +161,28 @@ def test_saved_hf_dataset_is_split_by_rows_and_a_hub_name_is_read_whole(tmp_path
     files.mkdir()
     (files / "train.jsonl").write_text("\n".join(json.dumps(r) for r in _pq_rows(300)) + "\n")
     fmt, why = store_split.split_format(_config(str(files), fmt="hf").datasets[0])
-    assert fmt is None and "datasets.load_dataset" in why
+    assert fmt is None and "other files than Parquet" in why
+    assert "hub name" in store_split.split_format(_config("org/name", fmt="hf").datasets[0])[1]
+
+
+def test_hf_folder_of_parquet_files_is_split_as_load_dataset_reads_it(tmp_path, monkeypatch):
+    """The hub's Parquet export layout (data/train-0000k-of-0000n.parquet, a test split beside it): the parts read
+    the train files' row groups, numbered over the files as datasets.load_dataset numbers them."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    (tmp_path / "export" / "data").mkdir(parents=True)
+    for k in range(3):
+        _parquet(tmp_path / "export" / "data" / f"train-0000{k}-of-00003.parquet", _pq_rows(300, 300 * k))
+    _parquet(tmp_path / "export" / "data" / "test-00000-of-00001.parquet", _pq_rows(50))
+    cfg = _config(str(tmp_path / "export"), fmt="hf", record_format="triplets")
+    files = split_plan.hf_data_files(cfg.datasets[0])[0]
+    assert [f.rsplit("/", 1)[1] for f in files] == [f"train-0000{k}-of-00003.parquet" for k in range(3)]
+    one = _same(cfg, tmp_path, 2, "hf_files")
+    assert [s.line for s in one.tally("big").skipped][:4] == [6, 103, 200, 297]
+    assert one.tally("big").skipped[0].path == f"{tmp_path / 'export'}[train]"
+    (tmp_path / "export" / "README.md").write_text("---\nconfigs: []\n---\n")
+    assert "dataset card" in store_split.split_format(cfg.datasets[0])[1]
 
 
 def test_csv_line_over_the_limit_in_the_last_part_is_read_again_whole(tmp_path, monkeypatch, capsys):

@@ -13,11 +13,14 @@ How a dataset is cut (``split_mode``; ``split_format`` says why one is read whol
   as in each whole file;
 - ``hf``: a ``datasets.save_to_disk`` folder (``format='hf'`` or its path): ranges of rows of the memory-mapped
   Dataset, numbered from 1 as in the whole dataset;
+- ``hf_files``: a local folder of Parquet data files given with ``format='hf'`` (the hub's Parquet export, a
+  downloaded snapshot): runs of row groups of the files ``datasets.load_dataset`` reads for the split
+  (``hf_data_files``), rows numbered from 1 over the files, as the whole dataset;
 - ``files``: any other dataset of several files (compressed files, mixed kinds): whole files, each part a run of
   them, as many parts as files at most.
 
-A single compressed file, a hub name or a folder of data files read by ``datasets.load_dataset`` (which decides the
-files, their split and their column types), TFDS, and classification records whose labels are first collected from
+A single compressed file, a hub name, a data-file folder with a dataset card, script or subset, or of other files
+than Parquet (``datasets.load_dataset`` decides the files, their split and their rows), TFDS, and classification records whose labels are first collected from
 the whole dataset are read whole by one process.
 """
 
@@ -68,8 +71,8 @@ def split_mode(ds) -> tuple[str | None, str]:
     if fmt == "hf":
         if len(paths) == 1 and sources.is_saved_dataset(paths[0]):
             return "hf", ""
-        return None, ("a Hugging Face hub name or data-file folder (datasets.load_dataset decides its files, split "
-                      "and column types)")
+        files, why = hf_data_files(ds)
+        return ("hf_files", "") if files else (None, why)
     kinds = [sources.source_kind(p) for p in paths]
     if "folder" in kinds:
         return None, "a folder that is not a datasets.save_to_disk folder"
@@ -87,6 +90,35 @@ def split_mode(ds) -> tuple[str | None, str]:
     if not jsonl.is_plain_file(paths[0]):
         return None, "one compressed, empty or unreadable file (a compressed stream is read from its start)"
     return None, "an empty or unreadable file"
+
+
+#: files of a data-file folder that may make ``datasets.load_dataset`` choose its files otherwise than by their names
+_HF_CONFIG_FILES = ("README.md", "dataset_infos.json", "dataset_info.json")
+
+
+def hf_data_files(ds) -> tuple[list[str] | None, str]:
+    """(the Parquet files, in order, that ``datasets.load_dataset`` reads for the split of a local folder of data
+    files given with ``format='hf'``, "") or (None, why it is read whole): the files as datasets resolves them
+    (``get_data_patterns``), for a folder without a dataset card, script or subset, whose files are all Parquet (the
+    rows datasets makes of JSON Lines or CSV files, their types unified over the file, differ from the files')."""
+    path = str(dc.dataset_paths(ds)[0])
+    whole = "a Hugging Face hub name (datasets.load_dataset decides its files, split and column types)"
+    if not os.path.isdir(path):
+        return None, whole
+    if ds.get("subset") or any(os.path.exists(os.path.join(path, n)) for n in _HF_CONFIG_FILES) or any(
+            n.endswith(".py") for n in os.listdir(path)):
+        return None, "a data-file folder with a dataset card, a script or a subset (datasets.load_dataset reads it)"
+    try:
+        from datasets.data_files import DataFilesDict, get_data_patterns
+
+        files = DataFilesDict.from_patterns(get_data_patterns(path), base_path=path).get(ds.get("split", "train"))
+    except Exception:  # noqa: BLE001 -- no data files, no such split, no datasets package: the whole read says so
+        return None, "a data-file folder whose files datasets cannot resolve for the split"
+    files = [str(f) for f in files or ()]
+    if not files or not all(f.lower().endswith(sources.PARQUET_SUFFIXES) for f in files):
+        return None, ("a data-file folder of other files than Parquet (datasets.load_dataset makes their rows: give "
+                      "the files as the dataset's paths, without format='hf', to read them in parts)")
+    return files, ""
 
 
 def _first_row(path: str, kind: str) -> bool:
@@ -128,22 +160,29 @@ def _first_format(ds, fields: dict) -> str | None:
 
 def replace_segments(ds, part: Part) -> Part:
     """``part`` standing for the whole dataset (one segment per file)."""
-    paths = [str(p) for p in dc.dataset_paths(ds)]
+    paths = _files(ds, part.mode)
     if part.mode == "hf":
         return _cut_rows(ds, part.dataset, 1, part.record_format)[0]
-    if part.mode == "rows":
-        return _cut_groups(paths, part.dataset, 1, part.record_format)[0]
+    if part.mode in ("rows", "hf_files"):
+        return _cut_groups(paths, part.dataset, 1, part.record_format, part.mode)[0]
     segs = tuple((f, 0, _path_bytes(p)) for f, p in enumerate(paths))
     return Part(part.dataset, 0, 1, part.record_format, segs, part.mode, sum(s[2] for s in segs))
+
+
+def _files(ds, mode: str | None) -> list[str]:
+    """The files a dataset's parts index: its paths, or the Parquet files of a data-file folder (``hf_files``)."""
+    if mode == "hf_files":
+        return hf_data_files(ds)[0] or []
+    return [str(p) for p in dc.dataset_paths(ds)]
 
 
 def parts(ds, i: int, n: int, fmt: str) -> list[Part]:
     """Dataset ``i`` cut into ``n`` parts (fewer for whole files: one per file at most) of about equal input
     bytes (a part may be empty)."""
     mode = split_mode(ds)[0]
-    paths = [str(p) for p in dc.dataset_paths(ds)]
-    if mode == "rows":
-        return _cut_groups(paths, i, n, fmt)
+    paths = _files(ds, mode)
+    if mode in ("rows", "hf_files"):
+        return _cut_groups(paths, i, n, fmt, mode)
     if mode == "hf":
         return _cut_rows(ds, i, n, fmt)
     sizes = [_path_bytes(p) for p in paths]
@@ -195,7 +234,7 @@ def _cut_units(i: int, n: int, fmt: str, mode: str, units: list[tuple[tuple, int
     return parts
 
 
-def _cut_groups(paths, i: int, n: int, fmt: str) -> list[Part]:
+def _cut_groups(paths, i: int, n: int, fmt: str, mode: str = "rows") -> list[Part]:
     """Runs of the Parquet files' row groups, in order, by their compressed bytes."""
     pq = sources._pyarrow_parquet(paths[0])
     units = []
@@ -205,7 +244,7 @@ def _cut_groups(paths, i: int, n: int, fmt: str) -> list[Part]:
             rg = meta.row_group(g)
             size = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
             units.append(((f, g, g + 1), max(1, size)))
-    return _cut_units(i, n, fmt, "rows", units)
+    return _cut_units(i, n, fmt, mode, units)
 
 
 def _cut_rows(ds, i: int, n: int, fmt: str) -> list[Part]:
@@ -224,13 +263,16 @@ def part_records(ds, part: Part, bounds: list | None) -> Iterator[tuple[str, int
     """(path, line / row, default-id suffix, object or Skip) of a part, as ``readers.read_files`` /
     ``readers.read_hf`` yield them for the whole dataset; ``bounds`` (``csv``): gets each segment's [file, start,
     end, {first row's start, stop}] (``jaxembed.data.sources.iter_csv``)."""
-    paths = [str(p) for p in dc.dataset_paths(ds)]
+    paths = _files(ds, part.mode)
     multi = len(paths) > 1
     fields = read_options(ds).fields
     for f, start, end in part.segments:
         p = paths[f]
         if part.mode == "hf":
             yield from _hf_rows(ds, p, start, end, multi, f)
+            continue
+        if part.mode == "hf_files":
+            yield from _hf_file_rows(ds, paths, f, start, end)
             continue
         for line, obj in _segment_rows(p, part.mode, f, start, end, fields, ds, bounds):
             yield p, line, (f"{f}:{line}" if multi else str(line)), obj
@@ -261,11 +303,24 @@ def _segment_rows(p: str, mode: str, f: int, start: int, end: int, fields: dict,
         raise readers._empty(p)
 
 
+def _hf_where(ds) -> str:
+    """A ``format='hf'`` dataset's rows' source, as ``readers.read_hf`` names it."""
+    subset = ds.get("subset")
+    return f"{dc.dataset_paths(ds)[0]}{'/' + subset if subset else ''}[{ds.get('split', 'train')}]"
+
+
+def _hf_file_rows(ds, paths: list[str], f: int, start: int, end: int):
+    """The rows of row groups ``start`` .. ``end - 1`` of a data-file folder's Parquet file ``f``, numbered over
+    the folder's files from 1, as ``datasets.load_dataset`` reads them."""
+    before = sum(sources.parquet_rows(p) or 0 for p in paths[:f])
+    where = _hf_where(ds)
+    for i, row in sources.iter_parquet(paths[f], (start, end)):
+        yield where, before + i, str(before + i), {k: sources.plain(v) for k, v in row.items()}  # as iter_hf
+
+
 def _hf_rows(ds, p: str, start: int, end: int, multi: bool, f: int):
     data = sources.load_hf(p, ds.get("split", "train")).select(range(start, end))
-    where = p  # named as readers.read_hf / readers.file_rows name it
-    if ds.get("format", "auto") == "hf":
-        where = f"{p}{'/' + ds['subset'] if ds.get('subset') else ''}[{ds.get('split', 'train')}]"
+    where = _hf_where(ds) if ds.get("format", "auto") == "hf" else p  # as readers.read_hf / file_rows name it
     for i, row in sources.iter_hf(data):
         line = start + i
         yield where, line, (f"{f}:{line}" if multi else str(line)), row
