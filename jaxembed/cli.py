@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import logging
 import os
 import sys
@@ -23,8 +24,6 @@ import time
 from pathlib import Path
 
 from jaxembed.choices import ATTENTION_KERNELS, DTYPES, POOLING_MODES
-from jaxembed.config.io import config_help
-from jaxembed.demo import DEMO_TASKS
 from jaxembed.errors import UserError
 
 
@@ -182,10 +181,50 @@ def _device() -> str:
     return f"{len(d)} x {d[0].device_kind}" if len(d) > 1 else d[0].device_kind
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: the commands other modules add (their ``add_parsers(subparsers)``), in the order of ``jaxembed --help``
+_COMMAND_MODULES = {"data": "jaxembed.data.cli:add_parsers", "plan": "jaxembed.data.plan.cli:add_parsers",
+                    "eval": "jaxembed.evaluate.cli:add_parsers", "sweep": "jaxembed.sweep.cli:add_parsers",
+                    "score": "jaxembed.curriculum.cli:add_parsers", "curriculum": "jaxembed.curriculum.cli:add_parsers",
+                    "mine": "jaxembed.curriculum.cli:add_parsers", "synth": "jaxembed.synth.cli:add_parsers",
+                    "judge": "jaxembed.synth.cli:add_parsers", "pretrain": "jaxembed.pretrain.cli:add_parsers",
+                    "teacher-score": "jaxembed.teacher.cli:add_parser"}
+#: the commands this module adds itself
+_OWN_COMMANDS = ("encode", "export", "train", "recipes", "demo")
+
+
+def _command_of(argv: list[str] | None) -> str | None:
+    """The command word of ``argv`` (after the global flags), or None (``--help``, none, or not a command)."""
+    words = sys.argv[1:] if argv is None else argv
+    rest = [w for w in words if w not in ("-v", "--verbose")]
+    return rest[0] if rest and not rest[0].startswith("-") else None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. ``command``: a command of another module (``_COMMAND_MODULES``) adds that
+    module's commands alone, and a command of this module (``_OWN_COMMANDS``) its own alone, so that a command
+    does not import the modules of all the others (their imports cost each start of ``jaxembed``); otherwise
+    (None: ``--help``, no command or an unknown one) every command."""
     parser = argparse.ArgumentParser(prog="jaxembed", description="Train and use text-embedding models in JAX.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    own = command not in _COMMAND_MODULES
+    if own:
+        _add_encode_export_train(sub)
+    if command in _COMMAND_MODULES:
+        targets = [_COMMAND_MODULES[command]]
+    else:
+        targets = [] if command in _OWN_COMMANDS else list(dict.fromkeys(_COMMAND_MODULES.values()))
+    for target in targets:
+        module, _, func = target.partition(":")
+        getattr(importlib.import_module(module), func)(sub)
+    if own:
+        _add_recipes_demo(sub)
+    return parser
+
+
+def _add_encode_export_train(sub) -> None:
+    from jaxembed.config.io import config_help
 
     p = sub.add_parser("encode", help="encode texts to a .npy matrix")
     _model_args(p)
@@ -236,26 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", required=True, help="run directory (created; an existing run is resumed)")
     p.set_defaults(func=cmd_train)
 
-    from jaxembed.data.cli import add_parsers as add_data_parsers
-    from jaxembed.data.plan.cli import add_parsers as add_plan_parsers
-    from jaxembed.evaluate.cli import add_parsers as add_eval_parsers
 
-    add_data_parsers(sub)
-    add_plan_parsers(sub)
-    add_eval_parsers(sub)
-    from jaxembed.sweep import add_parsers as add_sweep_parsers
-
-    add_sweep_parsers(sub)
-    from jaxembed.curriculum.cli import add_parsers as add_curriculum_parsers
-    add_curriculum_parsers(sub)
-    from jaxembed.pretrain.cli import add_parsers as add_pretrain_parsers
-    from jaxembed.synth.cli import add_parsers as add_synth_parsers
-
-    add_synth_parsers(sub)
-    add_pretrain_parsers(sub)
-    from jaxembed.teacher.cli import add_parser as add_teacher_parser
-
-    add_teacher_parser(sub)
+def _add_recipes_demo(sub) -> None:
+    from jaxembed.demo import DEMO_TASKS
 
     p = sub.add_parser("recipes", help="list the recipes that ship with jaxembed (--config NAME[:VARIANTS] from "
                                        "any folder) and their variants; with NAME, that recipe's documentation")
@@ -272,7 +294,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 1000; 0 = the whole sets)")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_demo)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,7 +354,7 @@ def _stdout_reader_gone() -> bool:
 
 def _main(argv: list[str] | None, name: list[str]) -> int:
     """``main`` without its Ctrl-C handling; ``name`` receives the command's words for the message."""
-    parser = build_parser()
+    parser = build_parser(_command_of(argv))
     args, unknown = parser.parse_known_args(argv)
     overrides = [u for u in unknown if u.startswith("--config.")]
     rest = [u for u in unknown if not u.startswith("--config.")]

@@ -240,3 +240,37 @@ def test_a_closed_pipe_ends_the_command_quietly(monkeypatch):
     monkeypatch.setattr(cli, "cmd_recipes", broken)
     with pytest.raises(BrokenPipeError, match="a socket"):
         main(["recipes"])
+
+
+def _options(parser, command: str) -> dict:
+    """{subcommand path: sorted option strings} of ``command`` in ``parser`` (its actions' flags, recursively)."""
+    import argparse
+
+    out = {}
+
+    def walk(p, path):
+        out[path] = sorted(s for a in p._actions for s in a.option_strings)
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, child in a.choices.items():
+                    walk(child, f"{path} {name}")
+
+    walk(next(a for a in parser._actions if a.dest == "command").choices[command], command)
+    return out
+
+
+def test_a_command_imports_the_parsers_of_its_own_module_alone():
+    """`jaxembed <command>` builds the parsers of its command's module only (the others' modules stay unimported: a
+    start of the console script costs less), and each command parses as in the full parser of `jaxembed --help`."""
+    from jaxembed import cli
+
+    full = cli.build_parser()
+    commands = next(a for a in full._actions if a.dest == "command").choices
+    assert set(commands) == set(cli._COMMAND_MODULES) | set(cli._OWN_COMMANDS)
+    for command in commands:
+        assert _options(cli.build_parser(command), command) == _options(full, command), command
+    assert cli._command_of(["-v", "data", "validate", "x"]) == "data" and cli._command_of(["--help"]) is None
+    code = ("import sys\nfrom jaxembed.cli import main\nrc = main(['eval', '--list'])\n"
+            "print(rc, sorted(m for m in sys.modules if m.endswith('.cli') or m in ('jax', 'jaxembed.config')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.splitlines()[-1] == "0 ['jaxembed.cli', 'jaxembed.evaluate.cli']", r.stdout[-2000:] + r.stderr
