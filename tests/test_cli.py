@@ -219,13 +219,13 @@ def test_demo_trains_evaluates_and_exports(shared_data, tmp_path, capsys):
 
 
 def test_a_closed_pipe_ends_the_command_quietly(monkeypatch):
-    """`jaxembed recipes | head -1`: the reader closes the pipe before the command writes; the command ends with
+    """`jaxembed eval --list | head -1`: the reader closes the pipe before the command writes; the command ends with
     128 + SIGPIPE and writes nothing to stderr (no traceback). A broken pipe that is not standard output's is still
-    an error."""
+    an error. (`jaxembed.cli.main` handles it for every command; `eval --list` is the cheapest that prints.)"""
     import os
 
     read, write = os.pipe()
-    p = subprocess.Popen([str(Path(sys.executable).parent / "jaxembed"), "recipes"], stdout=write,
+    p = subprocess.Popen([str(Path(sys.executable).parent / "jaxembed"), "eval", "--list"], stdout=write,
                          stderr=subprocess.PIPE)
     os.close(write)
     os.close(read)  # before the command has imported what it needs, let alone written
