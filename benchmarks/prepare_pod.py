@@ -77,7 +77,7 @@ def write_data(folder: Path, records: int, datasets: int, fmt: str = "jsonl") ->
         rows = ((_text(rng, 6, 14), _text(rng, 30, 90), _text(rng, 30, 90)) for _ in range(per))
         p = folder / f"part{d}.{fmt}"
         if fmt == "parquet":
-            _write_parquet(p, list(rows))
+            _write_parquet(p, rows)
         else:
             with open(p, "w", encoding="utf-8", newline="") as f:
                 if fmt == "csv":
@@ -93,12 +93,31 @@ def write_data(folder: Path, records: int, datasets: int, fmt: str = "jsonl") ->
     return paths
 
 
-def _write_parquet(path: Path, rows: list[tuple]) -> None:
+def write_data_apart(folder: Path, records: int, datasets: int, fmt: str) -> list[Path]:
+    """``write_data`` in a process of its own: this one stays small, so the prepare processes it starts do not
+    report its pages as theirs (a child's peak RSS, from os.wait4, starts from its parent's at the fork)."""
+    import multiprocessing
+
+    p = multiprocessing.get_context("spawn").Process(target=write_data, args=(folder, records, datasets, fmt))
+    p.start()
+    p.join()
+    if p.exitcode != 0:
+        raise SystemExit(f"writing the data failed (exit {p.exitcode})")
+    return [folder / f"part{d}.{fmt}" for d in range(datasets)]
+
+
+def _write_parquet(path: Path, rows) -> None:
+    """One row group at a time, in bounded memory."""
+    import itertools
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({"query": [r[0] for r in rows], "pos": [[r[1]] for r in rows], "neg": [[r[2]] for r in rows]})
-    pq.write_table(table, str(path), row_group_size=ROW_GROUP)
+    schema = pa.schema([("query", pa.string()), ("pos", pa.list_(pa.string())), ("neg", pa.list_(pa.string()))])
+    with pq.ParquetWriter(str(path), schema) as w:
+        while chunk := list(itertools.islice(rows, ROW_GROUP)):
+            w.write_table(pa.table({"query": [r[0] for r in chunk], "pos": [[r[1]] for r in chunk],
+                                    "neg": [[r[2]] for r in chunk]}, schema=schema), row_group_size=ROW_GROUP)
 
 
 def _free_port() -> int:
@@ -232,13 +251,13 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     try:
         t0 = time.time()
-        paths = write_data(work, args.records, args.datasets, args.format)
+        paths = write_data_apart(work, args.records, args.datasets, args.format)
         mib = sum(p.stat().st_size for p in paths) / 2**20
         print(f"data: {args.records} records in {args.datasets} files, {mib:.0f} MiB ({time.time() - t0:.0f}s)")
         layouts = {"split": paths}
         if args.single and args.datasets > 1:
             (work / "all").mkdir(exist_ok=True)
-            layouts["single"] = write_data(work / "all", args.records, 1, args.format)
+            layouts["single"] = write_data_apart(work / "all", args.records, 1, args.format)
         runs, stores = {}, {}
         for layout, ps in layouts.items():
             cfg = work / f"{layout}.py"
@@ -257,8 +276,8 @@ def main() -> None:
         tiny = work / "tiny"
         tiny.mkdir(exist_ok=True)
         cfg = work / "tiny.py"
-        cfg.write_text(CONFIG.format(paths=[str(p) for p in write_data(tiny, 10 * args.datasets, args.datasets,
-                                                                      args.format)], fmt=RECORD_FORMAT[args.format]))
+        tiny_paths = write_data_apart(tiny, 10 * args.datasets, args.datasets, args.format)
+        cfg.write_text(CONFIG.format(paths=[str(p) for p in tiny_paths], fmt=RECORD_FORMAT[args.format]))
         fixed = {}
         for n in args.processes:
             fixed[n] = run_prepare(cfg, work / f"store_tiny_{n}", n, work / f"tiny_{n}")
