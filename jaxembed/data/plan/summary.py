@@ -8,13 +8,44 @@ import math
 
 import numpy as np
 
-from jaxembed.data.plan.file import Plan
+from jaxembed.data.plan.file import Plan, _block, read_steps
 from jaxembed.data.plan.units import pair_key
+
+
+def _counts_dtype(allowed: int):
+    """Per-example counts of a dataset: 2 bytes an example (saturating) while an example's count that matters stays
+    far below 65,535."""
+    return np.uint16 if allowed < 60_000 else np.int64
+
+
+class _Tally:
+    """What ``summarize`` counts, accumulated over blocks of steps of the plan's per-example arrays (a plan read
+    from its file stays memory-mapped: at most a block of it is in memory)."""
+
+    def __init__(self, plan: Plan, allowed: list[int]):
+        D = len(plan.dataset_names)
+        self.rows, self.single, self.masked = (np.zeros(D, np.int64) for _ in range(3))
+        self.counts = [np.zeros(int(n), _counts_dtype(a)) for n, a in zip(plan.dataset_sizes, allowed)]
+        self.in_batch = 0
+
+    def add(self, ds: np.ndarray, ex: np.ndarray, w: np.ndarray) -> None:
+        D = self.rows.size
+        self.rows += np.bincount(ds.reshape(-1), minlength=D)[:D]
+        pure = np.all(ds == ds[:, :1], axis=1)
+        self.single += np.bincount(ds[pure, 0], minlength=D)[:D]
+        self.masked += np.bincount(ds[w == 0], minlength=D)[:D]
+        for d in np.unique(ds).tolist():
+            u, c = np.unique(ex[ds == d], return_counts=True)
+            cnt = self.counts[d]
+            top = np.iinfo(cnt.dtype).max
+            cnt[u] = np.minimum(cnt[u].astype(np.int64) + c, top).astype(cnt.dtype)
+        srt = np.sort(pair_key(ds, ex), axis=1)
+        self.in_batch += int((srt[:, 1:] == srt[:, :-1]).sum())
 
 
 def summarize(plan: Plan) -> dict:
     """Batches per task / dataset, epochs seen, repeats beyond the configured count, dropped and filled rows,
-    masked rows, measured semi-homogeneous mixing."""
+    masked rows, measured semi-homogeneous mixing. Reads the per-example arrays a block of steps at a time."""
     S, G = plan.dataset_ids.shape
     meta = plan.meta
     cfg_epochs = {d["name"]: d["epochs"] for d in meta.get("datasets", [])}
@@ -23,36 +54,32 @@ def summarize(plan: Plan) -> dict:
         n = int((plan.task_ids == t).sum())
         if n:
             tasks["(mixed)" if t < 0 else plan.task_names[t]] = n
-    pure = np.all(plan.dataset_ids == plan.dataset_ids[:, :1], axis=1) if S else np.zeros(0, bool)
+    epochs = [cfg_epochs.get(name, 1.0) for name in plan.dataset_names]
+    tally = _Tally(plan, [int(math.ceil(e - 1e-9)) for e in epochs])
+    blk = _block(plan.dataset_ids)
+    for s0 in range(0, S, blk):
+        tally.add(*(read_steps(a, s0, s0 + blk) for a in (plan.dataset_ids, plan.example_ids, plan.weights)))
     datasets = {}
     for d, name in enumerate(plan.dataset_names):
-        sel = plan.dataset_ids == d
-        rows = int(sel.sum())
-        size = int(plan.dataset_sizes[d])
-        counts = np.bincount(plan.example_ids[sel], minlength=size) if size else np.zeros(0, np.int64)
-        e = cfg_epochs.get(name, 1.0)
+        rows, size, e, counts = int(tally.rows[d]), int(plan.dataset_sizes[d]), epochs[d], tally.counts[d]
         allowed = int(math.ceil(e - 1e-9))
-        drop_n = int((plan.dropped[:, 0] == d).sum())
         datasets[name] = {
             "task": plan.task_names[plan.dataset_tasks[d]], "size": size, "rows": rows,
             "epochs_from": next((x.get("epochs_from", "config") for x in meta.get("datasets", [])
                                  if x["name"] == name), "config"),
-            "batches_single_dataset": int((pure & (plan.dataset_ids[:, 0] == d)).sum()) if S else 0,
+            "batches_single_dataset": int(tally.single[d]),
             "epochs_configured": e, "epochs_seen": rows / size if size else 0.0,
             "repeats_beyond_configured": (None if meta.get("mode") == "steps"
-                                          else int(np.maximum(counts - allowed, 0).sum())),
+                                          else int((counts[counts > allowed].astype(np.int64) - allowed).sum())),
             "never_seen": int((counts == 0).sum()) if e > 0 else 0,
-            "dropped": drop_n, "filled": int(meta.get("filled", {}).get(name, 0)),
-            "masked_rows": int((plan.weights[sel] == 0).sum()),
+            "dropped": int((plan.dropped[:, 0] == d).sum()), "filled": int(meta.get("filled", {}).get(name, 0)),
+            "masked_rows": int(tally.masked[d]),
         }
-    key = pair_key(plan.dataset_ids, plan.example_ids)
-    srt = np.sort(key, axis=1)
-    in_batch = int((srt[:, 1:] == srt[:, :-1]).sum()) if S else 0
     out = {"steps": S, "global_batch_size": G, "seed": plan.seed, "mode": meta.get("mode"),
            "sampling": meta.get("sampling"), "strategies": meta.get("strategies", {}), "batches_per_task": tasks,
-           "datasets": datasets, "in_batch_repeats": in_batch,
+           "datasets": datasets, "in_batch_repeats": tally.in_batch,
            "dropped_total": int(plan.dropped.shape[0]), "filled_total": int(sum(meta.get("filled", {}).values())),
-           "masked_rows": int((plan.weights == 0).sum()), "fingerprint": plan.fingerprint()}
+           "masked_rows": int(tally.masked.sum()), "fingerprint": plan.fingerprint()}
     if "semi_homogeneous" in meta:
         out["semi_homogeneous"] = dict(meta["semi_homogeneous"],
                                        measured_foreign_share=mixing_share(plan, "semi_homogeneous"))
@@ -64,7 +91,7 @@ def summarize(plan: Plan) -> dict:
 def mixing_share(plan: Plan, strategy: str | None = None) -> float:
     """Share of rows whose dataset is not one of the datasets of the unit their batch was built from, over the
     batches of units with the given strategy (all batches when None): the measured mixing of semi-homogeneous
-    batching (0 for homogeneous plans)."""
+    batching (0 for homogeneous plans). Reads the dataset ids a block of steps at a time."""
     units = plan.meta.get("units", [])
     if plan.steps == 0 or not units:
         return 0.0
@@ -77,9 +104,17 @@ def mixing_share(plan: Plan, strategy: str | None = None) -> float:
         sel = np.isin(plan.unit_ids, [k for k, u in enumerate(units) if u["strategy"] == strategy])
     if not sel.any():
         return 0.0
-    home = member[plan.unit_ids[sel]]  # [n, D]
-    inside = np.take_along_axis(home, plan.dataset_ids[sel].astype(np.int64), axis=1)
-    return float(1.0 - inside.mean())
+    inside, total = 0, 0
+    blk = _block(plan.dataset_ids)
+    for s0 in range(0, plan.steps, blk):
+        m = sel[s0:s0 + blk]
+        if not m.any():
+            continue
+        ds = read_steps(plan.dataset_ids, s0, s0 + blk)[m]
+        home = member[plan.unit_ids[s0:s0 + blk][m]]  # [n, D]
+        inside += int(np.take_along_axis(home, ds.astype(np.int64), axis=1).sum())
+        total += ds.size
+    return float(1.0 - inside / total)
 
 
 def format_summary(s: dict) -> str:
