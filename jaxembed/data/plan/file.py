@@ -63,7 +63,7 @@ class Plan:
         """The dataset ids the plan's rows use, ascending (counted over blocks of steps: no copy of the plan)."""
         D = len(self.dataset_names)
         seen = np.zeros(D, bool)
-        n = _block(self.dataset_ids)
+        n = block_of(self.dataset_ids)
         for s0 in range(0, self.steps, n):
             seen |= np.bincount(read_steps(self.dataset_ids, s0, s0 + n).reshape(-1), minlength=D) > 0
         return np.flatnonzero(seen).tolist()
@@ -87,7 +87,7 @@ class Plan:
         for a in (self.dataset_ids, self.example_ids, self.task_ids, self.weights, self.temperatures,
                   self.dataset_tasks, self.dataset_sizes, self.unit_ids):
             h.update(str((a.dtype.str, a.shape)).encode())
-            n = _block(a)
+            n = block_of(a)
             for s0 in range(0, max(len(a), 1), n):  # blocks of steps: a memory-mapped plan stays so
                 h.update(read_steps(a, s0, s0 + n).tobytes())
         h.update(json.dumps([list(self.task_names), list(self.dataset_names)]).encode())
@@ -126,7 +126,7 @@ class Plan:
         # each file through its own unique temporary name (host, pid, random), renamed into place: concurrent
         # savers never share a temporary file; a reader between the two renames sees a pair whose fingerprints
         # differ, which ``load`` reports
-        atomic_files.write_with(path, lambda t: write_npz(t, arrays, read_steps, _block), suffix=".npz")
+        atomic_files.write_with(path, lambda t: write_npz(t, arrays, read_steps, block_of), suffix=".npz")
         atomic_files.write_text(path.with_suffix(".json"), json.dumps(side, indent=1, default=_json_default) + "\n")
         return path
 
@@ -214,7 +214,7 @@ _BLOCK_STEPS = 1024
 _BLOCK_EXAMPLES = 1 << 18
 
 
-def _block(a: np.ndarray) -> int:
+def block_of(a: np.ndarray) -> int:
     """Steps per block of the plan array ``a``: at most ``_BLOCK_STEPS``, and at most ``_BLOCK_EXAMPLES`` rows."""
     row = int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim > 1 else 1
     return max(1, min(_BLOCK_STEPS, _BLOCK_EXAMPLES // max(row, 1)))
@@ -239,7 +239,7 @@ def validate_plan(plan: Plan, where: str) -> None:
         raise UserError(f"{where}: task_ids / temperatures / unit_ids must have shape [{S}]")
     if plan.dataset_tasks.shape != (D,) or plan.dataset_sizes.shape != (D,):
         raise UserError(f"{where}: the dataset tables must have {D} entries")
-    n = _block(plan.dataset_ids)
+    n = block_of(plan.dataset_ids)
     for s0 in range(0, S, n):  # in blocks of steps: bounded memory for any plan size
         ds = read_steps(plan.dataset_ids, s0, s0 + n)
         ex = read_steps(plan.example_ids, s0, s0 + n)

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from jaxembed.data.plan.file import Plan, _block, read_steps
+from jaxembed.data.plan.file import Plan, block_of, read_steps
 from jaxembed.data.plan.units import pair_key
 
 
@@ -56,7 +56,7 @@ def summarize(plan: Plan) -> dict:
             tasks["(mixed)" if t < 0 else plan.task_names[t]] = n
     epochs = [cfg_epochs.get(name, 1.0) for name in plan.dataset_names]
     tally = _Tally(plan, [int(math.ceil(e - 1e-9)) for e in epochs])
-    blk = _block(plan.dataset_ids)
+    blk = block_of(plan.dataset_ids)
     for s0 in range(0, S, blk):
         tally.add(*(read_steps(a, s0, s0 + blk) for a in (plan.dataset_ids, plan.example_ids, plan.weights)))
     datasets = {}
@@ -105,7 +105,7 @@ def mixing_share(plan: Plan, strategy: str | None = None) -> float:
     if not sel.any():
         return 0.0
     inside, total = 0, 0
-    blk = _block(plan.dataset_ids)
+    blk = block_of(plan.dataset_ids)
     for s0 in range(0, plan.steps, blk):
         m = sel[s0:s0 + blk]
         if not m.any():
