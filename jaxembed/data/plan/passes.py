@@ -24,13 +24,13 @@ from jaxembed.errors import UserError
 
 
 #: keys drawn at a time
-CHUNK = 1 << 20
+CHUNK = 1 << 18
 #: examples per bucket of the external sort (~20 bytes each in memory while it is sorted)
-BUCKET = 1 << 21
+BUCKET = 1 << 18
 #: the ranges a fractional epoch's subset is drawn in at the end (a part of what the plan is, not a tuning knob)
 SUBSET_LEAF = 1 << 16
 #: most bucket files of one pass (a larger pass gets larger buckets)
-MAX_BUCKETS = 512
+MAX_BUCKETS = 4096
 
 #: numpy's hypergeometric takes fewer than 10**9 good and 10**9 bad items
 _HYPER_MAX = 10 ** 9 - 1
@@ -136,7 +136,7 @@ def _bucket_sorted(chunks, n: int, folder: Path):
             rec = np.fromfile(f, _REC)
             f.unlink()
             order = np.argsort(rec["k"], kind="stable")
-            yield rec["d"][order].astype(np.int32), rec["e"][order].astype(np.int64)
+            yield rec["d"][order].astype(np.int32, copy=False), rec["e"][order].astype(np.int64, copy=False)
             del rec, order
     finally:
         shutil.rmtree(where, ignore_errors=True)
