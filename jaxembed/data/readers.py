@@ -99,7 +99,9 @@ def object_or_skip(path: str, i: int, line) -> dict | Skip:
 
 # ------------------------------------------------------------------------------------------------ readers
 
-def _empty(path) -> InputError:
+def empty_file(path) -> InputError:
+    """The error of a data file without any record (also raised by a pod's part of whole files,
+    ``jaxembed.data.split_plan``)."""
     return InputError(path, None, "empty file: no records",
                       "check the file (an interrupted download or export?), or remove it from the dataset")
 
@@ -132,7 +134,7 @@ def _records_files(paths: list[str], kinds: list[str], fields: dict, split: str 
         for i, obj in file_rows(p, kind, fields, split):
             yield str(p), i, (f"{k}:{i}" if multi else str(i)), obj
         if i == 0:
-            raise _empty(p)
+            raise empty_file(p)
 
 
 def _records_jsonl(paths: list[str]) -> Iterator[tuple[str, int, str, dict | Skip]]:

@@ -236,7 +236,9 @@ def _cut_units(i: int, n: int, fmt: str, mode: str, units: list[tuple[tuple, int
 
 def _cut_groups(paths, i: int, n: int, fmt: str, mode: str = "rows") -> list[Part]:
     """Runs of the Parquet files' row groups, in order, by their compressed bytes."""
-    pq = sources._pyarrow_parquet(paths[0])
+    sources.require("parquet", paths[0])
+    import pyarrow.parquet as pq
+
     units = []
     for f, p in enumerate(paths):
         meta = pq.ParquetFile(p).metadata
@@ -300,7 +302,7 @@ def _segment_rows(p: str, mode: str, f: int, start: int, end: int, fields: dict,
     for i, obj in rows:
         yield i, (Skip(p, i, obj.field, obj.reason, obj.fix) if isinstance(obj, jsonl.BadLine) else obj)
     if mode == "files" and i == 0:
-        raise readers._empty(p)
+        raise readers.empty_file(p)
 
 
 def _hf_where(ds) -> str:
