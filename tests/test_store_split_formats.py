@@ -61,7 +61,8 @@ def test_parquet_row_groups_are_parts_numbered_as_the_file(tmp_path):
     b = _parquet(tmp_path / "b.parquet", _pq_rows(500, 700), group=128)
     cfg = _config([str(a), str(b)])
     parts = store_split.parts(cfg.datasets[0], 0, 3, "triplets")
-    assert [p.segments for p in parts] == [((0, 0, 4),), ((0, 4, 7), (1, 0, 1)), ((1, 1, 4),)]
+    # 11 row groups of about equal bytes; the first part smaller by the merge its process does (MERGE_SHARE)
+    assert [p.segments for p in parts] == [((0, 0, 2),), ((0, 2, 7),), ((1, 0, 4),)]
     one = _same(cfg, tmp_path, 3, "rows")
     assert [s.line for s in one.tally("big").skipped][:3] == [6, 103, 200] and one.tally("big").identical > 0
     rows = [{"query": f"q {i}", "pos": ["p"]} for i in range(500)]
@@ -196,3 +197,13 @@ def test_csv_line_over_the_limit_in_the_last_part_is_read_again_whole(tmp_path, 
     one = _same(_config(str(path)), tmp_path, 2, "csv")
     assert 851 in [s.line for s in one.tally("big").skipped]
     assert "big: CSV parts that do not meet at their cut" in capsys.readouterr().err
+
+
+def test_the_first_part_is_smaller_by_the_merge_its_process_does(tmp_path):
+    assert split_plan.targets(1600, 4) == [0, 100, 600, 1100]  # 100 + the merge (0.25 x 1600) = 500 each
+    assert split_plan.targets(1000, 1) == [0] and split_plan.targets(800, 9)[:2] == [0, 0]  # never below 0
+    path = _write(tmp_path, _rows())
+    parts = store_split.parts(_config(str(path), fmt="triplets").datasets[0], 0, 4, "triplets")
+    total = path.stat().st_size
+    assert all(abs(p.size - 0.3125 * total) < 200 for p in parts)  # what each process has to do, about equal
+    assert parts[0].segments[0][2] < 0.1 * total

@@ -19,9 +19,11 @@ How a dataset is cut (``split_mode``; ``split_format`` says why one is read whol
 - ``files``: any other dataset of several files (compressed files, mixed kinds): whole files, each part a run of
   them, as many parts as files at most.
 
+The first part is smaller than the others (``targets``, ``MERGE_SHARE``): its process merges all of them after.
+
 A single compressed file, a hub name, a data-file folder with a dataset card, script or subset, or of other files
-than Parquet (``datasets.load_dataset`` decides the files, their split and their rows), TFDS, and classification records whose labels are first collected from
-the whole dataset are read whole by one process.
+than Parquet (``datasets.load_dataset`` decides the files, their split and their rows), TFDS, and classification
+records whose labels are first collected from the whole dataset are read whole by one process.
 """
 
 from __future__ import annotations
@@ -192,13 +194,30 @@ def parts(ds, i: int, n: int, fmt: str) -> list[Part]:
     return _cut_bytes(paths, sizes, i, n, fmt, mode)
 
 
+#: the merge's CPU time as a share of reading the whole dataset (benchmarks/prepare_pod.py, 4 processes: JSON
+#: Lines ~0.2, Parquet ~0.28): the process of the first part merges all of them, so its part is smaller by that
+MERGE_SHARE = 0.25
+
+
+def targets(total: int, n: int) -> list[int]:
+    """Where ``n`` parts of ``total`` (bytes, rows) start: the first part ``total * (1 - MERGE_SHARE * (n - 1)) /
+    n`` (at least 0), the others equal, so that every process has about the same work with the merge counted."""
+    first = max(0.0, total * (1 - MERGE_SHARE * (n - 1)) / n) if n > 1 else total
+    rest = (total - first) / max(n - 1, 1)
+    return [0] + [int(first + (r - 1) * rest) for r in range(1, n)]
+
+
+def _merge_cost(total: int, n: int) -> int:
+    """What the merge adds to the first part's process (``Part.size``, by which ``store_pod.plan`` deals)."""
+    return int(total * MERGE_SHARE) if n > 1 else 0
+
+
 def _cut_bytes(paths, sizes, i: int, n: int, fmt: str, mode: str) -> list[Part]:
-    """Byte ranges of the files in order, each cut at the line start at or after its target."""
+    """Byte ranges of the files in order, each cut at the line start at or after its target (``targets``)."""
     offsets = [sum(sizes[:f]) for f in range(len(paths))]
     total = sum(sizes)
     cuts = [0]
-    for r in range(1, n):
-        target = r * total // n
+    for target in targets(total, n)[1:]:
         f = max(k for k in range(len(paths)) if offsets[k] <= target)
         cut = offsets[f] + jsonl.next_line_start(paths[f], target - offsets[f])
         cuts.append(max(cut, cuts[-1]))
@@ -210,16 +229,18 @@ def _cut_bytes(paths, sizes, i: int, n: int, fmt: str, mode: str) -> list[Part]:
             lo, hi = max(cuts[r], off), min(cuts[r + 1], off + size)
             if lo < hi:
                 segs.append((f, lo - off, hi - off))
-        out.append(Part(i, r, n, fmt, tuple(segs), mode, cuts[r + 1] - cuts[r]))
+        out.append(Part(i, r, n, fmt, tuple(segs), mode,
+                        cuts[r + 1] - cuts[r] + (_merge_cost(total, n) if r == 0 else 0)))
     return out
 
 
 def _cut_units(i: int, n: int, fmt: str, mode: str, units: list[tuple[tuple, int]]) -> list[Part]:
-    """``units`` (segment, bytes), in order, dealt into ``n`` runs of about equal bytes; adjacent segments of one
-    file in a run are joined."""
+    """``units`` (segment, bytes), in order, dealt into ``n`` runs by where each starts (``targets``); adjacent
+    segments of one file in a run are joined."""
     total, acc, out = sum(b for _, b in units), 0, [[] for _ in range(n)]
+    starts = targets(total, n)
     for seg, b in units:
-        r = min(n - 1, acc * n // max(total, 1))
+        r = max(k for k in range(n) if starts[k] <= acc)
         out[r].append((seg, b))
         acc += b
     parts = []
@@ -230,7 +251,8 @@ def _cut_units(i: int, n: int, fmt: str, mode: str, units: list[tuple[tuple, int
                 segs[-1] = (seg[0], segs[-1][1], seg[2])
             else:
                 segs.append(seg)
-        parts.append(Part(i, r, n, fmt, tuple(segs), mode, sum(b for _, b in run)))
+        parts.append(Part(i, r, n, fmt, tuple(segs), mode,
+                          sum(b for _, b in run) + (_merge_cost(total, n) if r == 0 else 0)))
     return parts
 
 
@@ -250,13 +272,14 @@ def _cut_groups(paths, i: int, n: int, fmt: str, mode: str = "rows") -> list[Par
 
 
 def _cut_rows(ds, i: int, n: int, fmt: str) -> list[Part]:
-    """Ranges of rows of a save_to_disk Dataset, of about equal counts."""
+    """Ranges of rows of a save_to_disk Dataset, cut at ``targets``."""
     path = str(dc.dataset_paths(ds)[0])
     rows = len(sources.load_hf(path, ds.get("split", "train")))
     size = _path_bytes(path)
-    cuts = [r * rows // n for r in range(n + 1)]
+    cuts = targets(rows, n) + [rows]
     return [Part(i, r, n, fmt, ((0, cuts[r], cuts[r + 1]),) if cuts[r] < cuts[r + 1] else (), "hf",
-                 size * (cuts[r + 1] - cuts[r]) // max(rows, 1)) for r in range(n)]
+                 size * (cuts[r + 1] - cuts[r]) // max(rows, 1) + (_merge_cost(size, n) if r == 0 else 0))
+            for r in range(n)]
 
 
 # ------------------------------------------------------------------------------------------------ reading a part
