@@ -403,11 +403,23 @@ def test_mine_cli_errors(minilm_dir, tmp_path, capsys):
     assert "bad.jsonl:1" in capsys.readouterr().err
 
 
-def test_mine_cli_corpus_file_and_ivf(shared_data, minilm_dir, tmp_path):
+def test_mine_cli_corpus_file_and_ivf(shared_data, minilm_dir, tmp_path, monkeypatch):
     """`--corpus FILE`: negatives come only from that corpus (plus the positives, which are always added), never
     from the input's own negatives; `--approx ivf` with every list probed mines exactly what the exact search mines,
-    and the report says which search ran."""
+    and the report says which search ran. The ivf call encodes the very texts of the exact call with the same
+    encoder: it is given the exact call's embeddings (the search is what the two calls compare)."""
     from jaxembed.cli import main
+    from jaxembed.mining import negatives
+
+    encoded, encode_texts = {}, negatives.encode_texts
+
+    def encode_once(encoder, texts, **kw):
+        key = (id(encoder), tuple(texts), repr(sorted((k, v) for k, v in kw.items() if k != "bar")))
+        if key not in encoded:
+            encoded[key] = encode_texts(encoder, texts, **kw)
+        return encoded[key]
+
+    monkeypatch.setattr(negatives, "encode_texts", encode_once)
 
     lines = (shared_data / "train" / "wikiqa.jsonl").read_text(encoding="utf-8").splitlines(True)
     src = tmp_path / "wiki.jsonl"
@@ -415,7 +427,7 @@ def test_mine_cli_corpus_file_and_ivf(shared_data, minilm_dir, tmp_path):
     ex = [json.loads(x) for x in lines[:N_WIKI]]
     own = {t for r in ex for t in r["pos"] + r["neg"]}
     positives = {t for r in ex for t in r["pos"]}
-    corpus = sorted({t for x in lines[N_WIKI:N_WIKI + 40] for r in [json.loads(x)] for t in r["pos"] + r["neg"]}
+    corpus = sorted({t for x in lines[N_WIKI:N_WIKI + 20] for r in [json.loads(x)] for t in r["pos"] + r["neg"]}
                     - own)
     cfile = tmp_path / "corpus.jsonl"
     cfile.write_text("".join(json.dumps({"body": t}) + "\n" for t in corpus), encoding="utf-8")
@@ -438,7 +450,8 @@ def test_mine_cli_corpus_file_and_ivf(shared_data, minilm_dir, tmp_path):
     assert negs - positives                # (and the corpus file was used)
     by_id = {f"wiki:{i + 1}": r for i, r in enumerate(ex)}
     assert all(not set(r["neg"]) & set(by_id[r["id"]]["pos"]) for r in exact)  # never a query's own positive
+    assert len(encoded) == 2  # the queries and the corpus
     ivf, rep_ivf = mine("ivf", "--approx", "ivf", "--nlist", "8", "--nprobe", "8")
-    assert ivf == exact
+    assert len(encoded) == 2 and ivf == exact
     assert rep_ivf["settings"]["search"] == "ivf" and rep_ivf["settings"]["nlist"] == 8
     assert rep_ivf["settings"]["nprobe"] == 8 and rep["settings"]["search"] != "ivf"
