@@ -20,6 +20,10 @@ def stalled(monkeypatch, tmp_path):
 
     with StalledServer() as server:
         monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        # file URLs are built from this template (made from the endpoint at import): without it, a download's
+        # request would go to huggingface.co instead of the stalled endpoint
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            server.url + "/{repo_id}/resolve/{revision}/{filename}")
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
         monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
         monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "1")
