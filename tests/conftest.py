@@ -47,6 +47,11 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # op's traceback, then XLA imports them back at each compile; error messages are unchanged).
 os.environ.setdefault("JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS", "false")
 os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
+# PyTorch (the reference models, sentence-transformers) and numpy's BLAS compute on one thread: the suite's
+# processes already fill the cores, and OpenMP threads that wait for a busy core spin (measured on the 2-core
+# machine: tests/test_real_minilm.py 52 -> 34 CPU-s, sentence-transformers encoding 200 sentences 4.8 -> 0.6 CPU-s).
+# Set before torch is imported; the processes the tests start inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Tracing a train step makes many short-lived Python objects: collect them less often (this process and the
 # pytest-xdist workers; measured on the MoTE packed step's tracing: 3.2 -> 2.5 s).
 gc.set_threshold(100_000, 50, 100)
