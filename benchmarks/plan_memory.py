@@ -1,22 +1,32 @@
 """Build time and peak memory of a batch plan as it grows: the plan written in blocks (``build_plan_file``, what
 ``jaxembed train`` runs on process 0) against the plan built in memory and saved (``build_plan`` + ``Plan.save``).
 
-The store is synthetic metadata only (no records, nothing tokenised): --datasets datasets whose sizes follow a
-Zipf law (size of the k-th ∝ 1 / k^--zipf), homogeneous batches (a unit per dataset), epoch mode, global batch
---batch, scaled to each total in --sizes. Each build runs in its own Python process, which reports its peak
-resident set size (getrusage ru_maxrss) over what it held after imports and a warm-up build, and its wall time. A
-least-squares line through the sizes gives the growth in bytes per example, and the 300M extrapolation.
-The blocked build's peak follows the largest unit (one dataset's batches are put together in memory), so
---largest is reported too.
+The store is synthetic metadata only (no records, nothing tokenised), epoch mode, global batch --batch, scaled to
+each total in --sizes, in one of three shapes (--shapes):
 
-    python benchmarks/plan_memory.py [--sizes 1e6,3e6,1e7] [--datasets 100] [--zipf 0.8] [--batch 1024]
-                                     [--modes blocked,memory] [--no-readme]
+- ``zipf``: --datasets datasets whose sizes follow a Zipf law (size of the k-th ∝ 1 / k^--zipf), homogeneous
+  batches (a unit per dataset: the largest holds --zipf's share);
+- ``single``: one dataset of all the examples (one unit: the whole plan);
+- ``random``: the ``zipf`` datasets under the ``random`` strategy (one unit holding every dataset).
+
+Each build runs in its own Python process, which reports its peak resident set size (getrusage ru_maxrss) over what
+it held after imports and a warm-up build, its wall time and its CPU seconds (user + system). A least-squares line
+through the sizes gives the growth in bytes per example, and the 300M extrapolation. A unit's pass is sorted
+through bucket files and de-duplicated a block at a time, so the blocked build's peak does not follow the largest
+unit. --code names another checkout whose ``jaxembed`` the builds import (a before / after comparison).
+glibc raises its mmap threshold as large arrays are freed, so later ones come from a heap that keeps its peak:
+the RSS of a bounded build still creeps up by a few MiB with the size; --fixed-mmap-threshold shows the peak
+without that.
+
+    python benchmarks/plan_memory.py [--sizes 1e6,3e6,1e7] [--shapes zipf,single,random] [--datasets 100]
+                                     [--zipf 0.8] [--batch 1024] [--modes blocked,memory] [--code DIR] [--no-readme]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -33,27 +43,30 @@ import numpy as np
 from types import SimpleNamespace
 from jaxembed.data.plan import build_plan, build_plan_file
 
-mode, total, D, zipf, G, out = sys.argv[1], int(float(sys.argv[2])), int(sys.argv[3]), float(sys.argv[4]), \
-    int(sys.argv[5]), sys.argv[6]
+mode, total, D, zipf, G, out, shape = sys.argv[1], int(float(sys.argv[2])), int(sys.argv[3]), \
+    float(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7]
+D = 1 if shape == "single" else D
 w = 1.0 / (1 + np.arange(D)) ** zipf
 sizes = np.floor(w / w.sum() * total).astype(int)
 sizes[0] += total - sizes.sum()
-info = lambda k, s: SimpleNamespace(name=f"d{k}", task=f"t{k % 20}", size=int(s), batching="homogeneous",
+batching = "random" if shape == "random" else "homogeneous"
+info = lambda k, s: SimpleNamespace(name=f"d{k}", task=f"t{k % 20}", size=int(s), batching=batching,
                                      epochs=None, weight=None, temperature=None)
 datasets = [info(k, s) for k, s in enumerate(sizes)]
+cpu = lambda: (lambda r: r.ru_utime + r.ru_stime)(resource.getrusage(resource.RUSAGE_SELF))
 build_plan_file(os.path.join(out, "warm.npz"), [info(0, 3 * G)], {"global_batch_size": G})  # imports, first calls
 build_plan([info(0, 3 * G)], {"global_batch_size": G})
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-t = time.perf_counter()
+t, c = time.perf_counter(), cpu()
 if mode == "blocked":
     plan = build_plan_file(os.path.join(out, "plan.npz"), datasets, {"global_batch_size": G})
 else:
     plan = build_plan(datasets, {"global_batch_size": G})
     plan.save(os.path.join(out, "plan.npz"))
-seconds = time.perf_counter() - t
+seconds, cpu_seconds = time.perf_counter() - t, cpu() - c
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 examples = plan.steps * plan.global_batch_size
-print(json.dumps({"mode": mode, "examples": total, "planned": int(examples), "steps": plan.steps,
+print(json.dumps({"mode": mode, "shape": shape, "cpu_seconds": round(cpu_seconds, 3), "examples": total, "planned": int(examples), "steps": plan.steps,
                   "largest_dataset": int(sizes.max()), "seconds": round(seconds, 3), "base_rss": base,
                   "peak_rss": peak, "peak_bytes": peak - base, "plan_bytes": int(examples * 16),
                   "file_bytes": os.path.getsize(os.path.join(out, "plan.npz"))}))
@@ -64,15 +77,22 @@ LABELS = {"blocked": "blocked (`build_plan_file`, process 0 of `jaxembed train`)
           "memory": "in memory (`build_plan` + `Plan.save`)"}
 
 
-def one(mode: str, total: float, args) -> dict:
+SHAPES = {"zipf": "homogeneous, a unit per dataset", "single": "one dataset (one unit)",
+          "random": "the random strategy (one unit of every dataset)"}
+
+
+def one(mode: str, shape: str, total: float, args) -> dict:
+    code = Path(args.code).resolve() if args.code else ROOT
     with tempfile.TemporaryDirectory(prefix="plan_memory_") as out:
+        env = dict(os.environ, **({"MALLOC_MMAP_THRESHOLD_": "131072"} if args.fixed_mmap_threshold else {}))
         r = subprocess.run([sys.executable, "-c", RUNNER, mode, str(total), str(args.datasets), str(args.zipf),
-                            str(args.batch), out], capture_output=True, text=True, cwd=ROOT)
+                            str(args.batch), out, shape], capture_output=True, text=True, cwd=code, env=env)
     if r.returncode:
-        raise SystemExit(f"{mode} {total:g}: exit {r.returncode}\n{r.stderr[-3000:]}")
+        raise SystemExit(f"{mode} {shape} {total:g}: exit {r.returncode}\n{r.stderr[-3000:]}")
     rec = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"{mode:8s} {rec['examples']:>12,} examples: {rec['seconds']:7.2f} s, peak +{rec['peak_bytes'] / 2**20:8.1f} "
-          f"MiB (plan arrays {rec['plan_bytes'] / 2**20:.1f} MiB)", flush=True)
+    print(f"{mode:8s} {shape:7s} {rec['examples']:>12,} examples: {rec['seconds']:7.2f} s ({rec['cpu_seconds']:.2f} "
+          f"CPU s), peak +{rec['peak_bytes'] / 2**20:8.1f} MiB (plan arrays {rec['plan_bytes'] / 2**20:.1f} MiB)",
+          flush=True)
     return rec
 
 
@@ -85,46 +105,71 @@ def fit(xs, ys) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def summarise(recs: list[dict], at: float) -> dict:
+    """The fit of peak bytes, wall and CPU seconds through the sizes, its value at ``at`` examples, and the peak's
+    growth from the smallest size to the largest."""
+    xs = [r["examples"] for r in recs]
+    a, b = fit(xs, [r["peak_bytes"] for r in recs])
+    ta, tb = fit(xs, [r["seconds"] for r in recs])
+    ca, cb = fit(xs, [r["cpu_seconds"] for r in recs])
+    return {"peak_bytes_per_example": b, "peak_fixed_bytes": a, "seconds_per_million": tb * 1e6,
+            "cpu_seconds_per_million": cb * 1e6, f"peak_at_{at:g}_GiB": (a + b * at) / 2**30,
+            f"seconds_at_{at:g}": ta + tb * at, f"cpu_seconds_at_{at:g}": ca + cb * at,
+            "peak_growth": recs[-1]["peak_bytes"] / max(recs[0]["peak_bytes"], 1) - 1}
+
+
+def readme_figures(key: str, recs: list[dict], s: dict, at: float) -> str:
+    shape, mode = key.split("/")
+    return (f"{shape} {LABELS.get(mode, mode).split(' (')[0]}: "
+            + ", ".join(f"{r['examples'] / 1e6:g}M {r['cpu_seconds']:.1f} CPU s / +{r['peak_bytes'] / 2**20:.0f} MiB"
+                        for r in recs)
+            + f" (peak {s['peak_growth'] * 100:+.0f} % from {recs[0]['examples'] / 1e6:g}M; fit "
+              f"{s['peak_bytes_per_example']:.1f} B/example; {at / 1e6:g}M: **{s[f'peak_at_{at:g}_GiB']:.2f} GiB**, "
+              f"{s[f'cpu_seconds_at_{at:g}'] / 60:.0f} CPU min)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1e6,3e6,1e7", help="total examples, comma-separated")
+    p.add_argument("--shapes", default="zipf,single,random", help=f"of {', '.join(SHAPES)}, comma-separated")
     p.add_argument("--datasets", type=int, default=100)
     p.add_argument("--zipf", type=float, default=0.8, help="size of the k-th dataset ∝ 1 / k^zipf")
     p.add_argument("--batch", type=int, default=1024, help="global batch size")
     p.add_argument("--modes", default="blocked,memory")
+    p.add_argument("--code", default=None, help="a checkout whose jaxembed the builds import (default: this one)")
+    p.add_argument("--label", default="", help="what the record measures, e.g. 'before: <commit>'")
+    p.add_argument("--fixed-mmap-threshold", action="store_true",
+                   help="run the builds with glibc's mmap threshold fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_): freed "
+                        "large arrays go back to the system, so the peak RSS shows what is held, not the heap's "
+                        "fragmentation")
     p.add_argument("--extrapolate", type=float, default=3e8)
     p.add_argument("--name", default="plan_memory_cpu")
     p.add_argument("--no-readme", action="store_true")
     args = p.parse_args(argv)
     sizes = [float(s) for s in args.sizes.split(",")]
-    runs = {m: [one(m, n, args) for n in sizes] for m in args.modes.split(",")}
+    at = args.extrapolate
+    runs = {f"{sh}/{m}": [one(m, sh, n, args) for n in sizes]
+            for sh in args.shapes.split(",") for m in args.modes.split(",")}
     summary = {}
-    for m, recs in runs.items():
-        xs = [r["examples"] for r in recs]
-        a, b = fit(xs, [r["peak_bytes"] for r in recs])
-        ta, tb = fit(xs, [r["seconds"] for r in recs])
-        summary[m] = {"peak_bytes_per_example": b, "peak_fixed_bytes": a, "seconds_per_million": tb * 1e6,
-                      f"peak_at_{args.extrapolate:g}_GiB": (a + b * args.extrapolate) / 2**30,
-                      f"seconds_at_{args.extrapolate:g}": ta + tb * args.extrapolate}
-        print(f"{m}: peak {b:.2f} bytes / example (+{a / 2**20:.0f} MiB), {tb * 1e6:.2f} s / million examples; "
-              f"{args.extrapolate:g} examples: {(a + b * args.extrapolate) / 2**30:.2f} GiB, "
-              f"{(ta + tb * args.extrapolate) / 60:.1f} min")
-    save_result(args.name, {"benchmark": "plan_memory", "device": "cpu", "settings": vars(args), "runs": runs,
-                            "fit": summary})
-    big = {m: runs[m][-1] for m in runs}
-    figs = "; ".join(
-        f"{LABELS.get(m, m)}: "
-        + ", ".join(f"{r['examples'] / 1e6:g}M {r['seconds']:.1f} s / +{r['peak_bytes'] / 2**20:.0f} MiB"
-                    for r in runs[m])
-        + f" (fit {summary[m]['peak_bytes_per_example']:.1f} B/example; {args.extrapolate / 1e6:g}M: "
-          f"**{summary[m][f'peak_at_{args.extrapolate:g}_GiB']:.1f} GiB**, "
-          f"{summary[m][f'seconds_at_{args.extrapolate:g}'] / 60:.0f} min)" for m in runs)
-    largest = next(iter(big.values()))["largest_dataset"]
-    line = (f"| {__import__('datetime').date.today()} | plan_memory | cpu (2 cores) | plan of N examples, "
-            f"{args.datasets} datasets (Zipf {args.zipf:g}: the largest {largest / 1e6:.2g}M of "
-            f"{sizes[-1] / 1e6:g}M), homogeneous, batch {args.batch}; peak RSS over the process after imports "
-            f"(plan arrays: 16 B/example) | {figs} | `python benchmarks/plan_memory.py --sizes {args.sizes} "
-            f"--datasets {args.datasets} --batch {args.batch}` |")
+    for key, recs in runs.items():
+        summary[key] = s = summarise(recs, at)
+        print(f"{key}: peak {s['peak_bytes_per_example']:.2f} bytes / example (+{s['peak_fixed_bytes'] / 2**20:.0f} "
+              f"MiB), growth {s['peak_growth'] * 100:+.1f} %, {s['cpu_seconds_per_million']:.2f} CPU s / million "
+              f"examples; {at:g} examples: {s[f'peak_at_{at:g}_GiB']:.2f} GiB, {s[f'cpu_seconds_at_{at:g}'] / 60:.1f} "
+              "CPU min")
+    path = save_result(args.name, {"benchmark": "plan_memory", "device": "cpu", "settings": vars(args),
+                                   "runs": runs, "fit": summary})
+    print(f"saved {path}")
+    figs = "; ".join(readme_figures(k, recs, summary[k], at) for k, recs in runs.items())
+    label = f"{args.label}: " if args.label else ""
+    label += "glibc mmap threshold fixed at 128 KiB; " if args.fixed_mmap_threshold else ""
+    line = (f"| {__import__('datetime').date.today()} | plan_memory | cpu (2 cores, shared) | {label}plan of N "
+            f"examples ({sizes[0] / 1e6:g}M..{sizes[-1] / 1e6:g}M), batch {args.batch}, epoch mode; shapes: "
+            + "; ".join(f"{sh}: {SHAPES[sh]}" for sh in args.shapes.split(","))
+            + f" ({args.datasets} datasets, Zipf {args.zipf:g}); peak RSS over the process after imports (plan "
+            f"arrays: 16 B/example) | {figs} | `python benchmarks/plan_memory.py --sizes {args.sizes} --shapes "
+            f"{args.shapes} --modes {args.modes}" + (" --fixed-mmap-threshold" if args.fixed_mmap_threshold else "")
+            + (" --code CHECKOUT" if args.code else "") + "` |")
     record_line(line, append=not args.no_readme)
     return 0
 
