@@ -12,7 +12,7 @@ import pytest
 
 from jaxembed.cli import main
 
-STEPS = 150
+STEPS = 90  # the dev score: 44.24 -> 45.74 (60 steps: 44.89)
 
 
 def test_every_new_loss_trains_in_one_run_and_the_dev_score_goes_up(tmp_path, shared_data, capsys):
