@@ -132,9 +132,10 @@ def test_pallas_gpu_kernel_gradient_interpreted_matches_xla():
     def loss(fn, q, k, v):
         return jnp.sum(fn(q, k, v) * w * jnp.cos(jnp.arange(8.0)))
 
-    ref = jax.grad(lambda *a: loss(lambda *b: attn.xla_attention(*b, seg), *a), argnums=(0, 1, 2))(q, k, v)
-    got = jax.grad(lambda *a: loss(lambda *b: attn.pallas_attention(*b, seg, interpret=True), *a),
-                   argnums=(0, 1, 2))(q, k, v)
+    # each gradient one compiled program (the interpreted kernel's grid loop included), not op by op
+    ref = jax.jit(jax.grad(lambda *a: loss(lambda *b: attn.xla_attention(*b, seg), *a), argnums=(0, 1, 2)))(q, k, v)
+    got = jax.jit(jax.grad(lambda *a: loss(lambda *b: attn.pallas_attention(*b, seg, interpret=True), *a),
+                           argnums=(0, 1, 2)))(q, k, v)
     for a, b in zip(ref, got):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=5e-5)
 
@@ -150,6 +151,7 @@ def test_pallas_gpu_kernel_interpreted_on_a_long_row_matches_xla_with_gradients(
     s = attn.Segments(jnp.asarray(seg))
     w = jnp.broadcast_to(jnp.asarray(seg > 0, jnp.float32)[:, :, None, None] * jnp.cos(jnp.arange(8.0)), q.shape)
 
+    @jax.jit(static_argnums=0)  # one compiled program per kernel and direction, not op by op
     def out_and_grads(fn):
         out, vjp = jax.vjp(fn, q, k, v)
         return (out * (w != 0),) + vjp(w)
