@@ -143,6 +143,21 @@ def _start(config_file, wd, *extra, pause=None, own_cache=False):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@contextlib.contextmanager
+def _own_cache():
+    """In this process, no compilation cache of the suite's (tests/conftest.py) while the block runs: a run then
+    keeps its programs in WORKDIR/jax_cache, as a run does outside the suite (_start's own_cache)."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    suite = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_compilation_cache_dir", suite)
+        compilation_cache.reset_cache()
+
+
 def _wait_paused(proc, marker, step):
     t0 = time.time()
     while not marker.exists():
@@ -173,7 +188,9 @@ def test_signal_saves_then_resume_is_bitwise_identical(straight_run, config_file
     refusal is the lock's, read from the run directory) is refused at once naming it, and it goes on alone (its
     metrics only). The runs' output: a visible start, one line per stage, and (no
     terminal: no progress bar) a plain progress line with the ETA. The runs use their own compilation cache
-    (WORKDIR/jax_cache, the default outside the suite): the resumed runs load their train step from it."""
+    (WORKDIR/jax_cache, the default outside the suite): the resumed runs load their train step from it. The two
+    signalled runs are `jaxembed train` processes; the third start, which only resumes and ends the run, is called
+    in this process (jaxembed.cli.main, the suite's cache set aside meanwhile)."""
     wd_straight, _ = straight_run
     wd = tmp_path / "run"
     proc = _start(config_file, wd, pause=(2, tmp_path / "at_step_2"), own_cache=True)
@@ -204,9 +221,12 @@ def test_signal_saves_then_resume_is_bitwise_identical(straight_run, config_file
     assert "resuming at step 2 of 8" in out and "training: steps 3-8" in out, out[-3000:]
     assert f"train step: loaded from the compilation cache {wd / 'jax_cache'} in " in out, out[-3000:]
 
-    proc = _start(config_file, wd, own_cache=True)
-    out = proc.communicate(timeout=600)[0]
-    assert proc.returncode == 0, out[-3000:]
+    capsys.readouterr()
+    with _own_cache():
+        rc = main(["train", "--config", str(config_file), "--workdir", str(wd)])
+    third = capsys.readouterr()
+    out = third.out + third.err
+    assert rc == 0, out[-3000:]
     assert "resuming at step 4 of 8" in out and "training: steps 5-8" in out
     assert f"train step: loaded from the compilation cache {wd / 'jax_cache'} in " in out, out[-3000:]
     assert any(x.startswith("train: step 8/8 (100 %), ") and ", ETA 0m00s" in x for x in out.splitlines()), out[-3000:]
