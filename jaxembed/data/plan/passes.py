@@ -13,6 +13,7 @@ a block at a time (a row's swaps reach ``window`` rows either side)."""
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,8 +30,9 @@ CHUNK = 1 << 18
 BUCKET = 1 << 18
 #: the ranges a fractional epoch's subset is drawn in at the end (a part of what the plan is, not a tuning knob)
 SUBSET_LEAF = 1 << 16
-#: most bucket files of one pass (a larger pass gets larger buckets)
-MAX_BUCKETS = 4096
+#: most bucket files of one pass, all open while its keys are drawn (a pass over 512 x BUCKET examples, 134M, gets
+#: larger buckets: 300M, ~590,000 examples a bucket)
+MAX_BUCKETS = 512
 
 #: numpy's hypergeometric takes fewer than 10**9 good and 10**9 bad items
 _HYPER_MAX = 10 ** 9 - 1
@@ -117,8 +119,9 @@ def sorted_pass(rng: np.random.Generator, members: Sequence[int], sizes: np.ndar
 def _bucket_sorted(chunks, n: int, folder: Path):
     B = min(MAX_BUCKETS, -(-n // BUCKET))
     where = Path(tempfile.mkdtemp(prefix="pass.", dir=folder))
+    files = [where / f"b{b}" for b in range(B)]
+    fds: dict[int, int] = {}  # bucket -> its file, open for appending while the keys are drawn
     try:
-        files = [where / f"b{b}" for b in range(B)]
         for keys, d, ex in chunks:
             # the bucket of a key (a function of the key alone: equal keys share a bucket, order kept)
             b = np.minimum((keys * B).astype(np.int64), B - 1)
@@ -127,9 +130,13 @@ def _bucket_sorted(chunks, n: int, folder: Path):
             rec["k"], rec["d"], rec["e"] = keys[order], d, ex[order]
             bounds = np.searchsorted(b[order], np.arange(B + 1))
             for j in np.flatnonzero(np.diff(bounds)).tolist():
-                with open(files[j], "ab") as f:
-                    rec[bounds[j]:bounds[j + 1]].tofile(f)
+                if j not in fds:
+                    fds[j] = os.open(files[j], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                _write_all(fds[j], memoryview(rec[bounds[j]:bounds[j + 1]]).cast("B"))
             del rec, order, b
+        for fd in fds.values():
+            os.close(fd)
+        fds.clear()
         for f in files:
             if not f.exists():
                 continue
@@ -139,7 +146,15 @@ def _bucket_sorted(chunks, n: int, folder: Path):
             yield rec["d"][order].astype(np.int32, copy=False), rec["e"][order].astype(np.int64, copy=False)
             del rec, order
     finally:
+        for fd in fds.values():
+            os.close(fd)
         shutil.rmtree(where, ignore_errors=True)
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    done = 0
+    while done < len(data):
+        done += os.write(fd, data[done:])
 
 
 class Feed:
