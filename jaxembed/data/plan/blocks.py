@@ -1,7 +1,8 @@
 """A plan built in blocks of steps. The builders (``sampling``, ``curriculum``) put each unit's batches into
-``Parts`` one unit at a time and return, per step, which part and which of its batches the step takes; ``Rows``
-holds the plan's per-example arrays. With a scratch folder both live in files (written and read by positioned
-I/O, not through a mapping), so a process building a plan holds one unit's batches and one block of steps at a
+``Parts`` one unit at a time (the sampled units' in pieces, as ``passes`` sorts and de-duplicates them) and
+return, per step, which part and which of its batches the step takes; ``Rows`` holds the plan's per-example
+arrays. With a scratch folder both live in files (written and read by positioned I/O, not through a mapping), so
+a process building a plan holds a piece of a unit (a curriculum unit: all of it) and one block of steps at a
 time, not the plan; without one they are arrays in memory. Either way the plan is the same, block for block."""
 
 from __future__ import annotations

@@ -71,8 +71,9 @@ def build_plan(datasets, config=None, *, scores=None, task_order=None, instance_
 def build_plan_file(path, datasets, config=None, *, scores=None, task_order=None, instance_orders=None,
                     data_config=None, sidecar: dict | None = None) -> Plan:
     """``build_plan``, written to ``path`` (``plan.npz`` + ``plan.json``, as ``Plan.save``) in blocks of steps:
-    the units' batches and the plan's rows go through a scratch folder beside ``path``, so the process holds one
-    unit's batches and one block of steps at a time, never the whole plan. The file equals
+    the units' passes (``passes``: bucket files), batches and the plan's rows go through a scratch folder beside
+    ``path``, so the process holds a bucket of a unit's pass (a curriculum unit: the unit) and one block of steps
+    at a time, never the whole plan. The file equals
     ``build_plan(...).save(path)``. ``sidecar``: extra fields for plan.json. Returns the saved plan, mapped."""
     path = Path(path)
     folder = blocks.scratch_folder(path)
