@@ -97,7 +97,9 @@ ALLOWED_SKIPS = {
 LONG_TESTS = {
     # runs tests/multidevice in a subprocess on 8 simulated devices (its own subprocess timeout is 900 s)
     "tests/test_multidevice.py::test_multidevice_suite": 900,
-    # a 2-process pod stopped by SIGTERM, then two resumed runs; run alone, it also builds the module's pod fixture
+    # the first of test_pod.py builds the module's pod runs (the pod, the interrupted pod, the one-process runs);
+    # the layouts test, run alone, builds them too
+    "tests/test_pod.py::test_pod_started_at_once_on_one_workdir_equals_one_process": 600,
     "tests/test_pod.py::test_pod_stopped_by_sigterm_resumes_on_other_layouts": 600,
 }
 

@@ -12,7 +12,9 @@ the depth; each process compiles half as much).
   so, resume from the previous complete checkpoint (3) and save step 6 bitwise equal to the uninterrupted pod
   run's; that resumed pod is stopped by SIGTERM after step 6 (JAX's preemption sync: both processes save step 6
   and exit 143), and the run resumes on other layouts, 1 process x 4 devices and 1 x 2, with the defaults (packed
-  rows, dropout on): each logs the uninterrupted one-process run's losses and ends with its parameters.
+  rows, dropout on): each logs the uninterrupted one-process run's losses and ends with its parameters. The
+  one-process runs on 4 devices (the uninterrupted one, then the resume) are two commands of one process
+  (``jaxembed.cli.main`` in turn: a process start and its imports fewer); every other run is the console script.
 - Commands that run on one host only refuse a multi-host environment with one line.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import sys
 
 import jax
 import numpy as np
@@ -31,20 +34,16 @@ import runs
 
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory, shared_data, minilm_dir):
-    """The uninterrupted pod run (shared by the tests below), and beside it the same run in one process on the
-    same total device count (4)."""
+    """The uninterrupted pod run (shared by the tests below)."""
     root = tmp_path_factory.mktemp("pod")
     cfg = runs.tiny_config(root / "tiny_train.py", runs.tiny_model(root / "model", minilm_dir, layers=1), shared_data)
-    wd, single = root / "pod", root / "single"
+    wd = root / "pod"
     procs = runs.start_pod(2, 2, ["train", "--config", str(cfg), "--workdir", str(wd)], root / "pod",
                            fault="slow_writes=0.5")
-    procs.append(runs.start(["train", "--config", str(cfg), "--workdir", str(single)], runs.env(4),
-                            root / "single.log"))
-    outs = runs.wait_all(procs)
-    return {"root": root, "config": cfg, "wd": wd, "single": single, "outs": outs[:2]}
+    return {"root": root, "config": cfg, "wd": wd, "outs": runs.wait_all(procs)}
 
 
-def test_pod_started_at_once_on_one_workdir_equals_one_process(pod):
+def test_pod_started_at_once_on_one_workdir_equals_one_process(pod, one_process):
     wd = pod["wd"]
     for out in pod["outs"]:
         assert "completed at step 8" in out, out[-2000:]
@@ -52,7 +51,7 @@ def test_pod_started_at_once_on_one_workdir_equals_one_process(pod):
     assert runs.steps_of(wd) == [6, 8]
     assert runs.leftovers(wd) == []  # every temporary file was renamed into place or removed
     # the same run in one process on the same total device count (4)
-    single = pod["single"]
+    single = one_process["single"]
     a, b = runs.export_tensors(wd / "export"), runs.export_tensors(single / "export")
     assert a.keys() == b.keys()
     for k in a:
@@ -112,25 +111,53 @@ def _train_losses(workdir) -> dict[int, float]:
     return out
 
 
-def test_pod_stopped_by_sigterm_resumes_on_other_layouts(pod, interrupted):
+# one process running `jaxembed` commands in turn (argv[1]: a JSON list of argument lists), each command's output
+# after a line START + its arguments; it stops at the first that fails, with its exit status
+IN_TURN = r"""
+import json, sys
+from jaxembed.cli import main
+for argv in json.loads(sys.argv[1]):
+    print(sys.argv[2] + " ".join(argv), flush=True)
+    rc = main(argv)
+    if rc:
+        sys.exit(rc)
+"""
+START = "=== jaxembed "
+
+
+@pytest.fixture(scope="module")
+def one_process(pod, interrupted):
+    """The runs in one process: on 4 devices, the pod's run uninterrupted (``single``: the same total device
+    count), then the interrupted pod run resumed from its SIGTERM checkpoint (two commands of one process); on 2
+    devices, the same resume (the console script). -> the run directories and each resume's output."""
+    root = pod["root"]
+    single = root / "single"
+    resumed = {d: root / f"sigterm_on_{d}" for d in (4, 2)}
+    for w in resumed.values():
+        shutil.copytree(interrupted["wd"], w)
+    args = {w: ["train", "--config", str(pod["config"]), "--workdir", str(w)] for w in (single, *resumed.values())}
+    procs = [runs.Proc([sys.executable, "-c", IN_TURN, json.dumps([args[single], args[resumed[4]]]), START],
+                       runs.env(4), root / "on_4_devices.log"),
+             runs.start(args[resumed[2]], runs.env(2), root / "sigterm_on_2.log")]
+    on_4, on_2 = runs.wait_all(procs)
+    outs = on_4.split(START)
+    assert len(outs) == 3 and outs[2].startswith(" ".join(args[resumed[4]])), on_4[-2000:]
+    return {"single": single, "resumed": resumed, "outs": {4: outs[2], 2: on_2}}
+
+
+def test_pod_stopped_by_sigterm_resumes_on_other_layouts(pod, interrupted, one_process):
     """A layout with another device count packs the texts of steps 7-8 into other rows; each text's dropout masks
     are its own (its id in the step, its positions: jaxembed.models.dropout), so the run continues as the
     uninterrupted one."""
-    root, single, wd = pod["root"], pod["single"], interrupted["wd"]
+    single, resumed = one_process["single"], one_process["resumed"]
     assert interrupted["returncodes"] == [143, 143], interrupted["describe"]
     assert "signal 15: checkpoint saved at step 6" in interrupted["outs"][0], interrupted["outs"][0][-2000:]
     assert interrupted["steps"] == [3, 6] and interrupted["leftovers"] == []
     want = _train_losses(single)
     assert sorted(want) == [2, 4, 6, 8]
-    resumed = {}
-    for devices in (4, 2):
-        resumed[devices] = root / f"sigterm_on_{devices}"
-        shutil.copytree(wd, resumed[devices])
-    procs = [runs.start(["train", "--config", str(pod["config"]), "--workdir", str(resumed[d])],
-                        runs.env(d), root / f"sigterm_on_{d}.log") for d in resumed]
-    outs = runs.wait_all(procs)
     b, _ = runs.params_at(single, 8)
-    for (devices, w), out in zip(resumed.items(), outs):
+    for devices, w in resumed.items():
+        out = one_process["outs"][devices]
         assert "resuming at step 6 of 8" in out and "completed at step 8" in out, out[-2000:]
         got = _train_losses(w)
         assert sorted(got) == [2, 4, 6, 8]
