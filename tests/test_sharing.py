@@ -32,10 +32,11 @@ def _front_matter(readme: Path) -> tuple[dict, str]:
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, minilm_dir):
-    """The tiny random model, whose README.md names its license (the base model's license the cards carry)."""
+    """The tiny random model, whose README.md names its license (the base model's license the cards carry); one
+    layer: what is shared (the card, the export, the upload, W&B's records) does not depend on the depth."""
     from runs import tiny_model
 
-    folder = tiny_model(tmp_path_factory.mktemp("tiny_model"), minilm_dir)
+    folder = tiny_model(tmp_path_factory.mktemp("tiny_model"), minilm_dir, layers=1)
     (folder / "README.md").write_text("---\nlicense: mit\n---\n# a tiny random model\n", encoding="utf-8")
     return folder
 
