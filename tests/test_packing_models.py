@@ -221,26 +221,37 @@ def _mote_model(arch):
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
+@nnx.jit
+def _mote_padded(emb, ids, mask, experts):
+    """The hidden states and the embeddings of padded rows routed per row, in one program."""
+    return emb.backbone(ids, mask, experts=experts), emb(ids, mask, experts=experts)
+
+
+@nnx.jit
+def _mote_packed(emb, p, experts):
+    return emb.encode_packed(p, experts=experts)
+
+
 def test_mote_rows_mix_experts_per_text():
     """The routing is architecture-independent (jaxembed.mote): one backbone suffices."""
     model = _mote_model("bert")
     texts = _texts(2)
     experts = np.array([0, 1, 2, 1, 0, 2, 2, 1, 0, 1], np.int32)
     ids, mask = _padded(texts, 0)
-    h_pad = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask), experts=jnp.asarray(experts)))
     p = _pack(texts, 0, num_texts=len(texts) + 1)
     rows_mixed = [len(set(experts[p["token_text"][r][p["token_text"][r] >= 0]])) for r in range(len(p["input_ids"]))]
     assert max(rows_mixed) >= 2  # some row holds texts of different experts
     emb = EmbeddingModel(model, HeadConfig("mean"))
-    ref = emb(jnp.asarray(ids), jnp.asarray(mask), experts=jnp.asarray(experts))
-    got = emb.encode_packed({k: jnp.asarray(v) for k, v in p.items()},
-                            experts=jnp.asarray(np.r_[experts, 0]))  # per text (dummy slot: any expert)
+    h_pad, ref = _mote_padded(emb, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(experts))
+    h_pad = np.asarray(h_pad)
+    pj = {k: jnp.asarray(v) for k, v in p.items()}
+    got = _mote_packed(emb, pj, jnp.asarray(np.r_[experts, 0]))  # per text (dummy slot: any expert)
     assert float(jnp.abs(got[:len(texts)] - ref).max()) <= TOL
     # the experts really differ: routing everything to expert 0 changes the embeddings
-    one = emb.encode_packed({k: jnp.asarray(v) for k, v in p.items()}, experts=jnp.int32(0))
+    one = _mote_packed(emb, pj, jnp.int32(0))
     assert float(jnp.abs(one[:len(texts)] - ref).max()) > 1e-2
     # one expert for the call (the fast path) == per-text routing with that expert everywhere
-    same = emb.encode_packed({k: jnp.asarray(v) for k, v in p.items()}, experts=jnp.zeros(len(texts) + 1, jnp.int32))
+    same = _mote_packed(emb, pj, jnp.zeros(len(texts) + 1, jnp.int32))
     assert float(jnp.abs(one - same).max()) <= TOL
     h_packed = np.asarray(_packed_states(model, jnp.asarray(p["input_ids"]), jnp.asarray(p["segment_ids"]),
                                          jnp.asarray(p["positions"]),
