@@ -163,10 +163,11 @@ def test_export_command_and_console_script(minilm_dir, minilm, tmp_path):
                                   Encoder.from_loaded(minilm).encode(TEXTS, progress=False))
 
 
-def test_demo_trains_evaluates_and_exports(shared_data, tmp_path, capsys):
-    """`make demo`'s job, on the :tiny variant with subsampled evaluation sets; rerun, it resumes."""
+def test_demo_trains_evaluates_and_exports(shared_data, minilm, tmp_path, capsys):
+    """`make demo`'s job, on the :tiny variant with subsampled evaluation sets (30 examples: WikiQA's 30 queries
+    hold ~290 candidates, encoded before and after); rerun, it resumes."""
     assert main(["demo", "--tiny", "--workdir", str(tmp_path / "demo"), "--tasks", "STSBenchmark,WikiQA",
-                 "--max-examples", "60", "-q", "--config.plan.steps=2", "--config.model.max_length=32"]) == 0
+                 "--max-examples", "30", "-q", "--config.plan.steps=2", "--config.model.max_length=32"]) == 0
     out = capsys.readouterr().out
     assert "nearest neighbours by cosine similarity" in out
     assert "sentence-transformers loads the export: max |difference|" in out
@@ -200,21 +201,23 @@ def test_demo_trains_evaluates_and_exports(shared_data, tmp_path, capsys):
     assert sorted(plan.dataset_names[int(d)] for d in plan.dataset_ids[:, 0]) == ["snli", "stsb", "trec", "wikiqa"]
     from jaxembed import evaluate as evallib
     from jaxembed.encode import load_encoder
-    from jaxembed.paths import demo_model_dir
 
-    trained, base = load_encoder(str(wd / "export")), load_encoder(str(demo_model_dir()))
+    trained, base = load_encoder(str(wd / "export")), Encoder.from_loaded(minilm)  # minilm: the demo's base model
     a, b = trained.encode(TEXTS, progress=False), base.encode(TEXTS, progress=False)
     assert 1e-6 < np.abs(a - b).max() and np.sum(a * b, axis=1).min() > 0.99
-    again = evallib.evaluate(trained, ["STSBenchmark"], max_examples=60, progress=False)
+    again = evallib.evaluate(trained, ["STSBenchmark"], max_examples=30, progress=False)
     assert again["STSBenchmark"]["main_score"] == pytest.approx(results["after"]["STSBenchmark"]["main_score"],
                                                                 abs=1e-9)
-    # rerunning the demo resumes the run: nothing is trained again, the same weights are exported
+    # rerunning the demo resumes the run: nothing is trained again, the same weights are exported and score the same
     exported = (wd / "export" / "model.safetensors").read_bytes()
-    assert main(["demo", "--tiny", "--workdir", str(wd), "--tasks", "STSBenchmark", "--max-examples", "20", "-q",
+    assert main(["demo", "--tiny", "--workdir", str(wd), "--tasks", "STSBenchmark", "--max-examples", "30", "-q",
                  "--config.plan.steps=2", "--config.model.max_length=32"]) == 0
     out = capsys.readouterr().out
     assert "resuming at step 2 of 2" in out and "[train step" not in out
     assert (wd / "export" / "model.safetensors").read_bytes() == exported
+    rerun = json.loads((wd / "demo_results.json").read_text())
+    assert rerun["after"]["STSBenchmark"]["main_score"] == pytest.approx(
+        results["after"]["STSBenchmark"]["main_score"], abs=1e-9)
     assert float(table["STSBenchmark"][3]) == pytest.approx(results["after"]["STSBenchmark"]["main_score"], abs=0.006)
 
 
