@@ -122,6 +122,19 @@ def test_csv_error_in_a_later_part_names_its_line(tmp_path):
     assert str(e.value) == err
 
 
+def test_a_csv_file_whose_header_is_bad_is_read_whole_and_the_whole_read_names_it(tmp_path):
+    path = tmp_path / "big.csv"
+    path.write_text("anchor,anchor,negative\n" + _csv_text(300, False).split("\n", 1)[1])
+    cfg = _config(str(path), on_error="stop")
+    assert store_split.split_format(cfg.datasets[0]) == (None, "a file that cannot be read in parts (the whole "
+                                                                "read names what is wrong)")
+    err = _one_error(cfg, tmp_path / "one")
+    assert "big.csv:1: column 'anchor' appears twice in the header" in err
+    with pytest.raises(UserError) as e:
+        _simulated_pod(cfg, tmp_path / "pod", 2)
+    assert str(e.value) == err
+
+
 def test_csv_lines_are_counted_as_the_csv_module_counts_them(tmp_path):
     path = tmp_path / "a.csv"
     path.write_bytes(b"a\rb\r\nc\n\rd\r")  # lines: a, b, c, (empty), d

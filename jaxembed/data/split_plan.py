@@ -35,6 +35,7 @@ from typing import Iterator
 from jaxembed.data import config as dc
 from jaxembed.data import jsonl, readers, sources
 from jaxembed.data.readers import FORMAT_TABLE, Skip, detect_format, read_options
+from jaxembed.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,15 @@ def _path_bytes(p: str) -> int:
 
 
 def split_mode(ds) -> tuple[str | None, str]:
-    """(how dataset ``ds`` is cut, "") or (None, why it is read whole); reads file heads and footers only."""
+    """(how dataset ``ds`` is cut, "") or (None, why it is read whole); reads file heads and footers only, and
+    never raises for the data (the whole read reports it)."""
+    try:
+        return _split_mode(ds)
+    except (UserError, OSError):
+        return None, "a file that cannot be read in parts (the whole read names what is wrong)"
+
+
+def _split_mode(ds) -> tuple[str | None, str]:
     paths = [str(p) for p in dc.dataset_paths(ds)]
     fmt = ds.get("format", "auto")
     if fmt == "tfds":
