@@ -159,6 +159,9 @@ def test_several_compressed_files_are_parts_of_whole_files(tmp_path):
     assert "compressed" in store_split.split_format(_config(str(paths[0])).datasets[0])[1]
     mixed = _config([str(paths[0]), str(_parquet(tmp_path / "m.parquet", _pq_rows(300)))], fmt="triplets")
     assert [u.mode for u in store_split.parts(mixed.datasets[0], 0, 2, "triplets")] == ["files"] * 2
+    (tmp_path / "empty.jsonl.gz").write_bytes(gzip.compress(b""))  # the first file: no record to tell the format
+    empty_first = _config([str(tmp_path / "empty.jsonl.gz"), str(paths[1])]).datasets[0]
+    assert store_split.split_format(empty_first)[0] is None
 
 
 # ------------------------------------------------------------------------------------------------ Hugging Face

@@ -145,7 +145,10 @@ def split_format(ds) -> tuple[str | None, str]:
     if mode is None:
         return None, why
     opts = read_options(ds)
-    fmt = opts.format if opts.format != "auto" else _first_format(ds, opts.fields)
+    try:
+        fmt = opts.format if opts.format != "auto" else _first_format(ds, opts.fields)
+    except (UserError, OSError):  # an empty first file of whole files, ...: the whole read names it
+        return None, "a file that cannot be read in parts (the whole read names what is wrong)"
     spec = FORMAT_TABLE.get(fmt)
     if spec is None:
         return None, "no record format told by the first record"
