@@ -271,7 +271,10 @@ def test_max_lengths_out_of_range_stop_train_before_any_work(minilm_dir, shared_
 def test_max_lengths_out_of_range_stop_encode(minilm_dir, tmp_path, capsys, caplog):
     """`jaxembed encode --max-length` below 2 (the tokenizer could not cut at all: a 700-token text went through
     whole, past the 512 positions) or above the position table: one line, no output. A folder whose own
-    max_seq_length is above the table is cut at the table, said in one log line."""
+    max_seq_length is above the table is cut at the table, said in one log line (a 1-layer random BERT with
+    MiniLM's tokenizer and 512 positions: the cap reads the folder's files, not its weights)."""
+    from jaxembed.models.tiny import tiny_model_dir
+
     (tmp_path / "in.txt").write_text("word " * 700 + "\n")
     args = ["encode", "--model", str(minilm_dir), "--input", str(tmp_path / "in.txt"), "--out", str(tmp_path / "o.npy"),
             "-q"]
@@ -283,7 +286,9 @@ def test_max_lengths_out_of_range_stop_encode(minilm_dir, tmp_path, capsys, capl
                         r"positions \(.*/config\.json: max_position_embeddings 512\) \(fix: --max-length / "
                         r"model\.max_length at most 512\)", _one_line(capsys.readouterr().err))
     assert not (tmp_path / "o.npy").exists()
-    long = _copy(minilm_dir, tmp_path / "long", without="sentence_bert_config.json")
+    long = _copy(tiny_model_dir("bert", num_layers=1, max_length=32), tmp_path / "long",
+                 without="sentence_bert_config.json")
+    assert json.loads((long / "config.json").read_text())["max_position_embeddings"] == 512
     (long / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 1000, "do_lower_case": False}))
     with caplog.at_level("WARNING", logger="jaxembed.loading"):
         assert main(["encode", "--model", str(long), *args[3:]]) == 0
