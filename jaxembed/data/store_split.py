@@ -4,10 +4,11 @@ datasets than processes).
 
 What can be split, and where the parts are cut, is ``jaxembed.data.split_plan`` (re-exported here:
 ``split_format``, ``parts``, ``Part``): JSON Lines and CSV / TSV files as they are (byte ranges cut at line
-starts), Parquet files (runs of row groups), ``datasets.save_to_disk`` folders (ranges of rows) and datasets of
-several files of any kind (whole files), ``JAXEMBED_SPLIT_MIN_BYTES`` or more in all (default 16 MiB), whose
-record format is known before reading (set, or told by the first record), and not classification records whose
-labels are first collected from the whole dataset (no ``label_descriptions``). A part numbers every record,
+starts), Parquet files and local folders of Parquet files read with ``format='hf'`` (runs of row groups),
+``datasets.save_to_disk`` folders (ranges of rows) and datasets of several files of any kind (whole files),
+``JAXEMBED_SPLIT_MIN_BYTES`` or more in all (default 16 MiB), whose record format is known before reading (set, or
+told by the first record), and not classification records whose labels are first collected from the whole dataset
+(no ``label_descriptions``). A part numbers every record,
 skipped record and error as one process numbers it (its line in the file, or its row).
 
 Each part is written into the store's temporary folder (``.part-{i}-{k}.*``: its ArrayRecord file, counts,
