@@ -274,7 +274,10 @@ def test_score_resumes_from_cached_shards_after_a_kill(small_store, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ real pipeline
 
-REAL_ARGS = ["--max-length", "32", "--batch-size", "32"]  # as tests/test_mining.py: the compiled encoder is reused
+# padded rows of 32 texts: every encode call of the test (a dozen datasets, their queries and documents) takes one of
+# three shapes (lengths 16, 24, 32), where packed rows take a shape per call (and a compilation of MiniLM each);
+# both give the same embeddings (tests/test_packing_encode.py)
+REAL_ARGS = ["--max-length", "32", "--batch-size", "32", "--no-packing"]
 
 
 def test_score_curriculum_plan_build_end_to_end_with_minilm(small_store, minilm_dir, tmp_path, capsys,
@@ -305,8 +308,9 @@ def test_score_curriculum_plan_build_end_to_end_with_minilm(small_store, minilm_
     enc = next(iter(_LOADED.values()))[1]
     info = small_store.dataset("wikiqa")
     ex = small_store.example("wikiqa", 3)
-    q = enc.encode([ex["query"]], prompt=info.query_instruction, max_length=32, progress=False)
-    d = enc.encode(ex["pos"] + ex["neg"], prompt=info.doc_instruction, max_length=32, progress=False)
+    kw = dict(max_length=32, batch_size=32, progress=False)
+    q = enc.encode([ex["query"]], prompt=info.query_instruction, **kw)
+    d = enc.encode(ex["pos"] + ex["neg"], prompt=info.doc_instruction, **kw)
     s = (d / np.linalg.norm(d, axis=1, keepdims=True)) @ (q[0] / np.linalg.norm(q[0]))
     k = len(ex["pos"])
     assert scores["wikiqa"][3] == pytest.approx(s[:k].mean() - s[k:].max(), abs=1e-5)
@@ -377,8 +381,8 @@ def test_score_curriculum_plan_build_end_to_end_with_minilm(small_store, minilm_
                    f"    c.data.store = {store_dir!r}\n"
                    "    return c\n", encoding="utf-8")
     n_loaded = len(_LOADED)
-    assert main(["score", "--config", str(cfg), "--batch-size", "32", "--out", str(tmp_path / "sc3"),
-                 "--n-task-queries", "16", "--similarity-only", "-q"]) == 0
+    assert main(["score", "--config", str(cfg), "--batch-size", "32", "--no-packing", "--out",
+                 str(tmp_path / "sc3"), "--n-task-queries", "16", "--similarity-only", "-q"]) == 0
     assert len(_LOADED) == n_loaded and next(iter(_LOADED.values()))[1] is enc
     S3, names3, _, _ = sim.load_similarity(tmp_path / "sc3" / "task_similarity.npz")
     np.testing.assert_allclose(S3, S, atol=1e-5)        # the same sampled queries as the full run
