@@ -17,7 +17,10 @@ from jaxembed.errors import UserError
 
 DIM = 32
 N_WIKI, N_SNLI = 40, 100                      # slices of the real files: small, to keep the test fast
-REAL_ARGS = ["--max-length", "32", "--batch-size", "32"]  # the same model options in every real test: one compile
+# the same model options in every real test, padded rows of 32 texts: every encode call takes one of three shapes
+# (lengths 16, 24, 32; tests/test_curriculum.py's too), where packed rows take a shape per call, and a compilation
+# of MiniLM each; both give the same embeddings (tests/test_packing_encode.py)
+REAL_ARGS = ["--max-length", "32", "--batch-size", "32", "--no-packing"]
 
 
 class TableEncoder:
