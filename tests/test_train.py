@@ -23,17 +23,12 @@ from jaxembed.errors import UserError
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, minilm_dir):
-    """A 2-layer, 32-wide random BERT with MiniLM's tokenizer, as a sentence-transformers folder."""
-    from jaxembed import export, models
-    from jaxembed.models.embedding import EmbeddingModel, HeadConfig
-    from jaxembed.tokenizer import Tokenizer
+    """A 1-layer, 32-wide random BERT with MiniLM's tokenizer, as a sentence-transformers folder (tests/runs.py
+    tiny_model; what is checked here -- run files, checkpoints, signals, resume, export -- does not depend on the
+    depth, and each run traces and compiles half as much)."""
+    import runs
 
-    cfg = models.config_from_hf(dict(model_type="bert", vocab_size=30522, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
-                                     hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
-    out = tmp_path_factory.mktemp("tiny_model")
-    export.export(EmbeddingModel.init(cfg, HeadConfig("mean"), seed=0), Tokenizer.from_folder(minilm_dir, 64), out)
-    return out
+    return runs.tiny_model(tmp_path_factory.mktemp("tiny_model"), minilm_dir, layers=1)
 
 
 CONFIG_TEMPLATE = '''
@@ -211,7 +206,7 @@ def test_signal_saves_then_resume_is_bitwise_identical(straight_run, config_file
     for start in ("model: ", "data: 2 datasets, ", "plan: 8 steps x 8 queries (positive + 1 hard negative per query",
                   f"run directory: {wd} (a new run", "training: steps 1-8; compiling the train step first"):
         assert any(x.startswith(start) for x in lines), (start, out[-3000:])
-    assert "(bert, 2 layers, hidden 32, " in out and "stsb " in out and "wikiqa " in out
+    assert "(bert, 1 layers, hidden 32, " in out and "stsb " in out and "wikiqa " in out
     assert any(x.startswith("train step: compiled in ") and x.endswith(f"(kept in {wd / 'jax_cache'})")
                for x in lines), out[-3000:]
 
