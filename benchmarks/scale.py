@@ -181,7 +181,9 @@ def parse_args():
     ap.add_argument("--batches", type=int, default=4, help="batches timed after the first (loader rate)")
     ap.add_argument("--rev", default="", help="git revision to measure instead of the working tree")
     ap.add_argument("--label", default="", help="a name for this run in the record (e.g. before / after)")
-    ap.add_argument("--keep", default=None, help="folder for the data files and stores (kept and reused)")
+    ap.add_argument("--keep", default=None, help="folder for each size's data file, store and prepare figures, "
+                    "kept and reused by later runs (sizes that are multiples of 20,000 records are prefixes of "
+                    "larger ones: `head -n N` of a larger file is the N-record file)")
     ap.add_argument("--extrapolate", type=float, default=300e6)
     ap.add_argument("--pod", type=int, default=64)
     ap.add_argument("--device-record", default=DEVICE_RECORD, help="a GPU train record (benchmarks/results): its "
