@@ -11,6 +11,7 @@ import re
 from collections import Counter
 
 import jax
+import ml_collections
 import pytest
 
 from packed_reference import assert_same_loss_and_grads, packed_and_padded, slice_data, small_config, step_grads
@@ -41,6 +42,10 @@ def test_packed_step_on_8_devices_equals_padded_and_adds_no_communication(tmp_pa
     c.model.name = str(tiny_model_dir("bert", num_layers=1))
     c.plan.global_batch_size = 16
     c.model.mote.enabled = mote_
+    if mote_:  # two experts, each routed texts of both datasets in both packs: every pack mixes every expert
+        # (every expert is a branch of each MoTE layer in both compiled steps: two compile in about half the time)
+        c.model.mote.experts, c.model.mote.default = ("x", "y"), "x"
+        c.model.mote.routing = ml_collections.ConfigDict({"sts": ("x", "y"), "retrieval": ("y", "x")})
     run = setup(c, tmp_path / "run")
     assert run.packing.shards == 8 and run.packing.combined != mote_
     # one text per row of 16 slots, sub-batches of one row: several sub-batches per device

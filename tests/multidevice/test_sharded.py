@@ -54,7 +54,7 @@ def test_sharded_losses_equal_single_device(case, mesh_shape):
     kw = dict(temperature=0.05, opts=case["opts"], symmetric=case["symmetric"])
     q, c = jnp.asarray(b["q"]), jnp.asarray(b["c"])
     ref_f = lambda q, c: contrastive_loss(q, c, pos, weights=w, qi=qi, ci=ci, peg_t_prev=t_prev, **kw)
-    (l0, m0), g0 = jax.value_and_grad(ref_f, argnums=(0, 1), has_aux=True)(q, c)
+    (l0, m0), g0 = jax.jit(jax.value_and_grad(ref_f, argnums=(0, 1), has_aux=True))(q, c)  # one program
     ref, _ = reference_loss(b["q"], b["c"], b["pos"], 0.05, b["weights"], b["valid"], b["hashes"], b["qtask"],
                             b["ctask"], case["opts"].same_task, (t_prev, 0.5, 0.1) if case["peg"] else None,
                             case["symmetric"], qhashes=b["qhashes"])  # the float64 loop reference

@@ -195,7 +195,8 @@ def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
     # for decayed matrices, p_0 for norm scales and biases, up to Adam's clipped step (<= 1e-4 * lr_t each)
     from flax import nnx
 
-    p0 = _leaves(nnx.to_pure_dict(nnx.split(loading.load(model_dir).model, nnx.Param, ...)[1]))
+    assert all(v.dtype == np.float32 for v in jax.tree.leaves(nnx.split(init.model, nnx.Param, ...)[1]))
+    p0 = _leaves(nnx.to_pure_dict(nnx.split(init.model, nnx.Param, ...)[1]))  # float32 parameters, bf16 compute
     pT = _leaves(final["params"])
     assert p0.keys() == pT.keys()
     shrink = float(np.prod([1 - _lr(t) * WD for t in range(STEPS)]))
@@ -262,6 +263,8 @@ def test_fsdp_run_with_the_training_options(tmp_path, monkeypatch):
     cfg2 = cfg.copy_and_resolve_references()
     cfg2.train.loader_workers = 1
     cfg2.export.at_end = False
+    cfg2.eval.tasks = ()  # what the resumed run is checked for: its final state (no evaluation, one checkpoint)
+    cfg2.train.checkpoint_minutes = 0.0
     s2 = train(cfg2, wd2)
     assert s2["status"] == "completed" and s2["step"] == STEPS
     resumed = _restore(run, wd2, STEPS)
