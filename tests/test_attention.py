@@ -165,7 +165,8 @@ def test_pallas_gpu_kernel_interpreted_on_a_long_row_matches_xla_with_gradients(
 
 
 def test_segment_runs_give_cudnn_lengths_and_offsets():
-    lengths, offsets = attn.segment_runs(jnp.asarray(SEGMENTS))
+    runs = jax.jit(attn.segment_runs, static_argnums=1)  # one program per shape (as in the model), not op by op
+    lengths, offsets = runs(jnp.asarray(SEGMENTS))
     np.testing.assert_array_equal(np.asarray(lengths)[0, :5], [9, 17, 6, 8, -1])
     np.testing.assert_array_equal(np.asarray(offsets)[0, :5], [0, 9, 26, 32, -1])
     np.testing.assert_array_equal(np.asarray(lengths)[1, :4], [30, 8, 2, -1])
@@ -173,12 +174,12 @@ def test_segment_runs_give_cudnn_lengths_and_offsets():
     assert offsets.shape == (2, 41) and (np.asarray(offsets)[:, -1] == -1).all()
     # a left-padded row: padding, then the text
     left = jnp.asarray([[0, 0, 0, 1, 1, 1, 1, 1]])
-    l2, o2 = attn.segment_runs(left)
+    l2, o2 = runs(left)
     np.testing.assert_array_equal(np.asarray(l2)[0, :3], [3, 5, -1])
     np.testing.assert_array_equal(np.asarray(o2)[0, :3], [0, 3, -1])
     np.testing.assert_array_equal(np.asarray(attn.positions_from_segments(left))[0], [0, 1, 2, 0, 1, 2, 3, 4])
     # a bound on the runs per row: the same runs, M columns (+1 for offsets, still ending in -1)
-    l5, o5 = attn.segment_runs(jnp.asarray(SEGMENTS), max_runs=5)
+    l5, o5 = runs(jnp.asarray(SEGMENTS), 5)
     assert l5.shape == (2, 5) and o5.shape == (2, 6)
     np.testing.assert_array_equal(np.asarray(l5), np.asarray(lengths)[:, :5])
     np.testing.assert_array_equal(np.asarray(o5)[:, :5], np.asarray(offsets)[:, :5])
