@@ -12,7 +12,7 @@ import pytest
 
 from jaxembed.cli import main
 
-STEPS = 90  # the dev score: 44.24 -> 45.74 (60 steps: 44.89)
+STEPS = 90  # the dev score: 44.28 -> 45.96
 
 
 def test_every_new_loss_trains_in_one_run_and_the_dev_score_goes_up(tmp_path, shared_data, capsys):
@@ -21,7 +21,7 @@ def test_every_new_loss_trains_in_one_run_and_the_dev_score_goes_up(tmp_path, sh
     from jaxembed.models.tiny import tiny_model_dir
     from jaxembed.train import train
 
-    model = tiny_model_dir("bert")
+    model = tiny_model_dir("bert", num_layers=1)  # each loss acts on the pooled embedding, not on the depth
     for name, src, n in (("stsb", "stsb_pairs", 300), ("sick", "sick_pairs", 400), ("nli", "snli_triplets", 64)):
         lines = (shared_data / "train" / f"{src}.jsonl").read_text(encoding="utf-8").splitlines(True)[:n]
         (tmp_path / f"{name}.jsonl").write_text("".join(lines), encoding="utf-8")
