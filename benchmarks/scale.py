@@ -236,7 +236,8 @@ def reused_rows(args) -> dict[tuple[int, int], dict]:
             raise SystemExit(f"--reuse {path}: measured at batch {rec['batch']}, {rec['hosts']} host(s), gradient "
                              f"cache {rec.get('gradcache_chunk', 0)}: not this run's settings")
         for r in rec["results"]:
-            r = dict(r, reused_from={"record": Path(path).name, "code": rec.get("code")})
+            # a row that record took from another keeps naming where it was measured
+            r = dict(r, reused_from=r.get("reused_from") or {"record": Path(path).name, "code": rec.get("code")})
             out[(r["store_records"], r["epochs"])] = r
     return out
 
