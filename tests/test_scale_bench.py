@@ -76,3 +76,24 @@ def test_write_data_leaves_a_whole_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert scale.write_data(tmp_path / "t.jsonl", 10)["records"] == 10
     assert [x.name for x in tmp_path.iterdir()] == ["t.jsonl"]
+
+
+def test_reuse_keeps_where_a_row_was_measured(tmp_path):
+    import argparse
+
+    import scale
+
+    def record(name, rows):
+        path = tmp_path / name
+        path.write_text(json.dumps({"batch": 8, "hosts": 1, "gradcache_chunk": 0, "code": name[:3],
+                                    "results": rows}))
+        return str(path)
+
+    first = record("aaa.json", [{"store_records": 1, "epochs": 1}])
+    second = record("bbb.json", [{"store_records": 1, "epochs": 1, "reused_from": {"record": "aaa.json",
+                                                                                   "code": "aaa"}},
+                                 {"store_records": 2, "epochs": 1}])
+    args = argparse.Namespace(reuse=f"{first},{second}", batch=8, hosts=1, gradcache_chunk=0)
+    rows = scale.reused_rows(args)
+    assert rows[(1, 1)]["reused_from"] == {"record": "aaa.json", "code": "aaa"}
+    assert rows[(2, 1)]["reused_from"] == {"record": "bbb.json", "code": "bbb"}
