@@ -193,11 +193,30 @@ def _inexact(metas: list[dict], stems: list[str]) -> str | None:
     if not _parts_meet(metas):
         return ("CSV parts that do not meet at their cut (a quoted field holding a line end, or a line over the "
                 "limit)")
-    seen = [np.unique(np.fromfile(s + ".ids", dtype=np.uint64)) for s in stems]
-    every = np.concatenate(seen) if seen else np.zeros(0, np.uint64)
-    if len(np.unique(every)) < len(every):
+    if _in_two_parts(stems, ".ids"):
         return "an id in two parts"
     return None
+
+
+def _logged(stems: list[str], suffix: str, tmp: str) -> tuple[HashLog, list[int]]:
+    """The parts' hashes (files ``stem + suffix``) in order as one HashLog (spilled into ``tmp`` beyond
+    ``hashindex.IN_MEMORY``: bounded memory), and where each part's begin in it."""
+    log, starts = HashLog(spill_dir=tmp), []
+    for s in stems:
+        starts.append(len(log))
+        with open(s + suffix, "rb") as f:
+            while block := f.read(1 << 23):
+                log.extend(block)
+    return log, starts
+
+
+def _in_two_parts(stems: list[str], suffix: str) -> bool:
+    """Whether a hash is in the files of two parts (``stem + suffix``), in bounded memory."""
+    log, starts = _logged(stems, suffix, str(Path(stems[0]).parent) if stems else None)
+    try:
+        return log.in_two_segments(starts)
+    finally:
+        log.close()
 
 
 def _parts_meet(metas: list[dict]) -> bool:
@@ -270,13 +289,14 @@ def _merged_state(name: str, metas: list[dict], stems: list[str], path: Path) ->
 
 def _identical(stems: list[str], path: Path) -> tuple[int, list[list[str]]]:
     """The identical examples of the whole dataset (``HashLog.duplicates`` over the parts' content hashes, in
-    order): their count, and the first pairs named by their ids."""
+    order; bounded memory): their count, and the first pairs named by their ids."""
     from array_record.python.array_record_module import ArrayRecordReader
 
-    log = HashLog()
-    for s in stems:
-        log._h.frombytes(Path(s + ".content").read_bytes())  # the hashes in reading order, as one process logs them
-    count, pairs = log.duplicates(5)
+    log, _ = _logged(stems, ".content", str(path.parent))  # in reading order, as one process logs them
+    try:
+        count, pairs = log.duplicates(5)
+    finally:
+        log.close()
     names: list[list[str]] = []
     if pairs:
         reader = ArrayRecordReader(str(path), "readahead_buffer_size:0")

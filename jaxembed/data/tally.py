@@ -29,10 +29,12 @@ class Tally:
     with every skipped record; ``identical``: written examples equal to an earlier one of the dataset (same query,
     positives, negatives and label; ids aside), which are kept and counted, with the first few pairs of ids.
 
-    Memory: a 128-bit hash per written example (``HashIndex``). ``keep_ids`` (default) also keeps every written
-    id, to name the first of an identical pair at once; without it the pairs hold example indices until
-    ``resolve_ids`` (the store writer reads the ids back from the store). ``memory_limit``: skipped records kept in
-    memory; the others go to a JSON Lines spool file in ``spool_dir`` (``iter_skipped`` reads both)."""
+    Memory: a 64-bit content hash per written example (``HashLog``: held in memory up to
+    ``hashindex.IN_MEMORY``, beyond that sorted in runs in an anonymous file in ``spool_dir``, so bounded).
+    ``keep_ids`` (default) also keeps every written id, to name the first of an identical pair at once; without it
+    the pairs hold example indices until ``resolve_ids`` (the store writer reads the ids back from the store).
+    ``memory_limit``: skipped records kept in memory; the others go to a JSON Lines spool file in ``spool_dir``
+    (``iter_skipped`` reads both)."""
 
     name: str
     read: int = 0
@@ -51,6 +53,9 @@ class Tally:
     _found: tuple = field(default=(-1, 0, ()), repr=False, compare=False)  # (examples hashed, count, pairs)
     _ids: list = field(default_factory=list, repr=False, compare=False)
     _resolved: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._hashes.spill_dir = self.spool_dir  # the content hashes beyond hashindex.IN_MEMORY go there too
 
     # ------------------------------------------------------------------------------------------ skipped records
 
@@ -99,7 +104,9 @@ class Tally:
         return self.invalid + self.filtered
 
     def close(self) -> None:
-        """Drop the spool file (the skipped records beyond ``memory_limit``; the counts stay)."""
+        """Drop the spool files (the skipped records beyond ``memory_limit``, the content hashes beyond
+        ``hashindex.IN_MEMORY``; the counts stay)."""
+        self._hashes.close()
         if self._spool is not None:
             self._spool.close()
             self._spool = None
