@@ -77,7 +77,7 @@ def _data(tmp_path):
 
 def test_store_from_spilled_hashes_equals_the_in_memory_one(tmp_path, monkeypatch, spills):
     cfg = _config([_data(tmp_path)], task_type="retrieval")
-    monkeypatch.setattr(hashindex, "IN_MEMORY", 1 << 20)
+    monkeypatch.setattr(hashindex, "IN_MEMORY", 1 << 19)
     one = write_store(cfg, tmp_path / "memory")
     assert not spills and one.tally("big").identical > 5
     monkeypatch.setattr(hashindex, "IN_MEMORY", 7)
@@ -102,7 +102,7 @@ def test_duplicate_id_stops_at_its_line_when_spilled(tmp_path, spills):
 @pytest.mark.parametrize("n", [2, 3])
 def test_split_prepare_merges_spilled_hashes_as_one_process(tmp_path, monkeypatch, spills, n, capsys):
     cfg = _config([_data(tmp_path)], task_type="retrieval")
-    monkeypatch.setattr(hashindex, "IN_MEMORY", 1 << 20)
+    monkeypatch.setattr(hashindex, "IN_MEMORY", 1 << 19)
     write_store(cfg, tmp_path / "one")
     monkeypatch.setattr(hashindex, "IN_MEMORY", 7)
     _simulated_pod(cfg, tmp_path / "pod", n)

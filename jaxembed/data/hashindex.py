@@ -24,7 +24,7 @@ _MASK = (1 << 64) - 1
 _EMPTY = 0
 _MAX_LOAD = 0.75
 #: HashLog entries held (and sorted) in memory; beyond, sorted runs of this many go to disk (tests lower it)
-IN_MEMORY = 1 << 20
+IN_MEMORY = 1 << 19
 
 
 def key_of(value: str) -> tuple[int, int]:
