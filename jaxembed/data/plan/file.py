@@ -1,6 +1,15 @@
 """The ``Plan``: the arrays of a batch plan (see ``jaxembed.data.plan``), its checks, and its file: ``plan.npz``
 (the arrays) + ``plan.json`` (names, config, seed, meta, fingerprint), written atomically, read back with every
-array's dtype and shape and the fingerprint checked."""
+array's dtype and shape checked.
+
+The per-example arrays (dataset_ids, example_ids, weights: 16 B a row) are memory-mapped and checked lazily, so
+that a host's start-up does not read the whole plan: ``save`` writes, as it writes them, a digest of every block
+of steps of each (``block_digests``) and the datasets the rows use (``used_dataset_ids``); ``plan.json`` holds
+``checks``: the block size and one digest of those tables, of the small arrays and of the fingerprint. ``load``
+compares that digest with the file's tables and small arrays (the two files of one build: else the one-line
+"do not match" error, as before); each block of steps is then compared with its digest, and its ids checked
+against the dataset sizes, the first time this process reads from it (``read_steps``), before its rows are used.
+A plan file written before ``checks`` existed is checked whole when loaded (its fingerprint and every row)."""
 
 from __future__ import annotations
 
@@ -10,6 +19,7 @@ import json
 import mmap
 import os
 import zipfile
+from typing import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +70,10 @@ class Plan:
         return self.steps
 
     def used_dataset_ids(self) -> list[int]:
-        """The dataset ids the plan's rows use, ascending (counted over blocks of steps: no copy of the plan)."""
+        """The dataset ids the plan's rows use, ascending (counted over blocks of steps: no copy of the plan; a
+        loaded plan's from its file, where ``save`` stored them)."""
+        if getattr(self, "_used", None) is not None:
+            return list(self._used)
         D = len(self.dataset_names)
         seen = np.zeros(D, bool)
         n = block_of(self.dataset_ids)
@@ -70,13 +83,14 @@ class Plan:
 
     def row_task_ids(self) -> np.ndarray:
         """int32 [S, G]: the task of every row."""
-        return self.dataset_tasks[self.dataset_ids]
+        return self.dataset_tasks[read_steps(self.dataset_ids, 0, self.steps)]
 
     def step(self, i: int) -> dict[str, np.ndarray]:
         """The global batch of step i: dataset_ids [G], example_ids [G], weights [G], task_id, temperature."""
         if not 0 <= i < self.steps:
             raise UserError(f"step {i} is outside the plan (0..{self.steps - 1})")
-        return {"dataset_ids": self.dataset_ids[i], "example_ids": self.example_ids[i], "weights": self.weights[i],
+        ds, ex, w = (read_steps(a, i, i + 1)[0] for a in (self.dataset_ids, self.example_ids, self.weights))
+        return {"dataset_ids": ds, "example_ids": ex, "weights": w,
                 "task_id": int(self.task_ids[i]), "temperature": float(self.temperatures[i])}
 
     def fingerprint(self) -> str:
@@ -116,17 +130,24 @@ class Plan:
             raise UserError(f"{path}: a plan file must end in .npz")
         from jaxembed.runs import atomic_files
 
-        side = {"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint(), "steps": self.steps,
+        fingerprint = self.fingerprint()
+        side = {"format": FORMAT, "version": VERSION, "fingerprint": fingerprint, "steps": self.steps,
                 "global_batch_size": self.global_batch_size, "seed": self.seed,
                 "task_names": list(self.task_names), "dataset_names": list(self.dataset_names),
                 "config": self.config, "meta": self.meta, **(sidecar or {})}
+        tables = _Tables(block_of(self.dataset_ids), len(self.dataset_names))
         arrays = dict(dataset_ids=self.dataset_ids, example_ids=self.example_ids, task_ids=self.task_ids,
                       weights=self.weights, temperatures=self.temperatures, dataset_tasks=self.dataset_tasks,
-                      dataset_sizes=self.dataset_sizes, dropped=self.dropped, unit_ids=self.unit_ids)
+                      dataset_sizes=self.dataset_sizes, dropped=self.dropped, unit_ids=self.unit_ids,
+                      block_digests=tables.digests, used_dataset_ids=tables.used)
         # each file through its own unique temporary name (host, pid, random), renamed into place: concurrent
-        # savers never share a temporary file; a reader between the two renames sees a pair whose fingerprints
+        # savers never share a temporary file; a reader between the two renames sees a pair whose digests
         # differ, which ``load`` reports
-        atomic_files.write_with(path, lambda t: write_npz(t, arrays, read_steps, block_of), suffix=".npz")
+        atomic_files.write_with(path, lambda t: write_npz(t, arrays, read_steps, block_of, tables.add),
+                                suffix=".npz")
+        small = {k: (a() if callable(a) else a) for k, a in arrays.items() if k not in _MAPPED}
+        shapes = [getattr(self, k).shape for k in _MAPPED]
+        side["checks"] = {"block_steps": tables.n, "digest": _tables_digest(small, fingerprint, tables.n, shapes)}
         atomic_files.write_text(path.with_suffix(".json"), json.dumps(side, indent=1, default=_json_default) + "\n")
         return path
 
@@ -167,13 +188,14 @@ class Plan:
                    arrays["dataset_tasks"], arrays["dataset_sizes"], side.get("config", {}), int(side["seed"]),
                    side.get("meta", {}), arrays["dropped"], arrays["unit_ids"])
         plan.source = path
-        validate_plan(plan, str(path))
-        fingerprint = plan.fingerprint()
-        if side.get("fingerprint") != fingerprint:
-            raise UserError(f"{path}: the arrays do not match {side_path.name} (fingerprint "
-                            f"{fingerprint} vs {side.get('fingerprint')}); the two files come from "
-                            "different builds (fix: rebuild the plan)")
-        plan._fingerprint = fingerprint
+        if "checks" in side:
+            _check_tables(plan, arrays, side, side_path)
+        else:  # written before the stored checks: every row read now
+            validate_plan(plan, str(path))
+            fingerprint = plan.fingerprint()
+            if side.get("fingerprint") != fingerprint:
+                raise mismatch(path, side_path, f"fingerprint {fingerprint} vs {side.get('fingerprint')}")
+            plan._fingerprint = fingerprint
         return plan
 
 
@@ -192,12 +214,22 @@ class Plan:
             arrays = mapped_npz(state["source"], _MAPPED)
             for k in _MAPPED:
                 setattr(self, k, arrays[k])
+            if getattr(self, "_blocks", None) is not None:
+                self._blocks.bind(self)
 
 
 def read_steps(a: np.ndarray, s0: int, s1: int) -> np.ndarray:
     """Steps [s0, s1) of a plan array, as a new array. A memory-mapped one is read from its file (a positioned
     read, not through the mapping), so reading every step of a plan leaves no pages of it in the process's
-    resident memory."""
+    resident memory; the blocks of a loaded plan's array are checked the first time they are read."""
+    s0, s1 = max(int(s0), 0), min(int(s1), len(a))
+    blocks = getattr(a, "plan_blocks", None)
+    if blocks is not None and s1 > s0:
+        blocks.check(s0, s1)
+    return _read_rows(a, s0, s1)
+
+
+def _read_rows(a: np.ndarray, s0: int, s1: int) -> np.ndarray:
     s0, s1 = max(int(s0), 0), min(int(s1), len(a))
     if not isinstance(a, np.memmap) or not isinstance(a.base, mmap.mmap) or a.filename is None or s1 <= s0:
         return np.array(a[s0:s1])
@@ -231,6 +263,24 @@ def _json_default(o):
 
 
 def validate_plan(plan: Plan, where: str) -> None:
+    """Raise UserError unless the plan's shapes, tables and every row's ids are in range (in blocks of steps)."""
+    validate_tables(plan, where)
+    n = block_of(plan.dataset_ids)
+    for s0 in range(0, plan.steps, n):  # in blocks of steps: bounded memory for any plan size
+        check_rows(plan, read_steps(plan.dataset_ids, s0, s0 + n), read_steps(plan.example_ids, s0, s0 + n), where)
+
+
+def check_rows(plan: Plan, ds: np.ndarray, ex: np.ndarray, where: str) -> None:
+    """Raise UserError unless the rows' dataset ids and example ids are in range."""
+    D = len(plan.dataset_names)
+    if ds.size and (ds.min() < 0 or ds.max() >= D):
+        raise UserError(f"{where}: dataset id out of range [0, {D})")
+    if ex.size and (ex.min() < 0 or np.any(ex >= plan.dataset_sizes[ds])):
+        raise UserError(f"{where}: an example id is out of range of its dataset's size")
+
+
+def validate_tables(plan: Plan, where: str) -> None:
+    """Raise UserError unless the plan's shapes and its per-step and per-dataset tables are in range."""
     S, G = plan.dataset_ids.shape
     D, T = len(plan.dataset_names), len(plan.task_names)
     if plan.example_ids.shape != (S, G) or plan.weights.shape != (S, G):
@@ -239,15 +289,108 @@ def validate_plan(plan: Plan, where: str) -> None:
         raise UserError(f"{where}: task_ids / temperatures / unit_ids must have shape [{S}]")
     if plan.dataset_tasks.shape != (D,) or plan.dataset_sizes.shape != (D,):
         raise UserError(f"{where}: the dataset tables must have {D} entries")
-    n = block_of(plan.dataset_ids)
-    for s0 in range(0, S, n):  # in blocks of steps: bounded memory for any plan size
-        ds = read_steps(plan.dataset_ids, s0, s0 + n)
-        ex = read_steps(plan.example_ids, s0, s0 + n)
-        if ds.min() < 0 or ds.max() >= D:
-            raise UserError(f"{where}: dataset id out of range [0, {D})")
-        if ex.min() < 0 or np.any(ex >= plan.dataset_sizes[ds]):
-            raise UserError(f"{where}: an example id is out of range of its dataset's size")
     if S and (plan.task_ids.min() < -1 or plan.task_ids.max() >= T):
         raise UserError(f"{where}: task id out of range [-1, {T})")
     if D and (plan.dataset_tasks.min() < 0 or plan.dataset_tasks.max() >= T):
         raise UserError(f"{where}: dataset_tasks out of range [0, {T})")
+
+
+# ---- the stored checks (module docstring)
+
+def mismatch(path, side_path: Path, detail: str) -> UserError:
+    return UserError(f"{path}: the arrays do not match {side_path.name} ({detail}); the two files come from "
+                     "different builds, or were changed since (fix: rebuild the plan)")
+
+
+def _digest(rows: np.ndarray) -> int:
+    return int.from_bytes(hashlib.sha256(np.ascontiguousarray(rows).tobytes()).digest()[:8], "little")
+
+
+def _tables_digest(small: dict, fingerprint, n: int, shapes: Sequence) -> str:
+    """One digest of the plan's in-memory arrays (its block digests and used datasets among them), the block size,
+    the per-example arrays' shapes and the fingerprint: ``plan.json`` pairs with ``plan.npz`` through it."""
+    h = hashlib.sha256(json.dumps([fingerprint, int(n), [list(s) for s in shapes], sorted(small)]).encode())
+    for k in sorted(small):
+        a = np.ascontiguousarray(small[k])
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+class _Tables:
+    """What ``save`` computes as it writes the per-example arrays: each block's digest, the datasets used."""
+
+    def __init__(self, n: int, D: int):
+        self.n, self.D = n, D
+        self._digests: dict[str, list[int]] = {k: [] for k in _MAPPED}
+        self._seen = np.zeros(D, bool)
+
+    def add(self, name: str, r0: int, rows: np.ndarray) -> None:
+        if name in self._digests:
+            self._digests[name].append(_digest(rows))
+        if name == "dataset_ids":
+            ok = rows[(rows >= 0) & (rows < self.D)]
+            self._seen |= np.bincount(ok.reshape(-1), minlength=self.D) > 0
+
+    def digests(self) -> np.ndarray:
+        return np.array([self._digests[k] for k in _MAPPED], np.uint64).reshape(len(_MAPPED), -1)
+
+    def used(self) -> np.ndarray:
+        return np.flatnonzero(self._seen).astype(np.int32)
+
+
+def _check_tables(plan: Plan, arrays: dict, side: dict, side_path: Path) -> None:
+    """``load``'s check of a plan file with stored checks: the tables against ``plan.json``, the per-step and
+    per-dataset arrays in range; the blocks of steps are checked as they are read (``_Blocks``)."""
+    path, checks = plan.source, side["checks"]
+    small = {k: a for k, a in arrays.items() if k not in _MAPPED}
+    n = checks.get("block_steps") if isinstance(checks, dict) else None
+    if not isinstance(n, int) or n < 1 or "block_digests" not in small or "used_dataset_ids" not in small:
+        raise mismatch(path, side_path, "the block digests are missing")
+    got = _tables_digest(small, side.get("fingerprint"), n, [arrays[k].shape for k in _MAPPED])
+    if got != checks.get("digest") or not isinstance(side.get("fingerprint"), str):
+        raise mismatch(path, side_path, f"digest {got} vs {checks.get('digest')}")
+    validate_tables(plan, str(path))
+    digests = small["block_digests"]
+    if digests.dtype != np.uint64 or digests.shape != (len(_MAPPED), -(-plan.steps // n)):
+        raise mismatch(path, side_path, f"block digests {digests.dtype}{list(digests.shape)}")
+    plan._used = small["used_dataset_ids"].tolist()
+    plan._fingerprint = side["fingerprint"]
+    plan._blocks = _Blocks(str(path), side_path, n, digests)
+    plan._blocks.bind(plan)
+
+
+class _Blocks:
+    """The stored digests of a loaded plan's blocks of steps: a block is read and checked (each array's digest,
+    then its ids in range) the first time this process reads from it, before its rows are returned."""
+
+    def __init__(self, where: str, side_path: Path, n: int, digests: np.ndarray):
+        self.where, self.side_path, self.n, self.digests = where, side_path, n, digests
+        self.done = np.zeros(digests.shape[1], bool)
+        self.plan = None
+
+    def __getstate__(self):
+        return dict(self.__dict__, plan=None)  # the plan binds its copy again (``Plan.__setstate__``)
+
+    def bind(self, plan: Plan) -> None:
+        self.plan = plan
+        arrays = [getattr(plan, k) for k in _MAPPED]
+        for a in arrays:
+            if isinstance(a, np.memmap):
+                a.plan_blocks = self
+        if not all(isinstance(a, np.memmap) for a in arrays):  # read whole already (not stored plainly)
+            self.check(0, plan.steps)
+
+    def check(self, s0: int, s1: int) -> None:
+        for b in range(s0 // self.n, (s1 - 1) // self.n + 1):
+            if not self.done[b]:
+                self._check(b)
+
+    def _check(self, b: int) -> None:
+        s0, s1 = b * self.n, min((b + 1) * self.n, self.plan.steps)
+        rows = [_read_rows(getattr(self.plan, k), s0, s1) for k in _MAPPED]
+        for k, r, want in zip(_MAPPED, rows, self.digests[:, b]):
+            if _digest(r) != int(want):
+                raise mismatch(self.where, self.side_path, f"{k} of steps {s0}..{s1 - 1} differ from their digest")
+        check_rows(self.plan, rows[0], rows[1], self.where)
+        self.done[b] = True

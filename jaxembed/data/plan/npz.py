@@ -11,17 +11,24 @@ from typing import Callable, Collection
 import numpy as np
 
 
-def write_npz(path: Path, arrays: dict[str, np.ndarray], read_rows: Callable, block: Callable) -> None:
+def write_npz(path: Path, arrays: dict[str, np.ndarray | Callable], read_rows: Callable, block: Callable,
+              on_rows: Callable | None = None) -> None:
     """The layout of ``np.savez`` (uncompressed .npy members, zip64 headers); each array ``a`` written ``block(a)``
-    rows at a time (``read_rows(a, r0, r1)``: rows [r0, r1) of a, e.g. by positioned reads from its file)."""
+    rows at a time (``read_rows(a, r0, r1)``: rows [r0, r1) of a, e.g. by positioned reads from its file), each
+    block passed to ``on_rows(name, r0, rows)`` as it is written. A value that is a function is called when its
+    member is reached: an array computed from the members written before it (their digests)."""
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for name, a in arrays.items():
+            a = a() if callable(a) else a
             with zf.open(name + ".npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(a.dtype),
                                                          "fortran_order": False, "shape": a.shape})
                 n = block(a)
                 for r0 in range(0, len(a), n):
-                    f.write(np.ascontiguousarray(read_rows(a, r0, r0 + n)).tobytes())
+                    rows = np.ascontiguousarray(read_rows(a, r0, r0 + n))
+                    if on_rows is not None:
+                        on_rows(name, r0, rows)
+                    f.write(rows.tobytes())
 
 
 def mapped_npz(path, mapped: Collection[str]) -> dict[str, np.ndarray]:
