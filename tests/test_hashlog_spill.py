@@ -32,6 +32,8 @@ def test_spilled_log_finds_what_the_in_memory_sort_finds(monkeypatch, seed):
         starts = sorted({0, *rng.integers(0, max(n, 1), 3).tolist()})
         memory = _log(values, True)
         monkeypatch.setattr(hashindex, "IN_MEMORY", int(rng.integers(1, 90)))
+        monkeypatch.setattr(hashindex, "RUN", int(rng.integers(1, 40)))  # runs shorter than what is held
+        monkeypatch.setattr(hashindex, "FAN_IN", int(rng.integers(2, 6)))  # runs merged in groups first
         spilled = _log(values, bool(seed % 2))
         assert spilled.duplicates(5) == memory.duplicates(5)
         assert spilled.duplicates(0)[0] == memory.duplicates(0)[0]
@@ -65,6 +67,7 @@ def spills(monkeypatch):
         spill(self)
 
     monkeypatch.setattr(hashindex, "IN_MEMORY", 7)
+    monkeypatch.setattr(hashindex, "FAN_IN", 4)
     monkeypatch.setattr(hashindex.HashLog, "_spill", counted)
     return runs
 
@@ -77,7 +80,7 @@ def _data(tmp_path):
 
 def test_store_from_spilled_hashes_equals_the_in_memory_one(tmp_path, monkeypatch, spills):
     cfg = _config([_data(tmp_path)], task_type="retrieval")
-    monkeypatch.setattr(hashindex, "IN_MEMORY", 1 << 19)
+    monkeypatch.setattr(hashindex, "IN_MEMORY", 1 << 20)
     one = write_store(cfg, tmp_path / "memory")
     assert not spills and one.tally("big").identical > 5
     monkeypatch.setattr(hashindex, "IN_MEMORY", 7)
@@ -102,7 +105,7 @@ def test_duplicate_id_stops_at_its_line_when_spilled(tmp_path, spills):
 @pytest.mark.parametrize("n", [2, 3])
 def test_split_prepare_merges_spilled_hashes_as_one_process(tmp_path, monkeypatch, spills, n, capsys):
     cfg = _config([_data(tmp_path)], task_type="retrieval")
-    monkeypatch.setattr(hashindex, "IN_MEMORY", 1 << 19)
+    monkeypatch.setattr(hashindex, "IN_MEMORY", 1 << 20)
     write_store(cfg, tmp_path / "one")
     monkeypatch.setattr(hashindex, "IN_MEMORY", 7)
     _simulated_pod(cfg, tmp_path / "pod", n)

@@ -5,10 +5,12 @@ strings (~250 bytes per record):
   20 bytes per slot in flat arrays, at most 3/4 full (27-53 bytes per entry). A key is Python's 64-bit SipHash of
   the string plus 32 bits of the SipHash of a salted copy: a false "duplicate" needs both to collide (~n^2 / 2^97).
 - ``HashLog``: 64-bit hashes in reading order (the content of each example; 8 bytes per entry); duplicates are
-  found once, at the end, by sorting (``duplicates``). Up to ``IN_MEMORY`` entries are held and sorted in memory;
-  a longer log is sorted in runs of ``IN_MEMORY`` entries, written to an anonymous file in ``spill_dir`` (the
-  store's temporary folder) and merged (an external sort): its memory does not grow with the number of entries,
-  and it finds exactly what the in-memory sort finds.
+  found once, at the end, by sorting (``duplicates``). Up to ``IN_MEMORY`` entries are held and sorted in memory
+  (as before: 16 bytes per entry at the sort); beyond, every ``IN_MEMORY`` entries are sorted in runs of ``RUN``
+  (hash, index) pairs written to an anonymous file in ``spill_dir`` (the store's temporary folder, 16 bytes per
+  entry on disk, more while runs are merged ``FAN_IN`` at a time) and merged: an external sort whose memory does
+  not grow with the number of entries (~8 MiB held, ~20 MiB at the sort of a run or a merge's round), and that
+  finds exactly what the in-memory sort finds.
 
 Python's string hash is randomised per process: the hashes are only compared within one process.
 """
@@ -23,8 +25,12 @@ import numpy as np
 _MASK = (1 << 64) - 1
 _EMPTY = 0
 _MAX_LOAD = 0.75
-#: HashLog entries held (and sorted) in memory; beyond, sorted runs of this many go to disk (tests lower it)
-IN_MEMORY = 1 << 19
+#: HashLog entries held (and sorted) in memory; beyond, they go to disk in sorted runs (tests lower it)
+IN_MEMORY = 1 << 20
+#: entries of a sorted run, and of what a merge holds of all its runs together
+RUN = 1 << 18
+#: runs merged at once; more are merged in groups first (a longer run each), so memory stays bounded
+FAN_IN = 64
 
 
 def key_of(value: str) -> tuple[int, int]:
@@ -131,7 +137,7 @@ class HashLog:
             self._file = None
 
     def _spill(self) -> None:
-        """Sort the entries held by (hash, index) and write them as one run."""
+        """Sort the entries held by (hash, index) and write them as runs of ``RUN`` (at most ``IN_MEMORY``)."""
         n = len(self._h)
         if not n:
             return
@@ -139,15 +145,17 @@ class HashLog:
             import tempfile
 
             self._file = tempfile.TemporaryFile(dir=self.spill_dir)
-        h = np.frombuffer(self._h, dtype=np.uint64)
-        order = np.argsort(h, kind="stable")
-        run = np.empty(n, dtype=_PAIR)
-        run["h"] = h[order]
-        run["i"] = order + self._spilled
-        del h, order
-        self._file.seek(0, 2)
-        self._runs.append((self._file.tell(), n))
-        self._file.write(run.tobytes())
+        size = max(1, min(RUN, IN_MEMORY))
+        held = np.frombuffer(self._h, dtype=np.uint64)
+        for a in range(0, n, size):
+            h = held[a:a + size]
+            order = np.argsort(h, kind="stable")
+            run = np.empty(len(h), dtype=_PAIR)
+            run["h"] = h[order]
+            run["i"] = order + (self._spilled + a)
+            del order
+            self._runs.append(_append(self._file, run))
+        del held, h
         self._spilled += n
         self._h = array("Q")
 
@@ -160,7 +168,23 @@ class HashLog:
                 yield h[order], order.astype(np.uint64)
             return
         self._spill()
-        yield from _merge_runs(self._file, self._runs, max(IN_MEMORY // len(self._runs), 4096))
+        while len(self._runs) > FAN_IN:  # merge groups of runs into longer runs, until one merge takes them all
+            groups = [self._runs[a:a + FAN_IN] for a in range(0, len(self._runs), FAN_IN)]
+            self._runs = [self._merged_run(g) for g in groups]
+        yield from _merge_runs(self._file, self._runs, _block(len(self._runs)))
+
+    def _merged_run(self, runs: list[tuple[int, int]]) -> tuple[int, int]:
+        """Merge ``runs`` into one new run at the end of the file."""
+        if len(runs) == 1:
+            return runs[0]
+        start, total = None, 0
+        for h, i in _merge_runs(self._file, runs, _block(len(runs))):  # appended one after the other: one run
+            run = np.empty(len(h), dtype=_PAIR)
+            run["h"], run["i"] = h, i
+            at, n = _append(self._file, run)
+            start = at if start is None else start
+            total += n
+        return start, total
 
     def duplicates(self, examples: int = 5) -> tuple[int, list[tuple[int, int]]]:
         """(number of entries equal to an earlier entry, the first ``examples`` of them as (index, index of the
@@ -206,6 +230,19 @@ class HashLog:
 
 
 _PAIR = np.dtype([("h", "<u8"), ("i", "<u8")])
+
+
+def _block(runs: int) -> int:
+    """Entries read of each run at a time in a merge of ``runs``: ``RUN`` in all."""
+    return max(RUN // runs, 1)
+
+
+def _append(f, run: np.ndarray) -> tuple[int, int]:
+    """Write ``run`` at the end of ``f``: its (byte offset, entries)."""
+    f.seek(0, 2)
+    at = f.tell()
+    f.write(run.tobytes())
+    return at, len(run)
 
 
 def _read_block(f, offset: int, start: int, count: int) -> np.ndarray:
