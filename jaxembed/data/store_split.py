@@ -85,15 +85,16 @@ def write_part(ds, part: Part, tmp: Path, on_error: str, where: str) -> str | No
     stem = _stem(tmp, part.dataset, part.index)
     tally = Tally(ds["name"], keep_ids=False, memory_limit=SKIPPED_IN_MEMORY, spool_dir=str(tmp))
     info = ReadInfo()
-    ids, content, bounds = bytearray(), bytearray(), []
+    bounds: list = []
+    ids, content = open(stem + ".ids", "wb"), open(stem + ".content", "wb")  # streamed: nothing kept per record
 
     def records():
         bounds.clear()
         return split_plan.part_records(ds, part, bounds)
 
     def note(ex):
-        ids.extend(_hash(ex["id"]))
-        content.extend(_hash(repr((ex["query"], ex["pos"], ex["neg"], ex.get("label")))))  # repr: one text per content
+        ids.write(_hash(ex["id"]))
+        content.write(_hash(repr((ex["query"], ex["pos"], ex["neg"], ex.get("label")))))  # repr: one text per content
 
     counts, error = ExampleCounts(), None
     writer = record_writer(Path(stem + ".array_record"))
@@ -105,21 +106,20 @@ def write_part(ds, part: Part, tmp: Path, on_error: str, where: str) -> str | No
         error = pod.error_text(e)
     finally:
         writer.close()
+        ids.close()
+        content.close()
     try:
-        _save_part(stem, tally, counts, info, ids, content, error, bounds)
+        _save_part(stem, tally, counts, info, error, bounds)
     finally:
         tally.close()
     return error
 
 
-def _save_part(stem: str, tally: Tally, counts: ExampleCounts, info: ReadInfo, ids, content, error,
-               bounds: list) -> None:
+def _save_part(stem: str, tally: Tally, counts: ExampleCounts, info: ReadInfo, error, bounds: list) -> None:
     with open(stem + ".skipped.jsonl", "w", encoding="utf-8") as f:
         for s in tally.iter_skipped():
             f.write(json.dumps(s.to_dict(), ensure_ascii=False) + "\n")
     Path(stem + ".labels").write_bytes(counts.labels.index.tobytes())
-    Path(stem + ".ids").write_bytes(bytes(ids))
-    Path(stem + ".content").write_bytes(bytes(content))
     reasons = [k for _, k, _ in tally.state()["reasons_by"]] + [error or ""]
     meta = {"tally": tally.state(), "error": error,
             "counts": {k: getattr(counts, k) for k in ("neg_min", "neg_max", "pos_max", "few_neg", "scores",
