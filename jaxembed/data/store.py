@@ -21,9 +21,11 @@ left behind are removed when the next store is written (``jaxembed.data.leftover
 jaxembed wrote, unchanged since: the export's rule (``jaxembed.runs.atomic_files.atomic_dir``; ``jaxembed_export.json``
 lists every file written), so a file a user added to the folder, or changed, is never deleted. On a pod, the
 processes share the datasets: ``jaxembed.data.store_pod``. Writing streams: records go to
-the ArrayRecord file as they are read; what is kept per record is a 4-byte label index, hashes (~40 bytes for the
-duplicate-id check, 8 for identical examples) and the ArrayRecord writer's index (~5 bytes); skipped records beyond
-the first thousand wait in a spool file until the report is written. No record, id or text is kept
+the ArrayRecord file as they are read; what is kept per record is a 4-byte label index, hashes for the duplicate-id
+check (~40 bytes a record with an explicit id, a byte without) and the ArrayRecord writer's index (~5 bytes); the
+content hashes of the identical-example check (8 bytes each) stay in memory up to ``hashindex.IN_MEMORY`` examples,
+beyond which they are sorted in runs in the store's temporary folder and merged (bounded memory); skipped records
+beyond the first thousand wait in a spool file until the report is written. No record, id or text is kept
 (``benchmarks/prepare_memory.py`` measures it). ``Store.open(out_dir)`` reads it back: ``example(dataset, i)`` is
 the normalised Example ``{"id", "query", "pos", "neg", "label"?}`` of record i.
 """
