@@ -126,10 +126,25 @@ class Parts:
             return ds, ex
         return self._append(ds, ex), int(np.asarray(ds).size)
 
-    def load(self, handle) -> tuple[np.ndarray, np.ndarray]:
+    def keep_chunks(self, chunks):
+        """``keep`` for rows that come in (dataset ids, example ids) chunks, one after the other."""
         if self.folder is None:
-            return handle
+            got = list(chunks)
+            return (np.concatenate([d for d, _ in got]) if got else np.zeros(0, np.int32),
+                    np.concatenate([e for _, e in got]) if got else np.zeros(0, np.int64))
+        at, n = self._rows, 0
+        for d, e in chunks:
+            self._append(d, e)
+            n += int(np.asarray(d).size)
+        return at, n
+
+    def load(self, handle, lo: int = 0, hi: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows [lo, hi) of a kept list (all of it by default)."""
+        if self.folder is None:
+            return handle[0][lo:hi], handle[1][lo:hi]
         at, n = handle
+        hi = n if hi is None else min(hi, n)
+        n, at = max(hi - lo, 0), at + lo
         return _pread(self._fd["ds"], np.int32, n, at * 4), _pread(self._fd["ex"], np.int64, n, at * 8)
 
 

@@ -7,7 +7,8 @@ example) rows go to the bucket files of their key range, in the order drawn, and
 stably on its own. The bucket is a function of the key, so equal keys share one, and the buckets one after the
 other are the stable sort of the whole pass: the same pass either way.
 
-``Feed`` hands a pass out n examples at a time; ``dedupe_stream`` runs the in-batch de-duplication over rows pulled
+``keyed_sort`` sorts any stream of keyed rows the same way (a curriculum unit's score order), its buckets cut at
+sampled (key, position) pairs. ``Feed`` hands a pass out n examples at a time; ``dedupe_stream`` runs the in-batch de-duplication over rows pulled
 a block at a time (a row's swaps reach ``window`` rows either side)."""
 
 from __future__ import annotations
@@ -116,15 +117,73 @@ def sorted_pass(rng: np.random.Generator, members: Sequence[int], sizes: np.ndar
     yield from _bucket_sorted(draws(rng, members, sizes, epochs), n, Path(folder))
 
 
-def _bucket_sorted(chunks, n: int, folder: Path):
-    B = min(MAX_BUCKETS, -(-n // BUCKET))
+def keyed_sort(rows: Callable[[], Iterator[tuple[np.ndarray, int, np.ndarray]]], n: int,
+               folder: Path | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The ``n`` rows (keys float64, dataset, example ids int64) that ``rows()`` streams, sorted stably by key (equal
+    keys keep the stream's order), as (dataset ids int32, example ids int64) chunks: in memory, or, with ``folder``
+    and over ``BUCKET`` rows, through bucket files. A bucket is cut at (key, position in the stream) pairs sampled
+    by a first pass over the rows, so equal keys spread over buckets in stream order and any key distribution gives
+    buckets of about n / B rows; the buckets one after the other are the stable sort."""
+    if folder is None or n <= BUCKET:
+        keys, ds, ex = [], [], []
+        for k, d, e in rows():
+            keys.append(k)
+            ds.append(np.full(k.size, d, np.int32))
+            ex.append(e)
+        if keys:
+            order = np.argsort(np.concatenate(keys), kind="stable")
+            del keys
+            yield np.concatenate(ds)[order], np.concatenate(ex)[order]
+        return
+    ek, ep = _edges(rows(), n, _bucket_count(n))
+
+    def bucket_of(keys: np.ndarray, at: int) -> np.ndarray:
+        """The edges (key, position) below each row's: a function of the pair, rising with it."""
+        below = np.searchsorted(ek, keys, "left")
+        hi = np.searchsorted(ek, keys, "right")
+        b = below.copy()
+        tied = np.flatnonzero(hi > below)  # rows whose key equals an edge's: its position decides
+        for lo in np.unique(below[tied]).tolist():
+            t = tied[below[tied] == lo]
+            b[t] = lo + np.searchsorted(ep[lo:int(hi[t[0]])], at + t, "left")
+        return b
+
+    yield from _bucket_sorted(rows(), n, Path(folder), bucket_of)
+
+
+def _edges(rows, n: int, B: int) -> tuple[np.ndarray, np.ndarray]:
+    """B - 1 (key, position) pairs cutting ``rows`` into B ranges of about n / B rows: quantiles of every s-th row
+    (about 64 a bucket), in (key, position) order."""
+    s = max(1, n // (B * 64))
+    ks, ps, at = [], [], 0
+    for k, _, _ in rows:
+        local = np.arange((-at) % s, k.size, s)
+        ks.append(k[local])
+        ps.append(at + local)
+        at += k.size
+    k, p = np.concatenate(ks), np.concatenate(ps)
+    o = np.lexsort((p, k))
+    cut = o[(np.arange(1, B) * o.size) // B]
+    return k[cut], p[cut]
+
+
+def _bucket_count(n: int) -> int:
+    return min(MAX_BUCKETS, -(-n // BUCKET))
+
+
+def _bucket_sorted(chunks, n: int, folder: Path, bucket_of: Callable | None = None):
+    """``chunks`` (keys, dataset, example ids) through bucket files: bucket ``bucket_of(keys, position of the
+    chunk's first row)`` (by default the key's range of [0, 1)), each bucket then sorted stably by key."""
+    B = _bucket_count(n)
+    at = 0
     where = Path(tempfile.mkdtemp(prefix="pass.", dir=folder))
     files = [where / f"b{b}" for b in range(B)]
     fds: dict[int, int] = {}  # bucket -> its file, open for appending while the keys are drawn
     try:
         for keys, d, ex in chunks:
             # the bucket of a key (a function of the key alone: equal keys share a bucket, order kept)
-            b = np.minimum((keys * B).astype(np.int64), B - 1)
+            b = np.minimum((keys * B).astype(np.int64), B - 1) if bucket_of is None else bucket_of(keys, at)
+            at += keys.size
             order = np.argsort(b, kind="stable")
             rec = np.empty(keys.size, _REC)
             rec["k"], rec["d"], rec["e"] = keys[order], d, ex[order]
