@@ -141,7 +141,7 @@ def main():
                     res = run(RUNNER, path, work, str(data), str(out))
                     shutil.rmtree(out, ignore_errors=True)
                     runs.append(res)
-                    print(f"{variant}, {label}: peak RSS {res['maxrss_kib'] / 2**20:.2f} GiB, {res['seconds']:.0f} s,"
+                    print(f"{variant}, {label}: peak RSS {res['maxrss_kib'] / 2**10:.0f} MiB, {res['seconds']:.0f} s,"
                           f" {res['written']:,} written of {res['read']:,}", flush=True)
                 results.setdefault(variant, {})[label] = {
                     "import_maxrss_kib": base["maxrss_kib"], "runs": runs,
@@ -159,16 +159,16 @@ def main():
               "old_rev": args.old_rev,
               "load_average": os.getloadavg()[0], "results": results, "command": cmd.strip()}
     save_result(args.name, result)
-    gib = lambda k: k / 2**20  # noqa: E731
+    mib = lambda k: k / 2**10  # noqa: E731  (MiB: the streaming writer's peaks are tens of MiB apart)
     parts = [f"{variant.replace('_', ' ')}: " + ", ".join(
-        f"{label} peak RSS **{gib(r['maxrss_kib']):.2f} GiB** in {r['seconds']:.0f} s" for label, r in res.items())
+        f"{label} peak RSS **{mib(r['maxrss_kib']):.0f} MiB** in {r['seconds']:.0f} s" for label, r in res.items())
         for variant, res in results.items()]
-    imp = gib(next(iter(next(iter(results.values())).values()))["import_maxrss_kib"])
+    imp = mib(next(iter(next(iter(results.values())).values()))["import_maxrss_kib"])
     meta = next(iter(files.values()))[1]
     line = (f"| {result['date']} | prepare_memory | cpu ({os.cpu_count()} cores) | `data prepare`, "
             f"{meta['records']:,} triplet records ({meta['bytes'] / 2**20:.0f} MiB JSONL), 1 % invalid, 1 % identical, "
             f"on_error=skip, load average {result['load_average']:.1f} | {'; '.join(parts)} (importing the store "
-            f"module alone: {imp:.2f} GiB) | `{cmd.strip()}` |")
+            f"module alone: {imp:.0f} MiB) | `{cmd.strip()}` |")
     record_line(line, append=not args.no_readme)
 
 
