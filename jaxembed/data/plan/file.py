@@ -267,7 +267,9 @@ def validate_plan(plan: Plan, where: str) -> None:
     validate_tables(plan, where)
     n = block_of(plan.dataset_ids)
     for s0 in range(0, plan.steps, n):  # in blocks of steps: bounded memory for any plan size
-        check_rows(plan, read_steps(plan.dataset_ids, s0, s0 + n), read_steps(plan.example_ids, s0, s0 + n), where)
+        ds = read_steps(plan.dataset_ids, s0, s0 + n)
+        ex = read_steps(plan.example_ids, s0, s0 + n)
+        check_rows(plan, ds, ex, where)
 
 
 def check_rows(plan: Plan, ds: np.ndarray, ex: np.ndarray, where: str) -> None:
