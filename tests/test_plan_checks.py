@@ -76,7 +76,8 @@ def test_rows_out_of_range_are_refused_before_use(tmp_path, small_blocks):
 def test_edited_or_mismatched_sidecar_is_refused_at_load(tmp_path):
     plan, path = _saved(tmp_path)
     side = json.loads((tmp_path / "plan.json").read_text())
-    for edit in ({"fingerprint": "0" * 16}, {"checks": dict(side["checks"], block_steps=1)}, {"checks": {}}):
+    for edit in ({"fingerprint": "0" * 16}, {"checks": dict(side["checks"], block_steps=1)}, {"checks": {}},
+                 {"dataset_names": ["ra", "ca", "rb"]}, {"task_names": ["cls", "ret"]}):
         (tmp_path / "plan.json").write_text(json.dumps(dict(side, **edit)))
         with pytest.raises(UserError, match="do not match plan.json"):
             Plan.load(path)

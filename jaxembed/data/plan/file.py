@@ -5,8 +5,8 @@ array's dtype and shape checked.
 The per-example arrays (dataset_ids, example_ids, weights: 16 B a row) are memory-mapped and checked lazily, so
 that a host's start-up does not read the whole plan: ``save`` writes, as it writes them, a digest of every block
 of steps of each (``block_digests``) and the datasets the rows use (``used_dataset_ids``); ``plan.json`` holds
-``checks``: the block size and one digest of those tables, of the small arrays and of the fingerprint. ``load``
-compares that digest with the file's tables and small arrays (the two files of one build: else the one-line
+``checks``: the block size and one digest of those tables, the small arrays, the names and the fingerprint.
+``load`` compares that digest with the file's tables and small arrays (the two files of one build: else the one-line
 "do not match" error, as before); each block of steps is then compared with its digest, and its ids checked
 against the dataset sizes, the first time this process reads from it (``read_steps``), before its rows are used.
 A plan file written before ``checks`` existed is checked whole when loaded (its fingerprint and every row)."""
@@ -147,7 +147,9 @@ class Plan:
                                 suffix=".npz")
         small = {k: (a() if callable(a) else a) for k, a in arrays.items() if k not in _MAPPED}
         shapes = [getattr(self, k).shape for k in _MAPPED]
-        side["checks"] = {"block_steps": tables.n, "digest": _tables_digest(small, fingerprint, tables.n, shapes)}
+        names = [list(self.task_names), list(self.dataset_names)]
+        side["checks"] = {"block_steps": tables.n,
+                          "digest": _tables_digest(small, fingerprint, tables.n, shapes, names)}
         atomic_files.write_text(path.with_suffix(".json"), json.dumps(side, indent=1, default=_json_default) + "\n")
         return path
 
@@ -308,10 +310,12 @@ def _digest(rows: np.ndarray) -> int:
     return int.from_bytes(hashlib.sha256(np.ascontiguousarray(rows).tobytes()).digest()[:8], "little")
 
 
-def _tables_digest(small: dict, fingerprint, n: int, shapes: Sequence) -> str:
+def _tables_digest(small: dict, fingerprint, n: int, shapes: Sequence, names: list) -> str:
     """One digest of the plan's in-memory arrays (its block digests and used datasets among them), the block size,
-    the per-example arrays' shapes and the fingerprint: ``plan.json`` pairs with ``plan.npz`` through it."""
-    h = hashlib.sha256(json.dumps([fingerprint, int(n), [list(s) for s in shapes], sorted(small)]).encode())
+    the per-example arrays' shapes, the task and dataset names and the fingerprint (what the fingerprint covers):
+    ``plan.json`` pairs with ``plan.npz`` through it."""
+    head = [fingerprint, int(n), [list(s) for s in shapes], sorted(small), names]
+    h = hashlib.sha256(json.dumps(head).encode())
     for k in sorted(small):
         a = np.ascontiguousarray(small[k])
         h.update(str((a.dtype.str, a.shape)).encode())
@@ -349,7 +353,8 @@ def _check_tables(plan: Plan, arrays: dict, side: dict, side_path: Path) -> None
     n = checks.get("block_steps") if isinstance(checks, dict) else None
     if not isinstance(n, int) or n < 1 or "block_digests" not in small or "used_dataset_ids" not in small:
         raise mismatch(path, side_path, "the block digests are missing")
-    got = _tables_digest(small, side.get("fingerprint"), n, [arrays[k].shape for k in _MAPPED])
+    got = _tables_digest(small, side.get("fingerprint"), n, [arrays[k].shape for k in _MAPPED],
+                         [list(plan.task_names), list(plan.dataset_names)])
     if got != checks.get("digest") or not isinstance(side.get("fingerprint"), str):
         raise mismatch(path, side_path, f"digest {got} vs {checks.get('digest')}")
     validate_tables(plan, str(path))
