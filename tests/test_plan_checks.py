@@ -21,7 +21,8 @@ def small_blocks(monkeypatch):
 
 
 def _plan(seed=3):
-    store = make_store([("ra", "ret", 100, dict(batching="homogeneous")), ("rb", "ret", 70, dict(batching="homogeneous")),
+    store = make_store([("ra", "ret", 100, dict(batching="homogeneous")),
+                        ("rb", "ret", 70, dict(batching="homogeneous")),
                         ("ca", "cls", 90, dict(batching="heterogeneous"))])
     plan = build_plan(store, {"global_batch_size": 8, "seed": seed})
     assert plan.steps >= 12
