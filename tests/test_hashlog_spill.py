@@ -31,15 +31,16 @@ def test_spilled_log_finds_what_the_in_memory_sort_finds(monkeypatch, seed):
         values = rng.integers(0, vocab, n).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         starts = sorted({0, *rng.integers(0, max(n, 1), 3).tolist()})
         memory = _log(values, True)
-        monkeypatch.setattr(hashindex, "IN_MEMORY", int(rng.integers(1, 90)))
-        monkeypatch.setattr(hashindex, "RUN", int(rng.integers(1, 40)))  # runs shorter than what is held
+        monkeypatch.setattr(hashindex, "IN_MEMORY", int(rng.integers(8, 90)))
+        monkeypatch.setattr(hashindex, "RUN", int(rng.integers(4, 40)))  # runs shorter than what is held
         monkeypatch.setattr(hashindex, "FAN_IN", int(rng.integers(2, 6)))  # runs merged in groups first
         spilled = _log(values, bool(seed % 2))
         assert spilled.duplicates(5) == memory.duplicates(5)
         assert spilled.duplicates(0)[0] == memory.duplicates(0)[0]
         assert spilled.in_two_segments(starts) == memory.in_two_segments(starts)
         segment = np.searchsorted(np.asarray(starts[1:]), np.arange(n), side="right")
-        assert spilled.in_two_segments(starts) == any(len(set(segment[values == v])) > 1 for v in set(values))
+        pairs = {(int(v), int(k)) for v, k in zip(values, segment)}  # (value, segment) met
+        assert spilled.in_two_segments(starts) == (len({v for v, _ in pairs}) < len(pairs))
         assert len(spilled) == n and (n < 90 or spilled._runs)
         spilled.close()
         monkeypatch.undo()
