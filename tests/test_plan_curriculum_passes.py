@@ -111,3 +111,15 @@ def test_the_peak_of_one_large_curriculum_unit_does_not_grow_with_it(order, tmp_
         peaks.append(_peak(lambda: build_plan_file(tmp_path / f"p{n}.npz", store, cfg, task_order=["a"],
                                                    scores=scores)))
     assert peaks[1] < 1.25 * peaks[0], peaks
+
+
+def test_scores_checked_a_range_at_a_time_name_the_example():
+    """A non-finite score past the first range of 2^20 scores is named by its index in the dataset."""
+    from jaxembed.data.plan.inputs import load_scores
+    from jaxembed.errors import UserError
+
+    n = (1 << 20) + 10
+    scores = np.zeros(n)
+    scores[(1 << 20) + 5] = np.inf
+    with pytest.raises(UserError, match=r"^scores: dataset 'a' example 1048581: score is inf \(fix: "):
+        load_scores({"a": scores}, make_store([("a", "t", n, {})]))

@@ -74,10 +74,11 @@ def load_scores(source, datasets) -> dict[str, np.ndarray]:
         if v.size != sizes[k]:
             raise UserError(f"{where}: dataset '{k}' has {sizes[k]} examples but {v.size} scores "
                             "(fix: recompute the scores on this store)")
-        bad = np.flatnonzero(~np.isfinite(v))
-        if bad.size:
-            raise UserError(f"{where}: dataset '{k}' example {int(bad[0])}: score is {v[bad[0]]} "
-                            "(fix: scores must be finite numbers)")
+        for a in range(0, v.size, 1 << 20):  # a range at a time: no mask of the whole dataset (1 B an example)
+            bad = np.flatnonzero(~np.isfinite(v[a:a + (1 << 20)]))
+            if bad.size:
+                raise UserError(f"{where}: dataset '{k}' example {a + int(bad[0])}: score is {v[a + bad[0]]} "
+                                "(fix: scores must be finite numbers)")
     return out
 
 
