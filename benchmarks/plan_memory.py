@@ -7,7 +7,10 @@ each total in --sizes, in one of three shapes (--shapes):
 - ``zipf``: --datasets datasets whose sizes follow a Zipf law (size of the k-th ∝ 1 / k^--zipf), homogeneous
   batches (a unit per dataset: the largest holds --zipf's share);
 - ``single``: one dataset of all the examples (one unit: the whole plan);
-- ``random``: the ``zipf`` datasets under the ``random`` strategy (one unit holding every dataset).
+- ``random``: the ``zipf`` datasets under the ``random`` strategy (one unit holding every dataset);
+- ``curriculum``: one dataset, a curriculum unit in easy-to-difficult order (``instance_order='e2d'``) by random
+  scores, made before the process's baseline is read (the scores are an input the build is handed, 8 B an example);
+- ``curriculum_random``: the same unit in random order (``instance_order='random'``).
 
 Each build runs in its own Python process, which reports its peak resident set size (getrusage ru_maxrss) over what
 it held after imports and a warm-up build, its wall time and its CPU seconds (user + system). A least-squares line
@@ -45,7 +48,7 @@ from jaxembed.data.plan import build_plan, build_plan_file
 
 mode, total, D, zipf, G, out, shape = sys.argv[1], int(float(sys.argv[2])), int(sys.argv[3]), \
     float(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7]
-D = 1 if shape == "single" else D
+D = 1 if shape in ("single", "curriculum", "curriculum_random") else D
 w = 1.0 / (1 + np.arange(D)) ** zipf
 sizes = np.floor(w / w.sum() * total).astype(int)
 sizes[0] += total - sizes.sum()
@@ -54,14 +57,19 @@ info = lambda k, s: SimpleNamespace(name=f"d{k}", task=f"t{k % 20}", size=int(s)
                                      epochs=None, weight=None, temperature=None)
 datasets = [info(k, s) for k, s in enumerate(sizes)]
 cpu = lambda: (lambda r: r.ru_utime + r.ru_stime)(resource.getrusage(resource.RUSAGE_SELF))
-build_plan_file(os.path.join(out, "warm.npz"), [info(0, 3 * G)], {"global_batch_size": G})  # imports, first calls
-build_plan([info(0, 3 * G)], {"global_batch_size": G})
+cfg, kw = {"global_batch_size": G}, {}
+if shape.startswith("curriculum"):
+    cfg["curriculum"] = {"enabled": True, "instance_order": "e2d" if shape == "curriculum" else "random"}
+    kw = {"scores": {"d0": np.random.default_rng(0).normal(size=int(sizes[0]))}, "task_order": ["d0"]}
+warm = {"d0": np.zeros(3 * G)} if shape.startswith("curriculum") else None
+build_plan_file(os.path.join(out, "warm.npz"), [info(0, 3 * G)], cfg, **dict(kw, scores=warm))  # imports, first calls
+build_plan([info(0, 3 * G)], cfg, **dict(kw, scores=warm))
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 t, c = time.perf_counter(), cpu()
 if mode == "blocked":
-    plan = build_plan_file(os.path.join(out, "plan.npz"), datasets, {"global_batch_size": G})
+    plan = build_plan_file(os.path.join(out, "plan.npz"), datasets, cfg, **kw)
 else:
-    plan = build_plan(datasets, {"global_batch_size": G})
+    plan = build_plan(datasets, cfg, **kw)
     plan.save(os.path.join(out, "plan.npz"))
 seconds, cpu_seconds = time.perf_counter() - t, cpu() - c
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -78,7 +86,9 @@ LABELS = {"blocked": "blocked (`build_plan_file`, process 0 of `jaxembed train`)
 
 
 SHAPES = {"zipf": "homogeneous, a unit per dataset", "single": "one dataset (one unit)",
-          "random": "the random strategy (one unit of every dataset)"}
+          "random": "the random strategy (one unit of every dataset)",
+          "curriculum": "one dataset, a curriculum unit in e2d order (its scores not counted)",
+          "curriculum_random": "one dataset, a curriculum unit in random order"}
 
 
 def one(mode: str, shape: str, total: float, args) -> dict:
@@ -124,8 +134,15 @@ def readme_figures(key: str, recs: list[dict], s: dict, at: float) -> str:
             + ", ".join(f"{r['examples'] / 1e6:g}M {r['cpu_seconds']:.1f} CPU s / +{r['peak_bytes'] / 2**20:.0f} MiB"
                         for r in recs)
             + f" (peak {s['peak_growth'] * 100:+.0f} % from {recs[0]['examples'] / 1e6:g}M; fit "
-              f"{s['peak_bytes_per_example']:.1f} B/example; {at / 1e6:g}M: **{s[f'peak_at_{at:g}_GiB']:.2f} GiB**, "
+              f"{s['peak_bytes_per_example']:.1f} B/example; {at / 1e6:g}M: **{peak_at(recs, s, at)}**, "
               f"{s[f'cpu_seconds_at_{at:g}'] / 60:.0f} CPU min)")
+
+
+def peak_at(recs: list[dict], s: dict, at: float) -> str:
+    """The fit's peak at ``at`` examples; a fit that does not rise says the peak is flat (the largest measured)."""
+    if s["peak_bytes_per_example"] <= 0:
+        return f"flat, at most +{max(r['peak_bytes'] for r in recs) / 2**20:.0f} MiB measured"
+    return f"{s[f'peak_at_{at:g}_GiB']:.2f} GiB"
 
 
 def main(argv=None) -> int:
