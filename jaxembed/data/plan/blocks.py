@@ -2,8 +2,8 @@
 ``Parts`` one unit at a time (the sampled units' in pieces, as ``passes`` sorts and de-duplicates them) and
 return, per step, which part and which of its batches the step takes; ``Rows`` holds the plan's per-example
 arrays. With a scratch folder both live in files (written and read by positioned I/O, not through a mapping), so
-a process building a plan holds a piece of a unit (a curriculum unit: all of it) and one block of steps at a
-time, not the plan; without one they are arrays in memory. Either way the plan is the same, block for block."""
+a process building a plan holds a piece of a unit (a bucket of its pass or order, a chunk of its rounds) and one
+block of steps at a time, not the plan; without one they are arrays in memory. Either way the plan is the same, block for block."""
 
 from __future__ import annotations
 

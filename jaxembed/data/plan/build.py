@@ -72,7 +72,7 @@ def build_plan_file(path, datasets, config=None, *, scores=None, task_order=None
                     data_config=None, sidecar: dict | None = None) -> Plan:
     """``build_plan``, written to ``path`` (``plan.npz`` + ``plan.json``, as ``Plan.save``) in blocks of steps:
     the units' passes (``passes``: bucket files), batches and the plan's rows go through a scratch folder beside
-    ``path``, so the process holds a bucket of a unit's pass (a curriculum unit: the unit) and one block of steps
+    ``path``, so the process holds a bucket of a unit's pass or curriculum order and one block of steps
     at a time, never the whole plan. The file equals
     ``build_plan(...).save(path)``. ``sidecar``: extra fields for plan.json. Returns the saved plan, mapped."""
     path = Path(path)
