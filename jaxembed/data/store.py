@@ -61,8 +61,9 @@ _WRITER_OPTIONS = f"group_size:{GROUP_SIZE}"
 #: random) and the chunk index in memory. The index grows with the file (opening one: 6.0 MiB at 1M records, 17.1
 #: MiB at 10M, ~1.2 B a record: ~0.4 GiB a reader at 300M records in one file), but ArrayRecord's other choice,
 #: ``index_storage_option:offloaded`` (the index left in the file), makes a random read cost more as the file
-#: grows: 250 / 21 records per CPU-s at 1M / 10M records against 190,000 / 103,000 with the index in memory (the
-#: loader reads thousands a step), for 0.3 / 4.6 MiB less (``benchmarks/store_reader.py``).
+#: grows: 250 / 21 records per CPU-s at 1M / 10M records against 190,000 / 103,000 with the index in memory (17
+#: against 48,000 for 10M triplets of ~1 KB; the loader reads thousands a step), for 0.3 / 4.6 MiB less
+#: (``benchmarks/store_reader.py``).
 READER_OPTIONS = "readahead_buffer_size:0,index_storage_option:in_memory"
 
 
