@@ -79,7 +79,7 @@ def build_plan_file(path, datasets, config=None, *, scores=None, task_order=None
     folder = blocks.scratch_folder(path)
     try:
         plan = _build(datasets, config, scores, task_order, instance_orders, data_config, folder)
-        plan.save(path, sidecar=sidecar)  # checked on the way (``validate_plan``) by Plan.load below
+        plan.save(path, sidecar=sidecar)  # its block digests: Plan.load checks them, each block when first read
         del plan
     finally:
         blocks.remove_scratch(folder)
