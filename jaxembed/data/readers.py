@@ -27,9 +27,9 @@ Hugging Face ``datasets`` (``save_to_disk`` folders, ``hf``: hub names, optional
 rows, which are parsed as one of the record formats above; Parquet and ``datasets`` rows are numbered from 1, CSV
 rows by the line they start on.
 
-Memory: every reader streams. What is kept per record is hashes (duplicate ids: ~40 bytes, identical examples: 8
-bytes; ``jaxembed.data.hashindex``), never the records or their ids; skipped records beyond ``Tally.memory_limit``
-go to an anonymous spool file.
+Memory: every reader streams. What is kept per record is hashes (duplicate ids: ~40 bytes; identical examples: 8
+bytes, in memory up to ``hashindex.IN_MEMORY`` examples, then in sorted runs on disk; ``jaxembed.data.hashindex``),
+never the records or their ids; skipped records beyond ``Tally.memory_limit`` go to an anonymous spool file.
 
 Readers are generators that yield, for each record read, either an ``Example`` or a ``Skip`` (file, line, field,
 reason, fix). ``apply_policy`` is the one place that turns a ``Skip`` into an error (``on_error='stop'``) or counts

@@ -167,7 +167,7 @@ def _sources(ds) -> str:
 
 
 class Labels:
-    """Per-example labels as 4-byte indices into the distinct labels (bounded memory, whatever the size)."""
+    """Per-example labels as 4-byte indices into the distinct labels (4 bytes an example, each label's text once)."""
 
     def __init__(self):
         self.index = array("i")
