@@ -6,7 +6,7 @@ strings (~250 bytes per record):
   the string plus 32 bits of the SipHash of a salted copy: a false "duplicate" needs both to collide (~n^2 / 2^97).
 - ``HashLog``: 64-bit hashes in reading order (the content of each example; 8 bytes per entry); duplicates are
   found once, at the end, by sorting (``duplicates``). Up to ``IN_MEMORY`` entries are held and sorted in memory
-  (as before: 16 bytes per entry at the sort); beyond, every ``IN_MEMORY`` entries are sorted in runs of ``RUN``
+  (16 bytes per entry at the sort); beyond, every ``IN_MEMORY`` entries are sorted in runs of ``RUN``
   (hash, index) pairs written to an anonymous file in ``spill_dir`` (the store's temporary folder, 16 bytes per
   entry on disk, more while runs are merged ``FAN_IN`` at a time) and merged: an external sort whose memory does
   not grow with the number of entries (~8 MiB held, ~20 MiB at the sort of a run or a merge's round), and that

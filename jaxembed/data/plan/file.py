@@ -7,9 +7,9 @@ that a host's start-up does not read the whole plan: ``save`` writes, as it writ
 of steps of each (``block_digests``) and the datasets the rows use (``used_dataset_ids``); ``plan.json`` holds
 ``checks``: the block size and one digest of those tables, the small arrays, the names and the fingerprint.
 ``load`` compares that digest with the file's tables and small arrays (the two files of one build: else the one-line
-"do not match" error, as before); each block of steps is then compared with its digest, and its ids checked
+"do not match" error); each block of steps is then compared with its digest, and its ids checked
 against the dataset sizes, the first time this process reads from it (``read_steps``), before its rows are used.
-A plan file written before ``checks`` existed is checked whole when loaded (its fingerprint and every row)."""
+A plan file without ``checks`` (written by an earlier jaxembed) is checked whole when loaded (its fingerprint and every row)."""
 
 from __future__ import annotations
 
