@@ -36,8 +36,8 @@ demo: $(VENV)/.installed
 	$(BIN)/jaxembed demo $(DEMO_ARGS)
 
 # The suite runs in TEST_WORKERS pytest-xdist processes, a test file per process at a time (module fixtures are built
-# once); the longest files first (tests/conftest.py). Measured by .ci/run on a clean clone of the 2-core machine: 606 s
-# of pytest in two processes, after about 1 minute of installation. TEST_WORKERS=0 runs it in this process.
+# once); the longest files first (tests/conftest.py). Measured by .ci/run on a clean clone of the 2-core machine: 437 s
+# of pytest in two processes, after about half a minute of installation. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 
 test: $(VENV)/.installed
