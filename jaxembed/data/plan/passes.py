@@ -104,17 +104,23 @@ def sorted_pass(rng: np.random.Generator, members: Sequence[int], sizes: np.ndar
     with ``folder`` and over ``BUCKET`` examples, bucket by bucket through files in a new folder inside it."""
     n = pass_size(members, sizes, epochs)
     if folder is None or n <= BUCKET:
-        keys, ds, ex = [], [], []
-        for k, d, e in draws(rng, members, sizes, epochs):
-            keys.append(k)
-            ds.append(np.full(k.size, d, np.int32))
-            ex.append(e)
-        if keys:
-            order = np.argsort(np.concatenate(keys), kind="stable")
-            del keys
-            yield np.concatenate(ds)[order], np.concatenate(ex)[order]
+        yield from _sorted_in_memory(draws(rng, members, sizes, epochs))
         return
     yield from _bucket_sorted(draws(rng, members, sizes, epochs), n, Path(folder))
+
+
+def _sorted_in_memory(rows) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``rows`` (keys float64, dataset, example ids int64) sorted stably by key, as one (dataset ids int32,
+    example ids int64) chunk (none for no rows)."""
+    keys, ds, ex = [], [], []
+    for k, d, e in rows:
+        keys.append(k)
+        ds.append(np.full(k.size, d, np.int32))
+        ex.append(e)
+    if keys:
+        order = np.argsort(np.concatenate(keys), kind="stable")
+        del keys
+        yield np.concatenate(ds)[order], np.concatenate(ex)[order]
 
 
 def keyed_sort(rows: Callable[[], Iterator[tuple[np.ndarray, int, np.ndarray]]], n: int,
@@ -125,15 +131,7 @@ def keyed_sort(rows: Callable[[], Iterator[tuple[np.ndarray, int, np.ndarray]]],
     by a first pass over the rows, so equal keys spread over buckets in stream order and any key distribution gives
     buckets of about n / B rows; the buckets one after the other are the stable sort."""
     if folder is None or n <= BUCKET:
-        keys, ds, ex = [], [], []
-        for k, d, e in rows():
-            keys.append(k)
-            ds.append(np.full(k.size, d, np.int32))
-            ex.append(e)
-        if keys:
-            order = np.argsort(np.concatenate(keys), kind="stable")
-            del keys
-            yield np.concatenate(ds)[order], np.concatenate(ex)[order]
+        yield from _sorted_in_memory(rows())
         return
     ek, ep = _edges(rows(), n, _bucket_count(n))
 
