@@ -36,7 +36,7 @@ demo: $(VENV)/.installed
 	$(BIN)/jaxembed demo $(DEMO_ARGS)
 
 # The suite runs in TEST_WORKERS pytest-xdist processes, a test file per process at a time (module fixtures are built
-# once); the longest files first (tests/conftest.py). Measured by .ci/run on a clean clone of the 2-core machine: 437 s
+# once); the longest files first (tests/conftest.py). Measured by .ci/run on a clean clone of the 2-core machine: 408 s
 # of pytest in two processes, after about half a minute of installation. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 
