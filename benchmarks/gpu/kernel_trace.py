@@ -1,4 +1,4 @@
-"""Where a profiled step spent its device time: a perfetto trace summed per kernel name (``kernel_summary``) and
+"""Where a profiled step spent its time on the GPU: a perfetto trace summed per kernel name (``kernel_summary``) and
 those kernels grouped by kind (``kernel_categories``: matmul, fused attention, copies, ...). Read by the train
 worker's profile (timing.profile) and by benchmarks/gpu/diag.py; imports nothing beyond the standard library.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def kernel_summary(trace_dir: Path, top: int = 60) -> dict:
-    """The perfetto trace under ``trace_dir`` -> device time per kernel name (the events of the GPU's streams; on
+    """The perfetto trace under ``trace_dir`` -> time per kernel name (the events of the GPU's streams; on
     the CPU, of XLA's thunks), the ``top`` costliest with their share; the trace copied to trace_dir/../trace.json.gz.
     """
     found = sorted(trace_dir.rglob("perfetto_trace.json.gz"))
@@ -54,7 +54,7 @@ KERNEL_CATEGORIES = (
 
 
 def kernel_categories(summary: dict) -> dict:
-    """benchmarks/gpu/diag.py's kernel summary -> {category: share of the device time} (KERNEL_CATEGORIES)."""
+    """benchmarks/gpu/diag.py's kernel summary -> {category: share of the kernel time} (KERNEL_CATEGORIES)."""
     out: dict = {}
     total = float(summary.get("total_us") or 0.0)
     if not total:

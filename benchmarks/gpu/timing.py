@@ -179,7 +179,7 @@ def compile_and_time(run, state, hosts: list[dict], rounds: int, dl: H.Deadline,
 
 def profile_step(progs: list, dev: list, state, folder: Path, steps: int = 1):
     """One profiler trace of the first ``steps`` programs -> (state, {"top": the 15 costliest kernels,
-    "categories": share of device time per kind of kernel (kernel_trace.KERNEL_CATEGORIES), "total_ms"}), from
+    "categories": share of kernel time per kind of kernel (kernel_trace.KERNEL_CATEGORIES), "total_ms"}), from
     benchmarks/gpu/diag.py's kernel summary."""
     import jax
 
