@@ -65,13 +65,17 @@ def _path_bytes(p: str) -> int:
     return os.path.getsize(p)
 
 
+#: why a dataset whose files raise an error while being looked at is read whole
+_UNREADABLE = "a file that cannot be read in parts (the whole read names what is wrong)"
+
+
 def split_mode(ds) -> tuple[str | None, str]:
     """(how dataset ``ds`` is cut, "") or (None, why it is read whole); reads file heads and footers only, and
     never raises for the data (the whole read reports it)."""
     try:
         return _split_mode(ds)
     except (UserError, OSError):
-        return None, "a file that cannot be read in parts (the whole read names what is wrong)"
+        return None, _UNREADABLE
 
 
 def _split_mode(ds) -> tuple[str | None, str]:
@@ -146,9 +150,9 @@ def split_format(ds) -> tuple[str | None, str]:
         return None, why
     opts = read_options(ds)
     try:
-        fmt = opts.format if opts.format != "auto" else _first_format(ds, opts.fields)
+        fmt = opts.format if opts.format != "auto" else _first_format(ds, mode, opts.fields)
     except (UserError, OSError):  # an empty first file of whole files, ...: the whole read names it
-        return None, "a file that cannot be read in parts (the whole read names what is wrong)"
+        return None, _UNREADABLE
     spec = FORMAT_TABLE.get(fmt)
     if spec is None:
         return None, "no record format told by the first record"
@@ -161,9 +165,10 @@ def split_format(ds) -> tuple[str | None, str]:
     return fmt, ""
 
 
-def _first_format(ds, fields: dict) -> str | None:
-    """The record format ``read_records`` detects: from the dataset's first object (triplets without one)."""
-    whole = Part(0, 0, 1, mode=split_mode(ds)[0] or "files")
+def _first_format(ds, mode: str, fields: dict) -> str | None:
+    """The record format ``read_records`` detects: from the dataset's first object (triplets without one), read as
+    ``mode`` cuts the dataset."""
+    whole = Part(0, 0, 1, mode=mode)
     for _, _, _, obj in part_records(ds, replace_segments(ds, whole), None):
         if isinstance(obj, dict):
             return detect_format(obj, fields)
